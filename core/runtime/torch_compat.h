@@ -1,0 +1,27 @@
+// The one place for calls whose spelling differs between LibTorch releases.
+//
+// loraplex builds against Debian's LibTorch 1.13 (CPU) and LibTorch 2.x (CPU
+// or CUDA). Any API that changed between them is wrapped here so the rest of
+// the code base stays version-agnostic.
+#ifndef LORAPLEX_CORE_RUNTIME_TORCH_COMPAT_H_
+#define LORAPLEX_CORE_RUNTIME_TORCH_COMPAT_H_
+
+#include <torch/types.h>
+#include <torch/version.h>
+
+namespace loraplex {
+
+// True when the LibTorch we compiled against is 2.0 or newer.
+inline constexpr bool kTorchIs2OrNewer = TORCH_VERSION_MAJOR >= 2;
+
+// softmax(q kᵀ / sqrt(d) + mask) v over the last two dims of [B, H, T, D]
+// tensors. `additive_mask` broadcasts to [B, H, Tq, Tk] and holds 0 for
+// visible keys and -inf for hidden ones.
+torch::Tensor ScaledDotProductAttention(const torch::Tensor& query,
+                                        const torch::Tensor& key,
+                                        const torch::Tensor& value,
+                                        const torch::Tensor& additive_mask);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_RUNTIME_TORCH_COMPAT_H_
