@@ -1,0 +1,32 @@
+#include <nlohmann/json.hpp>
+
+#include "core/tokenizer/tokenizer.h"
+
+namespace loraplex {
+
+std::vector<int64_t> ByteTokenizer::Encode(std::string_view text) const {
+  std::vector<int64_t> ids;
+  ids.reserve(text.size());
+  for (char c : text) ids.push_back(static_cast<unsigned char>(c));
+  return ids;
+}
+
+std::string ByteTokenizer::Decode(const std::vector<int64_t>& ids) const {
+  std::string text;
+  text.reserve(ids.size());
+  for (int64_t id : ids) {
+    if (id >= 0 && id < 256) text.push_back(static_cast<char>(id));
+  }
+  return text;
+}
+
+std::string ByteTokenizer::DescriptionJson() {
+  nlohmann::json description = {{"type", "byte"},
+                                {"vocab_size", kVocabSize},
+                                {"bos_id", kBos},
+                                {"eos_id", kEos},
+                                {"pad_id", kPad}};
+  return description.dump(2) + "\n";
+}
+
+}  // namespace loraplex

@@ -1,0 +1,59 @@
+// Text <-> token id conversion for a base model.
+//
+// Implementations: SentencePiece (`tokenizer.model` in a checkpoint
+// directory) and the byte-level tokenizer of the built-in models. Use
+// LoadTokenizer() from load_tokenizer.h to pick one for a model directory.
+// Special ids (BOS/EOS/PAD) come with every tokenizer.
+#ifndef LORAPLEX_CORE_TOKENIZER_TOKENIZER_H_
+#define LORAPLEX_CORE_TOKENIZER_TOKENIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loraplex {
+
+// File naming the byte-level tokenizer in a model directory.
+inline constexpr std::string_view kByteTokenizerFile =
+    "loraplex_tokenizer.json";
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Token ids of `text`, without BOS/EOS (callers add them where wanted).
+  virtual std::vector<int64_t> Encode(std::string_view text) const = 0;
+  // Text of `ids`; special ids are skipped.
+  virtual std::string Decode(const std::vector<int64_t>& ids) const = 0;
+
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t bos_id() const = 0;
+  virtual int64_t eos_id() const = 0;
+  // The id used to pad batches (EOS when the vocabulary has no PAD).
+  virtual int64_t pad_id() const = 0;
+};
+
+// 256 byte tokens (id = byte value) followed by BOS, EOS and PAD.
+class ByteTokenizer : public Tokenizer {
+ public:
+  static constexpr int64_t kBos = 256;
+  static constexpr int64_t kEos = 257;
+  static constexpr int64_t kPad = 258;
+  static constexpr int64_t kVocabSize = 259;
+
+  std::vector<int64_t> Encode(std::string_view text) const override;
+  std::string Decode(const std::vector<int64_t>& ids) const override;
+  int64_t vocab_size() const override { return kVocabSize; }
+  int64_t bos_id() const override { return kBos; }
+  int64_t eos_id() const override { return kEos; }
+  int64_t pad_id() const override { return kPad; }
+
+  // Contents of loraplex_tokenizer.json describing this tokenizer.
+  static std::string DescriptionJson();
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_TOKENIZER_TOKENIZER_H_
