@@ -1,0 +1,425 @@
+#!/usr/bin/env python3
+"""Generate golden fixtures for the loraplex model loader and forward pass.
+
+What it produces
+----------------
+One directory per case under ``tests/fixtures/golden/<case>/`` (or ``--out``):
+
+* the Hugging Face ``save_pretrained`` output of a tiny, randomly initialised
+  Llama-family checkpoint: ``config.json`` plus either ``model.safetensors``
+  or sharded ``model-XXXXX-of-YYYYY.safetensors`` files with
+  ``model.safetensors.index.json``;
+* ``golden.safetensors`` with
+
+  - ``input_ids``   int64   [B, T]  right-padded token ids, pad positions hold 0
+  - ``lengths``     int64   [B]     number of valid tokens in each row
+  - ``logits``      float32 [B, T, V]  HF transformers logits computed in fp32;
+    positions ``t >= lengths[b]`` are exactly 0
+  - ``logits_bf16`` float32 [B, T, V]  (``llama_bf16`` only) logits of the HF
+    model run in bfloat16, cast to fp32, padded positions zeroed.
+
+Cases cover grouped-query / multi-query attention, tied embeddings, an
+explicit ``head_dim``, q/k/v/o and MLP biases, ``llama3`` and ``linear`` RoPE
+scaling, Qwen2 (q/k/v bias) with a sharded checkpoint, Mistral with a sliding
+window shorter than the sequence, and a bfloat16 checkpoint.
+
+Why
+---
+The C++ side loads these checkpoints with its own safetensors/config parsing
+and runs its own forward pass. HF transformers (eager attention, i.e. the
+plain math path) is an independent reference: the C++ logits must match
+``logits`` for every valid position. Weights are re-randomised with a large
+scale so that logits are far from uniform and small mistakes (a wrong RoPE
+variant, a missing bias, a transposed projection) show up clearly.
+
+Everything is deterministic (fixed seeds); the script also reloads each saved
+checkpoint with ``from_pretrained`` and checks that it reproduces the stored
+logits, and that padded and unpadded evaluation agree on valid positions.
+
+How to regenerate
+-----------------
+From the repository root::
+
+    python3 -m venv v && v/bin/pip install -r tools/golden/requirements.txt && v/bin/python tools/golden/make_model_golden.py
+
+Outputs can differ in the last bits across torch/transformers versions or
+CPU types; the versions used are pinned in ``tools/golden/requirements.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import transformers
+from packaging.version import Version
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "golden"
+
+B, T = 3, 7
+LENGTHS = [7, 4, 1]
+
+TF_V5 = Version(transformers.__version__) >= Version("5.0.0")
+# transformers >= 4.56 takes ``dtype=``; older versions take ``torch_dtype=``.
+DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
+
+COMMON = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=128,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+)
+
+
+def rope_kwargs(theta: float, scaling: dict | None) -> dict:
+    """RoPE settings in the form the installed transformers expects."""
+    if TF_V5:
+        params = {"rope_type": "default", "rope_theta": theta}
+        if scaling is not None:
+            params = dict(scaling, rope_theta=theta)
+        return {"rope_parameters": params}
+    kw = {"rope_theta": theta}
+    if scaling is not None:
+        kw["rope_scaling"] = dict(scaling, type=scaling["rope_type"])
+    return kw
+
+
+def rope_theta(config) -> float:
+    if TF_V5:
+        return float(config.rope_parameters["rope_theta"])
+    return float(config.rope_theta)
+
+
+def make_cases() -> list[dict]:
+    return [
+        dict(
+            name="llama_gqa",
+            model_cls=LlamaForCausalLM,
+            config=LlamaConfig(
+                **COMMON,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+                **rope_kwargs(10000.0, None),
+            ),
+            seed=1001,
+        ),
+        dict(
+            name="llama_tied_llama3",
+            model_cls=LlamaForCausalLM,
+            config=LlamaConfig(
+                **COMMON,
+                num_key_value_heads=2,
+                tie_word_embeddings=True,
+                attention_bias=True,
+                mlp_bias=True,
+                head_dim=16,
+                **rope_kwargs(
+                    500000.0,
+                    {
+                        "rope_type": "llama3",
+                        "factor": 8.0,
+                        "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 16,
+                    },
+                ),
+            ),
+            seed=1002,
+            check_rope=True,
+        ),
+        dict(
+            name="llama_linear_mqa",
+            model_cls=LlamaForCausalLM,
+            config=LlamaConfig(
+                **COMMON,
+                num_key_value_heads=1,
+                tie_word_embeddings=False,
+                **rope_kwargs(10000.0, {"rope_type": "linear", "factor": 2.0}),
+            ),
+            seed=1003,
+            check_rope=True,
+        ),
+        dict(
+            name="qwen2_bias_sharded",
+            model_cls=Qwen2ForCausalLM,
+            config=Qwen2Config(
+                **COMMON,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+                **rope_kwargs(10000.0, None),
+            ),
+            seed=1004,
+            max_shard_size="20KB",
+        ),
+        dict(
+            name="mistral_window",
+            model_cls=MistralForCausalLM,
+            config=MistralConfig(
+                **COMMON,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+                sliding_window=4,
+                **rope_kwargs(10000.0, None),
+            ),
+            seed=1005,
+            check_window=True,
+        ),
+        dict(
+            name="llama_bf16",
+            model_cls=LlamaForCausalLM,
+            config=LlamaConfig(
+                **COMMON,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+                **rope_kwargs(10000.0, None),
+            ),
+            seed=1006,
+            bf16=True,
+        ),
+    ]
+
+
+def build_model(case: dict) -> torch.nn.Module:
+    config = copy.deepcopy(case["config"])
+    config._attn_implementation = "eager"
+    torch.manual_seed(case["seed"])
+    model = case["model_cls"](config)
+    # Re-randomise with a large scale so logits are far from uniform.
+    # named_parameters() yields a tied lm_head/embed_tokens tensor only once.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.15)
+    model.eval()
+    return model
+
+
+def make_inputs(seed: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (B, T), generator=g, dtype=torch.int64)
+    lengths = torch.tensor(LENGTHS, dtype=torch.int64)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.int64)
+    ids = ids * mask  # pad positions hold 0
+    return ids, lengths, mask
+
+
+@torch.no_grad()
+def forward(model, ids, mask) -> torch.Tensor:
+    out = model(input_ids=ids, attention_mask=mask, use_cache=False)
+    logits = out.logits.to(torch.float32)
+    return logits * mask[:, :, None].to(torch.float32)  # padded positions -> exactly 0
+
+
+@torch.no_grad()
+def forward_unpadded(model, ids, lengths) -> torch.Tensor:
+    """Each row run on its own without padding, zero-filled to [B, T, V]."""
+    rows = []
+    for b in range(B):
+        n = int(lengths[b])
+        out = model(input_ids=ids[b : b + 1, :n], use_cache=False).logits.to(torch.float32)[0]
+        row = torch.zeros(T, out.shape[-1], dtype=torch.float32)
+        row[:n] = out
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def saved_tensor_names(case_dir: Path) -> list[str]:
+    names = []
+    for f in sorted(case_dir.glob("*.safetensors")):
+        if f.name == "golden.safetensors":
+            continue
+        with safe_open(str(f), framework="pt") as fh:
+            names.extend(fh.keys())
+    return names
+
+
+def saved_tensor_dtypes(case_dir: Path) -> set[str]:
+    dtypes = set()
+    for f in sorted(case_dir.glob("*.safetensors")):
+        if f.name == "golden.safetensors":
+            continue
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                dtypes.add(str(fh.get_slice(k).get_dtype()))
+    return dtypes
+
+
+def reload(case_dir: Path, dtype: torch.dtype):
+    m = AutoModelForCausalLM.from_pretrained(
+        str(case_dir), attn_implementation="eager", **{DTYPE_KW: dtype}
+    )
+    m.eval()
+    return m
+
+
+def assert_close(name: str, a: torch.Tensor, b: torch.Tensor, atol: float) -> float:
+    diff = (a - b).abs().max().item()
+    assert diff <= atol, f"{name}: max abs diff {diff} > {atol}"
+    return diff
+
+
+def run_case(case: dict, out_dir: Path) -> None:
+    name = case["name"]
+    case_dir = out_dir / name
+    if case_dir.exists():
+        shutil.rmtree(case_dir)
+    case_dir.mkdir(parents=True)
+
+    model = build_model(case)
+    cfg = model.config
+    ids, lengths, mask = make_inputs(case["seed"] + 7, cfg.vocab_size)
+    tensors = {"input_ids": ids, "lengths": lengths}
+
+    if case.get("bf16"):
+        # Round the weights to bf16 and keep an fp32 copy holding exactly those values.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
+        model_f32 = model
+        tensors["logits"] = forward(model_f32, ids, mask).contiguous()
+        # Cast parameters only. model.to(torch.bfloat16) would also round the
+        # RoPE inv_freq buffers to bf16, which from_pretrained(dtype=bfloat16)
+        # does not do (it keeps them fp32); match what a loaded bf16 model runs.
+        model = copy.deepcopy(model_f32)
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)
+        model.config.dtype = torch.bfloat16
+        for bname, buf in model.named_buffers():
+            assert buf.dtype == torch.float32, f"{bname} is {buf.dtype}"
+        tensors["logits_bf16"] = forward(model, ids, mask).contiguous()
+    else:
+        model_f32 = model
+        tensors["logits"] = forward(model, ids, mask).contiguous()
+
+    # Padding must not change valid positions (checks the attention mask path).
+    unpadded = forward_unpadded(model_f32, ids, lengths)
+    pad_diff = assert_close(f"{name} padded vs unpadded", tensors["logits"], unpadded, 1e-5)
+
+    # The window must actually matter for the long row.
+    if case.get("check_window"):
+        assert cfg.sliding_window is not None and cfg.sliding_window < T
+        nowin_cfg = copy.deepcopy(cfg)
+        nowin_cfg.sliding_window = None
+        nowin = case["model_cls"](nowin_cfg)
+        nowin.load_state_dict(model.state_dict())
+        nowin.eval()
+        nowin_logits = forward(nowin, ids, mask)
+        w = cfg.sliding_window
+        # Positions t < w see the same keys with and without the window.
+        assert torch.equal(nowin_logits[:, :w], tensors["logits"][:, :w]), "window changed early positions"
+        d = (nowin_logits[0, w:] - tensors["logits"][0, w:]).abs().max().item()
+        assert d > 1e-3, f"sliding_window={w} had no effect on logits (max diff {d})"
+        print(f"  sliding window {w} takes effect: max |diff| vs no window at t>={w}: {d:.4f}")
+
+    # RoPE scaling must actually change the result at these short positions.
+    if case.get("check_rope"):
+        plain_cfg = copy.deepcopy(cfg)
+        theta = rope_theta(cfg)
+        for k, v in rope_kwargs(theta, None).items():
+            setattr(plain_cfg, k, v)
+        if not TF_V5:
+            plain_cfg.rope_scaling = None
+        plain = case["model_cls"](plain_cfg)
+        plain.load_state_dict(model.state_dict())
+        plain.eval()
+        d = (forward(plain, ids, mask)[0, 1:] - tensors["logits"][0, 1:]).abs().max().item()
+        assert d > 1e-3, f"RoPE scaling had no effect on logits (max diff {d})"
+        print(f"  rope scaling takes effect: max |diff| vs unscaled rope: {d:.4f}")
+
+    save_kwargs = {}
+    if "max_shard_size" in case:
+        save_kwargs["max_shard_size"] = case["max_shard_size"]
+    model.save_pretrained(str(case_dir), safe_serialization=True, **save_kwargs)
+    gen_cfg = case_dir / "generation_config.json"
+    if gen_cfg.exists():
+        gen_cfg.unlink()
+
+    # No safetensors metadata: its key order is not stable between runs, and
+    # leaving it out keeps regenerated files byte-identical.
+    save_file(tensors, str(case_dir / "golden.safetensors"))
+
+    # ---- checks on what was written ----
+    names = saved_tensor_names(case_dir)
+    assert len(names) == len(set(names)), "duplicate tensor names across shards"
+    if cfg.tie_word_embeddings:
+        assert "lm_head.weight" not in names, "tied checkpoint must not contain lm_head.weight"
+    else:
+        assert "lm_head.weight" in names, "untied checkpoint must contain lm_head.weight"
+    assert "model.embed_tokens.weight" in names
+
+    if "max_shard_size" in case:
+        index = case_dir / "model.safetensors.index.json"
+        assert index.exists(), "expected a sharded checkpoint with an index"
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        assert len(shards) >= 2, f"expected several shards, got {shards}"
+        assert not (case_dir / "model.safetensors").exists()
+        print(f"  {len(shards)} shards")
+    else:
+        assert (case_dir / "model.safetensors").exists()
+        assert not (case_dir / "model.safetensors.index.json").exists()
+
+    dtypes = saved_tensor_dtypes(case_dir)
+    want = "BF16" if case.get("bf16") else "F32"
+    assert dtypes == {want}, f"stored dtypes {dtypes}, expected {want}"
+
+    # Reload the saved checkpoint and reproduce the stored logits.
+    re32 = reload(case_dir, torch.float32)
+    d32 = assert_close(f"{name} reload fp32", forward(re32, ids, mask), tensors["logits"], 1e-6)
+    if case.get("bf16"):
+        re16 = reload(case_dir, torch.bfloat16)
+        assert next(re16.parameters()).dtype == torch.bfloat16
+        d16 = assert_close(f"{name} reload bf16", forward(re16, ids, mask), tensors["logits_bf16"], 1e-6)
+        diff_bf = (tensors["logits_bf16"] - tensors["logits"]).abs().max().item()
+        print(f"  reload bf16 max|diff| {d16:.2e}; bf16 vs fp32 logits max|diff| {diff_bf:.4f}")
+
+    lg = tensors["logits"][0]
+    print(
+        f"  reload fp32 max|diff| {d32:.2e}; padded vs unpadded max|diff| {pad_diff:.2e}; "
+        f"logit std {lg.std().item():.3f}, max softmax prob {lg.softmax(-1).max().item():.3f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    ap.add_argument("--only", nargs="*", help="generate only these cases")
+    args = ap.parse_args()
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    os.makedirs(args.out, exist_ok=True)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__} -> {args.out}")
+    for case in make_cases():
+        if args.only and case["name"] not in args.only:
+            continue
+        print(f"[{case['name']}]")
+        run_case(case, args.out)
+    print("all cases written and verified")
+
+
+if __name__ == "__main__":
+    main()
