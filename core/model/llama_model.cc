@@ -1,0 +1,205 @@
+#include "core/model/llama_model.h"
+
+#include <torch/torch.h>
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "core/runtime/torch_compat.h"
+
+namespace loraplex {
+namespace {
+
+torch::Tensor Linear(const torch::Tensor& x, const LinearWeights& linear) {
+  return torch::nn::functional::linear(x, linear.weight, linear.bias);
+}
+
+absl::Status TorchError(const c10::Error& e) {
+  return absl::InternalError(
+      absl::StrCat("model forward failed: ", e.what_without_backtrace()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
+    const std::string& dir, const ModelLoadOptions& options) {
+  LORAPLEX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  torch::ScalarType dtype = options.dtype.value_or(
+      config.dtype == torch::kFloat16 ? torch::kFloat32 : config.dtype);
+  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compute dtype must be float32 or bfloat16, got ",
+                     c10::toString(dtype)));
+  }
+  try {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        ModelWeights weights,
+        LoadModelWeights(dir, config, dtype, options.device));
+    return std::make_unique<LlamaModel>(std::move(config), std::move(weights),
+                                        dtype, options.device);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(dir, ": cannot place weights on ",
+                                            options.device.str(), ": ",
+                                            e.what_without_backtrace()));
+  }
+}
+
+LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights,
+                       torch::ScalarType dtype, torch::Device device)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      dtype_(dtype),
+      device_(device),
+      rotary_(config_.rope, config_.head_dim) {}
+
+absl::Status LlamaModel::ValidateBatch(const torch::Tensor& input_ids,
+                                       const torch::Tensor& lengths) const {
+  if (!input_ids.defined() || input_ids.dim() != 2 ||
+      input_ids.scalar_type() != torch::kInt64 || input_ids.numel() == 0) {
+    return absl::InvalidArgumentError(
+        "input_ids must be a non-empty int64 tensor of shape [batch, seq]");
+  }
+  const int64_t batch = input_ids.size(0);
+  const int64_t seq = input_ids.size(1);
+  if (!lengths.defined() || lengths.dim() != 1 || lengths.size(0) != batch ||
+      lengths.scalar_type() != torch::kInt64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lengths must be an int64 tensor of shape [", batch, "]"));
+  }
+  const int64_t min_len = lengths.min().item<int64_t>();
+  const int64_t max_len = lengths.max().item<int64_t>();
+  if (min_len < 1 || max_len > seq) {
+    return absl::InvalidArgumentError(absl::StrCat("lengths must lie in [1, ",
+                                                   seq, "], got [", min_len,
+                                                   ", ", max_len, "]"));
+  }
+  const int64_t min_id = input_ids.min().item<int64_t>();
+  const int64_t max_id = input_ids.max().item<int64_t>();
+  if (min_id < 0 || max_id >= config_.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token ids must lie in [0, ", config_.vocab_size,
+                     "), got [", min_id, ", ", max_id, "]"));
+  }
+  if (seq > config_.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence length ", seq, " exceeds max_position_embeddings ",
+        config_.max_position_embeddings));
+  }
+  return absl::OkStatus();
+}
+
+torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
+                                        int64_t seq_len) const {
+  auto index_options =
+      torch::TensorOptions().dtype(torch::kInt64).device(device_);
+  torch::Tensor positions = torch::arange(seq_len, index_options);
+  torch::Tensor query = positions.view({seq_len, 1});
+  torch::Tensor key = positions.view({1, seq_len});
+  torch::Tensor visible = key <= query;
+  if (config_.sliding_window.has_value()) {
+    visible = visible & (query - key < *config_.sliding_window);
+  }
+  // Keys past a row's length are padding and hidden from every query.
+  // A padding query sees only itself: with a sliding window it could
+  // otherwise see nothing, and the NaN of an empty softmax would reach valid
+  // positions through the next layer (0 * NaN is NaN).
+  torch::Tensor valid =
+      positions.view({1, seq_len}) <
+      lengths.to(device_).view({lengths.size(0), 1});    // [B, T]
+  torch::Tensor diagonal = (key == query).unsqueeze(0);  // [1, T, T]
+  visible = (visible.unsqueeze(0) & valid.unsqueeze(1)) |
+            (diagonal & valid.logical_not().unsqueeze(2));  // [B, T, T]
+  return torch::zeros(visible.sizes(),
+                      torch::TensorOptions().dtype(dtype_).device(device_))
+      .masked_fill(visible.logical_not(),
+                   -std::numeric_limits<float>::infinity())
+      .unsqueeze(1);
+}
+
+torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x,
+                                  const torch::Tensor& weight) const {
+  torch::Tensor x32 = x.to(torch::kFloat32);
+  torch::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  x32 = x32 * torch::rsqrt(variance + config_.rms_norm_eps);
+  return weight * x32.to(x.scalar_type());
+}
+
+torch::Tensor LlamaModel::Attention(const LayerWeights& layer,
+                                    const torch::Tensor& x,
+                                    const RopeTables& rope,
+                                    const torch::Tensor& mask) const {
+  const int64_t batch = x.size(0);
+  const int64_t seq = x.size(1);
+  const int64_t head_dim = config_.head_dim;
+  auto heads = [&](const torch::Tensor& t, int64_t count) {
+    return t.view({batch, seq, count, head_dim}).transpose(1, 2);
+  };
+  torch::Tensor q =
+      heads(Linear(x, layer.at(Projection::kQ)), config_.num_attention_heads);
+  torch::Tensor k =
+      heads(Linear(x, layer.at(Projection::kK)), config_.num_key_value_heads);
+  torch::Tensor v =
+      heads(Linear(x, layer.at(Projection::kV)), config_.num_key_value_heads);
+  q = RotaryEmbedding::Apply(q, rope);
+  k = RotaryEmbedding::Apply(k, rope);
+  const int64_t groups =
+      config_.num_attention_heads / config_.num_key_value_heads;
+  if (groups > 1) {
+    k = k.repeat_interleave(groups, /*dim=*/1);
+    v = v.repeat_interleave(groups, /*dim=*/1);
+  }
+  torch::Tensor attended = ScaledDotProductAttention(q, k, v, mask);
+  attended = attended.transpose(1, 2).reshape(
+      {batch, seq, config_.num_attention_heads * head_dim});
+  return Linear(attended, layer.at(Projection::kO));
+}
+
+torch::Tensor LlamaModel::Mlp(const LayerWeights& layer,
+                              const torch::Tensor& x) const {
+  torch::Tensor gate = Linear(x, layer.at(Projection::kGate));
+  torch::Tensor up = Linear(x, layer.at(Projection::kUp));
+  return Linear(torch::silu(gate) * up, layer.at(Projection::kDown));
+}
+
+torch::Tensor LlamaModel::HiddenStates(const torch::Tensor& input_ids,
+                                       const torch::Tensor& lengths) const {
+  const int64_t seq = input_ids.size(1);
+  torch::Tensor ids = input_ids.to(device_);
+  torch::Tensor x = torch::embedding(weights_.embed_tokens, ids);
+  const RopeTables rope = rotary_.Tables(seq, dtype_, device_);
+  const torch::Tensor mask = AttentionMask(lengths, seq);
+  for (const LayerWeights& layer : weights_.layers) {
+    x = x + Attention(layer, RmsNorm(x, layer.input_norm), rope, mask);
+    x = x + Mlp(layer, RmsNorm(x, layer.post_attention_norm));
+  }
+  return RmsNorm(x, weights_.final_norm);
+}
+
+absl::StatusOr<torch::Tensor> LlamaModel::ForwardHidden(
+    const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
+  LORAPLEX_RETURN_IF_ERROR(ValidateBatch(input_ids, lengths));
+  try {
+    return HiddenStates(input_ids, lengths);
+  } catch (const c10::Error& e) {
+    return TorchError(e);
+  }
+}
+
+torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {
+  return torch::nn::functional::linear(hidden, weights_.lm_head)
+      .to(torch::kFloat32);
+}
+
+absl::StatusOr<torch::Tensor> LlamaModel::Forward(
+    const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
+  LORAPLEX_RETURN_IF_ERROR(ValidateBatch(input_ids, lengths));
+  try {
+    return Logits(HiddenStates(input_ids, lengths));
+  } catch (const c10::Error& e) {
+    return TorchError(e);
+  }
+}
+
+}  // namespace loraplex

@@ -1,0 +1,215 @@
+#include "core/model/model_weights.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "core/safetensors/safetensors.h"
+
+namespace loraplex {
+namespace {
+
+struct ProjectionRow {
+  absl::string_view name;
+  absl::string_view module;
+};
+
+constexpr ProjectionRow kProjectionRows[kNumProjections] = {
+    {"q_proj", "self_attn.q_proj"}, {"k_proj", "self_attn.k_proj"},
+    {"v_proj", "self_attn.v_proj"}, {"o_proj", "self_attn.o_proj"},
+    {"gate_proj", "mlp.gate_proj"}, {"up_proj", "mlp.up_proj"},
+    {"down_proj", "mlp.down_proj"},
+};
+
+std::string LayerPrefix(int64_t layer) {
+  return absl::StrCat("model.layers.", layer, ".");
+}
+
+// Lists at most `cap` names, then how many more there were.
+std::string ListNames(const std::vector<std::string>& names, size_t cap = 12) {
+  std::vector<std::string> shown(names.begin(),
+                                 names.begin() + std::min(cap, names.size()));
+  std::string out = absl::StrJoin(shown, ", ");
+  if (names.size() > cap) {
+    absl::StrAppend(&out, " and ", names.size() - cap, " more");
+  }
+  return out;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Tensors some exporters write that carry no weights of ours.
+bool IsIgnorable(const std::string& name, const ModelConfig& config) {
+  if (absl::EndsWith(name, "rotary_emb.inv_freq")) return true;
+  return config.tie_word_embeddings && name == "lm_head.weight";
+}
+
+}  // namespace
+
+absl::string_view ProjectionName(Projection projection) {
+  return kProjectionRows[static_cast<int>(projection)].name;
+}
+
+absl::string_view ProjectionModule(Projection projection) {
+  return kProjectionRows[static_cast<int>(projection)].module;
+}
+
+std::array<int64_t, 2> ProjectionShape(const ModelConfig& config,
+                                       Projection projection) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_width = config.num_attention_heads * config.head_dim;
+  const int64_t kv_width = config.num_key_value_heads * config.head_dim;
+  switch (projection) {
+    case Projection::kQ:
+      return {q_width, hidden};
+    case Projection::kK:
+    case Projection::kV:
+      return {kv_width, hidden};
+    case Projection::kO:
+      return {hidden, q_width};
+    case Projection::kGate:
+    case Projection::kUp:
+      return {config.intermediate_size, hidden};
+    case Projection::kDown:
+      return {hidden, config.intermediate_size};
+  }
+  return {0, 0};
+}
+
+bool ProjectionHasBias(const ModelConfig& config, Projection projection) {
+  switch (projection) {
+    case Projection::kQ:
+    case Projection::kK:
+    case Projection::kV:
+      return config.qkv_bias;
+    case Projection::kO:
+      return config.o_bias;
+    default:
+      return config.mlp_bias;
+  }
+}
+
+std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
+  std::vector<TensorSpec> specs;
+  specs.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    const std::string prefix = LayerPrefix(layer);
+    specs.push_back({prefix + "input_layernorm.weight", {hidden}});
+    specs.push_back({prefix + "post_attention_layernorm.weight", {hidden}});
+    for (Projection p : kAllProjections) {
+      const auto [out, in] = ProjectionShape(config, p);
+      const std::string module = prefix + std::string(ProjectionModule(p));
+      specs.push_back({module + ".weight", {out, in}});
+      if (ProjectionHasBias(config, p))
+        specs.push_back({module + ".bias", {out}});
+    }
+  }
+  specs.push_back({"model.norm.weight", {hidden}});
+  if (!config.tie_word_embeddings) {
+    specs.push_back({"lm_head.weight", {config.vocab_size, hidden}});
+  }
+  return specs;
+}
+
+ModelWeights AssembleModelWeights(
+    const ModelConfig& config,
+    const std::function<torch::Tensor(const std::string&)>& fetch) {
+  ModelWeights weights;
+  weights.embed_tokens = fetch("model.embed_tokens.weight");
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    const std::string prefix = LayerPrefix(layer);
+    LayerWeights lw;
+    lw.input_norm = fetch(prefix + "input_layernorm.weight");
+    lw.post_attention_norm = fetch(prefix + "post_attention_layernorm.weight");
+    for (Projection p : kAllProjections) {
+      const std::string module = prefix + std::string(ProjectionModule(p));
+      LinearWeights& linear = lw.projections[static_cast<int>(p)];
+      linear.weight = fetch(module + ".weight");
+      if (ProjectionHasBias(config, p)) linear.bias = fetch(module + ".bias");
+    }
+    weights.layers.push_back(std::move(lw));
+  }
+  weights.final_norm = fetch("model.norm.weight");
+  weights.lm_head = config.tie_word_embeddings ? weights.embed_tokens
+                                               : fetch("lm_head.weight");
+  return weights;
+}
+
+absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
+                                              const ModelConfig& config,
+                                              torch::ScalarType dtype,
+                                              torch::Device device) {
+  LORAPLEX_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint,
+                            SafetensorsCheckpoint::OpenDirectory(dir));
+  const std::vector<TensorSpec> specs = ModelTensorSpecs(config);
+  std::vector<std::string> missing, misshapen, unexpected, bad_dtype;
+  std::set<std::string> expected;
+  for (const TensorSpec& spec : specs) {
+    expected.insert(spec.name);
+    const SafetensorsTensorInfo* info = checkpoint.Find(spec.name);
+    if (info == nullptr) {
+      missing.push_back(spec.name);
+    } else if (info->shape != spec.shape) {
+      misshapen.push_back(absl::StrCat(spec.name, " is ",
+                                       ShapeText(info->shape), ", expected ",
+                                       ShapeText(spec.shape)));
+    } else if (!torch::isFloatingType(ToScalarType(info->dtype))) {
+      bad_dtype.push_back(
+          absl::StrCat(spec.name, " is ", SafetensorsDtypeName(info->dtype)));
+    }
+  }
+  for (const std::string& name : checkpoint.names()) {
+    if (!expected.count(name) && !IsIgnorable(name, config)) {
+      unexpected.push_back(name);
+    }
+  }
+  std::vector<std::string> problems;
+  if (!missing.empty()) {
+    problems.push_back(absl::StrCat(
+        missing.size(), " missing tensor(s): ", ListNames(missing)));
+  }
+  if (!misshapen.empty()) {
+    problems.push_back(absl::StrCat(
+        misshapen.size(),
+        " tensor(s) with the wrong shape: ", ListNames(misshapen)));
+  }
+  if (!bad_dtype.empty()) {
+    problems.push_back(absl::StrCat(
+        bad_dtype.size(),
+        " tensor(s) that are not floating point: ", ListNames(bad_dtype)));
+  }
+  if (!unexpected.empty()) {
+    problems.push_back(absl::StrCat(
+        unexpected.size(), " unexpected tensor(s): ", ListNames(unexpected)));
+  }
+  if (!problems.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": checkpoint does not match config.json (",
+        ModelFamilyName(config.family), ", ", config.num_hidden_layers,
+        " layers): ", absl::StrJoin(problems, "; ")));
+  }
+
+  absl::Status load_status;
+  ModelWeights weights = AssembleModelWeights(
+      config, [&](const std::string& name) -> torch::Tensor {
+        auto tensor = checkpoint.Load(name);
+        if (!tensor.ok()) {
+          if (load_status.ok()) load_status = tensor.status();
+          return torch::Tensor();
+        }
+        return tensor->to(device, dtype).set_requires_grad(false);
+      });
+  LORAPLEX_RETURN_IF_ERROR(load_status);
+  return weights;
+}
+
+}  // namespace loraplex

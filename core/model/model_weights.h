@@ -1,0 +1,93 @@
+// The frozen tensors of a Llama-family base model and how they are named.
+//
+// `ModelTensorSpecs` lists every tensor a config implies, with Hugging Face
+// names and shapes; `LoadModelWeights` reads a checkpoint directory against
+// that list and reports every missing, misshapen or unexpected tensor at once.
+#ifndef LORAPLEX_CORE_MODEL_MODEL_WEIGHTS_H_
+#define LORAPLEX_CORE_MODEL_MODEL_WEIGHTS_H_
+
+#include <torch/types.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/model/model_config.h"
+
+namespace loraplex {
+
+// The seven linear projections of a decoder layer (the LoRA targets).
+enum class Projection {
+  kQ,     // self_attn.q_proj: hidden -> heads * head_dim.
+  kK,     // self_attn.k_proj: hidden -> kv_heads * head_dim.
+  kV,     // self_attn.v_proj: hidden -> kv_heads * head_dim.
+  kO,     // self_attn.o_proj: heads * head_dim -> hidden.
+  kGate,  // mlp.gate_proj: hidden -> intermediate.
+  kUp,    // mlp.up_proj: hidden -> intermediate.
+  kDown,  // mlp.down_proj: intermediate -> hidden.
+};
+inline constexpr int kNumProjections = 7;
+inline constexpr std::array<Projection, kNumProjections> kAllProjections = {
+    Projection::kQ,    Projection::kK,  Projection::kV,   Projection::kO,
+    Projection::kGate, Projection::kUp, Projection::kDown};
+
+// Short name as used in PEFT target_modules, e.g. "q_proj".
+absl::string_view ProjectionName(Projection projection);
+// Module path inside a layer, e.g. "self_attn.q_proj".
+absl::string_view ProjectionModule(Projection projection);
+// {out_features, in_features} of the projection's weight.
+std::array<int64_t, 2> ProjectionShape(const ModelConfig& config,
+                                       Projection projection);
+bool ProjectionHasBias(const ModelConfig& config, Projection projection);
+
+struct LinearWeights {
+  torch::Tensor weight;  // [out, in].
+  torch::Tensor bias;    // [out], or undefined.
+};
+
+struct LayerWeights {
+  torch::Tensor input_norm;                                // [hidden].
+  torch::Tensor post_attention_norm;                       // [hidden].
+  std::array<LinearWeights, kNumProjections> projections;  // By Projection.
+
+  const LinearWeights& at(Projection p) const {
+    return projections[static_cast<int>(p)];
+  }
+};
+
+struct ModelWeights {
+  torch::Tensor embed_tokens;  // [vocab, hidden].
+  std::vector<LayerWeights> layers;
+  torch::Tensor final_norm;  // [hidden].
+  torch::Tensor lm_head;     // [vocab, hidden]; aliases embed_tokens if tied.
+};
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Every tensor a checkpoint of `config` must contain, in a fixed order.
+std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config);
+
+// Builds ModelWeights from tensors named as in ModelTensorSpecs. `fetch`
+// returns the tensor for a name (already validated for presence and shape),
+// converted as the caller wants.
+ModelWeights AssembleModelWeights(
+    const ModelConfig& config,
+    const std::function<torch::Tensor(const std::string&)>& fetch);
+
+// Loads the safetensors weights in `dir` for `config`, converted to `dtype`
+// on `device`, frozen (requires_grad false).
+absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
+                                              const ModelConfig& config,
+                                              torch::ScalarType dtype,
+                                              torch::Device device);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_MODEL_MODEL_WEIGHTS_H_

@@ -1,0 +1,43 @@
+// Rotary position embeddings in the Hugging Face "rotate_half" convention.
+//
+// Frequencies follow the checkpoint's rope settings (plain, linear position
+// interpolation, or Llama 3.1 band-wise scaling) and are computed in fp32
+// like the reference implementation, then cast to the compute dtype.
+#ifndef LORAPLEX_CORE_MODEL_ROPE_H_
+#define LORAPLEX_CORE_MODEL_ROPE_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+#include "core/model/model_config.h"
+
+namespace loraplex {
+
+// Inverse frequencies [head_dim / 2], fp32, after the configured scaling.
+torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim);
+
+// cos and sin tables of shape [seq_len, head_dim] for positions 0..seq_len-1.
+struct RopeTables {
+  torch::Tensor cos;
+  torch::Tensor sin;
+};
+
+class RotaryEmbedding {
+ public:
+  RotaryEmbedding(const RopeConfig& rope, int64_t head_dim);
+
+  // Tables for positions [0, seq_len), in `dtype` on `device`.
+  RopeTables Tables(int64_t seq_len, torch::ScalarType dtype,
+                    torch::Device device) const;
+
+  // x: [batch, heads, seq, head_dim]. Returns x rotated by position.
+  static torch::Tensor Apply(const torch::Tensor& x, const RopeTables& tables);
+
+ private:
+  torch::Tensor inv_freq_;  // fp32 on the CPU.
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_MODEL_ROPE_H_

@@ -1,0 +1,224 @@
+// The decoder's logits against Hugging Face transformers on the committed
+// golden checkpoints (tools/golden/make_model_golden.py).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/model/llama_model.h"
+#include "core/safetensors/safetensors.h"
+
+namespace loraplex {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string FixtureDir(const std::string& name) {
+  return std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/golden/" + name;
+}
+
+struct Golden {
+  torch::Tensor input_ids;
+  torch::Tensor lengths;
+  std::map<std::string, torch::Tensor> logits;
+};
+
+Golden ReadGolden(const std::string& dir) {
+  auto file = SafetensorsFile::Open(dir + "/golden.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  Golden golden;
+  golden.input_ids = (*file)->Load("input_ids").value().clone();
+  golden.lengths = (*file)->Load("lengths").value().clone();
+  for (const auto& info : (*file)->tensors()) {
+    if (info.name.rfind("logits", 0) == 0) {
+      golden.logits[info.name] = (*file)->Load(info.name).value().clone();
+    }
+  }
+  return golden;
+}
+
+// Max |a - b| over the valid (unpadded) positions of every row.
+double MaxValidDiff(const torch::Tensor& actual, const torch::Tensor& expected,
+                    const torch::Tensor& lengths) {
+  double worst = 0;
+  for (int64_t row = 0; row < lengths.size(0); ++row) {
+    const int64_t len = lengths[row].item<int64_t>();
+    torch::Tensor diff =
+        (actual[row].narrow(0, 0, len) - expected[row].narrow(0, 0, len))
+            .abs()
+            .max();
+    const double d = diff.item<double>();
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, d);
+  }
+  return worst;
+}
+
+torch::Tensor RunModel(const std::string& dir, const Golden& golden,
+                       std::optional<torch::ScalarType> dtype) {
+  ModelLoadOptions options;
+  options.dtype = dtype;
+  auto model = LlamaModel::Load(dir, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return torch::Tensor();
+  torch::NoGradGuard no_grad;
+  auto logits = (*model)->Forward(golden.input_ids, golden.lengths);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *logits : torch::Tensor();
+}
+
+class GoldenFp32Test : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenFp32Test, LogitsMatchTransformers) {
+  const std::string dir = FixtureDir(GetParam());
+  const Golden golden = ReadGolden(dir);
+  torch::Tensor logits = RunModel(dir, golden, torch::kFloat32);
+  ASSERT_TRUE(logits.defined());
+  ASSERT_EQ(logits.sizes(), golden.logits.at("logits").sizes());
+  EXPECT_LE(MaxValidDiff(logits, golden.logits.at("logits"), golden.lengths),
+            1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, GoldenFp32Test,
+                         ::testing::Values("llama_gqa", "llama_tied_llama3",
+                                           "llama_linear_mqa",
+                                           "qwen2_bias_sharded",
+                                           "mistral_window", "llama_bf16"));
+
+TEST(GoldenTest, Bf16ComputeStaysNearTransformersBf16) {
+  const std::string dir = FixtureDir("llama_bf16");
+  const Golden golden = ReadGolden(dir);
+  torch::Tensor logits = RunModel(dir, golden, std::nullopt);  // As stored.
+  ASSERT_TRUE(logits.defined());
+  const torch::Tensor& reference = golden.logits.at("logits_bf16");
+  const torch::Tensor& exact = golden.logits.at("logits");
+  // bf16 keeps 8 mantissa bits; HF's own bf16 run is ~3e-2 from fp32 here.
+  // Ours must be as close to HF-bf16 as HF-bf16 is to the fp32 truth.
+  const double hf_error = MaxValidDiff(reference, exact, golden.lengths);
+  EXPECT_LE(MaxValidDiff(logits, reference, golden.lengths),
+            std::max(0.05, 1.5 * hf_error));
+  EXPECT_LE(MaxValidDiff(logits, exact, golden.lengths),
+            std::max(0.05, 1.5 * hf_error));
+}
+
+// Most checkpoints in the wild carry the 4.x keys (rope_theta, rope_scaling,
+// torch_dtype); the fixtures were written with the 5.x rope_parameters key.
+// Rewriting a config into 4.x form must give the same logits.
+TEST(GoldenTest, LegacyRopeKeysGiveSameLogits) {
+  const std::string source = FixtureDir("llama_tied_llama3");
+  const fs::path copy = fs::path(::testing::TempDir()) / "llama3_legacy_keys";
+  fs::remove_all(copy);
+  fs::create_directories(copy);
+  for (const auto& entry : fs::directory_iterator(source)) {
+    fs::copy(entry.path(), copy / entry.path().filename());
+  }
+  nlohmann::json config;
+  std::ifstream(copy / "config.json") >> config;
+  nlohmann::json rope = config["rope_parameters"];
+  ASSERT_TRUE(rope.is_object());
+  config.erase("rope_parameters");
+  config["rope_theta"] = rope["rope_theta"];
+  rope.erase("rope_theta");
+  rope["type"] = rope["rope_type"];  // Old checkpoints spell it "type".
+  rope.erase("rope_type");
+  config["rope_scaling"] = rope;
+  config["torch_dtype"] = config["dtype"];
+  config.erase("dtype");
+  std::ofstream(copy / "config.json") << config.dump(2);
+
+  const Golden golden = ReadGolden(copy.string());
+  torch::Tensor logits = RunModel(copy.string(), golden, std::nullopt);
+  ASSERT_TRUE(logits.defined());
+  EXPECT_LE(MaxValidDiff(logits, golden.logits.at("logits"), golden.lengths),
+            1e-4);
+}
+
+TEST(GoldenTest, ForwardHiddenThenLogitsEqualsForward) {
+  const std::string dir = FixtureDir("llama_gqa");
+  const Golden golden = ReadGolden(dir);
+  auto model = LlamaModel::Load(dir, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  torch::NoGradGuard no_grad;
+  auto hidden = (*model)->ForwardHidden(golden.input_ids, golden.lengths);
+  ASSERT_TRUE(hidden.ok()) << hidden.status();
+  EXPECT_EQ(hidden->size(2), (*model)->config().hidden_size);
+  EXPECT_LE(MaxValidDiff((*model)->Logits(*hidden), golden.logits.at("logits"),
+                         golden.lengths),
+            1e-4);
+}
+
+TEST(GoldenTest, PaddingDoesNotChangeValidPositions) {
+  const std::string dir = FixtureDir("mistral_window");
+  const Golden golden = ReadGolden(dir);
+  auto model = LlamaModel::Load(dir, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  torch::NoGradGuard no_grad;
+  auto batch = (*model)->Forward(golden.input_ids, golden.lengths);
+  ASSERT_TRUE(batch.ok());
+  // Row 2 has one token, so its padding queries lie outside the sliding
+  // window of every valid key; they must still stay finite.
+  EXPECT_TRUE(torch::isfinite(*batch).all().item<bool>());
+  for (int64_t row = 0; row < golden.lengths.size(0); ++row) {
+    const int64_t len = golden.lengths[row].item<int64_t>();
+    torch::Tensor ids = golden.input_ids[row].narrow(0, 0, len).unsqueeze(0);
+    auto alone = (*model)->Forward(ids, torch::full({1}, len, torch::kInt64));
+    ASSERT_TRUE(alone.ok());
+    EXPECT_LE(((*alone)[0] - (*batch)[row].narrow(0, 0, len))
+                  .abs()
+                  .max()
+                  .item<double>(),
+              1e-5)
+        << "row " << row;
+  }
+}
+
+TEST(GoldenTest, WeightsAreFrozen) {
+  auto model = LlamaModel::Load(FixtureDir("qwen2_bias_sharded"), {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelWeights& weights = (*model)->weights();
+  EXPECT_FALSE(weights.embed_tokens.requires_grad());
+  for (const LayerWeights& layer : weights.layers) {
+    for (const LinearWeights& linear : layer.projections) {
+      EXPECT_FALSE(linear.weight.requires_grad());
+    }
+    EXPECT_TRUE(layer.at(Projection::kQ).bias.defined());
+    EXPECT_FALSE(layer.at(Projection::kO).bias.defined());
+  }
+}
+
+TEST(GoldenTest, TiedEmbeddingsShareStorage) {
+  auto model = LlamaModel::Load(FixtureDir("llama_tied_llama3"), {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(
+      (*model)->weights().lm_head.is_same((*model)->weights().embed_tokens));
+}
+
+TEST(GoldenTest, BadBatchesAreRejected) {
+  auto model = LlamaModel::Load(FixtureDir("llama_gqa"), {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  torch::Tensor ids = torch::zeros({2, 4}, torch::kInt64);
+  auto too_long = (*model)->Forward(ids, torch::tensor({4, 5}, torch::kInt64));
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_long.status().message().find("lengths must lie in [1, 4]"),
+            std::string::npos)
+      << too_long.status();
+  auto empty_row = (*model)->Forward(ids, torch::tensor({4, 0}, torch::kInt64));
+  EXPECT_EQ(empty_row.status().code(), absl::StatusCode::kInvalidArgument);
+  torch::Tensor big = torch::full({2, 4}, 128, torch::kInt64);
+  auto out_of_vocab =
+      (*model)->Forward(big, torch::tensor({4, 4}, torch::kInt64));
+  EXPECT_NE(out_of_vocab.status().message().find("token ids must lie in"),
+            std::string::npos)
+      << out_of_vocab.status();
+  auto wrong_dtype = (*model)->Forward(ids.to(torch::kInt32),
+                                       torch::tensor({4, 4}, torch::kInt64));
+  EXPECT_EQ(wrong_dtype.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace loraplex
