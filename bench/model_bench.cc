@@ -1,0 +1,142 @@
+// Base-model speed on this machine, measured side by side in one run:
+// the BLAS actually loaded, peak fp32 GEMM throughput, the built-in tiny
+// model's load + first forward time, and the `small` model's forward
+// throughput as a fraction of that GEMM peak.
+//
+//   build/bin/loraplex-bench-model [--threads N]
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <set>
+#include <string>
+
+#include "core/model/llama_model.h"
+#include "core/model/model_presets.h"
+#include "core/runtime/device.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Shared objects mapped into this process whose name mentions BLAS.
+std::set<std::string> LoadedBlas() {
+  std::set<std::string> found;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    if (path.find("blas") != std::string::npos) {
+      found.insert(std::filesystem::weakly_canonical(path).string());
+    }
+  }
+  return found;
+}
+
+// Best-of-N fp32 GEMM throughput in GFLOP/s for n x n x n.
+double GemmGflops(int64_t n, int repeats) {
+  torch::Tensor a = torch::randn({n, n});
+  torch::Tensor b = torch::randn({n, n});
+  torch::Tensor c = torch::mm(a, b);  // Warm-up.
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    auto start = Clock::now();
+    c = torch::mm(a, b);
+    best = std::min(best, Seconds(start));
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+// Matmul FLOPs of one forward over `tokens` tokens of `seq` length rows.
+double ForwardFlops(const loraplex::ModelConfig& c, int64_t tokens,
+                    int64_t seq) {
+  double per_token = 0;
+  for (loraplex::Projection p : loraplex::kAllProjections) {
+    const auto shape = loraplex::ProjectionShape(c, p);
+    per_token += 2.0 * shape[0] * shape[1];
+  }
+  per_token *= c.num_hidden_layers;
+  // Scores and weighted values: 2 GEMMs of seq x head_dim per head.
+  per_token += c.num_hidden_layers * 4.0 * c.num_attention_heads * c.head_dim *
+               static_cast<double>(seq);
+  per_token += 2.0 * c.hidden_size * c.vocab_size;  // LM head.
+  return per_token * tokens;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Measure base-model speed on this machine."};
+  int threads = 0;
+  app.add_option("--threads", threads, "CPU threads (0 = all cores)");
+  CLI11_PARSE(app, argc, argv);
+  const int used = loraplex::ConfigureThreads(threads).value_or(1);
+
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "loraplex-bench-model";
+  for (const char* preset : {"tiny", "small"}) {
+    auto status =
+        loraplex::WritePresetModel(preset, 0, (dir / preset).string());
+    if (!status.ok()) {
+      std::cerr << status << "\n";
+      return 1;
+    }
+  }
+
+  torch::NoGradGuard no_grad;
+  const double peak = GemmGflops(1024, 5);
+
+  auto start = Clock::now();
+  auto tiny = loraplex::LlamaModel::Load((dir / "tiny").string(), {});
+  if (!tiny.ok()) {
+    std::cerr << tiny.status() << "\n";
+    return 1;
+  }
+  auto logits = (*tiny)->Forward(torch::randint(0, 256, {1, 32}),
+                                 torch::full({1}, 32, torch::kInt64));
+  const double tiny_seconds = Seconds(start);
+
+  std::cout << std::fixed << std::setprecision(3);
+  std::cout << "threads                     " << used << "\n";
+  for (const std::string& blas : LoadedBlas()) {
+    std::cout << "BLAS library                " << blas << "\n";
+  }
+  std::cout << "peak fp32 GEMM (1024^3)     " << peak << " GFLOP/s\n";
+  std::cout << "tiny: load + first forward  " << tiny_seconds * 1e3 << " ms\n";
+
+  for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    loraplex::ModelLoadOptions options;
+    options.dtype = dtype;
+    auto small = loraplex::LlamaModel::Load((dir / "small").string(), options);
+    if (!small.ok()) {
+      std::cerr << small.status() << "\n";
+      return 1;
+    }
+    const int64_t batch = 4, seq = 128;
+    torch::Tensor ids = torch::randint(0, 256, {batch, seq});
+    torch::Tensor lengths = torch::full({batch}, seq, torch::kInt64);
+    (void)(*small)->Forward(ids, lengths);  // Warm-up.
+    double best = 1e30;
+    for (int i = 0; i < 3; ++i) {
+      auto t = Clock::now();
+      (void)(*small)->Forward(ids, lengths);
+      best = std::min(best, Seconds(t));
+    }
+    const double gflops =
+        ForwardFlops((*small)->config(), batch * seq, seq) / best / 1e9;
+    std::cout << "small " << c10::toString(dtype) << " forward " << batch << "x"
+              << seq << "  " << batch * seq / best << " tokens/s, " << gflops
+              << " GFLOP/s = " << gflops / peak << " of peak GEMM\n";
+  }
+  return logits.ok() ? 0 : 1;
+}
