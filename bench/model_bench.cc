@@ -9,14 +9,13 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <set>
 #include <string>
 
 #include "core/model/llama_model.h"
 #include "core/model/model_presets.h"
+#include "core/runtime/blas_info.h"
 #include "core/runtime/device.h"
 
 namespace {
@@ -25,22 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Shared objects mapped into this process whose name mentions BLAS.
-std::set<std::string> LoadedBlas() {
-  std::set<std::string> found;
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    const auto slash = line.find('/');
-    if (slash == std::string::npos) continue;
-    const std::string path = line.substr(slash);
-    if (path.find("blas") != std::string::npos) {
-      found.insert(std::filesystem::weakly_canonical(path).string());
-    }
-  }
-  return found;
 }
 
 // Best-of-N fp32 GEMM throughput in GFLOP/s for n x n x n.
@@ -108,9 +91,15 @@ int main(int argc, char** argv) {
 
   std::cout << std::fixed << std::setprecision(3);
   std::cout << "threads                     " << used << "\n";
-  for (const std::string& blas : LoadedBlas()) {
-    std::cout << "BLAS library                " << blas << "\n";
+  const loraplex::BlasInfo blas = loraplex::InspectBlas();
+  for (const std::string& library : blas.libraries) {
+    std::cout << "BLAS library                " << library << "\n";
   }
+  std::cout << "OpenBLAS kernels            "
+            << (blas.openblas_core.empty() ? "-" : blas.openblas_core) << "\n";
+  const std::string warning =
+      loraplex::BlasPerformanceWarning(blas, loraplex::DetectCpuFeatures());
+  if (!warning.empty()) std::cout << "WARNING: " << warning << "\n";
   std::cout << "peak fp32 GEMM (1024^3)     " << peak << " GFLOP/s\n";
   std::cout << "tiny: load + first forward  " << tiny_seconds * 1e3 << " ms\n";
 

@@ -41,6 +41,13 @@ as_root() {
 
 command -v apt-get >/dev/null 2>&1 ||
   die "apt-get not found: deploy/setup.sh supports Debian 12 (bookworm)"
+if ! grep -q 'VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
+  echo "deploy/setup.sh: warning: not Debian 12 (bookworm); package names" \
+    "and versions may differ" >&2
+fi
+
+# Freshly booted machines often run unattended upgrades; wait for the lock.
+APT=(apt-get -y -q -o DPkg::Lock::Timeout=600)
 
 missing=()
 for package in "${PACKAGES[@]}"; do
@@ -49,9 +56,9 @@ for package in "${PACKAGES[@]}"; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "==> installing ${#missing[@]} package(s): ${missing[*]}"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q ||
+  as_root env DEBIAN_FRONTEND=noninteractive "${APT[@]}" update ||
     die "apt-get update failed"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" ||
+  as_root env DEBIAN_FRONTEND=noninteractive "${APT[@]}" install "${missing[@]}" ||
     die "apt-get install failed for: ${missing[*]}"
 else
   echo "==> all ${#PACKAGES[@]} packages already installed"
@@ -83,9 +90,20 @@ if [ "${LORAPLEX_SKIP_BUILD:-0}" = "1" ]; then
   exit 0
 fi
 
+# Under sudo, build as the calling user so build/ stays theirs and the
+# README's test command works without root.
+as_user() {
+  if [ "$(id -u)" -eq 0 ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+    sudo -u "$SUDO_USER" -- "$@"
+  else
+    "$@"
+  fi
+}
+
 jobs=$(nproc 2>/dev/null || echo 2)
 echo "==> configuring and building in ./build with $jobs job(s)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release || die "cmake configure failed"
-cmake --build build -j"$jobs" || die "build failed"
+as_user cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ||
+  die "cmake configure failed"
+as_user cmake --build build -j"$jobs" || die "build failed"
 echo "==> done: programs are in build/bin; test with:"
 echo "    ctest --test-dir build --output-on-failure -j2"

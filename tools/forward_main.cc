@@ -118,7 +118,7 @@ absl::Status Run(const std::string& model_dir, const std::string& ids_text,
   for (size_t r = 0; r < rows.size(); ++r) {
     const int64_t last = static_cast<int64_t>(rows[r].size()) - 1;
     torch::Tensor probs = torch::softmax(logits[r][last], -1);
-    auto [values, indices] = probs.topk(5);
+    auto [values, indices] = probs.topk(std::min<int64_t>(5, probs.size(0)));
     std::cout << "row " << r << " (" << rows[r].size()
               << " tokens) next-token top-5:";
     for (int64_t k = 0; k < values.size(0); ++k) {
@@ -155,7 +155,12 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "Output safetensors file")->required();
   CLI11_PARSE(app, argc, argv);
 
-  absl::Status status = Run(model_dir, ids, texts, dtype, device, threads, out);
+  absl::Status status;
+  try {
+    status = Run(model_dir, ids, texts, dtype, device, threads, out);
+  } catch (const std::exception& e) {
+    status = absl::InternalError(e.what());
+  }
   if (!status.ok()) {
     std::cerr << "loraplex-forward: " << status.message() << "\n";
     return 1;

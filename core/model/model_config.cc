@@ -1,11 +1,10 @@
 #include "core/model/model_config.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
 
 namespace loraplex {
@@ -24,6 +23,10 @@ constexpr FamilyRow kFamilies[] = {
     {ModelFamily::kQwen2, "qwen2", "Qwen2ForCausalLM"},
     {ModelFamily::kMistral, "mistral", "MistralForCausalLM"},
 };
+
+// Bound on every size in a config, far above any real model; it keeps
+// products such as heads * head_dim well inside int64.
+constexpr int64_t kMaxSize = int64_t{1} << 24;
 
 // Reads config fields with uniform error messages: "<label>: <key> ...".
 class ConfigReader {
@@ -53,9 +56,10 @@ class ConfigReader {
 
   absl::StatusOr<int64_t> PositiveIntValue(const json& value,
                                            const std::string& key) const {
-    if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
-      return Error(
-          key, absl::StrCat("must be a positive integer, got ", value.dump()));
+    if (!value.is_number_integer() || value.get<int64_t>() <= 0 ||
+        value.get<int64_t>() > kMaxSize) {
+      return Error(key, absl::StrCat("must be a positive integer of at most ",
+                                     kMaxSize, ", got ", DescribeJson(value)));
     }
     return value.get<int64_t>();
   }
@@ -67,7 +71,7 @@ class ConfigReader {
     const json& value = object[key];
     if (!value.is_number() || value.get<double>() <= 0) {
       return Error(where + key, absl::StrCat("must be a positive number, got ",
-                                             value.dump()));
+                                             DescribeJson(value)));
     }
     return value.get<double>();
   }
@@ -75,8 +79,8 @@ class ConfigReader {
   absl::StatusOr<bool> Bool(const char* key, bool default_value) const {
     if (!Has(key)) return default_value;
     if (!root_[key].is_boolean()) {
-      return Error(
-          key, absl::StrCat("must be true or false, got ", root_[key].dump()));
+      return Error(key, absl::StrCat("must be true or false, got ",
+                                     DescribeJson(root_[key])));
     }
     return root_[key].get<bool>();
   }
@@ -88,7 +92,7 @@ class ConfigReader {
     if (value.is_array() && !value.empty()) value = value[0];
     if (!value.is_number_integer() || value.get<int64_t>() < 0) {
       return Error(key, absl::StrCat("must be a non-negative integer, got ",
-                                     root_[key].dump()));
+                                     DescribeJson(root_[key])));
     }
     return std::optional<int64_t>(value.get<int64_t>());
   }
@@ -188,7 +192,7 @@ absl::Status ParseDtype(const ConfigReader& reader, ModelConfig& config) {
   } else {
     return reader.Error(key, absl::StrCat("must be float32, bfloat16 or "
                                           "float16, got ",
-                                          value.dump()));
+                                          DescribeJson(value)));
   }
   return absl::OkStatus();
 }
@@ -216,7 +220,7 @@ absl::Status ParseFamily(const ConfigReader& reader, ModelConfig& config) {
     for (const json& arch : archs) {
       if (!arch.is_string() || arch.get<std::string>() != row->architecture) {
         return reader.Error("architectures",
-                            absl::StrCat("entry ", arch.dump(),
+                            absl::StrCat("entry ", DescribeJson(arch),
                                          " is not supported with "
                                          "model_type \"",
                                          model_type, "\" (expected \"",
@@ -302,15 +306,10 @@ absl::string_view ModelFamilyName(ModelFamily family) {
   return "unknown";
 }
 
-absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
-                                             const std::string& label) {
-  json root;
-  try {
-    root = json::parse(json_text.begin(), json_text.end());
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(label, ": not valid JSON: ", e.what()));
-  }
+namespace {
+
+absl::StatusOr<ModelConfig> ModelConfigFromJson(const json& root,
+                                                const std::string& label) {
   if (!root.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": must be a JSON object"));
@@ -331,8 +330,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
       reader.PositiveInt("max_position_embeddings", 2048));
   LORAPLEX_RETURN_IF_ERROR(ParseAttentionShape(reader, config));
   if (reader.Has("hidden_act") && root["hidden_act"] != "silu") {
-    return reader.Error("hidden_act", absl::StrCat("must be \"silu\", got ",
-                                                   root["hidden_act"].dump()));
+    return reader.Error("hidden_act",
+                        absl::StrCat("must be \"silu\", got ",
+                                     DescribeJson(root["hidden_act"])));
   }
   LORAPLEX_ASSIGN_OR_RETURN(
       config.rms_norm_eps,
@@ -362,16 +362,19 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   return config;
 }
 
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
+                                             const std::string& label) {
+  LORAPLEX_ASSIGN_OR_RETURN(json root, ParseUntrustedJson(json_text, label));
+  return ModelConfigFromJson(root, label);
+}
+
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   const std::string path =
       (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseModelConfig(text.str(), path);
+  LORAPLEX_ASSIGN_OR_RETURN(json root, ReadUntrustedJsonFile(path));
+  return ModelConfigFromJson(root, path);
 }
 
 std::string ModelConfigToJson(const ModelConfig& config) {

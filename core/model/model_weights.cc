@@ -31,17 +31,6 @@ std::string LayerPrefix(int64_t layer) {
   return absl::StrCat("model.layers.", layer, ".");
 }
 
-// Lists at most `cap` names, then how many more there were.
-std::string ListNames(const std::vector<std::string>& names, size_t cap = 12) {
-  std::vector<std::string> shown(names.begin(),
-                                 names.begin() + std::min(cap, names.size()));
-  std::string out = absl::StrJoin(shown, ", ");
-  if (names.size() > cap) {
-    absl::StrAppend(&out, " and ", names.size() - cap, " more");
-  }
-  return out;
-}
-
 std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -175,21 +164,22 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
   std::vector<std::string> problems;
   if (!missing.empty()) {
     problems.push_back(absl::StrCat(
-        missing.size(), " missing tensor(s): ", ListNames(missing)));
+        missing.size(), " missing tensor(s): ", absl::StrJoin(missing, ", ")));
   }
   if (!misshapen.empty()) {
     problems.push_back(absl::StrCat(
         misshapen.size(),
-        " tensor(s) with the wrong shape: ", ListNames(misshapen)));
+        " tensor(s) with the wrong shape: ", absl::StrJoin(misshapen, ", ")));
   }
   if (!bad_dtype.empty()) {
-    problems.push_back(absl::StrCat(
-        bad_dtype.size(),
-        " tensor(s) that are not floating point: ", ListNames(bad_dtype)));
+    problems.push_back(absl::StrCat(bad_dtype.size(),
+                                    " tensor(s) that are not floating point: ",
+                                    absl::StrJoin(bad_dtype, ", ")));
   }
   if (!unexpected.empty()) {
     problems.push_back(absl::StrCat(
-        unexpected.size(), " unexpected tensor(s): ", ListNames(unexpected)));
+        unexpected.size(),
+        " unexpected tensor(s): ", absl::StrJoin(unexpected, ", ")));
   }
   if (!problems.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

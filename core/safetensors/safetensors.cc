@@ -10,16 +10,15 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
 
 namespace loraplex {
@@ -78,7 +77,7 @@ absl::StatusOr<std::vector<uint64_t>> ReadUnsignedArray(
   for (const nlohmann::json& item : value) {
     if (!item.is_number_unsigned()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, " must hold non-negative integers, got ", item.dump()));
+          where, " must hold non-negative integers, got ", DescribeJson(item)));
     }
     out.push_back(item.get<uint64_t>());
   }
@@ -133,7 +132,7 @@ absl::StatusOr<SafetensorsTensorInfo> ParseEntry(const std::string& name,
   if (offsets.size() != 2 || offsets[0] > offsets[1]) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": data_offsets must be [begin, end] with begin <= end, got ",
-        entry["data_offsets"].dump()));
+        DescribeJson(entry["data_offsets"])));
   }
   info.begin = offsets[0];
   info.end = offsets[1];
@@ -234,29 +233,11 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": header is not a JSON object"));
   }
-  // nlohmann::json keeps the last of duplicate keys silently; the callback
-  // sees every key of the top-level object so duplicates can be rejected.
-  std::set<std::string> seen;
-  std::string duplicate;
-  auto on_event = [&](int depth, nlohmann::json::parse_event_t event,
-                      nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1) {
-      std::string key = parsed.get<std::string>();
-      if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
-    }
-    return true;
-  };
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(json.begin(), json.end(), on_event);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(label, ": header is not valid JSON: ", e.what()));
-  }
-  if (!duplicate.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": tensor \"", duplicate, "\" appears more than once"));
-  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      nlohmann::json root,
+      ParseUntrustedJson(json, label,
+                         {/*max_depth=*/8,
+                          /*reject_duplicate_top_level_keys=*/true}));
   if (!root.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": header is not a JSON object"));
@@ -319,9 +300,16 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(
                      " bytes, too short for the 8-byte header length"));
   }
   // MAP_PRIVATE: an accidental in-place write to a loaded tensor changes a
-  // private copy of the page, never the file.
+  // private copy of the page, never the file. Under strict overcommit a
+  // writable mapping of a large file can be refused; then the file is mapped
+  // read-only and every load copies.
+  bool writable = true;
   void* mapping =
       ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (mapping == MAP_FAILED && errno == ENOMEM) {
+    writable = false;
+    mapping = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  }
   ::close(fd);
   if (mapping == MAP_FAILED) return IoError("cannot mmap", path);
 
@@ -329,6 +317,7 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(
   file->path_ = path;
   file->mapping_ = mapping;
   file->mapping_size_ = file_size;
+  file->writable_ = writable;
 
   const auto* bytes = static_cast<const uint8_t*>(mapping);
   uint64_t header_size = 0;
@@ -378,7 +367,7 @@ absl::StatusOr<torch::Tensor> SafetensorsFile::Load(
   if (info->end == info->begin) return torch::empty(info->shape, options);
   const uint8_t* ptr = data_ + info->begin;
   const size_t itemsize = SafetensorsDtypeSize(info->dtype);
-  if (reinterpret_cast<uintptr_t>(ptr) % itemsize != 0) {
+  if (!writable_ || reinterpret_cast<uintptr_t>(ptr) % itemsize != 0) {
     torch::Tensor copy = torch::empty(info->shape, options);
     std::memcpy(copy.data_ptr(), ptr, info->end - info->begin);
     return copy;
@@ -389,7 +378,9 @@ absl::StatusOr<torch::Tensor> SafetensorsFile::Load(
       const_cast<uint8_t*>(ptr), info->shape, [self](void*) {}, options);
 }
 
-absl::Status WriteSafetensors(
+namespace {
+
+absl::Status WriteSafetensorsOrThrow(
     const std::string& path, const std::vector<NamedTensor>& tensors,
     const std::map<std::string, std::string>& metadata) {
   std::vector<std::pair<std::string, torch::Tensor>> sorted;
@@ -462,6 +453,25 @@ absl::Status WriteSafetensors(
   return FsyncDirectory(dir);
 }
 
+}  // namespace
+
+absl::Status WriteSafetensors(
+    const std::string& path, const std::vector<NamedTensor>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  // Exceptions can only come from preparing the header and the tensors,
+  // before the temporary file exists.
+  try {
+    return WriteSafetensorsOrThrow(path, tensors, metadata);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": tensor names and metadata must be valid UTF-8: ", e.what()));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(
+        path,
+        ": cannot copy tensors to the CPU: ", e.what_without_backtrace()));
+  }
+}
+
 absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::OpenDirectory(
     const std::string& dir) {
   namespace fs = std::filesystem;
@@ -487,14 +497,8 @@ absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::OpenDirectory(
   };
 
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    nlohmann::json json;
-    try {
-      in >> json;
-    } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index.string(), ": not valid JSON: ", e.what()));
-    }
+    LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json json,
+                              ReadUntrustedJsonFile(index.string()));
     if (!json.is_object() || !json.contains("weight_map") ||
         !json["weight_map"].is_object()) {
       return absl::InvalidArgumentError(

@@ -105,6 +105,7 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
   std::string path_;
   void* mapping_ = nullptr;
   size_t mapping_size_ = 0;
+  bool writable_ = true;           // False: mapped read-only, so loads copy.
   const uint8_t* data_ = nullptr;  // Start of the data buffer.
   SafetensorsHeader header_;
 };

@@ -1,10 +1,11 @@
 #include "core/tokenizer/load_tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/json_parse.h"
+#include "core/common/status_macros.h"
 #include "core/tokenizer/sentencepiece_tokenizer.h"
 
 namespace loraplex {
@@ -12,15 +13,10 @@ namespace {
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadByteTokenizer(
     const std::string& path) {
-  std::ifstream in(path);
-  nlohmann::json description;
-  try {
-    in >> description;
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not valid JSON: ", e.what()));
-  }
-  if (!description.is_object() || description.value("type", "") != "byte") {
+  LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json description,
+                            ReadUntrustedJsonFile(path));
+  if (!description.is_object() || !description.contains("type") ||
+      description["type"] != "byte") {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": \"type\" must be \"byte\""));
   }
@@ -29,7 +25,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadByteTokenizer(
   const nlohmann::json expected =
       nlohmann::json::parse(ByteTokenizer::DescriptionJson());
   for (const auto& [key, value] : expected.items()) {
-    if (description.value(key, nlohmann::json()) != value) {
+    if (!description.contains(key) || description[key] != value) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": \"", key, "\" must be ", value.dump()));
     }

@@ -4,9 +4,9 @@
 // whose symbols clash with the libprotobuf (3.21) that LibTorch and gRPC
 // load: in one symbol scope, either library's start-up code calls into the
 // other's copy and aborts. So sentencepiece is never linked into a loraplex
-// program; the shim is opened on demand with dlopen(RTLD_LOCAL |
-// RTLD_DEEPBIND), which gives sentencepiece a symbol scope of its own.
-// Only plain C types cross this boundary.
+// program; the shim is opened on demand with dlmopen(LM_ID_NEWLM), which
+// gives it a link-map namespace (and symbol scope) of its own. Only plain C
+// types cross this boundary, and memory is never freed across it.
 #ifndef LORAPLEX_CORE_TOKENIZER_SENTENCEPIECE_SHIM_H_
 #define LORAPLEX_CORE_TOKENIZER_SENTENCEPIECE_SHIM_H_
 

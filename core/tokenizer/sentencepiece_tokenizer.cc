@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -90,11 +91,18 @@ absl::StatusOr<std::shared_ptr<SpmLibrary>> OpenShimOnce() {
 // libc and libstdc++: sentencepiece's private protobuf then cannot clash with
 // libprotobuf, and none of the known RTLD_DEEPBIND pitfalls (copy-relocated
 // std::cerr) apply. glibc offers only 16 namespaces and cannot reclaim one
-// that holds a libc, so the shim is opened once per process and kept.
+// that holds a libc, so the shim is opened once per process and kept: the
+// one process-wide cache in loraplex, standing for a process-wide resource.
+// A failed open is not cached, so fixing LORAPLEX_SPM_SHIM takes effect.
 absl::StatusOr<std::shared_ptr<SpmLibrary>> OpenShim() {
-  static const auto* const kLibrary =
-      new absl::StatusOr<std::shared_ptr<SpmLibrary>>(OpenShimOnce());
-  return *kLibrary;
+  static std::mutex mutex;
+  static std::shared_ptr<SpmLibrary>* opened = nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (opened != nullptr) return *opened;
+  LORAPLEX_ASSIGN_OR_RETURN(std::shared_ptr<SpmLibrary> library,
+                            OpenShimOnce());
+  opened = new std::shared_ptr<SpmLibrary>(library);
+  return library;
 }
 
 class SentencePieceTokenizer : public Tokenizer {

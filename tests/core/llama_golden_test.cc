@@ -12,6 +12,7 @@
 
 #include "core/model/llama_model.h"
 #include "core/safetensors/safetensors.h"
+#include "tests/common/test_dir.h"
 
 namespace loraplex {
 namespace {
@@ -111,9 +112,7 @@ TEST(GoldenTest, Bf16ComputeStaysNearTransformersBf16) {
 // Rewriting a config into 4.x form must give the same logits.
 TEST(GoldenTest, LegacyRopeKeysGiveSameLogits) {
   const std::string source = FixtureDir("llama_tied_llama3");
-  const fs::path copy = fs::path(::testing::TempDir()) / "llama3_legacy_keys";
-  fs::remove_all(copy);
-  fs::create_directories(copy);
+  const fs::path copy = FreshTestDir();
   for (const auto& entry : fs::directory_iterator(source)) {
     fs::copy(entry.path(), copy / entry.path().filename());
   }

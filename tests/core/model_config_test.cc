@@ -130,11 +130,12 @@ TEST(ModelConfigTest, RejectsMissingAndNonPositiveSizes) {
   EXPECT_THAT(ErrorOf(raw), HasSubstr("hidden_size is required"));
   raw = BaseLlama();
   raw["num_hidden_layers"] = 0;
-  EXPECT_THAT(ErrorOf(raw),
-              HasSubstr("num_hidden_layers must be a positive integer, got 0"));
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("num_hidden_layers must be a positive "
+                                      "integer of at most 16777216, got 0"));
   raw = BaseLlama();
   raw["vocab_size"] = "many";
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("vocab_size must be a positive integer"));
+  EXPECT_THAT(ErrorOf(raw),
+              HasSubstr("vocab_size must be a positive integer of at most"));
 }
 
 TEST(ModelConfigTest, RejectsInconsistentHeads) {
@@ -172,6 +173,20 @@ TEST(ModelConfigTest, RejectsSpecialIdsOutsideVocabulary) {
   raw["eos_token_id"] = 100;
   EXPECT_THAT(ErrorOf(raw),
               HasSubstr("eos_token_id (100) must be below vocab_size (100)"));
+}
+
+TEST(ModelConfigTest, RejectsAbsurdSizesAndDeepNesting) {
+  json raw = BaseLlama();
+  raw["hidden_size"] = int64_t{1} << 40;
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("hidden_size must be a positive integer "
+                                      "of at most 16777216"));
+  const std::string nested = std::string(50000, '[') + std::string(50000, ']');
+  std::string text = BaseLlama().dump();
+  text.insert(1, R"("vocab_size": )" + nested + ",");
+  auto parsed = ParseModelConfig(text, "config.json");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(std::string(parsed.status().message()),
+              HasSubstr("nested deeper than"));
 }
 
 TEST(ModelConfigTest, RejectsNonJson) {

@@ -12,17 +12,14 @@
 #include "core/model/llama_model.h"
 #include "core/safetensors/safetensors.h"
 #include "core/tokenizer/load_tokenizer.h"
+#include "tests/common/test_dir.h"
 
 namespace loraplex {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string TempModelDir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("presets_" + name);
-  fs::remove_all(dir);
-  return dir.string();
-}
+std::string TempModelDir(const std::string& name) { return FreshTestDir(name); }
 
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -11,6 +11,7 @@
 #include "core/model/llama_model.h"
 #include "core/model/model_presets.h"
 #include "core/safetensors/safetensors.h"
+#include "tests/common/test_dir.h"
 
 namespace loraplex {
 namespace {
@@ -21,10 +22,7 @@ using ::testing::HasSubstr;
 class ModelWeightsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (fs::path(::testing::TempDir()) /
-            ::testing::UnitTest::GetInstance()->current_test_info()->name())
-               .string();
-    fs::remove_all(dir_);
+    dir_ = FreshTestDir();
     ASSERT_TRUE(WritePresetModel("tiny", 3, dir_).ok());
     config_ = LoadModelConfig(dir_).value();
   }
@@ -79,6 +77,24 @@ TEST_F(ModelWeightsTest, ReportsEveryMissingTensor) {
   EXPECT_THAT(error, HasSubstr("2 missing tensor(s)"));
   EXPECT_THAT(error, HasSubstr("model.layers.0.self_attn.v_proj.weight"));
   EXPECT_THAT(error, HasSubstr("model.layers.1.self_attn.v_proj.weight"));
+}
+
+TEST_F(ModelWeightsTest, ListsEveryMissingNameHoweverMany) {
+  Rewrite([](std::vector<NamedTensor>& tensors) {
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                                 [](const NamedTensor& t) {
+                                   return t.name.find("proj") !=
+                                          std::string::npos;
+                                 }),
+                  tensors.end());
+  });
+  const std::string error = LoadError();
+  EXPECT_THAT(error, HasSubstr("14 missing tensor(s)"));
+  for (const TensorSpec& spec : ModelTensorSpecs(config_)) {
+    if (spec.name.find("proj") != std::string::npos) {
+      EXPECT_THAT(error, HasSubstr(spec.name));
+    }
+  }
 }
 
 TEST_F(ModelWeightsTest, ReportsWrongShapesAndUnexpectedNames) {

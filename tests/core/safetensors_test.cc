@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "tests/common/test_dir.h"
+
 namespace loraplex {
 namespace {
 
@@ -17,12 +19,7 @@ using ::testing::HasSubstr;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = FreshTestDir(); }
 
   std::string Path(const std::string& name) const {
     return (dir_ / name).string();
@@ -174,7 +171,7 @@ TEST_F(SafetensorsTest, RejectsHeaderLengthAboveCap) {
 
 TEST_F(SafetensorsTest, RejectsNonJsonHeader) {
   ExpectRejected(WriteRaw("nonjson.safetensors", "{not json", ""),
-                 "header is not valid JSON");
+                 "not valid JSON");
 }
 
 TEST_F(SafetensorsTest, RejectsNonObjectHeader) {
@@ -237,7 +234,7 @@ TEST_F(SafetensorsTest, RejectsDuplicateNames) {
                R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                std::string(8, '\0')),
-      "tensor \"a\" appears more than once");
+      "key \"a\" appears more than once");
 }
 
 TEST_F(SafetensorsTest, RejectsNegativeShape) {
@@ -252,6 +249,17 @@ TEST_F(SafetensorsTest, RejectsNonStringMetadata) {
   ExpectRejected(
       WriteRaw("meta.safetensors", R"({"__metadata__":{"k":1}})", ""),
       "__metadata__[\"k\"] must be a string");
+}
+
+TEST_F(SafetensorsTest, RejectsDeeplyNestedHeader) {
+  // Nesting like this once crashed error reporting by stack exhaustion.
+  const std::string nested =
+      std::string(100000, '[') + std::string(100000, ']');
+  ExpectRejected(WriteRaw("nested.safetensors",
+                          R"({"x":{"dtype":"F32","shape":)" + nested +
+                              R"(,"data_offsets":[0,4]}})",
+                          std::string(4, '\0')),
+                 "JSON nested deeper than 8 levels");
 }
 
 TEST_F(SafetensorsTest, RejectsTruncatedFile) {
@@ -295,6 +303,14 @@ TEST_F(SafetensorsTest, WriterRejectsBadInputWithoutTouchingTarget) {
   auto file = SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok());
   EXPECT_NE((*file)->Find("v"), nullptr);
+}
+
+TEST_F(SafetensorsTest, WriterRejectsNonUtf8Names) {
+  const absl::Status status = WriteSafetensors(
+      Path("utf8.safetensors"), {{"bad\xff\xfename", torch::ones({1})}});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("valid UTF-8"));
+  EXPECT_FALSE(fs::exists(Path("utf8.safetensors")));
 }
 
 TEST_F(SafetensorsTest, ShardedCheckpointResolvesEveryName) {

@@ -8,6 +8,7 @@
 
 #include "core/tokenizer/load_tokenizer.h"
 #include "core/tokenizer/sentencepiece_tokenizer.h"
+#include "tests/common/test_dir.h"
 
 namespace loraplex {
 namespace {
@@ -15,12 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-fs::path FreshDir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("tokenizer_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path FreshDir(const std::string& name) { return FreshTestDir(name); }
 
 TEST(ByteTokenizerTest, IdsAreBytesAndSpecialsFollow) {
   ByteTokenizer tokenizer;
@@ -51,6 +47,16 @@ TEST(LoadTokenizerTest, RejectsDescriptionThatDisagreesWithLayout) {
   ASSERT_FALSE(tokenizer.ok());
   EXPECT_THAT(std::string(tokenizer.status().message()),
               HasSubstr("\"bos_id\" must be 256"));
+}
+
+TEST(LoadTokenizerTest, RejectsMistypedDescription) {
+  const fs::path dir = FreshDir("typed");
+  for (const char* text : {R"({"type": 1})", R"([1, 2])", "{"}) {
+    std::ofstream(dir / std::string(kByteTokenizerFile)) << text;
+    auto tokenizer = LoadTokenizer(dir.string());
+    EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument)
+        << text;
+  }
 }
 
 TEST(LoadTokenizerTest, MissingTokenizerIsNotFound) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/safetensors/safetensors.h"
+#include "tests/common/test_dir.h"
 
 namespace loraplex {
 namespace {
@@ -39,10 +40,9 @@ std::string Tool(const std::string& name) {
   return std::string(LORAPLEX_BIN_DIR) + "/" + name;
 }
 
+// A path that does not exist yet, inside a fresh directory.
 std::string Temp(const std::string& name) {
-  const fs::path path = fs::path(::testing::TempDir()) / ("tools_" + name);
-  fs::remove_all(path);
-  return path.string();
+  return (fs::path(FreshTestDir(name)) / name).string();
 }
 
 TEST(MakeModelToolTest, WritesTinyModel) {

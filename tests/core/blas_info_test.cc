@@ -1,0 +1,47 @@
+#include "core/runtime/blas_info.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace loraplex {
+namespace {
+
+using ::testing::HasSubstr;
+
+// deploy/setup.sh installs OpenBLAS and selects it; this checks that the
+// selection reaches LibTorch in a real process.
+TEST(BlasInfoTest, LibTorchRunsOnOpenBlas) {
+  torch::mm(torch::ones({64, 64}), torch::ones({64, 64}));
+  const BlasInfo blas = InspectBlas();
+  bool openblas = false;
+  for (const std::string& library : blas.libraries) {
+    openblas |= library.find("openblas") != std::string::npos;
+  }
+  EXPECT_TRUE(openblas) << "loaded BLAS libraries: "
+                        << ::testing::PrintToString(blas.libraries);
+  EXPECT_FALSE(blas.openblas_core.empty());
+}
+
+TEST(BlasInfoTest, WarnsAboutReferenceBlas) {
+  BlasInfo blas;
+  blas.libraries = {"/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0"};
+  EXPECT_THAT(BlasPerformanceWarning(blas, {}),
+              HasSubstr("install libopenblas0-pthread"));
+}
+
+TEST(BlasInfoTest, WarnsAboutGenericKernelsOnModernCpus) {
+  BlasInfo blas;
+  blas.libraries = {"/usr/lib/x86_64-linux-gnu/libopenblasp-r0.3.21.so"};
+  blas.openblas_core = "Prescott";
+  EXPECT_THAT(BlasPerformanceWarning(blas, {true, true}),
+              HasSubstr("OPENBLAS_CORETYPE=SkylakeX"));
+  EXPECT_THAT(BlasPerformanceWarning(blas, {true, false}),
+              HasSubstr("OPENBLAS_CORETYPE=Haswell"));
+  EXPECT_EQ(BlasPerformanceWarning(blas, {false, false}), "");
+  blas.openblas_core = "SkylakeX";
+  EXPECT_EQ(BlasPerformanceWarning(blas, {true, true}), "");
+}
+
+}  // namespace
+}  // namespace loraplex
