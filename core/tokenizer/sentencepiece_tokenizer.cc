@@ -67,7 +67,9 @@ absl::StatusOr<std::shared_ptr<SpmLibrary>> OpenShimOnce() {
     library->handle =
         dlmopen(LM_ID_NEWLM, candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (library->handle != nullptr) break;
-    failures.push_back(dlerror());
+    const char* error = dlerror();
+    failures.push_back(error != nullptr ? error
+                                        : candidate + ": unknown error");
   }
   if (library->handle == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
