@@ -137,6 +137,42 @@ TEST(GoldenTest, LegacyRopeKeysGiveSameLogits) {
             1e-4);
 }
 
+// fp16 checkpoints load and compute in fp32 by default (CPU kernels for
+// half precision are slow or missing). Rounding the weights to fp16 moves the
+// logits a little; the reference is still HF's fp32 run.
+TEST(GoldenTest, Fp16CheckpointComputesInFp32) {
+  const std::string source = FixtureDir("llama_gqa");
+  const fs::path copy = FreshTestDir();
+  {
+    auto original = SafetensorsFile::Open(source + "/model.safetensors");
+    ASSERT_TRUE(original.ok());
+    std::vector<NamedTensor> half;
+    for (const auto& info : (*original)->tensors()) {
+      half.push_back({info.name, (*original)->Load(info.name).value().to(
+                                     torch::kFloat16)});
+    }
+    ASSERT_TRUE(
+        WriteSafetensors((copy / "model.safetensors").string(), half).ok());
+  }
+  nlohmann::json config;
+  std::ifstream(source + "/config.json") >> config;
+  config["dtype"] = "float16";
+  std::ofstream(copy / "config.json") << config.dump(2);
+  fs::copy(source + "/golden.safetensors", copy / "golden.safetensors");
+
+  const Golden golden = ReadGolden(copy.string());
+  auto model = LlamaModel::Load(copy.string(), {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->dtype(), torch::kFloat32);
+  torch::NoGradGuard no_grad;
+  auto logits = (*model)->Forward(golden.input_ids, golden.lengths);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const double error =
+      MaxValidDiff(*logits, golden.logits.at("logits"), golden.lengths);
+  EXPECT_LE(error, 2e-2);
+  EXPECT_GT(error, 0.0);  // The weights really were rounded.
+}
+
 TEST(GoldenTest, ForwardHiddenThenLogitsEqualsForward) {
   const std::string dir = FixtureDir("llama_gqa");
   const Golden golden = ReadGolden(dir);
