@@ -194,9 +194,10 @@ torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {
 
 absl::StatusOr<torch::Tensor> LlamaModel::Forward(
     const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
-  LORAPLEX_RETURN_IF_ERROR(ValidateBatch(input_ids, lengths));
+  LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor hidden,
+                            ForwardHidden(input_ids, lengths));
   try {
-    return Logits(HiddenStates(input_ids, lengths));
+    return Logits(hidden);
   } catch (const c10::Error& e) {
     return TorchError(e);
   }

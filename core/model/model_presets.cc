@@ -4,10 +4,10 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
 #include "core/model/model_weights.h"
 #include "core/safetensors/safetensors.h"
@@ -81,25 +81,6 @@ ModelConfig SmallConfig() {
   return config;
 }
 
-absl::Status WriteText(const std::filesystem::path& path,
-                       const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out)
-      return absl::InternalError(absl::StrCat("cannot write ", tmp.string()));
-  }
-  std::error_code error;
-  std::filesystem::rename(tmp, path, error);
-  if (error) {
-    return absl::InternalError(absl::StrCat(
-        "cannot rename into ", path.string(), ": ", error.message()));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 std::vector<std::string> PresetNames() { return {"tiny", "small"}; }
@@ -141,11 +122,11 @@ absl::Status WriteRandomModel(const ModelConfig& config, uint64_t seed,
   const fs::path root(dir);
   LORAPLEX_RETURN_IF_ERROR(WriteSafetensors(
       (root / "model.safetensors").string(), tensors, {{"format", "pt"}}));
-  LORAPLEX_RETURN_IF_ERROR(
-      WriteText(root / "config.json", ModelConfigToJson(config)));
+  LORAPLEX_RETURN_IF_ERROR(WriteFileAtomically((root / "config.json").string(),
+                                               ModelConfigToJson(config)));
   if (config.vocab_size != ByteTokenizer::kVocabSize) return absl::OkStatus();
-  return WriteText(root / std::string(kByteTokenizerFile),
-                   ByteTokenizer::DescriptionJson());
+  return WriteFileAtomically((root / std::string(kByteTokenizerFile)).string(),
+                             ByteTokenizer::DescriptionJson());
 }
 
 absl::Status WritePresetModel(absl::string_view preset, uint64_t seed,

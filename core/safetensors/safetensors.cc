@@ -12,12 +12,12 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/atomic_file.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
 
@@ -167,30 +167,6 @@ absl::StatusOr<std::map<std::string, std::string>> ParseMetadata(
     metadata[key] = item.get<std::string>();
   }
   return metadata;
-}
-
-absl::Status FsyncDirectory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return IoError("cannot open directory", dir);
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return IoError("cannot fsync directory", dir);
-  return absl::OkStatus();
-}
-
-absl::Status WriteAll(int fd, const void* data, size_t size,
-                      const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return IoError("cannot write", path);
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -425,32 +401,15 @@ absl::Status WriteSafetensorsOrThrow(
   json.append((8 - json.size() % 8) % 8, ' ');
   const uint64_t header_size = json.size();
 
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  const std::string dir =
-      target.has_parent_path() ? target.parent_path().string() : ".";
-  std::random_device entropy;
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".",
-                                       static_cast<uint32_t>(entropy()));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError("cannot create", tmp);
-  absl::Status status = WriteAll(fd, &header_size, 8, tmp);
-  if (status.ok()) status = WriteAll(fd, json.data(), json.size(), tmp);
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> file,
+                            AtomicFileWriter::Create(path));
+  LORAPLEX_RETURN_IF_ERROR(file->Append(&header_size, 8));
+  LORAPLEX_RETURN_IF_ERROR(file->Append(json.data(), json.size()));
   for (const auto& [name, tensor] : sorted) {
-    if (!status.ok()) break;
-    status = WriteAll(fd, tensor.data_ptr(),
-                      tensor.numel() * tensor.element_size(), tmp);
+    LORAPLEX_RETURN_IF_ERROR(file->Append(
+        tensor.data_ptr(), tensor.numel() * tensor.element_size()));
   }
-  if (status.ok() && ::fsync(fd) != 0) status = IoError("cannot fsync", tmp);
-  if (::close(fd) != 0 && status.ok()) status = IoError("cannot close", tmp);
-  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = IoError("cannot rename into", path);
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  return FsyncDirectory(dir);
+  return file->Commit();
 }
 
 }  // namespace
@@ -459,7 +418,7 @@ absl::Status WriteSafetensors(
     const std::string& path, const std::vector<NamedTensor>& tensors,
     const std::map<std::string, std::string>& metadata) {
   // Exceptions can only come from preparing the header and the tensors,
-  // before the temporary file exists.
+  // before the temporary file exists (and its writer cleans up regardless).
   try {
     return WriteSafetensorsOrThrow(path, tensors, metadata);
   } catch (const nlohmann::json::exception& e) {
