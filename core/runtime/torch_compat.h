@@ -6,7 +6,11 @@
 #ifndef LORAPLEX_CORE_RUNTIME_TORCH_COMPAT_H_
 #define LORAPLEX_CORE_RUNTIME_TORCH_COMPAT_H_
 
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
+
+#include <type_traits>
+#include <utility>
 #include <torch/version.h>
 
 namespace loraplex {
@@ -21,6 +25,14 @@ torch::Tensor ScaledDotProductAttention(const torch::Tensor& query,
                                         const torch::Tensor& key,
                                         const torch::Tensor& value,
                                         const torch::Tensor& additive_mask);
+
+// The key under which torch::optim::Optimizer keeps a parameter's state:
+// LibTorch 1.13 uses the TensorImpl address printed as a string, 2.x the
+// address itself.
+using OptimizerStateMap = std::remove_reference_t<
+    decltype(std::declval<torch::optim::Optimizer&>().state())>;
+using OptimizerStateKey = OptimizerStateMap::key_type;
+OptimizerStateKey OptimizerStateKeyOf(const torch::Tensor& param);
 
 }  // namespace loraplex
 

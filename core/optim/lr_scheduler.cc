@@ -1,0 +1,127 @@
+#include "core/optim/lr_scheduler.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace loraplex {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+bool IsNonNegative(double value) { return std::isfinite(value) && value >= 0; }
+
+}  // namespace
+
+absl::string_view LrScheduleKindName(LrScheduleKind kind) {
+  switch (kind) {
+    case LrScheduleKind::kConstant:
+      return "constant";
+    case LrScheduleKind::kLinear:
+      return "linear";
+    case LrScheduleKind::kCosine:
+      return "cosine";
+    case LrScheduleKind::kWsd:
+      return "wsd";
+  }
+  return "unknown";
+}
+
+std::optional<LrScheduleKind> ParseLrScheduleKind(absl::string_view name) {
+  for (LrScheduleKind kind :
+       {LrScheduleKind::kConstant, LrScheduleKind::kLinear,
+        LrScheduleKind::kCosine, LrScheduleKind::kWsd}) {
+    if (name == LrScheduleKindName(kind)) return kind;
+  }
+  return std::nullopt;
+}
+
+absl::Status ValidateLrScheduleConfig(const LrScheduleConfig& config) {
+  auto invalid = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule.", parts...));
+  };
+  if (!IsNonNegative(config.lr)) {
+    return invalid("lr must be a finite number >= 0, got ", config.lr);
+  }
+  if (!IsNonNegative(config.init_lr)) {
+    return invalid("init_lr must be a finite number >= 0, got ",
+                   config.init_lr);
+  }
+  if (!IsNonNegative(config.min_lr) || config.min_lr > config.lr) {
+    return invalid("min_lr must be in [0, lr = ", config.lr, "], got ",
+                   config.min_lr);
+  }
+  if (config.total_steps < 1) {
+    return invalid("total_steps must be >= 1, got ", config.total_steps);
+  }
+  if (config.warmup_steps < 0 || config.warmup_steps > config.total_steps) {
+    return invalid("warmup_steps must be in [0, total_steps = ",
+                   config.total_steps, "], got ", config.warmup_steps);
+  }
+  if (!(config.decay_fraction > 0.0 && config.decay_fraction <= 1.0)) {
+    return invalid("decay_fraction must be in (0, 1], got ",
+                   config.decay_fraction);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LrScheduler> LrScheduler::Create(
+    const LrScheduleConfig& config) {
+  absl::Status status = ValidateLrScheduleConfig(config);
+  if (!status.ok()) return status;
+  return LrScheduler(config);
+}
+
+double LrScheduler::LrAt(int64_t completed_steps) const {
+  const LrScheduleConfig& c = config_;
+  const double t = static_cast<double>(std::max<int64_t>(completed_steps, 0));
+  if (t < c.warmup_steps) {
+    return c.init_lr + (c.lr - c.init_lr) * t / c.warmup_steps;
+  }
+  if (c.kind == LrScheduleKind::kConstant) return c.lr;
+  if (t >= c.total_steps) return c.min_lr;
+
+  // The decay runs from decay_start to total_steps.
+  double decay_start = static_cast<double>(c.warmup_steps);
+  if (c.kind == LrScheduleKind::kWsd) {
+    const double decay_steps =
+        std::max<double>(1.0, std::llround(c.decay_fraction * c.total_steps));
+    decay_start = std::max(decay_start, c.total_steps - decay_steps);
+    if (t < decay_start) return c.lr;
+  }
+  const double progress = (t - decay_start) / (c.total_steps - decay_start);
+  if (c.kind == LrScheduleKind::kCosine) {
+    return c.min_lr +
+           (c.lr - c.min_lr) * 0.5 * (1.0 + std::cos(kPi * progress));
+  }
+  return c.lr + (c.min_lr - c.lr) * progress;
+}
+
+void LrScheduler::ApplyTo(SlotOptimizer& optimizer) const {
+  optimizer.SetLr(lr());
+}
+
+void LrScheduler::Step(SlotOptimizer& optimizer) {
+  ++completed_steps_;
+  ApplyTo(optimizer);
+}
+
+void LrScheduler::Save(torch::serialize::OutputArchive& archive) const {
+  archive.write("completed_steps", c10::IValue(completed_steps_));
+}
+
+absl::Status LrScheduler::Load(torch::serialize::InputArchive& archive) {
+  c10::IValue value;
+  if (!archive.try_read("completed_steps", value) || !value.isInt() ||
+      value.toInt() < 0) {
+    return absl::InvalidArgumentError(
+        "LR scheduler archive: completed_steps must be an integer >= 0");
+  }
+  completed_steps_ = value.toInt();
+  return absl::OkStatus();
+}
+
+}  // namespace loraplex

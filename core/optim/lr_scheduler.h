@@ -1,0 +1,85 @@
+// One slot's learning-rate schedule: linear warmup from init_lr to lr over
+// warmup_steps, then constant / linear / cosine / wsd down to min_lr at
+// total_steps (and min_lr after that).
+//
+// The schedule is indexed by the number of optimizer steps the slot has
+// completed, t (as Hugging Face schedulers): step t+1 runs with LrAt(t), so
+// the first step uses init_lr and step warmup_steps+1 uses lr. The caller
+// advances it only after a step really happened:
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(LrScheduler schedule, LrScheduler::Create(cfg));
+//   schedule.ApplyTo(optimizer);              // lr for the first step
+//   ... if (norm.finite) { optimizer.Step(); schedule.Step(optimizer); }
+#ifndef LORAPLEX_CORE_OPTIM_LR_SCHEDULER_H_
+#define LORAPLEX_CORE_OPTIM_LR_SCHEDULER_H_
+
+#include <torch/serialize/archive.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/optim/slot_optimizer.h"
+
+namespace loraplex {
+
+enum class LrScheduleKind {
+  kConstant,  // lr after warmup, forever.
+  kLinear,    // Straight line from lr to min_lr at total_steps.
+  kCosine,    // Half cosine from lr to min_lr at total_steps.
+  kWsd,       // Warmup-stable-decay: lr until the last
+              // round(decay_fraction · total_steps) steps (at least one),
+              // then a straight line to min_lr.
+};
+
+absl::string_view LrScheduleKindName(LrScheduleKind kind);
+std::optional<LrScheduleKind> ParseLrScheduleKind(absl::string_view name);
+
+struct LrScheduleConfig {
+  LrScheduleKind kind = LrScheduleKind::kCosine;
+  double lr = 1e-4;      // Peak, reached at the end of warmup.
+  double init_lr = 0.0;  // Start of warmup.
+  double min_lr = 0.0;   // End of decay.
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1000;
+  double decay_fraction =
+      0.1;  // wsd only: share of total_steps spent decaying.
+};
+
+// INVALID_ARGUMENT naming the first bad field ("schedule.warmup_steps must be
+// <= schedule.total_steps (100), got 200"), else OK.
+absl::Status ValidateLrScheduleConfig(const LrScheduleConfig& config);
+
+class LrScheduler {
+ public:
+  static absl::StatusOr<LrScheduler> Create(const LrScheduleConfig& config);
+
+  // The learning rate for the step after `completed_steps` steps.
+  double LrAt(int64_t completed_steps) const;
+  // The learning rate of the next step.
+  double lr() const { return LrAt(completed_steps_); }
+  int64_t completed_steps() const { return completed_steps_; }
+  const LrScheduleConfig& config() const { return config_; }
+
+  // Sets the optimizer's learning rate to lr().
+  void ApplyTo(SlotOptimizer& optimizer) const;
+  // Records one completed optimizer step and applies the next lr. Do not
+  // call for a skipped (non-finite) step.
+  void Step(SlotOptimizer& optimizer);
+
+  void Save(torch::serialize::OutputArchive& archive) const;
+  // INVALID_ARGUMENT (state unchanged) for a malformed archive.
+  absl::Status Load(torch::serialize::InputArchive& archive);
+
+ private:
+  explicit LrScheduler(const LrScheduleConfig& config) : config_(config) {}
+
+  LrScheduleConfig config_;
+  int64_t completed_steps_ = 0;
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_OPTIM_LR_SCHEDULER_H_

@@ -1,0 +1,339 @@
+#include "core/optim/muon.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/serialize.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/runtime/torch_compat.h"
+
+namespace loraplex {
+namespace {
+
+// Enums travel through archives as their integer value; reading checks the
+// range so a corrupt archive cannot produce an invalid enum.
+template <typename Enum>
+Enum EnumFromArchive(torch::serialize::InputArchive& archive, const char* key,
+                     Enum last) {
+  c10::IValue value;
+  archive.read(key, value);
+  const int64_t raw = value.toInt();
+  TORCH_CHECK(raw >= 0 && raw <= static_cast<int64_t>(last),
+              "Muon archive: ", key, " has invalid value ", raw);
+  return static_cast<Enum>(raw);
+}
+
+template <typename Enum>
+void EnumToArchive(torch::serialize::OutputArchive& archive, const char* key,
+                   Enum value) {
+  archive.write(key, c10::IValue(static_cast<int64_t>(value)));
+}
+
+}  // namespace
+
+absl::string_view MuonWeightDecayModeName(MuonWeightDecayMode mode) {
+  switch (mode) {
+    case MuonWeightDecayMode::kDecoupled:
+      return "decoupled";
+    case MuonWeightDecayMode::kIndependent:
+      return "independent";
+    case MuonWeightDecayMode::kL2:
+      return "l2";
+  }
+  return "unknown";
+}
+
+std::optional<MuonWeightDecayMode> ParseMuonWeightDecayMode(
+    absl::string_view name) {
+  for (MuonWeightDecayMode mode :
+       {MuonWeightDecayMode::kDecoupled, MuonWeightDecayMode::kIndependent,
+        MuonWeightDecayMode::kL2}) {
+    if (name == MuonWeightDecayModeName(mode)) return mode;
+  }
+  return std::nullopt;
+}
+
+absl::string_view MuonScaleModeName(MuonScaleMode mode) {
+  switch (mode) {
+    case MuonScaleMode::kSpectral:
+      return "spectral";
+    case MuonScaleMode::kUnitRmsNorm:
+      return "unit_rms_norm";
+    case MuonScaleMode::kShapeScaling:
+      return "shape_scaling";
+  }
+  return "unknown";
+}
+
+std::optional<MuonScaleMode> ParseMuonScaleMode(absl::string_view name) {
+  for (MuonScaleMode mode :
+       {MuonScaleMode::kSpectral, MuonScaleMode::kUnitRmsNorm,
+        MuonScaleMode::kShapeScaling}) {
+    if (name == MuonScaleModeName(mode)) return mode;
+  }
+  return std::nullopt;
+}
+
+double MuonScaleFactor(int64_t rows, int64_t cols, MuonScaleMode mode) {
+  const double m = static_cast<double>(rows);
+  const double n = static_cast<double>(cols);
+  switch (mode) {
+    case MuonScaleMode::kSpectral:
+      return std::sqrt(std::max(m, n));
+    case MuonScaleMode::kUnitRmsNorm:
+      return std::sqrt(m / n);
+    case MuonScaleMode::kShapeScaling:
+      return std::sqrt(std::max(1.0, m / n));
+  }
+  return 1.0;
+}
+
+MuonOptions::MuonOptions(double lr) : lr_(lr) {}
+
+double MuonOptions::get_lr() const { return lr(); }
+
+void MuonOptions::set_lr(const double lr) { this->lr(lr); }
+
+NewtonSchulzOptions MuonOptions::newton_schulz() const {
+  NewtonSchulzOptions ns;
+  ns.coefficient_set = coefficient_set();
+  ns.custom_coefficients = custom_coefficients();
+  // Out-of-range counts are reported by MuonOptionsError; clamping only
+  // keeps the narrowing well defined.
+  ns.steps = static_cast<int>(
+      std::clamp<int64_t>(ns_steps(), 0, std::numeric_limits<int>::max()));
+  ns.precision = precision();
+  return ns;
+}
+
+void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  archive.write("lr", c10::IValue(lr()));
+  archive.write("momentum", c10::IValue(momentum()));
+  archive.write("nesterov", c10::IValue(nesterov()));
+  archive.write("weight_decay", c10::IValue(weight_decay()));
+  EnumToArchive(archive, "weight_decay_mode", weight_decay_mode());
+  EnumToArchive(archive, "coefficient_set", coefficient_set());
+  std::vector<double> flat;
+  for (const NsCoefficients& t : custom_coefficients()) {
+    flat.insert(flat.end(), {t.a, t.b, t.c});
+  }
+  archive.write("custom_coefficients",
+                torch::tensor(flat, torch::kFloat64).reshape({-1, 3}));
+  archive.write("ns_steps", c10::IValue(ns_steps()));
+  EnumToArchive(archive, "precision", precision());
+  EnumToArchive(archive, "scale_mode", scale_mode());
+  archive.write("extra_scale_factor", c10::IValue(extra_scale_factor()));
+}
+
+void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
+  c10::IValue value;
+  archive.read("lr", value);
+  lr(value.toDouble());
+  archive.read("momentum", value);
+  momentum(value.toDouble());
+  archive.read("nesterov", value);
+  nesterov(value.toBool());
+  archive.read("weight_decay", value);
+  weight_decay(value.toDouble());
+  weight_decay_mode(
+      EnumFromArchive(archive, "weight_decay_mode", MuonWeightDecayMode::kL2));
+  coefficient_set(
+      EnumFromArchive(archive, "coefficient_set", NsCoefficientSet::kCustom));
+  torch::Tensor flat;
+  archive.read("custom_coefficients", flat);
+  flat = flat.to(torch::kFloat64).contiguous();
+  TORCH_CHECK(flat.dim() == 2 && flat.size(1) == 3,
+              "Muon archive: custom_coefficients must be [k, 3]");
+  std::vector<NsCoefficients> custom;
+  const double* data = flat.data_ptr<double>();
+  for (int64_t i = 0; i < flat.size(0); ++i) {
+    custom.push_back({data[3 * i], data[3 * i + 1], data[3 * i + 2]});
+  }
+  custom_coefficients(std::move(custom));
+  archive.read("ns_steps", value);
+  ns_steps(value.toInt());
+  precision(EnumFromArchive(archive, "precision", NsPrecision::kBf16));
+  scale_mode(
+      EnumFromArchive(archive, "scale_mode", MuonScaleMode::kShapeScaling));
+  archive.read("extra_scale_factor", value);
+  extra_scale_factor(value.toDouble());
+}
+
+std::string MuonOptionsError(const MuonOptions& options) {
+  if (!(options.lr() >= 0.0) || !std::isfinite(options.lr())) {
+    return absl::StrCat("lr must be a finite number >= 0, got ", options.lr());
+  }
+  if (!(options.momentum() >= 0.0 && options.momentum() < 1.0)) {
+    return absl::StrCat("momentum must be in [0, 1), got ", options.momentum());
+  }
+  if (!(options.weight_decay() >= 0.0) ||
+      !std::isfinite(options.weight_decay())) {
+    return absl::StrCat("weight_decay must be a finite number >= 0, got ",
+                        options.weight_decay());
+  }
+  if (!(options.extra_scale_factor() > 0.0) ||
+      !std::isfinite(options.extra_scale_factor())) {
+    return absl::StrCat("extra_scale_factor must be a finite number > 0, got ",
+                        options.extra_scale_factor());
+  }
+  if (options.ns_steps() < 1 || options.ns_steps() > 100) {
+    return absl::StrCat("ns_steps must be in [1, 100], got ",
+                        options.ns_steps());
+  }
+  return NewtonSchulzOptionsError(options.newton_schulz());
+}
+
+void MuonParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  archive.write("step", c10::IValue(step()));
+  archive.write("momentum_buffer", momentum_buffer(), /*is_buffer=*/true);
+}
+
+void MuonParamState::serialize(torch::serialize::InputArchive& archive) {
+  c10::IValue value;
+  archive.read("step", value);
+  step(value.toInt());
+  torch::Tensor buffer;
+  archive.read("momentum_buffer", buffer, /*is_buffer=*/true);
+  momentum_buffer(buffer);
+}
+
+Muon::Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+           MuonOptions defaults)
+    : torch::optim::Optimizer(std::move(param_groups),
+                              std::make_unique<MuonOptions>(defaults)) {
+  const std::string default_error = MuonOptionsError(defaults);
+  TORCH_CHECK(default_error.empty(), "Muon: ", default_error);
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& options =
+        static_cast<const MuonOptions&>(param_groups_[g].options());
+    const std::string error = MuonOptionsError(options);
+    TORCH_CHECK(error.empty(), "Muon: param group ", g, ": ", error);
+    const std::vector<torch::Tensor>& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      TORCH_CHECK(params[i].dim() == 2 && params[i].is_floating_point(),
+                  "Muon: param group ", g, " parameter ", i, " has shape ",
+                  params[i].sizes(), " and dtype ", params[i].scalar_type(),
+                  "; Muon takes 2-D float matrices only (give the rest to "
+                  "AdamW)");
+    }
+  }
+}
+
+Muon::Muon(std::vector<torch::Tensor> params, MuonOptions defaults)
+    : Muon({torch::optim::OptimizerParamGroup(std::move(params))},
+           std::move(defaults)) {}
+
+MuonParamState* Muon::StateOf(const torch::Tensor& param) {
+  auto it = state_.find(OptimizerStateKeyOf(param));
+  if (it == state_.end()) return nullptr;
+  return static_cast<MuonParamState*>(it->second.get());
+}
+
+MuonParamState& Muon::EnsureState(const torch::Tensor& param) {
+  if (MuonParamState* state = StateOf(param)) return *state;
+  auto state = std::make_unique<MuonParamState>();
+  state->momentum_buffer(
+      torch::zeros_like(param, torch::MemoryFormat::Preserve));
+  MuonParamState& ref = *state;
+  state_[OptimizerStateKeyOf(param)] = std::move(state);
+  return ref;
+}
+
+void Muon::InitState() {
+  torch::NoGradGuard no_grad;
+  for (auto& group : param_groups_) {
+    for (const torch::Tensor& param : group.params()) EnsureState(param);
+  }
+}
+
+void Muon::ZeroState() {
+  torch::NoGradGuard no_grad;
+  for (auto& entry : state_) {
+    auto& state = static_cast<MuonParamState&>(*entry.second);
+    state.step(0);
+    if (state.momentum_buffer().defined()) state.momentum_buffer().zero_();
+  }
+}
+
+torch::Tensor Muon::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss = {};
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) StepGroup(group);
+  return loss;
+}
+
+void Muon::StepGroup(torch::optim::OptimizerParamGroup& group) {
+  const auto& options = static_cast<const MuonOptions&>(group.options());
+  const double lr = options.lr();
+  const double beta = options.momentum();
+  const double wd = options.weight_decay();
+
+  // Steps 1–3 per parameter; parameters are then grouped by shape so that
+  // step 4 runs one batched Newton–Schulz per shape.
+  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_shape;
+  std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> updates;
+  for (const torch::Tensor& param : group.params()) {
+    if (!param.grad().defined()) continue;
+    MuonParamState& state = EnsureState(param);
+    torch::Tensor grad = param.grad();
+    if (wd != 0.0) {
+      switch (options.weight_decay_mode()) {
+        case MuonWeightDecayMode::kDecoupled:
+          param.mul_(1.0 - lr * wd);
+          break;
+        case MuonWeightDecayMode::kIndependent:
+          param.mul_(1.0 - wd);
+          break;
+        case MuonWeightDecayMode::kL2:
+          grad = grad.add(param, wd);
+          break;
+      }
+    }
+    torch::Tensor& buffer = state.momentum_buffer();
+    buffer.mul_(beta).add_(grad, 1.0 - beta);
+    updates.push_back(
+        options.nesterov() ? grad.mul(1.0 - beta).add_(buffer, beta) : buffer);
+    state.step(state.step() + 1);
+    by_shape[{param.size(0), param.size(1)}].push_back(params.size());
+    params.push_back(param);
+  }
+
+  const NewtonSchulzOptions ns = options.newton_schulz();
+  for (const auto& [shape, indices] : by_shape) {
+    std::vector<torch::Tensor> same_shape;
+    same_shape.reserve(indices.size());
+    for (size_t i : indices) same_shape.push_back(updates[i]);
+    const torch::Tensor orthogonal = NewtonSchulz(at::stack(same_shape), ns);
+    const double step_scale =
+        lr * MuonScaleFactor(shape.first, shape.second, options.scale_mode()) *
+        options.extra_scale_factor();
+    for (size_t k = 0; k < indices.size(); ++k) {
+      torch::Tensor& param = params[indices[k]];
+      param.add_(orthogonal[k].to(param.scalar_type()), -step_scale);
+    }
+  }
+}
+
+void Muon::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<MuonParamState, MuonOptions>(archive, *this);
+}
+
+void Muon::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<MuonParamState, MuonOptions>(archive, *this);
+}
+
+}  // namespace loraplex

@@ -1,0 +1,62 @@
+// A slot's optimizer configuration as plain values, with validation that
+// names the offending field ("optimizer.momentum must be in [0, 1), got 1").
+//
+// The transport layer fills an OptimizerConfig from the request and calls
+// ValidateOptimizerConfig before anything is built; BuildSlotOptimizer
+// (slot_optimizer.h) turns it into the slot's optimizer children.
+#ifndef LORAPLEX_CORE_OPTIM_OPTIMIZER_CONFIG_H_
+#define LORAPLEX_CORE_OPTIM_OPTIMIZER_CONFIG_H_
+
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "core/optim/muon.h"
+#include "core/optim/newton_schulz.h"
+
+namespace loraplex {
+
+enum class OptimizerFamily {
+  kAdamW,  // AdamW (decoupled weight decay) for every parameter.
+  kAdam,   // Adam (L2 weight decay into the gradient) for every parameter.
+  kMuon,   // Muon for 2-D matrices, AdamW for everything else.
+};
+
+absl::string_view OptimizerFamilyName(OptimizerFamily family);
+std::optional<OptimizerFamily> ParseOptimizerFamily(absl::string_view name);
+
+struct OptimizerConfig {
+  OptimizerFamily family = OptimizerFamily::kAdamW;
+  double lr = 1e-4;  // Peak learning rate; the LR scheduler moves it.
+  double weight_decay = 0.0;
+
+  // Adam/AdamW, and the AdamW child of the muon family. LibTorch defaults.
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+
+  // Muon only (DESIGN.md §4).
+  double momentum = 0.95;
+  bool nesterov = false;
+  MuonWeightDecayMode weight_decay_mode = MuonWeightDecayMode::kDecoupled;
+  int ns_steps = 5;
+  NsCoefficientSet coefficient_set = NsCoefficientSet::kQuintic;
+  std::vector<NsCoefficients> custom_coefficients;  // For kCustom.
+  NsPrecision ns_precision = NsPrecision::kFp32;
+  MuonScaleMode scale_mode = MuonScaleMode::kSpectral;
+  // 0.2 with spectral scaling gives Muon updates the RMS of AdamW's (as in
+  // Moonlight, arXiv:2502.16982), so a job can switch family without
+  // retuning lr. Megatron-LM's own default is 1.0.
+  double extra_scale_factor = 0.2;
+};
+
+// INVALID_ARGUMENT naming the first bad field, else OK.
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
+
+// The Muon options a muon-family config implies.
+MuonOptions MuonOptionsFromConfig(const OptimizerConfig& config);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_OPTIM_OPTIMIZER_CONFIG_H_

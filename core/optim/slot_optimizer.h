@@ -1,0 +1,101 @@
+// The optimizer of one adapter slot: the factory that routes a slot's
+// parameters to family-matched children, and the operations the slot
+// lifecycle needs (eager state, in-place reset on retire, save/load).
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(SlotOptimizer optimizer,
+//                             BuildSlotOptimizer(config, slot_params));
+//   ... backward ...
+//   optimizer.Step();
+//   optimizer.ZeroGrad();
+//   ... on retire ...
+//   optimizer.ZeroState();  // The next job starts from zero moments.
+#ifndef LORAPLEX_CORE_OPTIM_SLOT_OPTIMIZER_H_
+#define LORAPLEX_CORE_OPTIM_SLOT_OPTIMIZER_H_
+
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/optim/optimizer_config.h"
+
+namespace loraplex {
+
+enum class OptimizerChildKind {
+  kMuon,   // core/optim/muon.h, 2-D matrices of the muon family.
+  kAdamW,  // torch::optim::AdamW.
+  kAdam,   // torch::optim::Adam.
+};
+
+absl::string_view OptimizerChildKindName(OptimizerChildKind kind);
+
+// One optimizer over a subset of the slot's parameters.
+struct OptimizerChild {
+  OptimizerChildKind kind;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  // Creates the complete state of every parameter (zeros, step 0) now.
+  std::function<void()> init_state;
+  // Resets every moment, momentum buffer and step counter in place.
+  std::function<void()> zero_state;
+  // Empty when every parameter has complete state shaped like itself, else
+  // what is wrong ("parameter 3: exp_avg has shape [4, 8], expected [8, 4]").
+  std::function<std::string()> state_error;
+};
+
+class SlotOptimizer {
+ public:
+  SlotOptimizer(SlotOptimizer&&) = default;
+  SlotOptimizer& operator=(SlotOptimizer&&) = default;
+
+  // Steps every child. Parameters without a gradient are left alone.
+  void Step();
+  // Zeroes the gradients in place (keeping their storage).
+  void ZeroGrad();
+  // Resets all optimizer state in place: afterwards the optimizer behaves
+  // exactly like a freshly built one. Used when a slot is retired.
+  void ZeroState();
+  // Sets the learning rate of every child's every parameter group.
+  void SetLr(double lr);
+  double lr() const;
+
+  const OptimizerConfig& config() const { return config_; }
+  const std::vector<OptimizerChild>& children() const { return children_; }
+  // All parameters, in the order given to BuildSlotOptimizer.
+  const std::vector<torch::Tensor>& parameters() const { return parameters_; }
+
+  // LibTorch archives. Load accepts only an archive written by an optimizer
+  // with the same family and parameter shapes; on any error it returns
+  // INVALID_ARGUMENT and leaves the current state as it was.
+  void Save(torch::serialize::OutputArchive& archive) const;
+  absl::Status Load(torch::serialize::InputArchive& archive);
+
+ private:
+  friend absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
+      const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
+  SlotOptimizer(OptimizerConfig config, std::vector<torch::Tensor> parameters,
+                std::vector<OptimizerChild> children);
+  void LoadUnchecked(torch::serialize::InputArchive& archive);
+
+  OptimizerConfig config_;
+  std::vector<torch::Tensor> parameters_;
+  std::vector<OptimizerChild> children_;
+};
+
+// The factory. Family muon: Muon for 2-D parameters, AdamW (with the
+// config's betas/eps/weight_decay) for the rest; adamw/adam: one child for
+// all. Children with no parameters are not created. Every child's state is
+// created eagerly. INVALID_ARGUMENT for a bad config, no parameters, or a
+// parameter that is not a float leaf tensor requiring grad.
+absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
+    const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_OPTIM_SLOT_OPTIMIZER_H_

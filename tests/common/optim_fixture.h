@@ -1,0 +1,83 @@
+// Access to the committed optimizer golden fixtures
+// (tests/fixtures/golden/optim, made by tools/golden/make_optim_golden.py).
+#ifndef LORAPLEX_TESTS_COMMON_OPTIM_FIXTURE_H_
+#define LORAPLEX_TESTS_COMMON_OPTIM_FIXTURE_H_
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/safetensors/safetensors.h"
+
+namespace loraplex {
+
+class OptimFixture {
+ public:
+  static const OptimFixture& Get() {
+    static const OptimFixture* const kFixture = new OptimFixture();
+    return *kFixture;
+  }
+
+  // The case list "muon", "adam" or "newton_schulz" of cases.json.
+  const nlohmann::json& Cases(const std::string& kind) const {
+    return cases_.at(kind);
+  }
+
+  // "<case>.<field>" as a fresh tensor.
+  torch::Tensor Tensor(const std::string& case_name,
+                       const std::string& field) const {
+    auto tensor = file_->Load(case_name + "." + field);
+    EXPECT_TRUE(tensor.ok()) << tensor.status();
+    return tensor.ok() ? tensor->clone() : torch::Tensor();
+  }
+
+ private:
+  OptimFixture() {
+    const std::string dir =
+        std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/golden/optim";
+    std::ifstream in(dir + "/cases.json");
+    cases_ = nlohmann::json::parse(in);
+    auto file = SafetensorsFile::Open(dir + "/optim_golden.safetensors");
+    EXPECT_TRUE(file.ok()) << file.status();
+    file_ = *file;
+  }
+
+  nlohmann::json cases_;
+  std::shared_ptr<const SafetensorsFile> file_;
+};
+
+// max|actual - expected| / max|expected|.
+inline double MaxRelativeDiff(const torch::Tensor& actual,
+                              const torch::Tensor& expected) {
+  const double scale = expected.abs().max().item<double>();
+  const double diff = (actual - expected).abs().max().item<double>();
+  return diff / std::max(scale, 1e-30);
+}
+
+// Names of the cases of `kind`, for INSTANTIATE_TEST_SUITE_P.
+inline std::vector<std::string> OptimCaseNames(const std::string& kind) {
+  std::vector<std::string> names;
+  for (const auto& c : OptimFixture::Get().Cases(kind)) {
+    names.push_back(c.at("name").get<std::string>());
+  }
+  return names;
+}
+
+inline const nlohmann::json& OptimCase(const std::string& kind,
+                                       const std::string& name) {
+  for (const auto& c : OptimFixture::Get().Cases(kind)) {
+    if (c.at("name") == name) return c;
+  }
+  ADD_FAILURE() << "no " << kind << " case " << name;
+  static const nlohmann::json kEmpty = nlohmann::json::object();
+  return kEmpty;
+}
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_TESTS_COMMON_OPTIM_FIXTURE_H_

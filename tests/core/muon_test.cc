@@ -1,0 +1,266 @@
+// The Muon optimizer against the independent golden script
+// (tools/golden/make_optim_golden.py), plus its closed-form parts, option
+// validation, batching and serialization.
+#include "core/optim/muon.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/common/optim_fixture.h"
+
+namespace loraplex {
+namespace {
+
+MuonOptions OptionsFromCase(const nlohmann::json& c) {
+  MuonOptions options(c.at("lr").get<double>());
+  options.momentum(c.at("momentum").get<double>())
+      .nesterov(c.at("nesterov").get<bool>())
+      .weight_decay(c.at("weight_decay").get<double>())
+      .weight_decay_mode(*ParseMuonWeightDecayMode(
+          c.at("weight_decay_mode").get<std::string>()))
+      .coefficient_set(
+          *ParseNsCoefficientSet(c.at("coefficient_set").get<std::string>()))
+      .ns_steps(c.at("ns_steps").get<int64_t>())
+      .scale_mode(*ParseMuonScaleMode(c.at("scale_mode").get<std::string>()))
+      .extra_scale_factor(c.at("extra_scale_factor").get<double>());
+  if (c.contains("custom_coefficients")) {
+    std::vector<NsCoefficients> custom;
+    for (const auto& t : c.at("custom_coefficients")) {
+      custom.push_back(
+          {t[0].get<double>(), t[1].get<double>(), t[2].get<double>()});
+    }
+    options.custom_coefficients(custom);
+  }
+  return options;
+}
+
+torch::Tensor Leaf(const torch::Tensor& value) {
+  return value.clone().set_requires_grad(true);
+}
+
+class MuonGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MuonGoldenTest, ThreeStepsMatchIndependentReference) {
+  const auto& c = OptimCase("muon", GetParam());
+  const OptimFixture& fixture = OptimFixture::Get();
+  torch::Tensor initial = fixture.Tensor(GetParam(), "param");
+  torch::Tensor grads = fixture.Tensor(GetParam(), "grads");
+  torch::Tensor expected = fixture.Tensor(GetParam(), "expected");
+
+  torch::Tensor param = Leaf(initial);
+  Muon muon({param}, OptionsFromCase(c));
+  for (int64_t step = 0; step < grads.size(0); ++step) {
+    param.mutable_grad() = grads[step].clone();
+    muon.step();
+    // Relative to the parameter (the criterion) and, stricter, to
+    // the update itself.
+    EXPECT_LE(MaxRelativeDiff(param.detach(), expected[step]), 1e-5)
+        << "step " << step + 1;
+    EXPECT_LE(
+        MaxRelativeDiff(param.detach() - initial, expected[step] - initial),
+        2e-4)
+        << "step " << step + 1;
+  }
+  MuonParamState* state = muon.StateOf(param);
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->step(), grads.size(0));
+  torch::Tensor momentum = fixture.Tensor(GetParam(), "momentum");
+  EXPECT_TRUE(torch::allclose(state->momentum_buffer(), momentum, 1e-5, 1e-7));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixture, MuonGoldenTest,
+                         ::testing::ValuesIn(OptimCaseNames("muon")));
+
+TEST(MuonTest, ScaleFactorsForShapes) {
+  EXPECT_DOUBLE_EQ(MuonScaleFactor(16, 4096, MuonScaleMode::kSpectral), 64.0);
+  EXPECT_DOUBLE_EQ(MuonScaleFactor(4096, 16, MuonScaleMode::kSpectral), 64.0);
+  EXPECT_DOUBLE_EQ(MuonScaleFactor(16, 4096, MuonScaleMode::kUnitRmsNorm),
+                   1.0 / 16.0);
+  EXPECT_DOUBLE_EQ(MuonScaleFactor(4096, 16, MuonScaleMode::kUnitRmsNorm),
+                   16.0);
+  EXPECT_DOUBLE_EQ(MuonScaleFactor(16, 4096, MuonScaleMode::kShapeScaling),
+                   1.0);
+  EXPECT_DOUBLE_EQ(MuonScaleFactor(4096, 16, MuonScaleMode::kShapeScaling),
+                   16.0);
+}
+
+TEST(MuonTest, RejectsInvalidOptionsWithTheFieldName) {
+  auto error_of = [](const MuonOptions& options) {
+    try {
+      Muon muon({Leaf(torch::zeros({2, 3}))}, options);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of(MuonOptions(-1.0)).find("lr must be a finite number >= 0"),
+            std::string::npos);
+  EXPECT_NE(error_of(MuonOptions(0.1).momentum(1.0))
+                .find("momentum must be in [0, 1), got 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(MuonOptions(0.1).ns_steps(0))
+                .find("ns_steps must be in [1, 100], got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of(MuonOptions(0.1).weight_decay(-0.1)).find("weight_decay"),
+            std::string::npos);
+  EXPECT_NE(error_of(MuonOptions(0.1).extra_scale_factor(0.0))
+                .find("extra_scale_factor must be a finite number > 0"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(MuonOptions(0.1).coefficient_set(NsCoefficientSet::kCustom))
+          .find("custom_coefficients is empty"),
+      std::string::npos);
+  EXPECT_EQ(error_of(MuonOptions(0.1)), "");
+}
+
+TEST(MuonTest, RejectsParametersThatAreNotMatrices) {
+  try {
+    Muon muon({Leaf(torch::zeros({2, 3})), Leaf(torch::zeros({5}))});
+    FAIL() << "a 1-D parameter was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 1 has shape [5]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(MuonTest, BatchedStepEqualsOneOptimizerPerMatrix) {
+  torch::manual_seed(21);
+  const MuonOptions options =
+      MuonOptions(0.05).nesterov(true).weight_decay(0.1).extra_scale_factor(
+          0.2);
+  std::vector<torch::Tensor> batched_params;
+  std::vector<torch::Tensor> single_params;
+  std::vector<std::unique_ptr<Muon>> singles;
+  // 12 matrices of one shape, 4 of another: two batched NS calls.
+  for (int i = 0; i < 16; ++i) {
+    torch::Tensor init = i < 12 ? torch::randn({4, 48}) : torch::randn({48, 4});
+    batched_params.push_back(Leaf(init));
+    single_params.push_back(Leaf(init));
+    singles.push_back(std::make_unique<Muon>(
+        std::vector<torch::Tensor>{single_params.back()}, options));
+  }
+  Muon batched(batched_params, options);
+  for (int step = 0; step < 3; ++step) {
+    for (int i = 0; i < 16; ++i) {
+      torch::Tensor grad = torch::randn_like(batched_params[i]);
+      batched_params[i].mutable_grad() = grad.clone();
+      single_params[i].mutable_grad() = grad.clone();
+      singles[i]->step();
+    }
+    batched.step();
+  }
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_TRUE(
+        torch::allclose(batched_params[i], single_params[i], 1e-6, 1e-6))
+        << "matrix " << i;
+  }
+}
+
+TEST(MuonTest, ParametersWithoutGradientAreUntouched) {
+  torch::Tensor with_grad = Leaf(torch::ones({3, 3}));
+  torch::Tensor without = Leaf(torch::ones({3, 3}));
+  Muon muon({with_grad, without}, MuonOptions(0.1).weight_decay(0.5));
+  with_grad.mutable_grad() = torch::eye(3);
+  muon.step();
+  EXPECT_FALSE(torch::equal(with_grad, torch::ones({3, 3})));
+  EXPECT_TRUE(torch::equal(without, torch::ones({3, 3})));
+}
+
+TEST(MuonTest, InitStateCreatesZeroStateForEveryParameter) {
+  torch::Tensor a = Leaf(torch::ones({2, 5}));
+  torch::Tensor b = Leaf(torch::ones({5, 2}));
+  Muon muon({a, b});
+  EXPECT_EQ(muon.StateOf(a), nullptr);
+  muon.InitState();
+  for (const torch::Tensor& p : {a, b}) {
+    MuonParamState* state = muon.StateOf(p);
+    ASSERT_NE(state, nullptr);
+    EXPECT_EQ(state->step(), 0);
+    EXPECT_EQ(state->momentum_buffer().sizes(), p.sizes());
+    EXPECT_EQ(state->momentum_buffer().abs().max().item<float>(), 0.0f);
+  }
+}
+
+// Save after two steps, load into a fresh optimizer, and the third step
+// matches an uninterrupted run bit for bit.
+TEST(MuonTest, SaveLoadResumesExactly) {
+  torch::manual_seed(4);
+  const MuonOptions options = MuonOptions(0.03).nesterov(true);
+  torch::Tensor init = torch::randn({6, 10});
+  std::vector<torch::Tensor> grads;
+  for (int i = 0; i < 3; ++i) grads.push_back(torch::randn({6, 10}));
+
+  torch::Tensor straight = Leaf(init);
+  Muon uninterrupted({straight}, options);
+  for (const torch::Tensor& g : grads) {
+    straight.mutable_grad() = g.clone();
+    uninterrupted.step();
+  }
+
+  torch::Tensor first = Leaf(init);
+  Muon before({first}, options);
+  for (int i = 0; i < 2; ++i) {
+    first.mutable_grad() = grads[i].clone();
+    before.step();
+  }
+  std::stringstream bytes;
+  {
+    torch::serialize::OutputArchive archive;
+    before.save(archive);
+    archive.save_to(bytes);
+  }
+  torch::Tensor resumed = Leaf(first.detach());
+  Muon after({resumed}, options);
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes);
+  after.load(archive);
+  ASSERT_NE(after.StateOf(resumed), nullptr);
+  EXPECT_EQ(after.StateOf(resumed)->step(), 2);
+  resumed.mutable_grad() = grads[2].clone();
+  after.step();
+  EXPECT_TRUE(torch::equal(resumed, straight));
+}
+
+TEST(MuonTest, OptionsSurviveSerialization) {
+  MuonOptions options = MuonOptions(0.7)
+                            .momentum(0.8)
+                            .nesterov(true)
+                            .weight_decay(0.25)
+                            .weight_decay_mode(MuonWeightDecayMode::kL2)
+                            .coefficient_set(NsCoefficientSet::kCustom)
+                            .custom_coefficients({{1, 2, 3}, {4, 5, 6}})
+                            .ns_steps(9)
+                            .precision(NsPrecision::kBf16)
+                            .scale_mode(MuonScaleMode::kShapeScaling)
+                            .extra_scale_factor(0.3);
+  std::stringstream bytes;
+  {
+    torch::serialize::OutputArchive archive;
+    options.serialize(archive);
+    archive.save_to(bytes);
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes);
+  MuonOptions loaded;
+  loaded.serialize(archive);
+  EXPECT_EQ(loaded.lr(), 0.7);
+  EXPECT_EQ(loaded.momentum(), 0.8);
+  EXPECT_TRUE(loaded.nesterov());
+  EXPECT_EQ(loaded.weight_decay(), 0.25);
+  EXPECT_EQ(loaded.weight_decay_mode(), MuonWeightDecayMode::kL2);
+  EXPECT_EQ(loaded.coefficient_set(), NsCoefficientSet::kCustom);
+  ASSERT_EQ(loaded.custom_coefficients().size(), 2u);
+  EXPECT_EQ(loaded.custom_coefficients()[1].b, 5);
+  EXPECT_EQ(loaded.ns_steps(), 9);
+  EXPECT_EQ(loaded.precision(), NsPrecision::kBf16);
+  EXPECT_EQ(loaded.scale_mode(), MuonScaleMode::kShapeScaling);
+  EXPECT_EQ(loaded.extra_scale_factor(), 0.3);
+}
+
+}  // namespace
+}  // namespace loraplex

@@ -1,0 +1,420 @@
+// The per-slot optimizer factory: Adam/AdamW against PyTorch's own results,
+// routing, eager state, in-place reset, save/load and config validation.
+#include "core/optim/slot_optimizer.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/optim/muon.h"
+#include "tests/common/optim_fixture.h"
+
+namespace loraplex {
+namespace {
+
+torch::Tensor Leaf(const torch::Tensor& value) {
+  return value.clone().set_requires_grad(true);
+}
+
+// A LoRA-like parameter set: two A/B pairs of different shapes and a 1-D
+// vector (which the muon family must route to AdamW).
+std::vector<torch::Tensor> SlotParameters(uint64_t seed) {
+  torch::manual_seed(seed);
+  return {Leaf(torch::randn({4, 24})), Leaf(torch::randn({24, 4})),
+          Leaf(torch::randn({4, 24})), Leaf(torch::randn({16, 4})),
+          Leaf(torch::randn({24}))};
+}
+
+std::vector<torch::Tensor> Clones(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& p : params) out.push_back(Leaf(p.detach()));
+  return out;
+}
+
+// Deterministic gradients for step `step`.
+void SetGrads(const std::vector<torch::Tensor>& params, int step) {
+  torch::manual_seed(1000 + step);
+  for (const torch::Tensor& p : params) {
+    p.mutable_grad() = torch::randn_like(p);
+  }
+}
+
+OptimizerConfig MuonConfig() {
+  OptimizerConfig config;
+  config.family = OptimizerFamily::kMuon;
+  config.lr = 0.02;
+  config.weight_decay = 0.01;
+  config.nesterov = true;
+  return config;
+}
+
+SlotOptimizer Build(const OptimizerConfig& config,
+                    const std::vector<torch::Tensor>& params) {
+  auto optimizer = BuildSlotOptimizer(config, params);
+  EXPECT_TRUE(optimizer.ok()) << optimizer.status();
+  return std::move(optimizer).value();
+}
+
+void ExpectSameValues(const std::vector<torch::Tensor>& a,
+                      const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  }
+}
+
+// The first moment (Adam) or momentum buffer (Muon) of a state entry.
+torch::Tensor FirstMoment(const OptimizerChild& child,
+                          const torch::optim::OptimizerParamState& state) {
+  switch (child.kind) {
+    case OptimizerChildKind::kMuon:
+      return static_cast<const MuonParamState&>(state).momentum_buffer();
+    case OptimizerChildKind::kAdamW:
+      return static_cast<const torch::optim::AdamWParamState&>(state).exp_avg();
+    case OptimizerChildKind::kAdam:
+      return static_cast<const torch::optim::AdamParamState&>(state).exp_avg();
+  }
+  return {};
+}
+
+// Where every child's first-moment tensors live.
+std::vector<const void*> MomentStorage(const SlotOptimizer& optimizer) {
+  std::vector<const void*> storage;
+  for (const OptimizerChild& child : optimizer.children()) {
+    for (const auto& entry : child.optimizer->state()) {
+      storage.push_back(FirstMoment(child, *entry.second).data_ptr());
+    }
+  }
+  return storage;
+}
+
+class AdamGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AdamGoldenTest, FactoryChildMatchesPyTorch) {
+  const auto& c = OptimCase("adam", GetParam());
+  OptimizerConfig config;
+  config.family = *ParseOptimizerFamily(c.at("family").get<std::string>());
+  config.lr = c.at("lr").get<double>();
+  config.beta1 = c.at("betas")[0].get<double>();
+  config.beta2 = c.at("betas")[1].get<double>();
+  config.eps = c.at("eps").get<double>();
+  config.weight_decay = c.at("weight_decay").get<double>();
+
+  const OptimFixture& fixture = OptimFixture::Get();
+  torch::Tensor param = Leaf(fixture.Tensor(GetParam(), "param"));
+  torch::Tensor grads = fixture.Tensor(GetParam(), "grads");
+  torch::Tensor expected = fixture.Tensor(GetParam(), "expected");
+  SlotOptimizer optimizer = Build(config, {param});
+  for (int64_t step = 0; step < grads.size(0); ++step) {
+    param.mutable_grad() = grads[step].clone();
+    optimizer.Step();
+    EXPECT_TRUE(torch::allclose(param, expected[step], 1e-6, 1e-7))
+        << "step " << step + 1 << " max diff "
+        << (param - expected[step]).abs().max().item<double>();
+  }
+  const OptimizerChild& child = optimizer.children()[0];
+  const auto& state = *child.optimizer->state().begin()->second;
+  auto check_state = [&](const auto& adam_state) {
+    EXPECT_EQ(adam_state.step(), grads.size(0));
+    // PyTorch updates the moments with lerp_, LibTorch with mul_/add_: the
+    // last bit may differ.
+    EXPECT_LE(MaxRelativeDiff(adam_state.exp_avg(),
+                              fixture.Tensor(GetParam(), "exp_avg")),
+              1e-6);
+    EXPECT_LE(MaxRelativeDiff(adam_state.exp_avg_sq(),
+                              fixture.Tensor(GetParam(), "exp_avg_sq")),
+              1e-6);
+  };
+  if (child.kind == OptimizerChildKind::kAdam) {
+    check_state(static_cast<const torch::optim::AdamParamState&>(state));
+  } else {
+    check_state(static_cast<const torch::optim::AdamWParamState&>(state));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixture, AdamGoldenTest,
+                         ::testing::ValuesIn(OptimCaseNames("adam")));
+
+TEST(SlotOptimizerTest, MuonFamilyRoutesMatricesToMuonAndTheRestToAdamW) {
+  std::vector<torch::Tensor> params = SlotParameters(1);
+  SlotOptimizer optimizer = Build(MuonConfig(), params);
+  ASSERT_EQ(optimizer.children().size(), 2u);
+  EXPECT_EQ(optimizer.children()[0].kind, OptimizerChildKind::kMuon);
+  EXPECT_EQ(optimizer.children()[1].kind, OptimizerChildKind::kAdamW);
+  const auto& muon_params = optimizer.children()[0].optimizer->parameters();
+  ASSERT_EQ(muon_params.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(muon_params[i].is_same(params[i]));
+  const auto& adamw_params = optimizer.children()[1].optimizer->parameters();
+  ASSERT_EQ(adamw_params.size(), 1u);
+  EXPECT_TRUE(adamw_params[0].is_same(params[4]));
+
+  // The AdamW child takes the config's betas, eps and weight decay.
+  auto& adamw = static_cast<const torch::optim::AdamWOptions&>(
+      optimizer.children()[1].optimizer->param_groups()[0].options());
+  EXPECT_EQ(adamw.eps(), MuonConfig().eps);
+  EXPECT_EQ(adamw.weight_decay(), MuonConfig().weight_decay);
+  auto& muon = static_cast<const MuonOptions&>(
+      optimizer.children()[0].optimizer->param_groups()[0].options());
+  EXPECT_EQ(muon.extra_scale_factor(), 0.2);  // The service default.
+  EXPECT_TRUE(muon.nesterov());
+}
+
+TEST(SlotOptimizerTest, AdamFamiliesUseOneChildForEverything) {
+  for (OptimizerFamily family :
+       {OptimizerFamily::kAdamW, OptimizerFamily::kAdam}) {
+    OptimizerConfig config;
+    config.family = family;
+    std::vector<torch::Tensor> params = SlotParameters(2);
+    SlotOptimizer optimizer = Build(config, params);
+    ASSERT_EQ(optimizer.children().size(), 1u);
+    EXPECT_EQ(optimizer.children()[0].kind, family == OptimizerFamily::kAdam
+                                                ? OptimizerChildKind::kAdam
+                                                : OptimizerChildKind::kAdamW);
+    EXPECT_EQ(optimizer.children()[0].optimizer->parameters().size(),
+              params.size());
+  }
+  // All matrices: the muon family makes no empty AdamW child.
+  std::vector<torch::Tensor> matrices = SlotParameters(3);
+  matrices.pop_back();
+  EXPECT_EQ(Build(MuonConfig(), matrices).children().size(), 1u);
+}
+
+TEST(SlotOptimizerTest, StateExistsBeforeAnyStep) {
+  for (OptimizerFamily family :
+       {OptimizerFamily::kAdamW, OptimizerFamily::kAdam,
+        OptimizerFamily::kMuon}) {
+    OptimizerConfig config = MuonConfig();
+    config.family = family;
+    std::vector<torch::Tensor> params = SlotParameters(4);
+    SlotOptimizer optimizer = Build(config, params);
+    size_t states = 0;
+    for (const OptimizerChild& child : optimizer.children()) {
+      EXPECT_EQ(child.state_error(), "");
+      states += child.optimizer->state().size();
+    }
+    EXPECT_EQ(states, params.size()) << OptimizerFamilyName(family);
+
+    // The optimizers find and use exactly that state (same keys, same
+    // storage) at their first step instead of creating their own.
+    const std::vector<const void*> storage = MomentStorage(optimizer);
+    SetGrads(params, 0);
+    optimizer.Step();
+    EXPECT_EQ(MomentStorage(optimizer), storage);
+    for (const OptimizerChild& child : optimizer.children()) {
+      for (const auto& entry : child.optimizer->state()) {
+        EXPECT_GT(FirstMoment(child, *entry.second).abs().max().item<float>(),
+                  0.0f);
+      }
+    }
+  }
+}
+
+TEST(SlotOptimizerTest, ZeroStateMakesAUsedOptimizerBehaveLikeAFreshOne) {
+  for (OptimizerFamily family :
+       {OptimizerFamily::kAdamW, OptimizerFamily::kAdam,
+        OptimizerFamily::kMuon}) {
+    OptimizerConfig config = MuonConfig();
+    config.family = family;
+    std::vector<torch::Tensor> initial = SlotParameters(5);
+
+    // Train a while, then retire: reset state and load the initial weights.
+    std::vector<torch::Tensor> used_params = Clones(initial);
+    SlotOptimizer used = Build(config, used_params);
+    for (int step = 0; step < 4; ++step) {
+      SetGrads(used_params, 50 + step);
+      used.Step();
+    }
+    const std::vector<const void*> storage = MomentStorage(used);
+    used.ZeroState();
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < initial.size(); ++i) {
+        used_params[i].copy_(initial[i]);
+      }
+    }
+
+    std::vector<torch::Tensor> fresh_params = Clones(initial);
+    SlotOptimizer fresh = Build(config, fresh_params);
+    for (int step = 0; step < 3; ++step) {
+      SetGrads(used_params, step);
+      SetGrads(fresh_params, step);
+      used.Step();
+      fresh.Step();
+    }
+    ExpectSameValues(used_params, fresh_params);
+
+    EXPECT_EQ(MomentStorage(used), storage) << "ZeroState reallocated state";
+  }
+}
+
+std::string SaveToBytes(const SlotOptimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.Save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+absl::Status LoadFromBytes(SlotOptimizer& optimizer, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  return optimizer.Load(archive);
+}
+
+TEST(SlotOptimizerTest, SaveLoadThenStepEqualsUninterruptedRun) {
+  for (OptimizerFamily family :
+       {OptimizerFamily::kAdamW, OptimizerFamily::kAdam,
+        OptimizerFamily::kMuon}) {
+    OptimizerConfig config = MuonConfig();
+    config.family = family;
+    std::vector<torch::Tensor> initial = SlotParameters(6);
+
+    std::vector<torch::Tensor> straight = Clones(initial);
+    SlotOptimizer uninterrupted = Build(config, straight);
+    for (int step = 0; step < 5; ++step) {
+      SetGrads(straight, step);
+      uninterrupted.Step();
+    }
+
+    std::vector<torch::Tensor> first = Clones(initial);
+    SlotOptimizer before = Build(config, first);
+    for (int step = 0; step < 3; ++step) {
+      SetGrads(first, step);
+      before.Step();
+    }
+    const std::string bytes = SaveToBytes(before);
+
+    std::vector<torch::Tensor> resumed = Clones(first);
+    SlotOptimizer after = Build(config, resumed);
+    ASSERT_TRUE(LoadFromBytes(after, bytes).ok());
+    for (int step = 3; step < 5; ++step) {
+      SetGrads(resumed, step);
+      after.Step();
+    }
+    ExpectSameValues(resumed, straight);
+  }
+}
+
+// A checkpoint taken right after attach (no gradient yet) loads and resumes.
+TEST(SlotOptimizerTest, CheckpointOfANeverSteppedSlotLoads) {
+  OptimizerConfig config = MuonConfig();
+  std::vector<torch::Tensor> initial = SlotParameters(7);
+  std::vector<torch::Tensor> a = Clones(initial);
+  SlotOptimizer fresh = Build(config, a);
+  const std::string bytes = SaveToBytes(fresh);
+
+  std::vector<torch::Tensor> b = Clones(initial);
+  SlotOptimizer loaded = Build(config, b);
+  ASSERT_TRUE(LoadFromBytes(loaded, bytes).ok());
+  for (const OptimizerChild& child : loaded.children()) {
+    EXPECT_EQ(child.state_error(), "");
+  }
+  SetGrads(a, 0);
+  SetGrads(b, 0);
+  fresh.Step();
+  loaded.Step();
+  ExpectSameValues(a, b);
+}
+
+TEST(SlotOptimizerTest, LoadRejectsAMismatchedArchiveAndKeepsItsState) {
+  OptimizerConfig config = MuonConfig();
+  std::vector<torch::Tensor> params = SlotParameters(8);
+  SlotOptimizer optimizer = Build(config, params);
+  SetGrads(params, 0);
+  optimizer.Step();
+  const std::string before = SaveToBytes(optimizer);
+
+  // Same family, other shapes (a different LoRA rank).
+  std::vector<torch::Tensor> other_rank = {
+      Leaf(torch::randn({8, 24})), Leaf(torch::randn({24, 8})),
+      Leaf(torch::randn({8, 24})), Leaf(torch::randn({16, 8})),
+      Leaf(torch::randn({24}))};
+  SlotOptimizer other = Build(config, other_rank);
+  SetGrads(other_rank, 1);
+  other.Step();
+  absl::Status status = LoadFromBytes(optimizer, SaveToBytes(other));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("momentum_buffer has shape [8, 24], "
+                                  "expected [4, 24]"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(SaveToBytes(optimizer), before);
+
+  // Another family.
+  OptimizerConfig adam;
+  adam.family = OptimizerFamily::kAdam;
+  std::vector<torch::Tensor> adam_params = SlotParameters(8);
+  SlotOptimizer adam_optimizer = Build(adam, adam_params);
+  status = LoadFromBytes(optimizer, SaveToBytes(adam_optimizer));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("family"), std::string::npos) << status;
+  EXPECT_EQ(SaveToBytes(optimizer), before);
+}
+
+TEST(SlotOptimizerTest, SetLrReachesEveryChild) {
+  std::vector<torch::Tensor> params = SlotParameters(9);
+  SlotOptimizer optimizer = Build(MuonConfig(), params);
+  optimizer.SetLr(0.125);
+  EXPECT_EQ(optimizer.lr(), 0.125);
+  for (const OptimizerChild& child : optimizer.children()) {
+    EXPECT_EQ(child.optimizer->param_groups()[0].options().get_lr(), 0.125);
+  }
+}
+
+TEST(SlotOptimizerTest, ZeroGradKeepsGradientStorage) {
+  std::vector<torch::Tensor> params = SlotParameters(10);
+  SlotOptimizer optimizer = Build(MuonConfig(), params);
+  SetGrads(params, 0);
+  const void* storage = params[0].grad().data_ptr();
+  optimizer.ZeroGrad();
+  EXPECT_EQ(params[0].grad().data_ptr(), storage);
+  EXPECT_EQ(params[0].grad().abs().max().item<float>(), 0.0f);
+}
+
+TEST(SlotOptimizerTest, InvalidConfigsNameTheField) {
+  auto message = [](OptimizerConfig config) {
+    auto built = BuildSlotOptimizer(config, SlotParameters(11));
+    EXPECT_EQ(built.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(built.status().message());
+  };
+  OptimizerConfig c = MuonConfig();
+  c.lr = -0.1;
+  EXPECT_EQ(message(c), "optimizer.lr must be a finite number >= 0, got -0.1");
+  c = MuonConfig();
+  c.momentum = 1.0;
+  EXPECT_EQ(message(c), "optimizer.momentum must be in [0, 1), got 1");
+  c = MuonConfig();
+  c.ns_steps = 0;
+  EXPECT_EQ(message(c), "optimizer.ns_steps must be in [1, 100], got 0");
+  c = MuonConfig();
+  c.coefficient_set = NsCoefficientSet::kCustom;
+  EXPECT_EQ(message(c),
+            "optimizer.coefficient_set is custom but custom_coefficients is "
+            "empty");
+  c = MuonConfig();
+  c.beta2 = 1.5;
+  EXPECT_EQ(message(c), "optimizer.beta2 must be in [0, 1), got 1.5");
+  c = MuonConfig();
+  c.eps = 0;
+  EXPECT_EQ(message(c), "optimizer.eps must be a finite number > 0, got 0");
+  c = MuonConfig();
+  c.weight_decay = std::nan("");
+  EXPECT_EQ(message(c),
+            "optimizer.weight_decay must be a finite number >= 0, got nan");
+
+  EXPECT_FALSE(ParseOptimizerFamily("sgd").has_value());
+  EXPECT_EQ(ParseOptimizerFamily("muon"), OptimizerFamily::kMuon);
+
+  auto empty = BuildSlotOptimizer(MuonConfig(), {});
+  EXPECT_EQ(empty.status().message(), "optimizer needs at least one parameter");
+  auto frozen = BuildSlotOptimizer(MuonConfig(), {torch::zeros({2, 2})});
+  EXPECT_EQ(frozen.status().message(),
+            "parameter 0 must be a leaf tensor that requires grad");
+}
+
+}  // namespace
+}  // namespace loraplex
