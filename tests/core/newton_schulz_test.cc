@@ -130,6 +130,19 @@ TEST(NewtonSchulzTest, BatchedEqualsOneByOne) {
           << NsCoefficientSetName(set) << " matrix " << i;
     }
   }
+  // Large matrices are processed a few at a time on the CPU (to stay in
+  // cache): 100 KiB each gives chunks of 2, 2 and 1.
+  torch::Tensor large = torch::randn({5, 16, 1600});
+  torch::Tensor chunked =
+      NewtonSchulz(large, Options(NsCoefficientSet::kQuintic, 5));
+  for (int64_t i = 0; i < large.size(0); ++i) {
+    EXPECT_LE(
+        MaxRelativeDiff(
+            chunked[i],
+            NewtonSchulz(large[i], Options(NsCoefficientSet::kQuintic, 5))),
+        1e-5)
+        << "large matrix " << i;
+  }
   // Tall matrices are transposed as a batch too.
   torch::Tensor tall = torch::randn({4, 40, 6});
   torch::Tensor batched =
