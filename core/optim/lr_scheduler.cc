@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/enum_names.h"
 
 namespace loraplex {
 namespace {
@@ -31,12 +32,7 @@ absl::string_view LrScheduleKindName(LrScheduleKind kind) {
 }
 
 std::optional<LrScheduleKind> ParseLrScheduleKind(absl::string_view name) {
-  for (LrScheduleKind kind :
-       {LrScheduleKind::kConstant, LrScheduleKind::kLinear,
-        LrScheduleKind::kCosine, LrScheduleKind::kWsd}) {
-    if (name == LrScheduleKindName(kind)) return kind;
-  }
-  return std::nullopt;
+  return ParseEnumName(name, kAllLrScheduleKinds, &LrScheduleKindName);
 }
 
 absl::Status ValidateLrScheduleConfig(const LrScheduleConfig& config) {

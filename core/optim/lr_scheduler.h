@@ -15,6 +15,7 @@
 
 #include <torch/serialize/archive.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -33,6 +34,10 @@ enum class LrScheduleKind {
               // round(decay_fraction · total_steps) steps (at least one),
               // then a straight line to min_lr.
 };
+
+inline constexpr std::array<LrScheduleKind, 4> kAllLrScheduleKinds = {
+    LrScheduleKind::kConstant, LrScheduleKind::kLinear, LrScheduleKind::kCosine,
+    LrScheduleKind::kWsd};
 
 absl::string_view LrScheduleKindName(LrScheduleKind kind);
 std::optional<LrScheduleKind> ParseLrScheduleKind(absl::string_view name);

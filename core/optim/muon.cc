@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/enum_names.h"
 #include "core/runtime/torch_compat.h"
 
 namespace loraplex {
@@ -54,12 +55,8 @@ absl::string_view MuonWeightDecayModeName(MuonWeightDecayMode mode) {
 
 std::optional<MuonWeightDecayMode> ParseMuonWeightDecayMode(
     absl::string_view name) {
-  for (MuonWeightDecayMode mode :
-       {MuonWeightDecayMode::kDecoupled, MuonWeightDecayMode::kIndependent,
-        MuonWeightDecayMode::kL2}) {
-    if (name == MuonWeightDecayModeName(mode)) return mode;
-  }
-  return std::nullopt;
+  return ParseEnumName(name, kAllMuonWeightDecayModes,
+                       &MuonWeightDecayModeName);
 }
 
 absl::string_view MuonScaleModeName(MuonScaleMode mode) {
@@ -75,12 +72,7 @@ absl::string_view MuonScaleModeName(MuonScaleMode mode) {
 }
 
 std::optional<MuonScaleMode> ParseMuonScaleMode(absl::string_view name) {
-  for (MuonScaleMode mode :
-       {MuonScaleMode::kSpectral, MuonScaleMode::kUnitRmsNorm,
-        MuonScaleMode::kShapeScaling}) {
-    if (name == MuonScaleModeName(mode)) return mode;
-  }
-  return std::nullopt;
+  return ParseEnumName(name, kAllMuonScaleModes, &MuonScaleModeName);
 }
 
 double MuonScaleFactor(int64_t rows, int64_t cols, MuonScaleMode mode) {

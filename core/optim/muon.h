@@ -22,6 +22,7 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -42,6 +43,13 @@ enum class MuonScaleMode {
   kUnitRmsNorm,  // sqrt(m / n).
   kShapeScaling  // sqrt(max(1, m / n)).
 };
+
+inline constexpr std::array<MuonWeightDecayMode, 3> kAllMuonWeightDecayModes = {
+    MuonWeightDecayMode::kDecoupled, MuonWeightDecayMode::kIndependent,
+    MuonWeightDecayMode::kL2};
+inline constexpr std::array<MuonScaleMode, 3> kAllMuonScaleModes = {
+    MuonScaleMode::kSpectral, MuonScaleMode::kUnitRmsNorm,
+    MuonScaleMode::kShapeScaling};
 
 absl::string_view MuonWeightDecayModeName(MuonWeightDecayMode mode);
 std::optional<MuonWeightDecayMode> ParseMuonWeightDecayMode(

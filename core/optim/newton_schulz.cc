@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/enum_names.h"
 
 namespace loraplex {
 namespace {
@@ -86,13 +87,7 @@ absl::string_view NsCoefficientSetName(NsCoefficientSet set) {
 }
 
 std::optional<NsCoefficientSet> ParseNsCoefficientSet(absl::string_view name) {
-  for (NsCoefficientSet set :
-       {NsCoefficientSet::kSimple, NsCoefficientSet::kQuintic,
-        NsCoefficientSet::kPolarExpress, NsCoefficientSet::kAol,
-        NsCoefficientSet::kCustom}) {
-    if (name == NsCoefficientSetName(set)) return set;
-  }
-  return std::nullopt;
+  return ParseEnumName(name, kAllNsCoefficientSets, &NsCoefficientSetName);
 }
 
 absl::string_view NsPrecisionName(NsPrecision precision) {
@@ -100,9 +95,7 @@ absl::string_view NsPrecisionName(NsPrecision precision) {
 }
 
 std::optional<NsPrecision> ParseNsPrecision(absl::string_view name) {
-  if (name == "fp32") return NsPrecision::kFp32;
-  if (name == "bf16") return NsPrecision::kBf16;
-  return std::nullopt;
+  return ParseEnumName(name, kAllNsPrecisions, &NsPrecisionName);
 }
 
 std::string NewtonSchulzOptionsError(const NewtonSchulzOptions& options) {

@@ -19,6 +19,7 @@
 
 #include <torch/types.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,13 @@ enum class NsPrecision {
   kFp32,  // Whole iteration in fp32.
   kBf16,  // Loop in bf16 ("medium" matmul precision); result back in fp32.
 };
+
+inline constexpr std::array<NsCoefficientSet, 5> kAllNsCoefficientSets = {
+    NsCoefficientSet::kSimple, NsCoefficientSet::kQuintic,
+    NsCoefficientSet::kPolarExpress, NsCoefficientSet::kAol,
+    NsCoefficientSet::kCustom};
+inline constexpr std::array<NsPrecision, 2> kAllNsPrecisions = {
+    NsPrecision::kFp32, NsPrecision::kBf16};
 
 struct NewtonSchulzOptions {
   NsCoefficientSet coefficient_set = NsCoefficientSet::kQuintic;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/enum_names.h"
 
 namespace loraplex {
 namespace {
@@ -25,12 +26,7 @@ absl::string_view OptimizerFamilyName(OptimizerFamily family) {
 }
 
 std::optional<OptimizerFamily> ParseOptimizerFamily(absl::string_view name) {
-  for (OptimizerFamily family :
-       {OptimizerFamily::kAdamW, OptimizerFamily::kAdam,
-        OptimizerFamily::kMuon}) {
-    if (name == OptimizerFamilyName(family)) return family;
-  }
-  return std::nullopt;
+  return ParseEnumName(name, kAllOptimizerFamilies, &OptimizerFamilyName);
 }
 
 MuonOptions MuonOptionsFromConfig(const OptimizerConfig& config) {

@@ -7,6 +7,7 @@
 #ifndef LORAPLEX_CORE_OPTIM_OPTIMIZER_CONFIG_H_
 #define LORAPLEX_CORE_OPTIM_OPTIMIZER_CONFIG_H_
 
+#include <array>
 #include <optional>
 #include <vector>
 
@@ -22,6 +23,9 @@ enum class OptimizerFamily {
   kAdam,   // Adam (L2 weight decay into the gradient) for every parameter.
   kMuon,   // Muon for 2-D matrices, AdamW for everything else.
 };
+
+inline constexpr std::array<OptimizerFamily, 3> kAllOptimizerFamilies = {
+    OptimizerFamily::kAdamW, OptimizerFamily::kAdam, OptimizerFamily::kMuon};
 
 absl::string_view OptimizerFamilyName(OptimizerFamily family);
 std::optional<OptimizerFamily> ParseOptimizerFamily(absl::string_view name);

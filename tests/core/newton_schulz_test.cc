@@ -27,9 +27,9 @@ torch::Tensor MatrixWithSingularValues(int64_t m, int64_t n,
   torch::manual_seed(seed);
   const int64_t k = std::min(m, n);
   torch::Tensor u = std::get<0>(
-      torch::linalg::qr(torch::randn({m, k}, torch::kFloat64), "reduced"));
+      at::linalg_qr(torch::randn({m, k}, torch::kFloat64), "reduced"));
   torch::Tensor v = std::get<0>(
-      torch::linalg::qr(torch::randn({n, k}, torch::kFloat64), "reduced"));
+      at::linalg_qr(torch::randn({n, k}, torch::kFloat64), "reduced"));
   torch::Tensor s = torch::tensor(sigma, torch::kFloat64);
   return (u * s).matmul(v.t()).to(torch::kFloat32);
 }
