@@ -125,6 +125,13 @@ OptimizerChild MakeAdamFamilyChild(OptimizerChildKind kind,
   return child;
 }
 
+OptimizerChild MakeAdamWChild(std::vector<torch::Tensor> params,
+                              const OptimizerConfig& config) {
+  return MakeAdamFamilyChild<torch::optim::AdamW, torch::optim::AdamWParamState,
+                             torch::optim::AdamWOptions>(
+      OptimizerChildKind::kAdamW, std::move(params), config);
+}
+
 OptimizerChild MakeMuonChild(std::vector<torch::Tensor> params,
                              const OptimizerConfig& config) {
   auto optimizer =
@@ -200,18 +207,12 @@ absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
           children.push_back(MakeMuonChild(std::move(matrices), config));
         }
         if (!others.empty()) {
-          children.push_back(MakeAdamFamilyChild<torch::optim::AdamW,
-                                                 torch::optim::AdamWParamState,
-                                                 torch::optim::AdamWOptions>(
-              OptimizerChildKind::kAdamW, std::move(others), config));
+          children.push_back(MakeAdamWChild(std::move(others), config));
         }
         break;
       }
       case OptimizerFamily::kAdamW:
-        children.push_back(MakeAdamFamilyChild<torch::optim::AdamW,
-                                               torch::optim::AdamWParamState,
-                                               torch::optim::AdamWOptions>(
-            OptimizerChildKind::kAdamW, parameters, config));
+        children.push_back(MakeAdamWChild(parameters, config));
         break;
       case OptimizerFamily::kAdam:
         children.push_back(MakeAdamFamilyChild<torch::optim::Adam,
@@ -285,10 +286,14 @@ void SlotOptimizer::LoadUnchecked(torch::serialize::InputArchive& archive) {
               ")");
   archive.read("family", value);
   const int64_t family = value.toInt();
-  TORCH_CHECK(family == static_cast<int64_t>(config_.family),
-              "archive holds optimizer family ", family,
-              ", this slot uses family ",
-              std::string(OptimizerFamilyName(config_.family)));
+  const bool known = family >= 0 && family < static_cast<int64_t>(
+                                                 kAllOptimizerFamilies.size());
+  TORCH_CHECK(
+      family == static_cast<int64_t>(config_.family),
+      "archive holds optimizer family ",
+      known ? std::string(OptimizerFamilyName(kAllOptimizerFamilies[family]))
+            : std::to_string(family),
+      ", this slot uses ", std::string(OptimizerFamilyName(config_.family)));
   archive.read("num_children", value);
   TORCH_CHECK(value.toInt() == static_cast<int64_t>(children_.size()),
               "archive has ", value.toInt(), " optimizer children, this slot ",
