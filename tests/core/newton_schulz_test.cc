@@ -131,8 +131,8 @@ TEST(NewtonSchulzTest, BatchedEqualsOneByOne) {
     }
   }
   // Large matrices are processed a few at a time on the CPU (to stay in
-  // cache): 100 KiB each gives chunks of 2, 2 and 1.
-  torch::Tensor large = torch::randn({5, 16, 1600});
+  // cache): 50 KiB each gives chunks of 2, 2 and 1.
+  torch::Tensor large = torch::randn({5, 16, 800});
   torch::Tensor chunked =
       NewtonSchulz(large, Options(NsCoefficientSet::kQuintic, 5));
   for (int64_t i = 0; i < large.size(0); ++i) {
