@@ -15,31 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/enum_names.h"
+#include "core/common/number_checks.h"
+#include "core/optim/archive_fields.h"
 #include "core/runtime/torch_compat.h"
 
 namespace loraplex {
-namespace {
-
-// Enums travel through archives as their integer value; reading checks the
-// range so a corrupt archive cannot produce an invalid enum.
-template <typename Enum>
-Enum EnumFromArchive(torch::serialize::InputArchive& archive, const char* key,
-                     Enum last) {
-  c10::IValue value;
-  archive.read(key, value);
-  const int64_t raw = value.toInt();
-  TORCH_CHECK(raw >= 0 && raw <= static_cast<int64_t>(last),
-              "Muon archive: ", key, " has invalid value ", raw);
-  return static_cast<Enum>(raw);
-}
-
-template <typename Enum>
-void EnumToArchive(torch::serialize::OutputArchive& archive, const char* key,
-                   Enum value) {
-  archive.write(key, c10::IValue(static_cast<int64_t>(value)));
-}
-
-}  // namespace
 
 absl::string_view MuonWeightDecayModeName(MuonWeightDecayMode mode) {
   switch (mode) {
@@ -112,8 +92,10 @@ void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
   archive.write("momentum", c10::IValue(momentum()));
   archive.write("nesterov", c10::IValue(nesterov()));
   archive.write("weight_decay", c10::IValue(weight_decay()));
-  EnumToArchive(archive, "weight_decay_mode", weight_decay_mode());
-  EnumToArchive(archive, "coefficient_set", coefficient_set());
+  WriteArchiveEnum(archive, "weight_decay_mode", weight_decay_mode(),
+                   kAllMuonWeightDecayModes);
+  WriteArchiveEnum(archive, "coefficient_set", coefficient_set(),
+                   kAllNsCoefficientSets);
   std::vector<double> flat;
   for (const NsCoefficients& t : custom_coefficients()) {
     flat.insert(flat.end(), {t.a, t.b, t.c});
@@ -121,59 +103,50 @@ void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
   archive.write("custom_coefficients",
                 torch::tensor(flat, torch::kFloat64).reshape({-1, 3}));
   archive.write("ns_steps", c10::IValue(ns_steps()));
-  EnumToArchive(archive, "precision", precision());
-  EnumToArchive(archive, "scale_mode", scale_mode());
+  WriteArchiveEnum(archive, "precision", precision(), kAllNsPrecisions);
+  WriteArchiveEnum(archive, "scale_mode", scale_mode(), kAllMuonScaleModes);
   archive.write("extra_scale_factor", c10::IValue(extra_scale_factor()));
 }
 
 void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
-  c10::IValue value;
-  archive.read("lr", value);
-  lr(value.toDouble());
-  archive.read("momentum", value);
-  momentum(value.toDouble());
-  archive.read("nesterov", value);
-  nesterov(value.toBool());
-  archive.read("weight_decay", value);
-  weight_decay(value.toDouble());
+  lr(ReadArchiveDouble(archive, "lr"));
+  momentum(ReadArchiveDouble(archive, "momentum"));
+  nesterov(ReadArchiveBool(archive, "nesterov"));
+  weight_decay(ReadArchiveDouble(archive, "weight_decay"));
   weight_decay_mode(
-      EnumFromArchive(archive, "weight_decay_mode", MuonWeightDecayMode::kL2));
+      ReadArchiveEnum(archive, "weight_decay_mode", kAllMuonWeightDecayModes));
   coefficient_set(
-      EnumFromArchive(archive, "coefficient_set", NsCoefficientSet::kCustom));
+      ReadArchiveEnum(archive, "coefficient_set", kAllNsCoefficientSets));
   torch::Tensor flat;
-  archive.read("custom_coefficients", flat);
+  TORCH_CHECK(archive.try_read("custom_coefficients", flat),
+              "archive has no field custom_coefficients");
   flat = flat.to(torch::kFloat64).contiguous();
   TORCH_CHECK(flat.dim() == 2 && flat.size(1) == 3,
-              "Muon archive: custom_coefficients must be [k, 3]");
+              "archive field custom_coefficients must be [k, 3]");
   std::vector<NsCoefficients> custom;
   const double* data = flat.data_ptr<double>();
   for (int64_t i = 0; i < flat.size(0); ++i) {
     custom.push_back({data[3 * i], data[3 * i + 1], data[3 * i + 2]});
   }
   custom_coefficients(std::move(custom));
-  archive.read("ns_steps", value);
-  ns_steps(value.toInt());
-  precision(EnumFromArchive(archive, "precision", NsPrecision::kBf16));
-  scale_mode(
-      EnumFromArchive(archive, "scale_mode", MuonScaleMode::kShapeScaling));
-  archive.read("extra_scale_factor", value);
-  extra_scale_factor(value.toDouble());
+  ns_steps(ReadArchiveInt(archive, "ns_steps"));
+  precision(ReadArchiveEnum(archive, "precision", kAllNsPrecisions));
+  scale_mode(ReadArchiveEnum(archive, "scale_mode", kAllMuonScaleModes));
+  extra_scale_factor(ReadArchiveDouble(archive, "extra_scale_factor"));
 }
 
 std::string MuonOptionsError(const MuonOptions& options) {
-  if (!(options.lr() >= 0.0) || !std::isfinite(options.lr())) {
+  if (!IsFiniteNonNegative(options.lr())) {
     return absl::StrCat("lr must be a finite number >= 0, got ", options.lr());
   }
-  if (!(options.momentum() >= 0.0 && options.momentum() < 1.0)) {
+  if (!InUnitInterval(options.momentum())) {
     return absl::StrCat("momentum must be in [0, 1), got ", options.momentum());
   }
-  if (!(options.weight_decay() >= 0.0) ||
-      !std::isfinite(options.weight_decay())) {
+  if (!IsFiniteNonNegative(options.weight_decay())) {
     return absl::StrCat("weight_decay must be a finite number >= 0, got ",
                         options.weight_decay());
   }
-  if (!(options.extra_scale_factor() > 0.0) ||
-      !std::isfinite(options.extra_scale_factor())) {
+  if (!IsFinitePositive(options.extra_scale_factor())) {
     return absl::StrCat("extra_scale_factor must be a finite number > 0, got ",
                         options.extra_scale_factor());
   }
@@ -225,9 +198,7 @@ Muon::Muon(std::vector<torch::Tensor> params, MuonOptions defaults)
            std::move(defaults)) {}
 
 MuonParamState* Muon::StateOf(const torch::Tensor& param) {
-  auto it = state_.find(OptimizerStateKeyOf(param));
-  if (it == state_.end()) return nullptr;
-  return static_cast<MuonParamState*>(it->second.get());
+  return FindOptimizerState<MuonParamState>(*this, param);
 }
 
 MuonParamState& Muon::EnsureState(const torch::Tensor& param) {
@@ -325,7 +296,21 @@ void Muon::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void Muon::load(torch::serialize::InputArchive& archive) {
+  // LibTorch 2.x also takes each group's options from the archive: keep the
+  // current ones if the archive's are not valid.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> previous;
+  for (auto& group : param_groups_) previous.push_back(group.options().clone());
   torch::optim::serialize<MuonParamState, MuonOptions>(archive, *this);
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const std::string error = MuonOptionsError(
+        static_cast<const MuonOptions&>(param_groups_[g].options()));
+    if (!error.empty()) {
+      for (size_t i = 0; i < param_groups_.size(); ++i) {
+        param_groups_[i].set_options(std::move(previous[i]));
+      }
+      TORCH_CHECK(false, "Muon archive: param group ", g, ": ", error);
+    }
+  }
 }
 
 }  // namespace loraplex

@@ -110,6 +110,10 @@ class Muon : public torch::optim::Optimizer {
   explicit Muon(std::vector<torch::Tensor> params, MuonOptions defaults = {});
 
   torch::Tensor step(LossClosure closure = nullptr) override;
+  // LibTorch's optimizer archive format. It keys state by parameter address
+  // as LibTorch prints it, which differs between LibTorch 1.x and 2.x, so
+  // such archives do not move between them; SlotOptimizer::Save writes a
+  // portable one.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 

@@ -149,9 +149,9 @@ torch::Tensor OrthogonalizeWide(const torch::Tensor& batch,
 // overhead on small LoRA shapes, few enough that the batch stays in a core's
 // L2 cache through all iterations (one 2 MiB batch of 16×2048 matrices ran
 // 1.3x slower than 16 separate ones) and that its elementwise passes stay
-// under LibTorch's parallel grain of 32768 elements, so they never start
-// OpenMP threads that would contend with OpenBLAS's (3x slower with both on
-// two cores).
+// under LibTorch's parallel grain of 32768 elements, so they do not start
+// OpenMP threads that contend with OpenBLAS's (3x slower with both on two
+// cores). A single matrix larger than that still forms a batch of one.
 constexpr int64_t kCpuBatchBytes = 32768 * sizeof(float);
 
 }  // namespace

@@ -1,17 +1,12 @@
 #include "core/optim/optimizer_config.h"
 
-#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/enum_names.h"
+#include "core/common/number_checks.h"
 
 namespace loraplex {
-namespace {
-
-bool InUnitInterval(double value) { return value >= 0.0 && value < 1.0; }
-
-}  // namespace
 
 absl::string_view OptimizerFamilyName(OptimizerFamily family) {
   switch (family) {
@@ -47,27 +42,20 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
   auto invalid = [](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer.", parts...));
   };
-  if (!std::isfinite(config.lr) || config.lr < 0.0) {
-    return invalid("lr must be a finite number >= 0, got ", config.lr);
-  }
-  if (!std::isfinite(config.weight_decay) || config.weight_decay < 0.0) {
-    return invalid("weight_decay must be a finite number >= 0, got ",
-                   config.weight_decay);
-  }
+  // Muon's own validation covers lr, weight_decay and every Muon knob and
+  // speaks in field names, so prefixing it gives "optimizer.momentum must
+  // be ...". The Muon knobs are checked for every family: a bad value is a
+  // mistake even where it is unused.
+  const std::string error = MuonOptionsError(MuonOptionsFromConfig(config));
+  if (!error.empty()) return invalid(error);
   if (!InUnitInterval(config.beta1)) {
     return invalid("beta1 must be in [0, 1), got ", config.beta1);
   }
   if (!InUnitInterval(config.beta2)) {
     return invalid("beta2 must be in [0, 1), got ", config.beta2);
   }
-  if (!std::isfinite(config.eps) || config.eps <= 0.0) {
+  if (!IsFinitePositive(config.eps)) {
     return invalid("eps must be a finite number > 0, got ", config.eps);
-  }
-  if (config.family == OptimizerFamily::kMuon) {
-    // Muon's own validation speaks in field names, so prefixing it gives
-    // "optimizer.momentum must be ...".
-    const std::string error = MuonOptionsError(MuonOptionsFromConfig(config));
-    if (!error.empty()) return invalid(error);
   }
   return absl::OkStatus();
 }

@@ -32,7 +32,9 @@ std::optional<OptimizerFamily> ParseOptimizerFamily(absl::string_view name);
 
 struct OptimizerConfig {
   OptimizerFamily family = OptimizerFamily::kAdamW;
-  double lr = 1e-4;  // Peak learning rate; the LR scheduler moves it.
+  // Peak learning rate: the slot's LR schedule warms up to it and decays
+  // from it.
+  double lr = 1e-4;
   double weight_decay = 0.0;
 
   // Adam/AdamW, and the AdamW child of the muon family. LibTorch defaults.

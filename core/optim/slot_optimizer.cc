@@ -5,11 +5,13 @@
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
+#include <set>
 #include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/optim/archive_fields.h"
 #include "core/optim/muon.h"
 #include "core/runtime/torch_compat.h"
 
@@ -17,42 +19,41 @@ namespace loraplex {
 namespace {
 
 // Bumped when the archive layout written by SlotOptimizer::Save changes.
-constexpr int64_t kArchiveVersion = 1;
+constexpr int64_t kArchiveVersion = 2;
 
-template <typename State>
-State* FindState(torch::optim::Optimizer& optimizer,
-                 const torch::Tensor& param) {
-  auto it = optimizer.state().find(OptimizerStateKeyOf(param));
-  if (it == optimizer.state().end()) return nullptr;
-  return static_cast<State*>(it->second.get());
+constexpr std::array<OptimizerChildKind, 3> kAllOptimizerChildKinds = {
+    OptimizerChildKind::kMuon, OptimizerChildKind::kAdamW,
+    OptimizerChildKind::kAdam};
+
+std::vector<torch::Tensor> ChildParameters(const OptimizerChild& child) {
+  std::vector<torch::Tensor> params;
+  for (const auto& group : child.optimizer->param_groups()) {
+    params.insert(params.end(), group.params().begin(), group.params().end());
+  }
+  return params;
 }
 
-// "" when `tensor` is defined and shaped like `param`, else the reason.
+std::string ShapeString(const torch::Tensor& tensor) {
+  std::ostringstream out;
+  out << tensor.sizes();
+  return out.str();
+}
+
+// "" when `tensor` can stand in the state of `param`, else the reason.
 std::string StateTensorError(size_t index, const char* name,
                              const torch::Tensor& tensor,
                              const torch::Tensor& param) {
-  if (!tensor.defined()) {
-    return absl::StrCat("parameter ", index, ": ", name, " is missing");
-  }
+  const std::string prefix = absl::StrCat("parameter ", index, ": ", name);
+  if (!tensor.defined()) return absl::StrCat(prefix, " is missing");
   if (tensor.sizes() != param.sizes()) {
-    std::ostringstream out;
-    out << "parameter " << index << ": " << name << " has shape "
-        << tensor.sizes() << ", expected " << param.sizes();
-    return out.str();
+    return absl::StrCat(prefix, " has shape ", ShapeString(tensor),
+                        ", expected ", ShapeString(param));
   }
-  return "";
-}
-
-// Calls `check(index, param)` for every parameter of `optimizer` and returns
-// the first error.
-template <typename Check>
-std::string FirstStateError(torch::optim::Optimizer& optimizer, Check check) {
-  size_t index = 0;
-  for (auto& group : optimizer.param_groups()) {
-    for (const torch::Tensor& param : group.params()) {
-      std::string error = check(index++, param);
-      if (!error.empty()) return error;
-    }
+  if (tensor.scalar_type() != param.scalar_type() ||
+      tensor.device() != param.device()) {
+    return absl::StrCat(prefix, " is ", tensor.toString(), " on ",
+                        tensor.device().str(), ", expected ", param.toString(),
+                        " on ", param.device().str());
   }
   return "";
 }
@@ -64,7 +65,7 @@ void InitAdamFamilyState(torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
     for (const torch::Tensor& param : group.params()) {
-      if (FindState<State>(optimizer, param) != nullptr) continue;
+      if (FindOptimizerState<State>(optimizer, param) != nullptr) continue;
       auto state = std::make_unique<State>();
       state->step(0);
       state->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Preserve));
@@ -76,34 +77,50 @@ void InitAdamFamilyState(torch::optim::Optimizer& optimizer) {
 }
 
 template <typename State>
-void ZeroAdamFamilyState(torch::optim::Optimizer& optimizer) {
-  torch::NoGradGuard no_grad;
-  for (auto& entry : optimizer.state()) {
-    auto& state = static_cast<State&>(*entry.second);
-    state.step(0);
-    for (const torch::Tensor& moment :
-         {state.exp_avg(), state.exp_avg_sq(), state.max_exp_avg_sq()}) {
-      if (moment.defined()) moment.zero_();
+std::vector<ParamStateRef> AdamFamilyStates(
+    torch::optim::Optimizer& optimizer) {
+  std::vector<ParamStateRef> states;
+  for (auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& param : group.params()) {
+      ParamStateRef ref;
+      if (State* state = FindOptimizerState<State>(optimizer, param)) {
+        ref.step = &state->step();
+        ref.tensors = {{"exp_avg", state->exp_avg()},
+                       {"exp_avg_sq", state->exp_avg_sq()}};
+      }
+      states.push_back(std::move(ref));
     }
   }
+  return states;
 }
 
-template <typename State>
-std::string AdamFamilyStateError(torch::optim::Optimizer& optimizer) {
-  return FirstStateError(
-      optimizer, [&](size_t index, const torch::Tensor& param) -> std::string {
-        State* state = FindState<State>(optimizer, param);
-        if (state == nullptr) {
-          return absl::StrCat("parameter ", index, " has no state");
-        }
-        std::string error =
-            StateTensorError(index, "exp_avg", state->exp_avg(), param);
-        if (error.empty()) {
-          error =
-              StateTensorError(index, "exp_avg_sq", state->exp_avg_sq(), param);
-        }
-        return error;
-      });
+std::vector<ParamStateRef> MuonStates(Muon& muon) {
+  std::vector<ParamStateRef> states;
+  for (auto& group : muon.param_groups()) {
+    for (const torch::Tensor& param : group.params()) {
+      ParamStateRef ref;
+      if (MuonParamState* state = muon.StateOf(param)) {
+        ref.step = &state->step();
+        ref.tensors = {{"momentum_buffer", state->momentum_buffer()}};
+      }
+      states.push_back(std::move(ref));
+    }
+  }
+  return states;
+}
+
+// Zeroes, in place, whatever `states` returns.
+std::function<void()> ZeroStates(
+    std::function<std::vector<ParamStateRef>()> states) {
+  return [states = std::move(states)] {
+    torch::NoGradGuard no_grad;
+    for (ParamStateRef& ref : states()) {
+      if (ref.step != nullptr) *ref.step = 0;
+      for (auto& [name, tensor] : ref.tensors) {
+        if (tensor.defined()) tensor.zero_();
+      }
+    }
+  };
 }
 
 template <typename Optimizer, typename State, typename Options>
@@ -120,8 +137,8 @@ OptimizerChild MakeAdamFamilyChild(OptimizerChildKind kind,
   child.kind = kind;
   child.optimizer = std::move(optimizer);
   child.init_state = [raw] { InitAdamFamilyState<State>(*raw); };
-  child.zero_state = [raw] { ZeroAdamFamilyState<State>(*raw); };
-  child.state_error = [raw] { return AdamFamilyStateError<State>(*raw); };
+  child.states = [raw] { return AdamFamilyStates<State>(*raw); };
+  child.zero_state = ZeroStates(child.states);
   return child;
 }
 
@@ -141,30 +158,33 @@ OptimizerChild MakeMuonChild(std::vector<torch::Tensor> params,
   child.kind = OptimizerChildKind::kMuon;
   child.optimizer = std::move(optimizer);
   child.init_state = [raw] { raw->InitState(); };
-  child.zero_state = [raw] { raw->ZeroState(); };
-  child.state_error = [raw] {
-    return FirstStateError(
-        *raw, [raw](size_t index, const torch::Tensor& param) -> std::string {
-          MuonParamState* state = raw->StateOf(param);
-          if (state == nullptr) {
-            return absl::StrCat("parameter ", index, " has no state");
-          }
-          return StateTensorError(index, "momentum_buffer",
-                                  state->momentum_buffer(), param);
-        });
-  };
+  child.states = [raw] { return MuonStates(*raw); };
+  child.zero_state = ZeroStates(child.states);
   return child;
 }
 
-std::string ParameterError(size_t index, const torch::Tensor& param) {
-  if (!param.defined())
-    return absl::StrCat("parameter ", index, " is undefined");
-  if (!param.is_floating_point()) {
-    return absl::StrCat("parameter ", index, " is not a float tensor");
-  }
-  if (!param.requires_grad() || !param.is_leaf()) {
-    return absl::StrCat("parameter ", index,
-                        " must be a leaf tensor that requires grad");
+// The first problem with `parameters` as one slot's parameter list.
+std::string ParametersError(const std::vector<torch::Tensor>& parameters) {
+  if (parameters.empty()) return "optimizer needs at least one parameter";
+  std::set<const void*> seen;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const torch::Tensor& param = parameters[i];
+    const std::string name = absl::StrCat("parameter ", i);
+    if (!param.defined()) return absl::StrCat(name, " is undefined");
+    if (!param.is_floating_point()) {
+      return absl::StrCat(name, " is not a float tensor");
+    }
+    if (!param.requires_grad() || !param.is_leaf()) {
+      return absl::StrCat(name, " must be a leaf tensor that requires grad");
+    }
+    if (!seen.insert(param.unsafeGetTensorImpl()).second) {
+      return absl::StrCat(name, " appears twice");
+    }
+    if (param.device() != parameters.front().device()) {
+      return absl::StrCat(name, " is on ", param.device().str(),
+                          ", parameter 0 on ",
+                          parameters.front().device().str());
+    }
   }
   return "";
 }
@@ -183,16 +203,26 @@ absl::string_view OptimizerChildKindName(OptimizerChildKind kind) {
   return "unknown";
 }
 
+std::string OptimizerChildStateError(const OptimizerChild& child) {
+  const std::vector<torch::Tensor> params = ChildParameters(child);
+  const std::vector<ParamStateRef> states = child.states();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (i >= states.size() || states[i].step == nullptr) {
+      return absl::StrCat("parameter ", i, " has no state");
+    }
+    for (const auto& [name, tensor] : states[i].tensors) {
+      std::string error = StateTensorError(i, name, tensor, params[i]);
+      if (!error.empty()) return error;
+    }
+  }
+  return "";
+}
+
 absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
     const OptimizerConfig& config, std::vector<torch::Tensor> parameters) {
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
-  if (parameters.empty()) {
-    return absl::InvalidArgumentError("optimizer needs at least one parameter");
-  }
-  for (size_t i = 0; i < parameters.size(); ++i) {
-    const std::string error = ParameterError(i, parameters[i]);
-    if (!error.empty()) return absl::InvalidArgumentError(error);
-  }
+  const std::string error = ParametersError(parameters);
+  if (!error.empty()) return absl::InvalidArgumentError(error);
 
   std::vector<OptimizerChild> children;
   try {
@@ -221,11 +251,11 @@ absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
             OptimizerChildKind::kAdam, parameters, config));
         break;
     }
+    for (OptimizerChild& child : children) child.init_state();
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer: ", e.what_without_backtrace()));
   }
-  for (OptimizerChild& child : children) child.init_state();
   return SlotOptimizer(config, std::move(parameters), std::move(children));
 }
 
@@ -249,6 +279,7 @@ void SlotOptimizer::ZeroGrad() {
 
 void SlotOptimizer::ZeroState() {
   for (OptimizerChild& child : children_) child.zero_state();
+  SetLr(config_.lr);
 }
 
 void SlotOptimizer::SetLr(double lr) {
@@ -265,93 +296,103 @@ double SlotOptimizer::lr() const {
 
 void SlotOptimizer::Save(torch::serialize::OutputArchive& archive) const {
   archive.write("version", c10::IValue(kArchiveVersion));
-  archive.write("family", c10::IValue(static_cast<int64_t>(config_.family)));
+  WriteArchiveEnum(archive, "family", config_.family, kAllOptimizerFamilies);
   archive.write("num_children",
                 c10::IValue(static_cast<int64_t>(children_.size())));
   for (size_t i = 0; i < children_.size(); ++i) {
     torch::serialize::OutputArchive child(archive.compilation_unit());
-    child.write("kind", c10::IValue(static_cast<int64_t>(children_[i].kind)));
-    torch::serialize::OutputArchive state(archive.compilation_unit());
-    children_[i].optimizer->save(state);
-    child.write("optimizer", state);
+    WriteArchiveEnum(child, "kind", children_[i].kind, kAllOptimizerChildKinds);
+    const std::vector<ParamStateRef> states = children_[i].states();
+    child.write("num_params", c10::IValue(static_cast<int64_t>(states.size())));
+    for (size_t j = 0; j < states.size(); ++j) {
+      TORCH_CHECK(states[j].step != nullptr, "optimizer child ", i,
+                  " parameter ", j, " has no state");
+      torch::serialize::OutputArchive param(archive.compilation_unit());
+      param.write("step", c10::IValue(*states[j].step));
+      for (const auto& [name, tensor] : states[j].tensors) {
+        param.write(name, tensor, /*is_buffer=*/true);
+      }
+      child.write(absl::StrCat("param", j), param);
+    }
     archive.write(absl::StrCat("child", i), child);
   }
 }
 
-void SlotOptimizer::LoadUnchecked(torch::serialize::InputArchive& archive) {
-  c10::IValue value;
-  archive.read("version", value);
-  TORCH_CHECK(value.toInt() == kArchiveVersion, "archive version ",
-              value.toInt(), " is not supported (expected ", kArchiveVersion,
-              ")");
-  archive.read("family", value);
-  const int64_t family = value.toInt();
-  const bool known = family >= 0 && family < static_cast<int64_t>(
-                                                 kAllOptimizerFamilies.size());
-  TORCH_CHECK(
-      family == static_cast<int64_t>(config_.family),
-      "archive holds optimizer family ",
-      known ? std::string(OptimizerFamilyName(kAllOptimizerFamilies[family]))
-            : std::to_string(family),
-      ", this slot uses ", std::string(OptimizerFamilyName(config_.family)));
-  archive.read("num_children", value);
-  TORCH_CHECK(value.toInt() == static_cast<int64_t>(children_.size()),
-              "archive has ", value.toInt(), " optimizer children, this slot ",
-              children_.size());
-  for (size_t i = 0; i < children_.size(); ++i) {
-    torch::serialize::InputArchive child;
-    archive.read(absl::StrCat("child", i), child);
-    child.read("kind", value);
-    TORCH_CHECK(value.toInt() == static_cast<int64_t>(children_[i].kind),
-                "optimizer child ", i, " has a different kind");
-    torch::serialize::InputArchive state;
-    child.read("optimizer", state);
-    // The job's config, not the archive, decides hyperparameters (LibTorch
-    // 2.x would otherwise take them from the archive and 1.13 would not).
-    std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
-    for (auto& group : children_[i].optimizer->param_groups()) {
-      options.push_back(group.options().clone());
-    }
-    children_[i].optimizer->load(state);
-    auto& groups = children_[i].optimizer->param_groups();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      groups[g].set_options(std::move(options[g]));
-    }
-  }
-}
-
 absl::Status SlotOptimizer::Load(torch::serialize::InputArchive& archive) {
-  std::ostringstream backup;
-  {
-    torch::serialize::OutputArchive snapshot;
-    Save(snapshot);
-    snapshot.save_to(backup);
-  }
-  std::string error;
+  // Everything is read and checked first; state changes only at the end.
+  struct Staged {
+    int64_t* step;
+    int64_t step_value;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // to, from
+  };
+  std::vector<Staged> staged;
   try {
-    LoadUnchecked(archive);
-    for (size_t i = 0; i < children_.size() && error.empty(); ++i) {
-      // Archives from lazily-initialised optimizers may lack some entries.
-      children_[i].init_state();
-      const std::string child_error = children_[i].state_error();
-      if (!child_error.empty()) {
-        error = absl::StrCat(OptimizerChildKindName(children_[i].kind),
-                             " child: ", child_error);
+    const int64_t version = ReadArchiveInt(archive, "version");
+    TORCH_CHECK(version == kArchiveVersion, "archive version ", version,
+                " is not supported (expected ", kArchiveVersion, ")");
+    const OptimizerFamily family =
+        ReadArchiveEnum(archive, "family", kAllOptimizerFamilies);
+    TORCH_CHECK(family == config_.family, "archive holds optimizer family ",
+                std::string(OptimizerFamilyName(family)), ", this slot uses ",
+                std::string(OptimizerFamilyName(config_.family)));
+    const int64_t num_children = ReadArchiveInt(archive, "num_children");
+    TORCH_CHECK(num_children == static_cast<int64_t>(children_.size()),
+                "archive has ", num_children, " optimizer children, this slot ",
+                children_.size());
+    for (size_t i = 0; i < children_.size(); ++i) {
+      torch::serialize::InputArchive child;
+      TORCH_CHECK(archive.try_read(absl::StrCat("child", i), child),
+                  "archive has no optimizer child ", i);
+      const OptimizerChildKind kind =
+          ReadArchiveEnum(child, "kind", kAllOptimizerChildKinds);
+      TORCH_CHECK(kind == children_[i].kind, "optimizer child ", i, " is ",
+                  std::string(OptimizerChildKindName(kind)), ", expected ",
+                  std::string(OptimizerChildKindName(children_[i].kind)));
+      const std::vector<torch::Tensor> params = ChildParameters(children_[i]);
+      const std::vector<ParamStateRef> states = children_[i].states();
+      const int64_t num_params = ReadArchiveInt(child, "num_params");
+      TORCH_CHECK(num_params == static_cast<int64_t>(params.size()),
+                  "optimizer child ", i, " has ", num_params,
+                  " parameters in the archive, ", params.size(), " here");
+      for (size_t j = 0; j < params.size(); ++j) {
+        torch::serialize::InputArchive param;
+        TORCH_CHECK(child.try_read(absl::StrCat("param", j), param),
+                    "optimizer child ", i, " has no parameter ", j);
+        TORCH_CHECK(states[j].step != nullptr, "parameter ", j,
+                    " has no state to load into");
+        Staged entry{states[j].step, ReadArchiveInt(param, "step"), {}};
+        TORCH_CHECK(entry.step_value >= 0, "parameter ", j,
+                    ": step is negative");
+        for (const auto& [name, target] : states[j].tensors) {
+          torch::Tensor loaded;
+          TORCH_CHECK(param.try_read(name, loaded, /*is_buffer=*/true),
+                      "parameter ", j, ": ", name, " is missing");
+          TORCH_CHECK(loaded.is_floating_point(), "parameter ", j, ": ", name,
+                      " is not a float tensor");
+          // Device and dtype may differ (copy_ converts); the shape may not.
+          TORCH_CHECK(loaded.sizes() == params[j].sizes(), "parameter ", j,
+                      ": ", name, " has shape ", ShapeString(loaded),
+                      ", expected ", ShapeString(params[j]));
+          entry.copies.emplace_back(target, loaded);
+        }
+        staged.push_back(std::move(entry));
       }
     }
   } catch (const c10::Error& e) {
-    error = e.what_without_backtrace();
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer state does not fit this slot: ",
+                     e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    error = e.what();
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer state does not fit this slot: ", e.what()));
   }
-  if (error.empty()) return absl::OkStatus();
 
-  std::istringstream saved(backup.str());
-  torch::serialize::InputArchive restore;
-  restore.load_from(saved);
-  LoadUnchecked(restore);
-  return absl::InvalidArgumentError(
-      absl::StrCat("optimizer state does not fit this slot: ", error));
+  torch::NoGradGuard no_grad;
+  for (Staged& entry : staged) {
+    *entry.step = entry.step_value;
+    for (auto& [target, source] : entry.copies) target.copy_(source);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace loraplex

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,6 +37,14 @@ enum class OptimizerChildKind {
 
 absl::string_view OptimizerChildKindName(OptimizerChildKind kind);
 
+// One parameter's optimizer state: its step counter and named tensors
+// (Muon: momentum_buffer; Adam/AdamW: exp_avg, exp_avg_sq), referring to the
+// optimizer's own storage.
+struct ParamStateRef {
+  int64_t* step = nullptr;  // nullptr when the parameter has no state yet.
+  std::vector<std::pair<const char*, torch::Tensor>> tensors;
+};
+
 // One optimizer over a subset of the slot's parameters.
 struct OptimizerChild {
   OptimizerChildKind kind;
@@ -44,10 +53,14 @@ struct OptimizerChild {
   std::function<void()> init_state;
   // Resets every moment, momentum buffer and step counter in place.
   std::function<void()> zero_state;
-  // Empty when every parameter has complete state shaped like itself, else
-  // what is wrong ("parameter 3: exp_avg has shape [4, 8], expected [8, 4]").
-  std::function<std::string()> state_error;
+  // Every parameter's state, in the optimizer's parameter order.
+  std::function<std::vector<ParamStateRef>()> states;
 };
+
+// Empty when every parameter of `child` has complete state with its own
+// shape, dtype and device, else what is wrong ("parameter 3: exp_avg has
+// shape [4, 8], expected [8, 4]").
+std::string OptimizerChildStateError(const OptimizerChild& child);
 
 class SlotOptimizer {
  public:
@@ -58,8 +71,9 @@ class SlotOptimizer {
   void Step();
   // Zeroes the gradients in place (keeping their storage).
   void ZeroGrad();
-  // Resets all optimizer state in place: afterwards the optimizer behaves
-  // exactly like a freshly built one. Used when a slot is retired.
+  // Resets all optimizer state in place and the learning rate to the
+  // config's: afterwards the optimizer behaves exactly like a freshly built
+  // one. Used when a slot is retired.
   void ZeroState();
   // Sets the learning rate of every child's every parameter group.
   void SetLr(double lr);
@@ -70,9 +84,13 @@ class SlotOptimizer {
   // All parameters, in the order given to BuildSlotOptimizer.
   const std::vector<torch::Tensor>& parameters() const { return parameters_; }
 
-  // LibTorch archives. Load accepts only an archive written by an optimizer
-  // with the same family and parameter shapes; on any error it returns
-  // INVALID_ARGUMENT and leaves the current state as it was.
+  // The state of every parameter, by position, in a LibTorch archive that
+  // does not depend on the LibTorch version. Load accepts only an archive
+  // of the same family, children and parameter shapes; it checks all of it
+  // before copying into the existing state tensors (in place, converting
+  // dtype and device), so on error (INVALID_ARGUMENT) nothing has changed.
+  // Hyperparameters and the learning rate are not part of the archive: they
+  // come from the job's config and schedule.
   void Save(torch::serialize::OutputArchive& archive) const;
   absl::Status Load(torch::serialize::InputArchive& archive);
 
@@ -81,7 +99,6 @@ class SlotOptimizer {
       const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
   SlotOptimizer(OptimizerConfig config, std::vector<torch::Tensor> parameters,
                 std::vector<OptimizerChild> children);
-  void LoadUnchecked(torch::serialize::InputArchive& archive);
 
   OptimizerConfig config_;
   std::vector<torch::Tensor> parameters_;
@@ -91,8 +108,9 @@ class SlotOptimizer {
 // The factory. Family muon: Muon for 2-D parameters, AdamW (with the
 // config's betas/eps/weight_decay) for the rest; adamw/adam: one child for
 // all. Children with no parameters are not created. Every child's state is
-// created eagerly. INVALID_ARGUMENT for a bad config, no parameters, or a
-// parameter that is not a float leaf tensor requiring grad.
+// created eagerly. INVALID_ARGUMENT for a bad config, no parameters, a
+// parameter that is not a float leaf tensor requiring grad, the same tensor
+// twice, or parameters on different devices.
 absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
     const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
 

@@ -8,10 +8,10 @@
 
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
+#include <torch/version.h>
 
 #include <type_traits>
 #include <utility>
-#include <torch/version.h>
 
 namespace loraplex {
 
@@ -33,6 +33,16 @@ using OptimizerStateMap = std::remove_reference_t<
     decltype(std::declval<torch::optim::Optimizer&>().state())>;
 using OptimizerStateKey = OptimizerStateMap::key_type;
 OptimizerStateKey OptimizerStateKeyOf(const torch::Tensor& param);
+
+// The state `optimizer` keeps for `param` as its concrete type, or nullptr
+// when it has none yet.
+template <typename State>
+State* FindOptimizerState(torch::optim::Optimizer& optimizer,
+                          const torch::Tensor& param) {
+  auto it = optimizer.state().find(OptimizerStateKeyOf(param));
+  if (it == optimizer.state().end()) return nullptr;
+  return static_cast<State*>(it->second.get());
+}
 
 }  // namespace loraplex
 

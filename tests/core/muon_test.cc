@@ -38,10 +38,6 @@ MuonOptions OptionsFromCase(const nlohmann::json& c) {
   return options;
 }
 
-torch::Tensor Leaf(const torch::Tensor& value) {
-  return value.clone().set_requires_grad(true);
-}
-
 class MuonGoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MuonGoldenTest, ThreeStepsMatchIndependentReference) {

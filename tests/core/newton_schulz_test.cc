@@ -34,6 +34,11 @@ torch::Tensor MatrixWithSingularValues(int64_t m, int64_t n,
   return (u * s).matmul(v.t()).to(torch::kFloat32);
 }
 
+TEST(OptimFixtureTest, FixtureFilesLoaded) {
+  EXPECT_TRUE(OptimFixture::Get().Complete())
+      << "tests/fixtures/golden/optim is missing or broken";
+}
+
 class NewtonSchulzGoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(NewtonSchulzGoldenTest, MatchesIndependentReference) {

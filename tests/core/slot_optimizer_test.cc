@@ -15,10 +15,6 @@
 namespace loraplex {
 namespace {
 
-torch::Tensor Leaf(const torch::Tensor& value) {
-  return value.clone().set_requires_grad(true);
-}
-
 // A LoRA-like parameter set: two A/B pairs of different shapes and a 1-D
 // vector (which the muon family must route to AdamW).
 std::vector<torch::Tensor> SlotParameters(uint64_t seed) {
@@ -30,7 +26,7 @@ std::vector<torch::Tensor> SlotParameters(uint64_t seed) {
 
 std::vector<torch::Tensor> Clones(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> out;
-  for (const torch::Tensor& p : params) out.push_back(Leaf(p.detach()));
+  for (const torch::Tensor& p : params) out.push_back(Leaf(p));
   return out;
 }
 
@@ -195,7 +191,7 @@ TEST(SlotOptimizerTest, StateExistsBeforeAnyStep) {
     SlotOptimizer optimizer = Build(config, params);
     size_t states = 0;
     for (const OptimizerChild& child : optimizer.children()) {
-      EXPECT_EQ(child.state_error(), "");
+      EXPECT_EQ(OptimizerChildStateError(child), "");
       states += child.optimizer->state().size();
     }
     EXPECT_EQ(states, params.size()) << OptimizerFamilyName(family);
@@ -314,7 +310,7 @@ TEST(SlotOptimizerTest, CheckpointOfANeverSteppedSlotLoads) {
   SlotOptimizer loaded = Build(config, b);
   ASSERT_TRUE(LoadFromBytes(loaded, bytes).ok());
   for (const OptimizerChild& child : loaded.children()) {
-    EXPECT_EQ(child.state_error(), "");
+    EXPECT_EQ(OptimizerChildStateError(child), "");
   }
   SetGrads(a, 0);
   SetGrads(b, 0);
@@ -359,6 +355,71 @@ TEST(SlotOptimizerTest, LoadRejectsAMismatchedArchiveAndKeepsItsState) {
             std::string::npos)
       << status;
   EXPECT_EQ(SaveToBytes(optimizer), before);
+}
+
+// The archive carries state, not hyperparameters: the lr stays the one the
+// schedule set, and the storage of every state tensor is kept.
+TEST(SlotOptimizerTest, LoadCopiesStateInPlaceAndKeepsTheLr) {
+  OptimizerConfig config = MuonConfig();
+  std::vector<torch::Tensor> params = SlotParameters(12);
+  SlotOptimizer source = Build(config, params);
+  SetGrads(params, 0);
+  source.Step();
+  source.SetLr(0.1);
+  const std::string bytes = SaveToBytes(source);
+
+  std::vector<torch::Tensor> other = SlotParameters(12);
+  SlotOptimizer target = Build(config, other);
+  target.SetLr(0.2);
+  const std::vector<const void*> storage = MomentStorage(target);
+  ASSERT_TRUE(LoadFromBytes(target, bytes).ok());
+  EXPECT_EQ(target.lr(), 0.2);
+  EXPECT_EQ(MomentStorage(target), storage);
+  EXPECT_EQ(SaveToBytes(target), bytes);
+}
+
+// Archives whose header promises more than they hold.
+std::string IncompleteArchive(bool with_child) {
+  torch::serialize::OutputArchive archive;
+  archive.write("version", c10::IValue(int64_t{2}));
+  archive.write("family", c10::IValue(int64_t{2}));  // muon
+  archive.write("num_children", c10::IValue(int64_t{2}));
+  if (with_child) {
+    torch::serialize::OutputArchive child(archive.compilation_unit());
+    child.write("kind", c10::IValue(int64_t{0}));  // muon
+    child.write("num_params", c10::IValue(int64_t{4}));
+    archive.write("child0", child);
+  }
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+TEST(SlotOptimizerTest, LoadRejectsAnIncompleteArchiveAndKeepsItsState) {
+  std::vector<torch::Tensor> params = SlotParameters(13);
+  SlotOptimizer optimizer = Build(MuonConfig(), params);
+  SetGrads(params, 0);
+  optimizer.Step();
+  const std::string before = SaveToBytes(optimizer);
+
+  absl::Status status = LoadFromBytes(optimizer, IncompleteArchive(false));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("archive has no optimizer child 0"),
+            std::string::npos)
+      << status;
+  status = LoadFromBytes(optimizer, IncompleteArchive(true));
+  EXPECT_NE(status.message().find("optimizer child 0 has no parameter 0"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(SaveToBytes(optimizer), before);
+}
+
+TEST(SlotOptimizerTest, ZeroStateRestoresTheConfiguredLr) {
+  std::vector<torch::Tensor> params = SlotParameters(14);
+  SlotOptimizer optimizer = Build(MuonConfig(), params);
+  optimizer.SetLr(0.0);
+  optimizer.ZeroState();
+  EXPECT_EQ(optimizer.lr(), MuonConfig().lr);
 }
 
 TEST(SlotOptimizerTest, SetLrReachesEveryChild) {
@@ -420,6 +481,9 @@ TEST(SlotOptimizerTest, InvalidConfigsNameTheField) {
   auto frozen = BuildSlotOptimizer(MuonConfig(), {torch::zeros({2, 2})});
   EXPECT_EQ(frozen.status().message(),
             "parameter 0 must be a leaf tensor that requires grad");
+  torch::Tensor twice = Leaf(torch::zeros({2, 2}));
+  auto duplicate = BuildSlotOptimizer(MuonConfig(), {twice, twice});
+  EXPECT_EQ(duplicate.status().message(), "parameter 1 appears twice");
 }
 
 }  // namespace
