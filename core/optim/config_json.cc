@@ -106,7 +106,6 @@ absl::StatusOr<LrScheduleConfig> LrScheduleConfigFromJson(
   JsonFields fields(json, "schedule.");
   LORAPLEX_RETURN_IF_ERROR(fields.Choice("kind", kAllLrScheduleKinds,
                                          &LrScheduleKindName, &config.kind));
-  LORAPLEX_RETURN_IF_ERROR(fields.Number("lr", &config.lr));
   LORAPLEX_RETURN_IF_ERROR(fields.Number("init_lr", &config.init_lr));
   LORAPLEX_RETURN_IF_ERROR(fields.Number("min_lr", &config.min_lr));
   LORAPLEX_RETURN_IF_ERROR(
@@ -122,7 +121,6 @@ absl::StatusOr<LrScheduleConfig> LrScheduleConfigFromJson(
 nlohmann::json LrScheduleConfigToJson(const LrScheduleConfig& config) {
   return {
       {"kind", std::string(LrScheduleKindName(config.kind))},
-      {"lr", config.lr},
       {"init_lr", config.init_lr},
       {"min_lr", config.min_lr},
       {"warmup_steps", config.warmup_steps},

@@ -6,10 +6,12 @@
 //   {"family": "muon", "lr": 2e-4, "momentum": 0.95, "nesterov": true,
 //    "coefficient_set": "polar_express", "ns_steps": 8,
 //    "scale_mode": "spectral", "extra_scale_factor": 0.2}
-//   {"kind": "cosine", "lr": 2e-4, "warmup_steps": 100, "total_steps": 2000}
+//   {"kind": "cosine", "warmup_steps": 100, "total_steps": 2000}
 //
-// The returned configs are validated (ValidateOptimizerConfig,
-// ValidateLrScheduleConfig); *ToJson writes every field.
+// The returned configs are validated (ValidateOptimizerConfig, including
+// the Muon fields whatever the family; ValidateLrScheduleConfig, whose peak
+// is the optimizer's lr, checked by LrScheduler::Create); *ToJson writes
+// every field.
 #ifndef LORAPLEX_CORE_OPTIM_CONFIG_JSON_H_
 #define LORAPLEX_CORE_OPTIM_CONFIG_JSON_H_
 

@@ -7,13 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/enum_names.h"
+#include "core/common/number_checks.h"
+#include "core/common/status_macros.h"
 
 namespace loraplex {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-
-bool IsNonNegative(double value) { return std::isfinite(value) && value >= 0; }
 
 }  // namespace
 
@@ -39,16 +39,12 @@ absl::Status ValidateLrScheduleConfig(const LrScheduleConfig& config) {
   auto invalid = [](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat("schedule.", parts...));
   };
-  if (!IsNonNegative(config.lr)) {
-    return invalid("lr must be a finite number >= 0, got ", config.lr);
-  }
-  if (!IsNonNegative(config.init_lr)) {
+  if (!IsFiniteNonNegative(config.init_lr)) {
     return invalid("init_lr must be a finite number >= 0, got ",
                    config.init_lr);
   }
-  if (!IsNonNegative(config.min_lr) || config.min_lr > config.lr) {
-    return invalid("min_lr must be in [0, lr = ", config.lr, "], got ",
-                   config.min_lr);
+  if (!IsFiniteNonNegative(config.min_lr)) {
+    return invalid("min_lr must be a finite number >= 0, got ", config.min_lr);
   }
   if (config.total_steps < 1) {
     return invalid("total_steps must be >= 1, got ", config.total_steps);
@@ -64,20 +60,29 @@ absl::Status ValidateLrScheduleConfig(const LrScheduleConfig& config) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LrScheduler> LrScheduler::Create(
-    const LrScheduleConfig& config) {
-  absl::Status status = ValidateLrScheduleConfig(config);
-  if (!status.ok()) return status;
-  return LrScheduler(config);
+absl::StatusOr<LrScheduler> LrScheduler::Create(const LrScheduleConfig& config,
+                                                double peak_lr) {
+  LORAPLEX_RETURN_IF_ERROR(ValidateLrScheduleConfig(config));
+  if (!IsFiniteNonNegative(peak_lr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.lr must be a finite number >= 0, got ", peak_lr));
+  }
+  if (config.min_lr > peak_lr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule.min_lr must be <= optimizer.lr (", peak_lr,
+                     "), got ", config.min_lr));
+  }
+  return LrScheduler(config, peak_lr);
 }
 
 double LrScheduler::LrAt(int64_t completed_steps) const {
   const LrScheduleConfig& c = config_;
+  const double peak = peak_lr_;
   const double t = static_cast<double>(std::max<int64_t>(completed_steps, 0));
   if (t < c.warmup_steps) {
-    return c.init_lr + (c.lr - c.init_lr) * t / c.warmup_steps;
+    return c.init_lr + (peak - c.init_lr) * t / c.warmup_steps;
   }
-  if (c.kind == LrScheduleKind::kConstant) return c.lr;
+  if (c.kind == LrScheduleKind::kConstant) return peak;
   if (t >= c.total_steps) return c.min_lr;
 
   // The decay runs from decay_start to total_steps.
@@ -86,14 +91,14 @@ double LrScheduler::LrAt(int64_t completed_steps) const {
     const double decay_steps =
         std::max<double>(1.0, std::llround(c.decay_fraction * c.total_steps));
     decay_start = std::max(decay_start, c.total_steps - decay_steps);
-    if (t < decay_start) return c.lr;
+    if (t < decay_start) return peak;
   }
   const double progress = (t - decay_start) / (c.total_steps - decay_start);
   if (c.kind == LrScheduleKind::kCosine) {
     return c.min_lr +
-           (c.lr - c.min_lr) * 0.5 * (1.0 + std::cos(kPi * progress));
+           (peak - c.min_lr) * 0.5 * (1.0 + std::cos(kPi * progress));
   }
-  return c.lr + (c.min_lr - c.lr) * progress;
+  return peak + (c.min_lr - peak) * progress;
 }
 
 void LrScheduler::ApplyTo(SlotOptimizer& optimizer) const {

@@ -1,13 +1,14 @@
-// One slot's learning-rate schedule: linear warmup from init_lr to lr over
-// warmup_steps, then constant / linear / cosine / wsd down to min_lr at
-// total_steps (and min_lr after that).
+// One slot's learning-rate schedule: linear warmup from init_lr to the peak
+// lr (the optimizer config's lr) over warmup_steps, then constant / linear /
+// cosine / wsd down to min_lr at total_steps (and min_lr after that).
 //
 // The schedule is indexed by the number of optimizer steps the slot has
 // completed, t (as Hugging Face schedulers): step t+1 runs with LrAt(t), so
 // the first step uses init_lr and step warmup_steps+1 uses lr. The caller
 // advances it only after a step really happened:
 //
-//   LORAPLEX_ASSIGN_OR_RETURN(LrScheduler schedule, LrScheduler::Create(cfg));
+//   LORAPLEX_ASSIGN_OR_RETURN(LrScheduler schedule,
+//                             LrScheduler::Create(cfg, optimizer_config.lr));
 //   schedule.ApplyTo(optimizer);              // lr for the first step
 //   ... if (norm.finite) { optimizer.Step(); schedule.Step(optimizer); }
 #ifndef LORAPLEX_CORE_OPTIM_LR_SCHEDULER_H_
@@ -44,22 +45,23 @@ std::optional<LrScheduleKind> ParseLrScheduleKind(absl::string_view name);
 
 struct LrScheduleConfig {
   LrScheduleKind kind = LrScheduleKind::kCosine;
-  double lr = 1e-4;      // Peak, reached at the end of warmup.
   double init_lr = 0.0;  // Start of warmup.
   double min_lr = 0.0;   // End of decay.
   int64_t warmup_steps = 0;
   int64_t total_steps = 1000;
-  double decay_fraction =
-      0.1;  // wsd only: share of total_steps spent decaying.
+  // wsd only: the share of total_steps spent decaying.
+  double decay_fraction = 0.1;
 };
 
-// INVALID_ARGUMENT naming the first bad field ("schedule.warmup_steps must be
-// <= schedule.total_steps (100), got 200"), else OK.
+// INVALID_ARGUMENT naming the first bad field ("schedule.warmup_steps must
+// be in [0, total_steps = 100], got 200"), else OK.
 absl::Status ValidateLrScheduleConfig(const LrScheduleConfig& config);
 
 class LrScheduler {
  public:
-  static absl::StatusOr<LrScheduler> Create(const LrScheduleConfig& config);
+  // `peak_lr` is the optimizer config's lr; min_lr must not exceed it.
+  static absl::StatusOr<LrScheduler> Create(const LrScheduleConfig& config,
+                                            double peak_lr);
 
   // The learning rate for the step after `completed_steps` steps.
   double LrAt(int64_t completed_steps) const;
@@ -67,6 +69,7 @@ class LrScheduler {
   double lr() const { return LrAt(completed_steps_); }
   int64_t completed_steps() const { return completed_steps_; }
   const LrScheduleConfig& config() const { return config_; }
+  double peak_lr() const { return peak_lr_; }
 
   // Sets the optimizer's learning rate to lr().
   void ApplyTo(SlotOptimizer& optimizer) const;
@@ -79,9 +82,11 @@ class LrScheduler {
   absl::Status Load(torch::serialize::InputArchive& archive);
 
  private:
-  explicit LrScheduler(const LrScheduleConfig& config) : config_(config) {}
+  LrScheduler(const LrScheduleConfig& config, double peak_lr)
+      : config_(config), peak_lr_(peak_lr) {}
 
   LrScheduleConfig config_;
+  double peak_lr_;
   int64_t completed_steps_ = 0;
 };
 

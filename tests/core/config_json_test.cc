@@ -68,6 +68,9 @@ TEST(ConfigJsonTest, BadOptimizerValuesNameTheField) {
             "optimizer.lr must be a finite number >= 0, got -1");
   EXPECT_EQ(OptimizerError({{"family", "muon"}, {"momentum", 1}}),
             "optimizer.momentum must be in [0, 1), got 1");
+  // Muon fields are checked whatever the family.
+  EXPECT_EQ(OptimizerError({{"family", "adamw"}, {"extra_scale_factor", -2}}),
+            "optimizer.extra_scale_factor must be a finite number > 0, got -2");
   EXPECT_EQ(OptimizerError({{"family", "muon"}, {"ns_steps", 0}}),
             "optimizer.ns_steps must be in [1, 100], got 0");
   EXPECT_EQ(OptimizerError({{"betas", {0.9}}}),
@@ -84,7 +87,6 @@ TEST(ConfigJsonTest, BadOptimizerValuesNameTheField) {
 TEST(ConfigJsonTest, ScheduleRoundTripsAndRejectsBadValues) {
   LrScheduleConfig config;
   config.kind = LrScheduleKind::kWsd;
-  config.lr = 1e-3;
   config.init_lr = 1e-5;
   config.min_lr = 1e-4;
   config.warmup_steps = 20;
@@ -104,6 +106,9 @@ TEST(ConfigJsonTest, ScheduleRoundTripsAndRejectsBadValues) {
   bad = LrScheduleConfigFromJson({{"total_steps", 10}, {"warmup_steps", 11}});
   EXPECT_EQ(bad.status().message(),
             "schedule.warmup_steps must be in [0, total_steps = 10], got 11");
+  bad = LrScheduleConfigFromJson({{"lr", 1e-3}});
+  EXPECT_EQ(bad.status().message().substr(0, 34),
+            "schedule.lr is not a known field (");
   bad = LrScheduleConfigFromJson({{"warmup_steps", "10"}});
   EXPECT_EQ(bad.status().message(),
             "schedule.warmup_steps must be an integer, got \"10\"");

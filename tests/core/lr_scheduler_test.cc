@@ -18,8 +18,11 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
+// The peak lr of these tests.
+constexpr double kPeak = 1.0;
+
 LrScheduler Make(const LrScheduleConfig& config) {
-  auto scheduler = LrScheduler::Create(config);
+  auto scheduler = LrScheduler::Create(config, kPeak);
   EXPECT_TRUE(scheduler.ok()) << scheduler.status();
   return std::move(scheduler).value();
 }
@@ -27,7 +30,6 @@ LrScheduler Make(const LrScheduleConfig& config) {
 LrScheduleConfig Config(LrScheduleKind kind) {
   LrScheduleConfig config;
   config.kind = kind;
-  config.lr = 1.0;
   config.init_lr = 0.1;
   config.min_lr = 0.2;
   config.warmup_steps = 10;
@@ -153,11 +155,13 @@ TEST(LrSchedulerTest, InvalidConfigsNameTheField) {
     return std::string(ValidateLrScheduleConfig(config).message());
   };
   LrScheduleConfig c = Config(LrScheduleKind::kLinear);
-  c.lr = -1;
-  EXPECT_EQ(message(c), "schedule.lr must be a finite number >= 0, got -1");
+  c.init_lr = -1;
+  EXPECT_EQ(message(c),
+            "schedule.init_lr must be a finite number >= 0, got -1");
   c = Config(LrScheduleKind::kLinear);
-  c.min_lr = 2;
-  EXPECT_EQ(message(c), "schedule.min_lr must be in [0, lr = 1], got 2");
+  c.min_lr = std::nan("");
+  EXPECT_EQ(message(c),
+            "schedule.min_lr must be a finite number >= 0, got nan");
   c = Config(LrScheduleKind::kLinear);
   c.total_steps = 0;
   EXPECT_EQ(message(c), "schedule.total_steps must be >= 1, got 0");
@@ -168,9 +172,16 @@ TEST(LrSchedulerTest, InvalidConfigsNameTheField) {
   c = Config(LrScheduleKind::kWsd);
   c.decay_fraction = 0;
   EXPECT_EQ(message(c), "schedule.decay_fraction must be in (0, 1], got 0");
+  EXPECT_FALSE(LrScheduler::Create(c, kPeak).ok());
   EXPECT_FALSE(ParseLrScheduleKind("step").has_value());
   EXPECT_EQ(ParseLrScheduleKind("wsd"), LrScheduleKind::kWsd);
-  EXPECT_FALSE(LrScheduler::Create(c).ok());
+
+  // The peak comes from the optimizer config; min_lr may not exceed it.
+  c = Config(LrScheduleKind::kLinear);
+  EXPECT_EQ(LrScheduler::Create(c, 0.15).status().message(),
+            "schedule.min_lr must be <= optimizer.lr (0.15), got 0.2");
+  EXPECT_EQ(LrScheduler::Create(c, -1).status().message(),
+            "optimizer.lr must be a finite number >= 0, got -1");
 }
 
 TEST(GradClipTest, ClipsByTheGlobalNormLikePyTorch) {
