@@ -11,31 +11,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace loraplex {
 
-inline int64_t ReadArchiveInt(torch::serialize::InputArchive& archive,
-                              const std::string& key) {
+// A scalar field of type int64_t, double or bool.
+template <typename T>
+T ReadArchiveScalar(torch::serialize::InputArchive& archive,
+                    const std::string& key) {
+  static_assert(std::is_same_v<T, int64_t> || std::is_same_v<T, double> ||
+                std::is_same_v<T, bool>);
   c10::IValue value;
   TORCH_CHECK(archive.try_read(key, value), "archive has no field ", key);
-  TORCH_CHECK(value.isInt(), "archive field ", key, " is not an integer");
-  return value.toInt();
-}
-
-inline double ReadArchiveDouble(torch::serialize::InputArchive& archive,
-                                const std::string& key) {
-  c10::IValue value;
-  TORCH_CHECK(archive.try_read(key, value), "archive has no field ", key);
-  TORCH_CHECK(value.isDouble(), "archive field ", key, " is not a number");
-  return value.toDouble();
-}
-
-inline bool ReadArchiveBool(torch::serialize::InputArchive& archive,
-                            const std::string& key) {
-  c10::IValue value;
-  TORCH_CHECK(archive.try_read(key, value), "archive has no field ", key);
-  TORCH_CHECK(value.isBool(), "archive field ", key, " is not a bool");
-  return value.toBool();
+  const bool right_type = std::is_same_v<T, bool>     ? value.isBool()
+                          : std::is_same_v<T, double> ? value.isDouble()
+                                                      : value.isInt();
+  TORCH_CHECK(right_type, "archive field ", key, " has the wrong type");
+  return value.to<T>();
 }
 
 // Enums are stored as their position in `all` (a kAll* list).
@@ -55,7 +47,7 @@ void WriteArchiveEnum(torch::serialize::OutputArchive& archive,
 template <typename Enum, size_t N>
 Enum ReadArchiveEnum(torch::serialize::InputArchive& archive,
                      const std::string& key, const std::array<Enum, N>& all) {
-  const int64_t index = ReadArchiveInt(archive, key);
+  const int64_t index = ReadArchiveScalar<int64_t>(archive, key);
   TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(N), "archive field ",
               key, " has invalid value ", index);
   return all[static_cast<size_t>(index)];

@@ -109,10 +109,10 @@ void MuonOptions::serialize(torch::serialize::OutputArchive& archive) const {
 }
 
 void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
-  lr(ReadArchiveDouble(archive, "lr"));
-  momentum(ReadArchiveDouble(archive, "momentum"));
-  nesterov(ReadArchiveBool(archive, "nesterov"));
-  weight_decay(ReadArchiveDouble(archive, "weight_decay"));
+  lr(ReadArchiveScalar<double>(archive, "lr"));
+  momentum(ReadArchiveScalar<double>(archive, "momentum"));
+  nesterov(ReadArchiveScalar<bool>(archive, "nesterov"));
+  weight_decay(ReadArchiveScalar<double>(archive, "weight_decay"));
   weight_decay_mode(
       ReadArchiveEnum(archive, "weight_decay_mode", kAllMuonWeightDecayModes));
   coefficient_set(
@@ -129,10 +129,10 @@ void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
     custom.push_back({data[3 * i], data[3 * i + 1], data[3 * i + 2]});
   }
   custom_coefficients(std::move(custom));
-  ns_steps(ReadArchiveInt(archive, "ns_steps"));
+  ns_steps(ReadArchiveScalar<int64_t>(archive, "ns_steps"));
   precision(ReadArchiveEnum(archive, "precision", kAllNsPrecisions));
   scale_mode(ReadArchiveEnum(archive, "scale_mode", kAllMuonScaleModes));
-  extra_scale_factor(ReadArchiveDouble(archive, "extra_scale_factor"));
+  extra_scale_factor(ReadArchiveScalar<double>(archive, "extra_scale_factor"));
 }
 
 std::string MuonOptionsError(const MuonOptions& options) {

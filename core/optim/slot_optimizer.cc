@@ -327,7 +327,7 @@ absl::Status SlotOptimizer::Load(torch::serialize::InputArchive& archive) {
   };
   std::vector<Staged> staged;
   try {
-    const int64_t version = ReadArchiveInt(archive, "version");
+    const int64_t version = ReadArchiveScalar<int64_t>(archive, "version");
     TORCH_CHECK(version == kArchiveVersion, "archive version ", version,
                 " is not supported (expected ", kArchiveVersion, ")");
     const OptimizerFamily family =
@@ -335,7 +335,8 @@ absl::Status SlotOptimizer::Load(torch::serialize::InputArchive& archive) {
     TORCH_CHECK(family == config_.family, "archive holds optimizer family ",
                 std::string(OptimizerFamilyName(family)), ", this slot uses ",
                 std::string(OptimizerFamilyName(config_.family)));
-    const int64_t num_children = ReadArchiveInt(archive, "num_children");
+    const int64_t num_children =
+        ReadArchiveScalar<int64_t>(archive, "num_children");
     TORCH_CHECK(num_children == static_cast<int64_t>(children_.size()),
                 "archive has ", num_children, " optimizer children, this slot ",
                 children_.size());
@@ -350,7 +351,8 @@ absl::Status SlotOptimizer::Load(torch::serialize::InputArchive& archive) {
                   std::string(OptimizerChildKindName(children_[i].kind)));
       const std::vector<torch::Tensor> params = ChildParameters(children_[i]);
       const std::vector<ParamStateRef> states = children_[i].states();
-      const int64_t num_params = ReadArchiveInt(child, "num_params");
+      const int64_t num_params =
+          ReadArchiveScalar<int64_t>(child, "num_params");
       TORCH_CHECK(num_params == static_cast<int64_t>(params.size()),
                   "optimizer child ", i, " has ", num_params,
                   " parameters in the archive, ", params.size(), " here");
@@ -360,7 +362,8 @@ absl::Status SlotOptimizer::Load(torch::serialize::InputArchive& archive) {
                     "optimizer child ", i, " has no parameter ", j);
         TORCH_CHECK(states[j].step != nullptr, "parameter ", j,
                     " has no state to load into");
-        Staged entry{states[j].step, ReadArchiveInt(param, "step"), {}};
+        Staged entry{
+            states[j].step, ReadArchiveScalar<int64_t>(param, "step"), {}};
         TORCH_CHECK(entry.step_value >= 0, "parameter ", j,
                     ": step is negative");
         for (const auto& [name, target] : states[j].tensors) {
