@@ -54,6 +54,15 @@ SlotOptimizer Build(const OptimizerConfig& config,
   return std::move(optimizer).value();
 }
 
+// Steps `optimizer` with the gradients of steps [first, end).
+void TrainSteps(SlotOptimizer& optimizer,
+                const std::vector<torch::Tensor>& params, int first, int end) {
+  for (int step = first; step < end; ++step) {
+    SetGrads(params, step);
+    optimizer.Step();
+  }
+}
+
 void ExpectSameValues(const std::vector<torch::Tensor>& a,
                       const std::vector<torch::Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
@@ -182,9 +191,7 @@ TEST(SlotOptimizerTest, AdamFamiliesUseOneChildForEverything) {
 }
 
 TEST(SlotOptimizerTest, StateExistsBeforeAnyStep) {
-  for (OptimizerFamily family :
-       {OptimizerFamily::kAdamW, OptimizerFamily::kAdam,
-        OptimizerFamily::kMuon}) {
+  for (OptimizerFamily family : kAllOptimizerFamilies) {
     OptimizerConfig config = MuonConfig();
     config.family = family;
     std::vector<torch::Tensor> params = SlotParameters(4);
@@ -212,9 +219,7 @@ TEST(SlotOptimizerTest, StateExistsBeforeAnyStep) {
 }
 
 TEST(SlotOptimizerTest, ZeroStateMakesAUsedOptimizerBehaveLikeAFreshOne) {
-  for (OptimizerFamily family :
-       {OptimizerFamily::kAdamW, OptimizerFamily::kAdam,
-        OptimizerFamily::kMuon}) {
+  for (OptimizerFamily family : kAllOptimizerFamilies) {
     OptimizerConfig config = MuonConfig();
     config.family = family;
     std::vector<torch::Tensor> initial = SlotParameters(5);
@@ -222,10 +227,7 @@ TEST(SlotOptimizerTest, ZeroStateMakesAUsedOptimizerBehaveLikeAFreshOne) {
     // Train a while, then retire: reset state and load the initial weights.
     std::vector<torch::Tensor> used_params = Clones(initial);
     SlotOptimizer used = Build(config, used_params);
-    for (int step = 0; step < 4; ++step) {
-      SetGrads(used_params, 50 + step);
-      used.Step();
-    }
+    TrainSteps(used, used_params, 50, 54);
     const std::vector<const void*> storage = MomentStorage(used);
     used.ZeroState();
     {
@@ -237,12 +239,8 @@ TEST(SlotOptimizerTest, ZeroStateMakesAUsedOptimizerBehaveLikeAFreshOne) {
 
     std::vector<torch::Tensor> fresh_params = Clones(initial);
     SlotOptimizer fresh = Build(config, fresh_params);
-    for (int step = 0; step < 3; ++step) {
-      SetGrads(used_params, step);
-      SetGrads(fresh_params, step);
-      used.Step();
-      fresh.Step();
-    }
+    TrainSteps(used, used_params, 0, 3);
+    TrainSteps(fresh, fresh_params, 0, 3);
     ExpectSameValues(used_params, fresh_params);
 
     EXPECT_EQ(MomentStorage(used), storage) << "ZeroState reallocated state";
@@ -265,35 +263,24 @@ absl::Status LoadFromBytes(SlotOptimizer& optimizer, const std::string& bytes) {
 }
 
 TEST(SlotOptimizerTest, SaveLoadThenStepEqualsUninterruptedRun) {
-  for (OptimizerFamily family :
-       {OptimizerFamily::kAdamW, OptimizerFamily::kAdam,
-        OptimizerFamily::kMuon}) {
+  for (OptimizerFamily family : kAllOptimizerFamilies) {
     OptimizerConfig config = MuonConfig();
     config.family = family;
     std::vector<torch::Tensor> initial = SlotParameters(6);
 
     std::vector<torch::Tensor> straight = Clones(initial);
     SlotOptimizer uninterrupted = Build(config, straight);
-    for (int step = 0; step < 5; ++step) {
-      SetGrads(straight, step);
-      uninterrupted.Step();
-    }
+    TrainSteps(uninterrupted, straight, 0, 5);
 
     std::vector<torch::Tensor> first = Clones(initial);
     SlotOptimizer before = Build(config, first);
-    for (int step = 0; step < 3; ++step) {
-      SetGrads(first, step);
-      before.Step();
-    }
+    TrainSteps(before, first, 0, 3);
     const std::string bytes = SaveToBytes(before);
 
     std::vector<torch::Tensor> resumed = Clones(first);
     SlotOptimizer after = Build(config, resumed);
     ASSERT_TRUE(LoadFromBytes(after, bytes).ok());
-    for (int step = 3; step < 5; ++step) {
-      SetGrads(resumed, step);
-      after.Step();
-    }
+    TrainSteps(after, resumed, 3, 5);
     ExpectSameValues(resumed, straight);
   }
 }
