@@ -1,0 +1,89 @@
+// Training datasets in JSONL: one JSON object per line, turned into token
+// ids and a per-token loss mask with the base model's tokenizer.
+//
+// Every line is checked before anything is returned, so a user sees all of
+// the problems of a file at once ("line 3: text must be a string, got 3")
+// instead of fixing them one upload at a time.
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(Dataset dataset,
+//                             LoadJsonlDataset(path, tokenizer));
+//
+// Line kinds (each line has the keys of exactly one kind, nothing else):
+//   {"text": "..."}
+//       [BOS] + Encode(text) + [EOS]; every token after BOS is a target.
+//   {"prompt": "...", "completion": "..."}
+//       [BOS] + Encode(prompt) + Encode(completion) + [EOS]; the completion
+//       tokens and EOS are targets. The completion must not be empty.
+//   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}]}
+//       The chat template below; the content and closing EOS of assistant
+//       turns are targets. At least one assistant turn must have content.
+//   {"input_ids": [...], "loss_mask": [...]}
+//       Used as is: ids in [0, vocab_size), mask values 0 or 1, same length,
+//       loss_mask[0] == 0 and at least one 1.
+#ifndef LORAPLEX_CORE_DATA_DATASET_H_
+#define LORAPLEX_CORE_DATA_DATASET_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/tokenizer/tokenizer.h"
+
+namespace loraplex {
+
+// Chat template. A "messages" line becomes
+//   [BOS]
+//   + for each message: Encode(ChatRoleHeader(role)) + Encode(content) + [EOS]
+// e.g. user "Hi", assistant "Yo" is BOS "<|user|>\nHi" EOS "<|assistant|>\nYo"
+// EOS. Role headers are never targets, so the model learns to answer, not
+// to write the markup; a prompt for generation ends with the assistant
+// header.
+inline constexpr absl::string_view kChatRoleOpen = "<|";
+inline constexpr absl::string_view kChatRoleClose = "|>\n";
+inline constexpr absl::string_view kChatRoleSystem = "system";
+inline constexpr absl::string_view kChatRoleUser = "user";
+inline constexpr absl::string_view kChatRoleAssistant = "assistant";
+
+// "<|" + role + "|>\n".
+std::string ChatRoleHeader(absl::string_view role);
+
+// One training example: token ids and, per token, whether it is a training
+// target (loss_mask[i] == 1: the model is trained to predict token i from
+// tokens < i; position 0 can never be a target).
+struct Example {
+  std::vector<int64_t> input_ids;
+  std::vector<uint8_t> loss_mask;
+};
+
+struct Dataset {
+  std::vector<Example> examples;
+  int64_t num_tokens = 0;         // Sum of input_ids sizes.
+  int64_t num_target_tokens = 0;  // Sum of loss_mask.
+};
+
+struct DatasetParseOptions {
+  // Bad lines listed in the error; further ones are only counted
+  // ("... and 7 more bad lines"). Negative counts as 0.
+  int max_reported_problems = 20;
+};
+
+// Parses JSONL text. A dataset with any bad line is rejected with
+// INVALID_ARGUMENT whose message has a summary line and then "line N: reason"
+// for each bad line (up to the cap), one per line. Blank or whitespace-only
+// lines are skipped but still counted for line numbers; CRLF line ends and a
+// leading UTF-8 byte order mark are accepted. No examples is an error.
+absl::StatusOr<Dataset> ParseJsonlDataset(
+    absl::string_view contents, const Tokenizer& tokenizer,
+    const DatasetParseOptions& options = {});
+
+// Reads the file at `path`, then parses it; every error starts with the
+// path. NOT_FOUND when the file cannot be read.
+absl::StatusOr<Dataset> LoadJsonlDataset(
+    const std::string& path, const Tokenizer& tokenizer,
+    const DatasetParseOptions& options = {});
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_DATA_DATASET_H_
