@@ -126,22 +126,37 @@ torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x,
   return weight * x32.to(x.scalar_type());
 }
 
-torch::Tensor LlamaModel::Attention(const LayerWeights& layer,
-                                    const torch::Tensor& x,
+std::vector<torch::Tensor> LlamaModel::Project(
+    int layer, const torch::Tensor& x,
+    const std::vector<Projection>& projections,
+    const ProjectionDelta* delta) const {
+  const LayerWeights& weights = weights_.layers[layer];
+  std::vector<torch::Tensor> outputs;
+  outputs.reserve(projections.size());
+  for (Projection p : projections) {
+    outputs.push_back(Linear(x, weights.at(p)));
+  }
+  if (delta != nullptr) delta->AddTo(layer, x, projections, outputs);
+  return outputs;
+}
+
+torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
                                     const RopeTables& rope,
-                                    const torch::Tensor& mask) const {
+                                    const torch::Tensor& mask,
+                                    const ProjectionDelta* delta) const {
   const int64_t batch = x.size(0);
   const int64_t seq = x.size(1);
   const int64_t head_dim = config_.head_dim;
   auto heads = [&](const torch::Tensor& t, int64_t count) {
     return t.view({batch, seq, count, head_dim}).transpose(1, 2);
   };
-  torch::Tensor q =
-      heads(Linear(x, layer.at(Projection::kQ)), config_.num_attention_heads);
-  torch::Tensor k =
-      heads(Linear(x, layer.at(Projection::kK)), config_.num_key_value_heads);
-  torch::Tensor v =
-      heads(Linear(x, layer.at(Projection::kV)), config_.num_key_value_heads);
+  static const std::vector<Projection> kQkv = {Projection::kQ, Projection::kK,
+                                               Projection::kV};
+  static const std::vector<Projection> kOut = {Projection::kO};
+  std::vector<torch::Tensor> qkv = Project(layer, x, kQkv, delta);
+  torch::Tensor q = heads(qkv[0], config_.num_attention_heads);
+  torch::Tensor k = heads(qkv[1], config_.num_key_value_heads);
+  torch::Tensor v = heads(qkv[2], config_.num_key_value_heads);
   q = RotaryEmbedding::Apply(q, rope);
   k = RotaryEmbedding::Apply(k, rope);
   const int64_t groups =
@@ -153,35 +168,41 @@ torch::Tensor LlamaModel::Attention(const LayerWeights& layer,
   torch::Tensor attended = ScaledDotProductAttention(q, k, v, mask);
   attended = attended.transpose(1, 2).reshape(
       {batch, seq, config_.num_attention_heads * head_dim});
-  return Linear(attended, layer.at(Projection::kO));
+  return Project(layer, attended, kOut, delta)[0];
 }
 
-torch::Tensor LlamaModel::Mlp(const LayerWeights& layer,
-                              const torch::Tensor& x) const {
-  torch::Tensor gate = Linear(x, layer.at(Projection::kGate));
-  torch::Tensor up = Linear(x, layer.at(Projection::kUp));
-  return Linear(torch::silu(gate) * up, layer.at(Projection::kDown));
+torch::Tensor LlamaModel::Mlp(int layer, const torch::Tensor& x,
+                              const ProjectionDelta* delta) const {
+  static const std::vector<Projection> kGateUp = {Projection::kGate,
+                                                  Projection::kUp};
+  static const std::vector<Projection> kDown = {Projection::kDown};
+  std::vector<torch::Tensor> gate_up = Project(layer, x, kGateUp, delta);
+  return Project(layer, torch::silu(gate_up[0]) * gate_up[1], kDown, delta)[0];
 }
 
 torch::Tensor LlamaModel::HiddenStates(const torch::Tensor& input_ids,
-                                       const torch::Tensor& lengths) const {
+                                       const torch::Tensor& lengths,
+                                       const ProjectionDelta* delta) const {
   const int64_t seq = input_ids.size(1);
   torch::Tensor ids = input_ids.to(device_);
   torch::Tensor x = torch::embedding(weights_.embed_tokens, ids);
   const RopeTables rope = rotary_.Tables(seq, dtype_, device_);
   const torch::Tensor mask = AttentionMask(lengths, seq);
-  for (const LayerWeights& layer : weights_.layers) {
-    x = x + Attention(layer, RmsNorm(x, layer.input_norm), rope, mask);
-    x = x + Mlp(layer, RmsNorm(x, layer.post_attention_norm));
+  for (int layer = 0; layer < static_cast<int>(weights_.layers.size());
+       ++layer) {
+    const LayerWeights& weights = weights_.layers[layer];
+    x = x + Attention(layer, RmsNorm(x, weights.input_norm), rope, mask, delta);
+    x = x + Mlp(layer, RmsNorm(x, weights.post_attention_norm), delta);
   }
   return RmsNorm(x, weights_.final_norm);
 }
 
 absl::StatusOr<torch::Tensor> LlamaModel::ForwardHidden(
-    const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
+    const torch::Tensor& input_ids, const torch::Tensor& lengths,
+    const ProjectionDelta* delta) const {
   LORAPLEX_RETURN_IF_ERROR(ValidateBatch(input_ids, lengths));
   try {
-    return HiddenStates(input_ids, lengths);
+    return HiddenStates(input_ids, lengths, delta);
   } catch (const c10::Error& e) {
     return TorchError(e);
   }
@@ -194,8 +215,14 @@ torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {
 
 absl::StatusOr<torch::Tensor> LlamaModel::Forward(
     const torch::Tensor& input_ids, const torch::Tensor& lengths) const {
+  return Forward(input_ids, lengths, nullptr);
+}
+
+absl::StatusOr<torch::Tensor> LlamaModel::Forward(
+    const torch::Tensor& input_ids, const torch::Tensor& lengths,
+    const ProjectionDelta* delta) const {
   LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor hidden,
-                            ForwardHidden(input_ids, lengths));
+                            ForwardHidden(input_ids, lengths, delta));
   try {
     return Logits(hidden);
   } catch (const c10::Error& e) {

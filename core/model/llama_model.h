@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/model/model_config.h"
@@ -24,6 +25,19 @@
 #include "core/model/rope.h"
 
 namespace loraplex {
+
+// Adds adapter terms to the outputs of the frozen projections. The model
+// calls it once per group of projections that share an input (q/k/v,
+// o, gate/up, down), right after computing their base outputs.
+class ProjectionDelta {
+ public:
+  virtual ~ProjectionDelta() = default;
+  // x: the group's input [batch, seq, in]; outputs[i]: the base output of
+  // projections[i], [batch, seq, out_i], replaced by output + adapter term.
+  virtual void AddTo(int layer, const torch::Tensor& x,
+                     const std::vector<Projection>& projections,
+                     std::vector<torch::Tensor>& outputs) const = 0;
+};
 
 struct ModelLoadOptions {
   torch::Device device = torch::kCPU;
@@ -52,10 +66,16 @@ class LlamaModel {
   absl::StatusOr<torch::Tensor> Forward(const torch::Tensor& input_ids,
                                         const torch::Tensor& lengths) const;
 
+  // With `delta`, every projection's output goes through it (adapters).
+  absl::StatusOr<torch::Tensor> Forward(const torch::Tensor& input_ids,
+                                        const torch::Tensor& lengths,
+                                        const ProjectionDelta* delta) const;
+
   // As Forward, but returns the final normed hidden states [batch, seq,
   // hidden] in the compute dtype, for losses computed in chunks.
   absl::StatusOr<torch::Tensor> ForwardHidden(
-      const torch::Tensor& input_ids, const torch::Tensor& lengths) const;
+      const torch::Tensor& input_ids, const torch::Tensor& lengths,
+      const ProjectionDelta* delta = nullptr) const;
 
   // LM head applied to hidden states; fp32 logits.
   torch::Tensor Logits(const torch::Tensor& hidden) const;
@@ -67,12 +87,18 @@ class LlamaModel {
                               int64_t seq_len) const;
   torch::Tensor RmsNorm(const torch::Tensor& x,
                         const torch::Tensor& weight) const;
-  torch::Tensor Attention(const LayerWeights& layer, const torch::Tensor& x,
-                          const RopeTables& rope,
-                          const torch::Tensor& mask) const;
-  torch::Tensor Mlp(const LayerWeights& layer, const torch::Tensor& x) const;
+  // The base outputs of `projections` on x, passed through `delta`.
+  std::vector<torch::Tensor> Project(int layer, const torch::Tensor& x,
+                                     const std::vector<Projection>& projections,
+                                     const ProjectionDelta* delta) const;
+  torch::Tensor Attention(int layer, const torch::Tensor& x,
+                          const RopeTables& rope, const torch::Tensor& mask,
+                          const ProjectionDelta* delta) const;
+  torch::Tensor Mlp(int layer, const torch::Tensor& x,
+                    const ProjectionDelta* delta) const;
   torch::Tensor HiddenStates(const torch::Tensor& input_ids,
-                             const torch::Tensor& lengths) const;
+                             const torch::Tensor& lengths,
+                             const ProjectionDelta* delta) const;
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -10,6 +10,9 @@
 #include <torch/types.h>
 #include <torch/version.h>
 
+#include <atomic>
+#include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <utility>
 
@@ -43,6 +46,33 @@ State* FindOptimizerState(torch::optim::Optimizer& optimizer,
   if (it == optimizer.state().end()) return nullptr;
   return static_cast<State*>(it->second.get());
 }
+
+// A CPU random generator seeded with `seed` (for seeded init and dropout).
+torch::Generator MakeCpuGenerator(uint64_t seed);
+
+// Counts the bytes LibTorch allocates on the CPU while it is alive, by
+// standing in for the CPU allocator (and delegating to it). For tests that
+// check how much memory a computation allocates; one at a time per process.
+class CpuAllocationCounter {
+ public:
+  CpuAllocationCounter();
+  ~CpuAllocationCounter();
+  CpuAllocationCounter(const CpuAllocationCounter&) = delete;
+  CpuAllocationCounter& operator=(const CpuAllocationCounter&) = delete;
+
+  int64_t bytes() const { return bytes_.load(); }
+  int64_t allocations() const { return allocations_.load(); }
+  void Reset() {
+    bytes_ = 0;
+    allocations_ = 0;
+  }
+
+ private:
+  class CountingAllocator;
+  std::unique_ptr<CountingAllocator> allocator_;
+  std::atomic<int64_t> bytes_{0};
+  std::atomic<int64_t> allocations_{0};
+};
 
 }  // namespace loraplex
 

@@ -1,0 +1,300 @@
+#include "adapters/peft_adapter.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/atomic_file.h"
+#include "core/common/enum_names.h"
+#include "core/common/json_parse.h"
+#include "core/common/status_macros.h"
+#include "core/safetensors/safetensors.h"
+
+namespace loraplex {
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Settings PEFT supports that an adapter here cannot express: each must be
+// absent or hold its neutral value.
+absl::Status CheckNeutral(const nlohmann::json& config, const char* key,
+                          const std::string& label) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null() || *it == false ||
+      ((it->is_object() || it->is_array()) && it->empty())) {
+    return absl::OkStatus();
+  }
+  if (std::string(key) == "bias" && *it == "none") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(label, ": ", key, " = ", DescribeJson(*it),
+                   " is not supported (only plain LoRA adapters are)"));
+}
+
+absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
+                                           const std::string& label,
+                                           std::string* base_model) {
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": not an object"));
+  }
+  auto invalid = [&](const char* key, absl::string_view reason) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": ", key, " ", reason));
+  };
+  auto peft_type = json.find("peft_type");
+  if (peft_type == json.end() || *peft_type != "LORA") {
+    return invalid("peft_type", absl::StrCat("must be \"LORA\", got ",
+                                             peft_type == json.end()
+                                                 ? std::string("nothing")
+                                                 : DescribeJson(*peft_type)));
+  }
+  auto task = json.find("task_type");
+  if (task != json.end() && !task->is_null() && *task != "CAUSAL_LM") {
+    return invalid("task_type", absl::StrCat("must be \"CAUSAL_LM\", got ",
+                                             DescribeJson(*task)));
+  }
+  for (const char* key :
+       {"bias", "use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern",
+        "modules_to_save", "layers_to_transform", "layers_pattern", "lora_bias",
+        "trainable_token_indices", "layer_replication"}) {
+    LORAPLEX_RETURN_IF_ERROR(CheckNeutral(json, key, label));
+  }
+  LoraConfig config;
+  auto r = json.find("r");
+  if (r == json.end() || !r->is_number_integer() || *r < 1 ||
+      *r > kMaxLoraRank) {
+    return invalid(
+        "r", absl::StrCat(
+                 "must be an integer in [1, ", kMaxLoraRank, "], got ",
+                 r == json.end() ? std::string("nothing") : DescribeJson(*r)));
+  }
+  config.rank = r->get<int64_t>();
+  config.alpha = 8.0;  // PEFT's default.
+  if (auto alpha = json.find("lora_alpha"); alpha != json.end()) {
+    if (!alpha->is_number()) {
+      return invalid("lora_alpha", absl::StrCat("must be a number, got ",
+                                                DescribeJson(*alpha)));
+    }
+    config.alpha = alpha->get<double>();
+  }
+  if (auto dropout = json.find("lora_dropout"); dropout != json.end()) {
+    if (!dropout->is_number()) {
+      return invalid("lora_dropout", absl::StrCat("must be a number, got ",
+                                                  DescribeJson(*dropout)));
+    }
+    config.dropout = dropout->get<double>();
+  }
+  if (auto rslora = json.find("use_rslora"); rslora != json.end()) {
+    if (!rslora->is_boolean()) {
+      return invalid("use_rslora", absl::StrCat("must be true or false, got ",
+                                                DescribeJson(*rslora)));
+    }
+    config.use_rslora = rslora->get<bool>();
+  }
+  auto targets = json.find("target_modules");
+  if (targets == json.end() || !targets->is_array()) {
+    return invalid(
+        "target_modules",
+        targets != json.end() && targets->is_string()
+            ? "as a regular expression is not supported; list the modules"
+            : "must be a list of module names");
+  }
+  config.targets.clear();
+  for (const nlohmann::json& name : *targets) {
+    std::optional<Projection> p;
+    if (name.is_string()) {
+      p = ParseEnumName(name.get<std::string>(), kAllProjections,
+                        &ProjectionName);
+    }
+    if (!p.has_value()) {
+      return invalid(
+          "target_modules",
+          absl::StrCat(
+              "names an unsupported module ", DescribeJson(name),
+              "; supported: ", EnumNameList(kAllProjections, &ProjectionName)));
+    }
+    config.targets.push_back(*p);
+  }
+  std::sort(config.targets.begin(), config.targets.end());
+  config.targets.erase(
+      std::unique(config.targets.begin(), config.targets.end()),
+      config.targets.end());
+  if (absl::Status s = ValidateLoraConfig(config); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": ", s.message()));
+  }
+  if (auto base = json.find("base_model_name_or_path");
+      base != json.end() && base->is_string()) {
+    *base_model = base->get<std::string>();
+  }
+  return config;
+}
+
+}  // namespace
+
+std::string PeftTensorName(int layer, Projection projection, bool lora_a) {
+  return absl::StrCat("base_model.model.model.layers.", layer, ".",
+                      ProjectionModule(projection),
+                      lora_a ? ".lora_A.weight" : ".lora_B.weight");
+}
+
+absl::Status ExportPeftAdapter(const LoraWeights& weights,
+                               const std::string& base_model_name_or_path,
+                               const std::string& dir) {
+  if (!weights.bound()) {
+    return absl::FailedPreconditionError("no adapter to export");
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", dir, ": ", error.message()));
+  }
+  std::vector<NamedTensor> tensors;
+  for (const LoraModule& m : weights.modules()) {
+    tensors.push_back({PeftTensorName(m.layer, m.projection, true),
+                       m.a.detach().to(torch::kCPU).contiguous()});
+    tensors.push_back({PeftTensorName(m.layer, m.projection, false),
+                       m.b.detach().to(torch::kCPU).contiguous()});
+  }
+  LORAPLEX_RETURN_IF_ERROR(WriteSafetensors(
+      absl::StrCat(dir, "/", kPeftWeightsFile), tensors, {{"format", "pt"}}));
+
+  const LoraConfig& lora = weights.config();
+  nlohmann::json targets = nlohmann::json::array();
+  for (Projection p : lora.targets) {
+    targets.push_back(std::string(ProjectionName(p)));
+  }
+  nlohmann::json alpha = lora.alpha;
+  if (lora.alpha == std::floor(lora.alpha) && std::abs(lora.alpha) < 1e15) {
+    alpha = static_cast<int64_t>(lora.alpha);  // As PEFT writes it.
+  }
+  const nlohmann::json config = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", base_model_name_or_path},
+      {"r", lora.rank},
+      {"lora_alpha", alpha},
+      {"lora_dropout", lora.dropout},
+      {"target_modules", targets},
+      {"bias", "none"},
+      {"use_rslora", lora.use_rslora},
+      {"use_dora", false},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"revision", nullptr},
+  };
+  return WriteFileAtomically(absl::StrCat(dir, "/", kPeftConfigFile),
+                             config.dump(2) + "\n");
+}
+
+absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
+                                            const ModelConfig& model) {
+  const std::string config_path = absl::StrCat(dir, "/", kPeftConfigFile);
+  const std::string weights_path = absl::StrCat(dir, "/", kPeftWeightsFile);
+  PeftAdapter adapter;
+  LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json json,
+                            ReadUntrustedJsonFile(config_path));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      adapter.config,
+      ParsePeftConfig(json, config_path, &adapter.base_model_name_or_path));
+  if (!std::filesystem::exists(weights_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": no ", kPeftWeightsFile,
+                     std::filesystem::exists(dir + "/adapter_model.bin")
+                         ? " (adapter_model.bin is not supported; save with "
+                           "safe_serialization)"
+                         : ""));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(weights_path));
+
+  std::vector<std::string> problems;
+  std::set<std::string> expected;
+  const int64_t r = adapter.config.rank;
+  for (int layer = 0; layer < model.num_hidden_layers; ++layer) {
+    for (Projection p : adapter.config.targets) {
+      const auto [out, in] = ProjectionShape(model, p);
+      PeftModuleTensors module{layer, p, {}, {}};
+      for (bool lora_a : {true, false}) {
+        const std::string name = PeftTensorName(layer, p, lora_a);
+        expected.insert(name);
+        const std::vector<int64_t> shape =
+            lora_a ? std::vector<int64_t>{r, in} : std::vector<int64_t>{out, r};
+        const SafetensorsTensorInfo* info = file->Find(name);
+        if (info == nullptr) {
+          problems.push_back(absl::StrCat("missing tensor ", name));
+          continue;
+        }
+        if (info->shape != shape) {
+          problems.push_back(absl::StrCat(
+              name, " has shape ", ShapeText(info->shape), ", expected ",
+              ShapeText(shape), " for rank ", r, " on this base model"));
+          continue;
+        }
+        LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor tensor, file->Load(name));
+        if (!torch::isFloatingType(tensor.scalar_type())) {
+          problems.push_back(
+              absl::StrCat(name, " is not a floating-point tensor"));
+          continue;
+        }
+        (lora_a ? module.a : module.b) = tensor.to(torch::kFloat32).clone();
+      }
+      adapter.modules.push_back(std::move(module));
+    }
+  }
+  for (const SafetensorsTensorInfo& info : file->tensors()) {
+    if (expected.count(info.name) == 0) {
+      problems.push_back(absl::StrCat(
+          "unexpected tensor ", info.name,
+          " (a module, layer or setting this base model and config do not "
+          "have)"));
+    }
+  }
+  if (!problems.empty()) {
+    const size_t shown = std::min<size_t>(problems.size(), 10);
+    std::string message = absl::StrCat(
+        weights_path, ": ", problems.size(), " problem(s):\n  ",
+        absl::StrJoin(problems.begin(), problems.begin() + shown, "\n  "));
+    if (shown < problems.size()) {
+      absl::StrAppend(&message, "\n  ... and ", problems.size() - shown,
+                      " more");
+    }
+    return absl::InvalidArgumentError(message);
+  }
+  return adapter;
+}
+
+absl::Status CopyPeftAdapter(const PeftAdapter& adapter, LoraWeights& weights) {
+  if (!weights.bound() || weights.modules().size() != adapter.modules.size() ||
+      weights.config().rank != adapter.config.rank) {
+    return absl::FailedPreconditionError(
+        "the weights are not bound to the adapter's config");
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < adapter.modules.size(); ++i) {
+    const LoraModule& m = weights.modules()[i];
+    const PeftModuleTensors& source = adapter.modules[i];
+    if (m.layer != source.layer || m.projection != source.projection) {
+      return absl::FailedPreconditionError(
+          "the weights are not bound to the adapter's config");
+    }
+    torch::Tensor a = m.a;
+    torch::Tensor b = m.b;
+    a.copy_(source.a);
+    b.copy_(source.b);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loraplex

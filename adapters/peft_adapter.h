@@ -1,0 +1,68 @@
+// LoRA adapters in the Hugging Face PEFT format (DESIGN.md §7), which vLLM,
+// SGLang and PEFT load: a directory with `adapter_config.json` and
+// `adapter_model.safetensors` holding, for each adapted module,
+// `base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight` [r, in]
+// and `...lora_B.weight` [out, r].
+//
+//   LORAPLEX_RETURN_IF_ERROR(ExportPeftAdapter(weights, "my-base", dir));
+//   LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
+//                             LoadPeftAdapter(dir, model.config()));
+//   LORAPLEX_RETURN_IF_ERROR(weights.Bind(adapter.config).status());
+//   LORAPLEX_RETURN_IF_ERROR(CopyPeftAdapter(adapter, weights));
+#ifndef LORAPLEX_ADAPTERS_PEFT_ADAPTER_H_
+#define LORAPLEX_ADAPTERS_PEFT_ADAPTER_H_
+
+#include <torch/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/lora/lora_config.h"
+#include "core/lora/lora_weights.h"
+#include "core/model/model_config.h"
+
+namespace loraplex {
+
+inline constexpr char kPeftConfigFile[] = "adapter_config.json";
+inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
+
+struct PeftModuleTensors {
+  int layer = 0;
+  Projection projection = Projection::kQ;
+  torch::Tensor a;  // [r, in], fp32 on the CPU.
+  torch::Tensor b;  // [out, r], fp32 on the CPU.
+};
+
+// An adapter read from disk and checked against a base model.
+struct PeftAdapter {
+  LoraConfig config;
+  std::string base_model_name_or_path;
+  std::vector<PeftModuleTensors> modules;  // LoraWeights::modules() order.
+};
+
+// The safetensors key of a module's A (`lora_a` true) or B matrix.
+std::string PeftTensorName(int layer, Projection projection, bool lora_a);
+
+// Writes `weights` into `dir` (created if missing; files replaced
+// atomically, config last).
+absl::Status ExportPeftAdapter(const LoraWeights& weights,
+                               const std::string& base_model_name_or_path,
+                               const std::string& dir);
+
+// Reads and validates an adapter directory against `model`. Errors are
+// INVALID_ARGUMENT naming the file and the problem: unsupported settings
+// (DoRA, bias, rank/alpha patterns, modules_to_save, fan_in_fan_out, target
+// modules other than the seven projections), missing or unexpected tensors,
+// shapes that do not match the base model.
+absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
+                                            const ModelConfig& model);
+
+// Copies the adapter's tensors into `weights`, which must be bound to
+// adapter.config.
+absl::Status CopyPeftAdapter(const PeftAdapter& adapter, LoraWeights& weights);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_ADAPTERS_PEFT_ADAPTER_H_

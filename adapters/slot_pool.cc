@@ -1,0 +1,168 @@
+#include "adapters/slot_pool.h"
+
+#include <torch/torch.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "core/optim/slot_optimizer.h"
+
+namespace loraplex {
+
+SlotPool::SlotPool(const ModelConfig& model, const SlotPoolOptions& options)
+    : model_(model), options_(options) {
+  slots_.resize(std::max(options.capacity, 0));
+  for (Entry& entry : slots_) {
+    entry.training = std::make_unique<TrainingSlot>(model_, options_.device);
+  }
+}
+
+int SlotPool::num_attached() const {
+  int count = 0;
+  for (const Entry& entry : slots_)
+    count += entry.state == SlotState::kAttached;
+  return count;
+}
+
+absl::Status SlotPool::CheckRequest(const SlotAttachRequest& request) const {
+  const LoraConfig& lora =
+      request.initial_weights ? request.initial_weights->config : request.lora;
+  LORAPLEX_RETURN_IF_ERROR(ValidateLoraConfig(lora));
+  if (lora.rank > options_.max_rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora.rank must be at most this server's max_rank ",
+                     options_.max_rank, ", got ", lora.rank));
+  }
+  LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(request.optimizer));
+  LORAPLEX_RETURN_IF_ERROR(ValidateLrScheduleConfig(request.schedule));
+  LORAPLEX_RETURN_IF_ERROR(ValidateTrainingConfig(request.training));
+  if (request.data != nullptr && request.data->sequences.empty()) {
+    return absl::InvalidArgumentError("the training data has no sequences");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SlotPool::Prepare(const SlotAttachRequest& request,
+                               TrainingSlot& slot) {
+  const LoraConfig& lora =
+      request.initial_weights ? request.initial_weights->config : request.lora;
+  LORAPLEX_RETURN_IF_ERROR(slot.weights.Bind(lora).status());
+  if (request.initial_weights) {
+    LORAPLEX_RETURN_IF_ERROR(
+        CopyPeftAdapter(*request.initial_weights, slot.weights));
+  } else {
+    slot.weights.InitPeft(request.training.seed);
+  }
+  slot.training = request.training;
+  slot.counters = SlotCounters{};
+  slot.optimizer.reset();
+  slot.scheduler.reset();
+  slot.cursor.reset();
+  slot.data = nullptr;
+  slot.total_steps = 0;
+  if (request.data == nullptr) return absl::OkStatus();
+
+  LORAPLEX_ASSIGN_OR_RETURN(
+      SlotOptimizer optimizer,
+      BuildSlotOptimizer(request.optimizer, slot.weights.parameters()));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      LrScheduler scheduler,
+      LrScheduler::Create(request.schedule, request.optimizer.lr));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      DataCursor cursor,
+      DataCursor::Create(static_cast<int64_t>(request.data->sequences.size()),
+                         DataCursorState{request.training.seed, 0, 0}));
+  scheduler.ApplyTo(optimizer);
+  slot.optimizer.emplace(std::move(optimizer));
+  slot.scheduler.emplace(std::move(scheduler));
+  slot.cursor.emplace(std::move(cursor));
+  slot.data = request.data;
+  slot.total_steps = TotalSteps(
+      request.training, static_cast<int64_t>(request.data->sequences.size()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> SlotPool::Attach(const SlotAttachRequest& request) {
+  LORAPLEX_RETURN_IF_ERROR(CheckRequest(request));
+  int free = -1;
+  for (int i = 0; i < capacity(); ++i) {
+    if (slots_[i].state == SlotState::kFree) {
+      free = i;
+      break;
+    }
+  }
+  if (free < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "all ", capacity(), " adapter slots are in use; retire one first"));
+  }
+  Entry& entry = slots_[free];
+  absl::Status status;
+  try {
+    status = Prepare(request, *entry.training);
+  } catch (const c10::Error& e) {
+    status = absl::InternalError(absl::StrCat("attaching the adapter failed: ",
+                                              e.what_without_backtrace()));
+  }
+  if (!status.ok()) {
+    TrainingSlot& slot = *entry.training;
+    slot.weights.Unbind();
+    slot.optimizer.reset();
+    slot.scheduler.reset();
+    slot.cursor.reset();
+    slot.data = nullptr;
+    return status;
+  }
+  entry.state = SlotState::kAttached;
+  entry.job_id = request.job_id;
+  return free;
+}
+
+absl::Status SlotPool::Retire(int slot) {
+  if (slot < 0 || slot >= capacity()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot must be in [0, ", capacity(), "), got ", slot));
+  }
+  Entry& entry = slots_[slot];
+  if (entry.state != SlotState::kAttached) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("slot ", slot, " is not attached"));
+  }
+  TrainingSlot& training = *entry.training;
+  // Zeroed in place, so nothing of this job survives in memory a later job
+  // could see. The optimizer stays (zeroed) until the next attach replaces
+  // it.
+  if (training.optimizer.has_value()) {
+    training.optimizer->ZeroState();
+    training.optimizer->ZeroGrad();
+  }
+  training.weights.Zero();
+  training.weights.Unbind();
+  training.scheduler.reset();
+  training.cursor.reset();
+  training.data = nullptr;
+  training.counters = SlotCounters{};
+  training.total_steps = 0;
+  entry.state = SlotState::kFree;
+  entry.job_id.clear();
+  return absl::OkStatus();
+}
+
+std::vector<int> SlotPool::ActiveSlotIds() const {
+  std::vector<int> ids;
+  for (int i = 0; i < capacity(); ++i) {
+    const TrainingSlot& s = *slots_[i].training;
+    if (slots_[i].state == SlotState::kAttached && s.trainable() && !s.done()) {
+      ids.push_back(i);
+    }
+  }
+  return ids;
+}
+
+std::vector<TrainingSlot*> SlotPool::ActiveSlots() {
+  std::vector<TrainingSlot*> active;
+  for (int id : ActiveSlotIds()) active.push_back(slots_[id].training.get());
+  return active;
+}
+
+}  // namespace loraplex

@@ -1,0 +1,103 @@
+// The fixed pool of adapter slots the trainer thread owns (DESIGN.md §5).
+//
+//   SlotPool pool(model.config(), {.capacity = 16, .device = torch::kCPU});
+//   LORAPLEX_ASSIGN_OR_RETURN(int slot, pool.Attach(request));
+//   ... TrainCoBatchStep(model, pool.ActiveSlots(), options) ...
+//   LORAPLEX_RETURN_IF_ERROR(pool.Retire(slot));
+//
+// A slot is FREE or ATTACHED to one job. Attach binds the slot's LoRA
+// weights (reusing its storage when the rank fits), initialises them as
+// PEFT does (or copies an imported adapter), builds the optimizer children
+// and the schedule, and positions the data cursor. Retire zeroes the Adam
+// moments, Muon momentum buffers, step counters, weights and gradients in
+// place, drops the schedule and data, and frees the slot. Neither touches
+// the base model or any other slot. Not thread-safe: one thread owns it.
+#ifndef LORAPLEX_ADAPTERS_SLOT_POOL_H_
+#define LORAPLEX_ADAPTERS_SLOT_POOL_H_
+
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "adapters/peft_adapter.h"
+#include "core/data/sequences.h"
+#include "core/lora/lora_config.h"
+#include "core/optim/lr_scheduler.h"
+#include "core/optim/optimizer_config.h"
+#include "core/train/training_config.h"
+#include "core/train/training_slot.h"
+
+namespace loraplex {
+
+enum class SlotState {
+  kFree,      // Holds no job; its storage waits for the next attach.
+  kAttached,  // Holds one job's adapter (training, or evaluation only).
+};
+
+struct SlotPoolOptions {
+  int capacity = 16;
+  // Largest rank a slot accepts (at most kMaxLoraRank).
+  int64_t max_rank = kMaxLoraRank;
+  torch::Device device = torch::kCPU;
+};
+
+struct SlotAttachRequest {
+  std::string job_id;
+  LoraConfig lora;
+  OptimizerConfig optimizer;
+  LrScheduleConfig schedule;
+  TrainingConfig training;
+  // Training sequences; nullptr attaches the adapter for evaluation only.
+  std::shared_ptr<const SequenceSet> data;
+  // Start from these weights (its config replaces `lora`) instead of
+  // PEFT's initialisation seeded with training.seed.
+  std::shared_ptr<const PeftAdapter> initial_weights;
+};
+
+class SlotPool {
+ public:
+  SlotPool(const ModelConfig& model, const SlotPoolOptions& options);
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
+
+  // The lowest free slot. RESOURCE_EXHAUSTED when every slot is in use,
+  // INVALID_ARGUMENT naming the field for a bad config (e.g. a rank above
+  // max_rank). On error no slot changes.
+  absl::StatusOr<int> Attach(const SlotAttachRequest& request);
+  // INVALID_ARGUMENT for a slot index out of range, FAILED_PRECONDITION for
+  // a free slot.
+  absl::Status Retire(int slot);
+
+  int capacity() const { return static_cast<int>(slots_.size()); }
+  int num_attached() const;
+  SlotState state(int slot) const { return slots_[slot].state; }
+  const std::string& job_id(int slot) const { return slots_[slot].job_id; }
+  TrainingSlot& slot(int slot) { return *slots_[slot].training; }
+  const TrainingSlot& slot(int slot) const { return *slots_[slot].training; }
+
+  // Attached slots that still have steps to train, in slot order.
+  std::vector<int> ActiveSlotIds() const;
+  std::vector<TrainingSlot*> ActiveSlots();
+
+ private:
+  struct Entry {
+    SlotState state = SlotState::kFree;
+    std::string job_id;
+    std::unique_ptr<TrainingSlot> training;
+  };
+
+  absl::Status CheckRequest(const SlotAttachRequest& request) const;
+  absl::Status Prepare(const SlotAttachRequest& request, TrainingSlot& slot);
+
+  ModelConfig model_;
+  SlotPoolOptions options_;
+  std::vector<Entry> slots_;
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_ADAPTERS_SLOT_POOL_H_

@@ -1,0 +1,99 @@
+#include "core/lora/lora_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/enum_names.h"
+#include "core/common/json_fields.h"
+#include "core/common/number_checks.h"
+#include "core/common/status_macros.h"
+
+namespace loraplex {
+
+bool LoraConfig::Targets(Projection projection) const {
+  return std::find(targets.begin(), targets.end(), projection) != targets.end();
+}
+
+absl::Status ValidateLoraConfig(const LoraConfig& config) {
+  if (config.rank < 1 || config.rank > kMaxLoraRank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora.rank must be in [1, ", kMaxLoraRank, "], got ", config.rank));
+  }
+  if (!IsFinitePositive(config.alpha)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora.alpha must be a finite number > 0, got ", config.alpha));
+  }
+  if (!(config.dropout >= 0.0 && config.dropout < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora.dropout must be in [0, 1), got ", config.dropout));
+  }
+  if (config.targets.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora.target_modules must name at least one of ",
+                     EnumNameList(kAllProjections, &ProjectionName)));
+  }
+  for (size_t i = 1; i < config.targets.size(); ++i) {
+    if (config.targets[i - 1] >= config.targets[i]) {
+      return absl::InvalidArgumentError(
+          "lora.target_modules must not repeat a module");
+    }
+  }
+  return absl::OkStatus();
+}
+
+double LoraScale(const LoraConfig& config) {
+  const double r = static_cast<double>(config.rank);
+  return config.use_rslora ? config.alpha / std::sqrt(r) : config.alpha / r;
+}
+
+absl::StatusOr<LoraConfig> LoraConfigFromJson(const nlohmann::json& json) {
+  LoraConfig config;
+  JsonFields fields(json, "lora.");
+  LORAPLEX_RETURN_IF_ERROR(fields.Integer("rank", &config.rank));
+  LORAPLEX_RETURN_IF_ERROR(fields.Number("alpha", &config.alpha));
+  LORAPLEX_RETURN_IF_ERROR(fields.Number("dropout", &config.dropout));
+  LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_rslora", &config.use_rslora));
+  if (const nlohmann::json* raw = fields.Raw("target_modules")) {
+    if (!raw->is_array()) {
+      return fields.Invalid("target_modules",
+                            absl::StrCat("must be a list of module names, got ",
+                                         DescribeJson(*raw)));
+    }
+    config.targets.clear();
+    for (const nlohmann::json& name : *raw) {
+      std::optional<Projection> projection;
+      if (name.is_string()) {
+        projection = ParseEnumName(name.get<std::string>(), kAllProjections,
+                                   &ProjectionName);
+      }
+      if (!projection.has_value()) {
+        return fields.Invalid(
+            "target_modules",
+            absl::StrCat("entries must be one of ",
+                         EnumNameList(kAllProjections, &ProjectionName),
+                         "; got ", DescribeJson(name)));
+      }
+      config.targets.push_back(*projection);
+    }
+    std::sort(config.targets.begin(), config.targets.end());
+  }
+  LORAPLEX_RETURN_IF_ERROR(fields.RejectUnknown());
+  LORAPLEX_RETURN_IF_ERROR(ValidateLoraConfig(config));
+  return config;
+}
+
+nlohmann::json LoraConfigToJson(const LoraConfig& config) {
+  nlohmann::json targets = nlohmann::json::array();
+  for (Projection p : config.targets) {
+    targets.push_back(std::string(ProjectionName(p)));
+  }
+  return {{"rank", config.rank},
+          {"alpha", config.alpha},
+          {"dropout", config.dropout},
+          {"use_rslora", config.use_rslora},
+          {"target_modules", targets}};
+}
+
+}  // namespace loraplex

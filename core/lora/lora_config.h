@@ -1,0 +1,50 @@
+// One adapter's LoRA settings (DESIGN.md §3): rank, alpha, rsLoRA, dropout
+// and which of the seven projections it adapts.
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(LoraConfig lora, LoraConfigFromJson(json));
+//   double scale = LoraScale(lora);  // alpha / r, or alpha / sqrt(r)
+#ifndef LORAPLEX_CORE_LORA_LORA_CONFIG_H_
+#define LORAPLEX_CORE_LORA_LORA_CONFIG_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/model/model_weights.h"
+
+namespace loraplex {
+
+// The largest rank a slot accepts.
+inline constexpr int64_t kMaxLoraRank = 256;
+
+struct LoraConfig {
+  int64_t rank = 8;
+  double alpha = 16.0;
+  // Probability of zeroing an input element of the LoRA branch in training.
+  double dropout = 0.0;
+  // Scale alpha / sqrt(rank) instead of alpha / rank (Kalajdzievski 2023).
+  bool use_rslora = false;
+  // Adapted projections in Projection order, no duplicates.
+  std::vector<Projection> targets = {kAllProjections.begin(),
+                                     kAllProjections.end()};
+
+  bool Targets(Projection projection) const;
+};
+
+// INVALID_ARGUMENT naming the field: "lora.rank must be in [1, 256], got 0".
+absl::Status ValidateLoraConfig(const LoraConfig& config);
+
+// The factor applied to B·A·x.
+double LoraScale(const LoraConfig& config);
+
+// {"rank", "alpha", "dropout", "use_rslora", "target_modules": ["q_proj",
+// ...]}; absent fields keep their defaults, unknown ones are rejected.
+// Target names are sorted into Projection order.
+absl::StatusOr<LoraConfig> LoraConfigFromJson(const nlohmann::json& json);
+nlohmann::json LoraConfigToJson(const LoraConfig& config);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_LORA_LORA_CONFIG_H_

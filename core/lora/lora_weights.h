@@ -1,0 +1,86 @@
+// One adapter's trainable tensors: for each adapted (layer, projection) an
+// A [rank, in] and a B [out, rank], fp32, leaves that require grad.
+//
+// The tensors are views into storage that is kept across Bind() calls, so a
+// slot that is retired and attached again with a rank that fits reuses its
+// memory:
+//
+//   LoraWeights weights(model_config, torch::kCPU);
+//   LORAPLEX_RETURN_IF_ERROR(weights.Bind(lora_config));
+//   weights.InitPeft(seed);   // A kaiming-uniform(a=√5), B zeros
+//   optimizer = BuildSlotOptimizer(opt_config, weights.parameters());
+#ifndef LORAPLEX_CORE_LORA_LORA_WEIGHTS_H_
+#define LORAPLEX_CORE_LORA_LORA_WEIGHTS_H_
+
+#include <torch/types.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/lora/lora_config.h"
+#include "core/model/model_config.h"
+#include "core/model/model_weights.h"
+
+namespace loraplex {
+
+struct LoraModule {
+  int layer = 0;
+  Projection projection = Projection::kQ;
+  torch::Tensor a;  // [rank, in]
+  torch::Tensor b;  // [out, rank]
+};
+
+class LoraWeights {
+ public:
+  LoraWeights(const ModelConfig& model, torch::Device device);
+
+  // Shapes the tensors for `config` (validated here), reusing the storage
+  // of each (layer, projection) when it is large enough. Values are
+  // unspecified until InitPeft() or CopyFrom(). Returns the number of
+  // storage blocks that had to be allocated.
+  absl::StatusOr<int> Bind(const LoraConfig& config);
+  // Drops the tensors (storage kept); bound() becomes false.
+  void Unbind();
+  bool bound() const { return config_.has_value(); }
+
+  // PEFT's initialisation: A ~ U(-1/√in, 1/√in) (kaiming-uniform with
+  // a = √5), B = 0, drawn from a generator seeded with `seed`, module by
+  // module in modules() order.
+  void InitPeft(uint64_t seed);
+  // Zeroes every tensor and its gradient in place.
+  void Zero();
+
+  const LoraConfig& config() const { return *config_; }
+  double scale() const { return scale_; }
+  const ModelConfig& model_config() const { return model_; }
+  torch::Device device() const { return device_; }
+
+  // Adapted modules, layer-major, projections in Projection order.
+  const std::vector<LoraModule>& modules() const { return modules_; }
+  // The module for (layer, projection), or nullptr when not adapted.
+  const LoraModule* Find(int layer, Projection projection) const;
+  // A and B of every module, in modules() order (A before B).
+  std::vector<torch::Tensor> parameters() const;
+
+ private:
+  struct Storage {
+    torch::Tensor a;  // Flat, capacity rank_capacity * in.
+    torch::Tensor b;  // Flat, capacity out * rank_capacity.
+  };
+
+  ModelConfig model_;
+  torch::Device device_;
+  std::optional<LoraConfig> config_;
+  double scale_ = 0.0;
+  std::vector<LoraModule> modules_;
+  // By layer * kNumProjections + projection; -1 when not adapted.
+  std::vector<int> module_index_;
+  std::vector<Storage> storage_;  // Same indexing.
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_LORA_LORA_WEIGHTS_H_

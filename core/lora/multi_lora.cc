@@ -1,0 +1,125 @@
+#include "core/lora/multi_lora.h"
+
+#include <torch/torch.h>
+
+#include <utility>
+
+#include "core/runtime/torch_compat.h"
+
+namespace loraplex {
+namespace {
+
+// splitmix64 finaliser: spreads nearby inputs over all 64 bits.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+MultiLoraDelta::MultiLoraDelta(std::vector<LoraSegment> segments)
+    : segments_(std::move(segments)) {
+  sizes_.reserve(segments_.size());
+  for (const LoraSegment& s : segments_) sizes_.push_back(s.rows);
+}
+
+bool MultiLoraDelta::UsesDropout(const LoraSegment& segment) const {
+  return segment.training && segment.weights != nullptr &&
+         segment.weights->config().dropout > 0.0;
+}
+
+torch::Tensor MultiLoraDelta::Dropout(const LoraSegment& segment,
+                                      const torch::Tensor& x, int layer,
+                                      Projection projection) const {
+  const double p = segment.weights->config().dropout;
+  const int64_t seq = x.size(1);
+  const int64_t width = x.size(2);
+  TORCH_CHECK(
+      static_cast<int64_t>(segment.row_ids.size()) == segment.rows &&
+          static_cast<int64_t>(segment.row_lengths.size()) == segment.rows,
+      "a dropout segment needs row_ids and row_lengths for each row");
+  std::vector<torch::Tensor> masks;
+  masks.reserve(segment.rows);
+  for (int64_t i = 0; i < segment.rows; ++i) {
+    const uint64_t seed =
+        Mix(Mix(Mix(segment.dropout_seed ^ Mix(segment.row_ids[i])) ^
+                static_cast<uint64_t>(layer)) ^
+            static_cast<uint64_t>(projection));
+    torch::Generator generator = MakeCpuGenerator(seed);
+    const int64_t valid = std::min(segment.row_lengths[i], seq);
+    torch::Tensor mask = torch::ones({seq, width}, torch::kFloat32);
+    mask.narrow(0, 0, valid).bernoulli_(1.0 - p, generator);
+    masks.push_back(mask);
+  }
+  torch::Tensor mask = torch::stack(masks).to(x.device());
+  return x * mask.mul_(1.0 / (1.0 - p));
+}
+
+void MultiLoraDelta::AddTo(int layer, const torch::Tensor& x,
+                           const std::vector<Projection>& projections,
+                           std::vector<torch::Tensor>& outputs) const {
+  const size_t n = projections.size();
+  // modules[s][j]: segment s's module for projections[j], or nullptr.
+  std::vector<std::vector<const LoraModule*>> modules(segments_.size());
+  std::vector<bool> adapted(n, false);
+  bool any = false;
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    modules[s].assign(n, nullptr);
+    if (segments_[s].weights == nullptr) continue;
+    for (size_t j = 0; j < n; ++j) {
+      modules[s][j] = segments_[s].weights->Find(layer, projections[j]);
+      if (modules[s][j] != nullptr) adapted[j] = any = true;
+    }
+  }
+  if (!any) return;
+
+  // LoRA math is fp32 whatever the base dtype.
+  torch::Tensor x32 = x.to(torch::kFloat32);
+  std::vector<torch::Tensor> x_parts = x32.split_with_sizes(sizes_, 0);
+  std::vector<std::vector<torch::Tensor>> y_parts(n);
+  for (size_t j = 0; j < n; ++j) {
+    if (adapted[j]) y_parts[j] = outputs[j].split_with_sizes(sizes_, 0);
+  }
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const LoraSegment& segment = segments_[s];
+    std::vector<size_t> used;
+    for (size_t j = 0; j < n; ++j) {
+      if (modules[s][j] != nullptr) used.push_back(j);
+    }
+    if (used.empty() || segment.rows == 0) continue;
+    const double scale = segment.weights->scale();
+    std::vector<torch::Tensor> low(n);  // scale · x Aᵀ, per projection.
+    if (UsesDropout(segment)) {
+      for (size_t j : used) {
+        low[j] = Dropout(segment, x_parts[s], layer, projections[j])
+                     .matmul(modules[s][j]->a.t())
+                     .mul(scale);
+      }
+    } else if (used.size() == 1) {
+      low[used[0]] = x_parts[s].matmul(modules[s][used[0]]->a.t()).mul(scale);
+    } else {
+      std::vector<torch::Tensor> a_list;
+      std::vector<int64_t> ranks;
+      for (size_t j : used) {
+        a_list.push_back(modules[s][j]->a);
+        ranks.push_back(modules[s][j]->a.size(0));
+      }
+      std::vector<torch::Tensor> pieces = x_parts[s]
+                                              .matmul(torch::cat(a_list, 0).t())
+                                              .mul(scale)
+                                              .split_with_sizes(ranks, -1);
+      for (size_t k = 0; k < used.size(); ++k) low[used[k]] = pieces[k];
+    }
+    for (size_t j : used) {
+      torch::Tensor delta = low[j].matmul(modules[s][j]->b.t());
+      y_parts[j][s] = y_parts[j][s] + delta.to(y_parts[j][s].scalar_type());
+    }
+  }
+  for (size_t j = 0; j < n; ++j) {
+    if (adapted[j]) outputs[j] = torch::cat(y_parts[j], 0);
+  }
+}
+
+}  // namespace loraplex

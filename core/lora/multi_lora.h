@@ -1,0 +1,68 @@
+// The adapters of a co-batch applied to the frozen projections: the rows of
+// a batch are split into consecutive segments, each trained (or evaluated)
+// through one adapter (DESIGN.md §3).
+//
+//   MultiLoraDelta delta({{&weights_a, 2, ...}, {&weights_b, 1, ...}});
+//   model.ForwardHidden(input_ids, lengths, &delta);   // 3 rows
+//
+// The base GEMM runs once over all rows (in LlamaModel); each segment then
+// adds scale · dropout(x) Aᵀ Bᵀ for the projections its adapter targets.
+// Rows are split with split_with_sizes and joined with cat, whose backward
+// passes are a cat and a split: backward costs O(rows), never one full-size
+// zero tensor per segment (the x[a:b] slicing trap). A segment's A matrices
+// for projections that share an input (q/k/v, gate/up) are concatenated so
+// the input is read once; with dropout each projection draws its own mask,
+// as PEFT does.
+#ifndef LORAPLEX_CORE_LORA_MULTI_LORA_H_
+#define LORAPLEX_CORE_LORA_MULTI_LORA_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/lora/lora_weights.h"
+#include "core/model/llama_model.h"
+
+namespace loraplex {
+
+struct LoraSegment {
+  // nullptr: these rows see the base model only.
+  const LoraWeights* weights = nullptr;
+  // Number of rows (sequences) in the segment.
+  int64_t rows = 0;
+  // Dropout is applied only when true and the adapter's dropout is > 0.
+  bool training = false;
+  // Dropout masks are a pure function of (dropout_seed, row id, layer,
+  // projection), so they do not depend on how rows are grouped into
+  // batches or padded. row_ids[i] identifies row i (e.g. its index in the
+  // slot's batch); row_lengths[i] is its number of valid tokens. Both are
+  // needed only for dropout.
+  uint64_t dropout_seed = 0;
+  std::vector<int64_t> row_ids = {};
+  std::vector<int64_t> row_lengths = {};
+};
+
+class MultiLoraDelta : public ProjectionDelta {
+ public:
+  explicit MultiLoraDelta(std::vector<LoraSegment> segments);
+
+  void AddTo(int layer, const torch::Tensor& x,
+             const std::vector<Projection>& projections,
+             std::vector<torch::Tensor>& outputs) const override;
+
+  const std::vector<LoraSegment>& segments() const { return segments_; }
+
+ private:
+  bool UsesDropout(const LoraSegment& segment) const;
+  // Inverted-dropout of x [rows, seq, in] for (layer, projection).
+  torch::Tensor Dropout(const LoraSegment& segment, const torch::Tensor& x,
+                        int layer, Projection projection) const;
+
+  std::vector<LoraSegment> segments_;
+  std::vector<int64_t> sizes_;
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_LORA_MULTI_LORA_H_

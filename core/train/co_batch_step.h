@@ -1,0 +1,70 @@
+// One training step over every active slot at once (DESIGN.md §3, §9).
+//
+//   std::vector<TrainingSlot*> active = ...;   // any set of trainable slots
+//   LORAPLEX_ASSIGN_OR_RETURN(std::vector<SlotStepMetrics> metrics,
+//                             TrainCoBatchStep(model, active, options));
+//
+// Each slot takes its next batch_size sequences. The rows, ordered by slot,
+// run through the frozen base once with every slot's LoRA (MultiLoraDelta),
+// cut into micro-batches under a token budget whose gradients accumulate.
+// The objective is the sum over slots of each slot's masked mean token
+// cross-entropy, so each slot's gradient is exactly its own. Then each slot
+// clips its gradient norm, steps its optimizer children and advances its
+// schedule; a slot whose loss or grad norm is not finite skips the update
+// (counted; its schedule does not advance) while the others step normally.
+//
+// Results do not depend on which other slots share the step: a slot's
+// micro-batch pieces, dropout masks and loss normalisation are functions of
+// its own data and seed only.
+#ifndef LORAPLEX_CORE_TRAIN_CO_BATCH_STEP_H_
+#define LORAPLEX_CORE_TRAIN_CO_BATCH_STEP_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/data/sequences.h"
+#include "core/lora/lora_weights.h"
+#include "core/model/llama_model.h"
+#include "core/train/training_slot.h"
+
+namespace loraplex {
+
+struct CoBatchOptions {
+  // Most padded tokens (rows × longest row) in one forward/backward. A
+  // slot's batch is cut into pieces under it, and pieces of several slots
+  // share a micro-batch when they fit together. 0: no limit.
+  int64_t token_budget = 1024;
+  // Target tokens per chunk of LM head + cross-entropy (bounds the logits
+  // held in memory: chunk × vocab floats).
+  int64_t loss_chunk_tokens = 2048;
+};
+
+struct SlotStepMetrics {
+  double loss = 0.0;       // Masked mean token cross-entropy of the batch.
+  double lr = 0.0;         // The learning rate of this step.
+  double grad_norm = 0.0;  // Before clipping.
+  int64_t target_tokens = 0;
+  int64_t tokens = 0;  // All tokens of the batch's sequences.
+  bool skipped = false;
+  std::string skip_reason;  // Set when skipped.
+};
+
+// Trains one step of every slot in `slots` (each trainable() and not
+// done()); metrics[i] belongs to slots[i]. An error (e.g. a LibTorch
+// failure) leaves every slot's weights, state and counters as they were.
+absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
+    const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
+    const CoBatchOptions& options);
+
+// Masked mean token cross-entropy of base + `adapter` (nullptr: the base
+// alone) over `sequences`, without gradients or dropout.
+absl::StatusOr<double> EvalLoss(const LlamaModel& model,
+                                const LoraWeights* adapter,
+                                const std::vector<Sequence>& sequences,
+                                const CoBatchOptions& options);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_TRAIN_CO_BATCH_STEP_H_

@@ -1,0 +1,263 @@
+// PEFT adapter export/import: the exact HF layout (checked against adapters
+// saved by PEFT itself), round trips, and clear errors for bad adapters.
+#include "adapters/peft_adapter.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+
+#include "core/common/json_parse.h"
+#include "core/lora/multi_lora.h"
+#include "core/model/llama_model.h"
+#include "core/safetensors/safetensors.h"
+#include "tests/common/test_dir.h"
+#include "tests/common/tiny_model.h"
+
+namespace loraplex {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::map<std::string, std::vector<int64_t>> TensorShapes(
+    const std::string& path) {
+  auto file = SafetensorsFile::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const SafetensorsTensorInfo& info : (*file)->tensors()) {
+    shapes[info.name] = info.shape;
+    EXPECT_EQ(info.dtype, SafetensorsDtype::kF32) << info.name;
+  }
+  return shapes;
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  auto json = ReadUntrustedJsonFile(path);
+  EXPECT_TRUE(json.ok()) << json.status();
+  return *json;
+}
+
+ModelConfig GqaConfig() {
+  auto model = LlamaModel::Load(FixturePath("golden/llama_gqa"), {});
+  EXPECT_TRUE(model.ok()) << model.status();
+  return (*model)->config();
+}
+
+// Our export of r=4, alpha=8, q/v has exactly the keys, shapes, dtype,
+// metadata and config values of PEFT's own save_pretrained.
+TEST(PeftAdapterTest, ExportMatchesPeftLayout) {
+  const std::string peft_dir = FixturePath("golden/peft/q_v_r4_init");
+  LoraWeights weights(GqaConfig(), torch::kCPU);
+  LoraConfig lora;
+  lora.rank = 4;
+  lora.alpha = 8;
+  lora.targets = {Projection::kQ, Projection::kV};
+  ASSERT_TRUE(weights.Bind(lora).ok());
+  weights.InitPeft(0);
+  const std::string dir = FreshTestDir();
+  ASSERT_TRUE(ExportPeftAdapter(weights, "llama_gqa", dir).ok());
+
+  EXPECT_EQ(TensorShapes(dir + "/adapter_model.safetensors"),
+            TensorShapes(peft_dir + "/adapter_model.safetensors"));
+  auto ours = SafetensorsFile::Open(dir + "/adapter_model.safetensors");
+  auto theirs = SafetensorsFile::Open(peft_dir + "/adapter_model.safetensors");
+  EXPECT_EQ((*ours)->metadata(), (*theirs)->metadata());
+
+  const nlohmann::json config = ReadJson(dir + "/adapter_config.json");
+  const nlohmann::json peft = ReadJson(peft_dir + "/adapter_config.json");
+  for (const char* key :
+       {"peft_type", "task_type", "base_model_name_or_path", "r", "lora_alpha",
+        "lora_dropout", "target_modules", "bias", "use_rslora",
+        "fan_in_fan_out", "inference_mode", "rank_pattern", "alpha_pattern"}) {
+    EXPECT_TRUE(config.contains(key)) << key;
+  }
+  for (const auto& [key, value] : config.items()) {
+    ASSERT_TRUE(peft.contains(key)) << key << " is not a PEFT field";
+    if (key == "target_modules") {
+      EXPECT_EQ(value.get<std::set<std::string>>(),
+                peft[key].get<std::set<std::string>>());
+    } else {
+      EXPECT_EQ(value, peft[key]) << key;
+    }
+  }
+}
+
+TEST(PeftAdapterTest, RoundTripGivesIdenticalWeightsAndLogits) {
+  const LlamaModel& model = TinyModel();
+  LoraWeights weights(model.config(), torch::kCPU);
+  LoraConfig lora;
+  lora.rank = 6;
+  lora.alpha = 3.5;
+  lora.use_rslora = true;
+  lora.targets = {Projection::kK, Projection::kO, Projection::kGate,
+                  Projection::kDown};
+  ASSERT_TRUE(weights.Bind(lora).ok());
+  weights.InitPeft(11);
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(2);
+    for (const LoraModule& m : weights.modules()) {
+      torch::Tensor b = m.b;
+      b.copy_(torch::randn(b.sizes()) * 0.1);
+    }
+  }
+  const std::string dir = FreshTestDir();
+  ASSERT_TRUE(ExportPeftAdapter(weights, "tiny", dir).ok());
+  auto adapter = LoadPeftAdapter(dir, model.config());
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ(adapter->base_model_name_or_path, "tiny");
+  EXPECT_EQ(adapter->config.rank, 6);
+  EXPECT_EQ(adapter->config.alpha, 3.5);
+  EXPECT_TRUE(adapter->config.use_rslora);
+  EXPECT_EQ(adapter->config.targets, lora.targets);
+  LoraWeights loaded(model.config(), torch::kCPU);
+  ASSERT_TRUE(loaded.Bind(adapter->config).ok());
+  ASSERT_TRUE(CopyPeftAdapter(*adapter, loaded).ok());
+  ASSERT_EQ(loaded.modules().size(), weights.modules().size());
+  for (size_t i = 0; i < weights.modules().size(); ++i) {
+    EXPECT_TRUE(torch::equal(loaded.modules()[i].a, weights.modules()[i].a));
+    EXPECT_TRUE(torch::equal(loaded.modules()[i].b, weights.modules()[i].b));
+  }
+  torch::Tensor ids = torch::randint(0, 259, {2, 7}, torch::kInt64);
+  torch::Tensor lengths = torch::tensor({7, 3}, torch::kInt64);
+  MultiLoraDelta original({{&weights, 2}});
+  MultiLoraDelta reloaded({{&loaded, 2}});
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(model.Forward(ids, lengths, &original).value(),
+                           model.Forward(ids, lengths, &reloaded).value()));
+}
+
+// A copy of the q_v_r4 PEFT adapter to break in one way.
+class BadPeftAdapterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = FreshTestDir();
+    const std::string source = FixturePath("golden/peft/q_v_r4");
+    for (const char* name :
+         {"adapter_config.json", "adapter_model.safetensors"}) {
+      std::filesystem::copy_file(source + "/" + name, dir_ + "/" + name);
+    }
+    config_ = ReadJson(dir_ + "/adapter_config.json");
+    auto file = SafetensorsFile::Open(dir_ + "/adapter_model.safetensors");
+    ASSERT_TRUE(file.ok());
+    for (const SafetensorsTensorInfo& info : (*file)->tensors()) {
+      tensors_.push_back({info.name, (*file)->Load(info.name).value().clone()});
+    }
+  }
+  void WriteConfig() {
+    std::ofstream(dir_ + "/adapter_config.json") << config_.dump();
+  }
+  void WriteTensors() {
+    ASSERT_TRUE(
+        WriteSafetensors(dir_ + "/adapter_model.safetensors", tensors_).ok());
+  }
+  std::string Error() {
+    auto adapter = LoadPeftAdapter(dir_, GqaConfig());
+    EXPECT_FALSE(adapter.ok());
+    EXPECT_EQ(adapter.status().code(), absl::StatusCode::kInvalidArgument)
+        << adapter.status();
+    return std::string(adapter.status().message());
+  }
+
+  std::string dir_;
+  nlohmann::json config_;
+  std::vector<NamedTensor> tensors_;
+};
+
+TEST_F(BadPeftAdapterTest, TheUnbrokenCopyLoads) {
+  EXPECT_TRUE(LoadPeftAdapter(dir_, GqaConfig()).ok());
+}
+
+TEST_F(BadPeftAdapterTest, MissingTensor) {
+  tensors_.erase(tensors_.begin());
+  WriteTensors();
+  EXPECT_THAT(Error(), HasSubstr("missing tensor base_model.model.model."
+                                 "layers.0.self_attn.q_proj.lora_A.weight"));
+}
+
+TEST_F(BadPeftAdapterTest, UnexpectedTensor) {
+  tensors_.push_back(
+      {"base_model.model.model.layers.0.mlp.up_proj.lora_A.weight",
+       torch::zeros({4, 32})});
+  WriteTensors();
+  EXPECT_THAT(Error(), HasSubstr("unexpected tensor base_model.model.model."
+                                 "layers.0.mlp.up_proj.lora_A.weight"));
+}
+
+TEST_F(BadPeftAdapterTest, ShapeMismatchWithTheBase) {
+  // The same adapter against a base with another hidden size.
+  auto adapter =
+      LoadPeftAdapter(FixturePath("golden/peft/q_v_r4"), TinyModel().config());
+  ASSERT_FALSE(adapter.ok());
+  EXPECT_THAT(std::string(adapter.status().message()),
+              HasSubstr("q_proj.lora_A.weight has shape [4, 32], expected "
+                        "[4, 64]"));
+}
+
+TEST_F(BadPeftAdapterTest, RankDisagreesWithTensors) {
+  config_["r"] = 8;
+  WriteConfig();
+  EXPECT_THAT(Error(), HasSubstr("expected [8, 32] for rank 8"));
+}
+
+TEST_F(BadPeftAdapterTest, UnsupportedModule) {
+  config_["target_modules"] = {"q_proj", "embed_tokens"};
+  WriteConfig();
+  EXPECT_THAT(Error(), HasSubstr("target_modules names an unsupported module "
+                                 "\"embed_tokens\""));
+}
+
+TEST_F(BadPeftAdapterTest, RegexTargets) {
+  config_["target_modules"] = ".*proj";
+  WriteConfig();
+  EXPECT_THAT(Error(), HasSubstr("regular expression is not supported"));
+}
+
+TEST_F(BadPeftAdapterTest, UnsupportedSettings) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, nlohmann::json>>{
+           {"use_dora", true},
+           {"bias", "all"},
+           {"rank_pattern", {{"q_proj", 8}}},
+           {"modules_to_save", {"lm_head"}},
+           {"fan_in_fan_out", true}}) {
+    nlohmann::json saved = config_;
+    config_[key] = value;
+    WriteConfig();
+    EXPECT_THAT(Error(), HasSubstr(key + " = ")) << key;
+    EXPECT_THAT(Error(), HasSubstr("is not supported")) << key;
+    config_ = saved;
+  }
+}
+
+TEST_F(BadPeftAdapterTest, BadConfigValues) {
+  config_["peft_type"] = "IA3";
+  WriteConfig();
+  EXPECT_THAT(Error(), HasSubstr("peft_type must be \"LORA\""));
+  config_["peft_type"] = "LORA";
+  config_["r"] = 512;
+  WriteConfig();
+  EXPECT_THAT(Error(), HasSubstr("r must be an integer in [1, 256], got 512"));
+}
+
+TEST_F(BadPeftAdapterTest, MissingWeightsFile) {
+  std::filesystem::rename(dir_ + "/adapter_model.safetensors",
+                          dir_ + "/adapter_model.bin");
+  EXPECT_THAT(Error(), HasSubstr("adapter_model.bin is not supported"));
+}
+
+TEST_F(BadPeftAdapterTest, MissingConfigFile) {
+  std::filesystem::remove(dir_ + "/adapter_config.json");
+  auto adapter = LoadPeftAdapter(dir_, GqaConfig());
+  ASSERT_FALSE(adapter.ok());
+  EXPECT_THAT(std::string(adapter.status().message()),
+              HasSubstr("adapter_config.json"));
+}
+
+}  // namespace
+}  // namespace loraplex

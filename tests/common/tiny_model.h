@@ -1,0 +1,39 @@
+// The built-in tiny base model, written and loaded once per test process.
+#ifndef LORAPLEX_TESTS_COMMON_TINY_MODEL_H_
+#define LORAPLEX_TESTS_COMMON_TINY_MODEL_H_
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "core/model/llama_model.h"
+#include "core/model/model_presets.h"
+
+namespace loraplex {
+
+inline const LlamaModel& TinyModel() {
+  static const std::unique_ptr<LlamaModel> model = [] {
+    const std::string dir =
+        (std::filesystem::path(::testing::TempDir()) /
+         ("loraplex-" + std::to_string(::getpid())) / "tiny-model")
+            .string();
+    auto status = WritePresetModel("tiny", /*seed=*/7, dir);
+    if (!status.ok()) ADD_FAILURE() << status;
+    auto loaded = LlamaModel::Load(dir, {});
+    if (!loaded.ok()) ADD_FAILURE() << loaded.status();
+    return std::move(loaded).value();
+  }();
+  return *model;
+}
+
+// Path of a committed fixture under tests/fixtures/.
+inline std::string FixturePath(const std::string& relative) {
+  return std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/" + relative;
+}
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_TESTS_COMMON_TINY_MODEL_H_

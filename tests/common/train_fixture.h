@@ -1,0 +1,95 @@
+// Training data and slot requests for the engine tests.
+#ifndef LORAPLEX_TESTS_COMMON_TRAIN_FIXTURE_H_
+#define LORAPLEX_TESTS_COMMON_TRAIN_FIXTURE_H_
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "adapters/slot_pool.h"
+#include "core/data/dataset.h"
+#include "core/data/sequences.h"
+#include "core/tokenizer/tokenizer.h"
+
+namespace loraplex {
+
+// `count` prompt/completion lines of the reversal task: a random string of
+// 3..8 lowercase letters, "=", then the string reversed.
+inline std::string ReversalJsonl(int count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string jsonl;
+  for (int i = 0; i < count; ++i) {
+    std::string word;
+    const int len = 3 + static_cast<int>(rng() % 6);
+    for (int j = 0; j < len; ++j) word += static_cast<char>('a' + rng() % 26);
+    jsonl += "{\"prompt\": \"" + word + "=\", \"completion\": \"" +
+             std::string(word.rbegin(), word.rend()) + "\"}\n";
+  }
+  return jsonl;
+}
+
+inline std::shared_ptr<const SequenceSet> Sequences(const std::string& jsonl,
+                                                    int64_t seq_len) {
+  ByteTokenizer tokenizer;
+  auto dataset = ParseJsonlDataset(jsonl, tokenizer);
+  EXPECT_TRUE(dataset.ok()) << dataset.status();
+  auto sequences = BuildSequences(*dataset, {seq_len, false});
+  EXPECT_TRUE(sequences.ok()) << sequences.status();
+  return std::make_shared<const SequenceSet>(std::move(sequences).value());
+}
+
+inline SlotAttachRequest TrainRequest(const std::string& job,
+                                      OptimizerFamily family, int64_t rank,
+                                      std::vector<Projection> targets,
+                                      std::shared_ptr<const SequenceSet> data,
+                                      uint64_t seed) {
+  SlotAttachRequest request;
+  request.job_id = job;
+  request.lora.rank = rank;
+  request.lora.alpha = 2.0 * static_cast<double>(rank);
+  request.lora.targets = std::move(targets);
+  request.optimizer.family = family;
+  request.optimizer.lr = 1e-2;
+  request.optimizer.weight_decay = 0.01;
+  request.schedule.kind = LrScheduleKind::kCosine;
+  request.schedule.warmup_steps = 2;
+  request.schedule.total_steps = 20;
+  request.training.batch_size = 3;
+  request.training.seq_len = 16;
+  request.training.max_steps = 20;
+  request.training.grad_clip = 1.0;
+  request.training.seed = seed;
+  request.data = std::move(data);
+  return request;
+}
+
+// max over tensors of max|a - b| / max|b|.
+inline double MaxRelativeDiff(const std::vector<torch::Tensor>& actual,
+                              const std::vector<torch::Tensor>& expected) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < actual.size() && i < expected.size(); ++i) {
+    const double scale =
+        std::max(expected[i].abs().max().item<double>(), 1e-30);
+    worst = std::max(
+        worst, (actual[i] - expected[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+inline std::vector<torch::Tensor> Snapshot(const LoraWeights& weights) {
+  std::vector<torch::Tensor> copies;
+  for (const torch::Tensor& p : weights.parameters()) {
+    copies.push_back(p.detach().clone());
+  }
+  return copies;
+}
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_TESTS_COMMON_TRAIN_FIXTURE_H_

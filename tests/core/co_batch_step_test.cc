@@ -1,0 +1,308 @@
+// The co-batched training step: slots trained together end exactly where
+// they would alone, retired slots leak nothing into the next job, and the
+// model really learns.
+#include "core/train/co_batch_step.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "adapters/slot_pool.h"
+#include "core/lora/multi_lora.h"
+#include "tests/common/tiny_model.h"
+#include "tests/common/train_fixture.h"
+
+namespace loraplex {
+namespace {
+
+const std::vector<Projection> kAll = {kAllProjections.begin(),
+                                      kAllProjections.end()};
+
+std::vector<SlotAttachRequest> MixedRequests() {
+  std::vector<SlotAttachRequest> requests;
+  requests.push_back(TrainRequest("adamw", OptimizerFamily::kAdamW, 4, kAll,
+                                  Sequences(ReversalJsonl(10, 1), 16), 101));
+  requests.back().lora.dropout = 0.1;
+  requests.push_back(
+      TrainRequest("muon", OptimizerFamily::kMuon, 8,
+                   {Projection::kQ, Projection::kV, Projection::kO},
+                   Sequences(ReversalJsonl(7, 2), 12), 102));
+  requests.back().training.batch_size = 2;
+  requests.push_back(
+      TrainRequest("adam", OptimizerFamily::kAdam, 2,
+                   {Projection::kGate, Projection::kUp, Projection::kDown},
+                   Sequences(ReversalJsonl(9, 3), 16), 103));
+  requests.back().lora.use_rslora = true;
+  requests.back().training.batch_size = 4;
+  return requests;
+}
+
+// Trains every attached slot of `pool` for `steps` co-batched steps.
+void Train(SlotPool& pool, int steps, const CoBatchOptions& options) {
+  for (int i = 0; i < steps; ++i) {
+    auto metrics = TrainCoBatchStep(TinyModel(), pool.ActiveSlots(), options);
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+  }
+}
+
+void PoisonWeights(TrainingSlot& slot) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor b = slot.weights.modules()[0].b;
+  b.fill_(std::numeric_limits<float>::quiet_NaN());
+}
+
+TEST(CoBatchStepTest, SlotsTrainedTogetherEqualSlotsTrainedAlone) {
+  const int kSteps = 6;
+  const std::vector<SlotAttachRequest> requests = MixedRequests();
+  // Together, with a neighbour whose loss is always NaN, and a token budget
+  // that cuts the co-batch into several micro-batches. Alone runs under the
+  // same engine options: another budget regroups the rows, which changes
+  // float rounding (not the math) by about 1e-5.
+  SlotPool together(TinyModel().config(), {.capacity = 8});
+  for (const SlotAttachRequest& request : requests) {
+    ASSERT_TRUE(together.Attach(request).ok());
+  }
+  auto poisoned =
+      together.Attach(TrainRequest("nan", OptimizerFamily::kAdamW, 16, kAll,
+                                   Sequences(ReversalJsonl(5, 4), 16), 104));
+  ASSERT_TRUE(poisoned.ok());
+  PoisonWeights(together.slot(*poisoned));
+  CoBatchOptions small_budget;
+  small_budget.token_budget = 40;
+  small_budget.loss_chunk_tokens = 7;
+  for (int step = 0; step < kSteps; ++step) {
+    auto metrics =
+        TrainCoBatchStep(TinyModel(), together.ActiveSlots(), small_budget);
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    ASSERT_EQ(metrics->size(), 4u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_FALSE((*metrics)[i].skipped) << requests[i].job_id;
+      EXPECT_TRUE(std::isfinite((*metrics)[i].loss));
+    }
+    EXPECT_TRUE((*metrics)[3].skipped);
+    EXPECT_EQ((*metrics)[3].skip_reason, "loss is not finite");
+  }
+  EXPECT_EQ(together.slot(*poisoned).counters.skipped_steps, kSteps);
+  EXPECT_EQ(together.slot(*poisoned).scheduler->completed_steps(), 0);
+
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SlotPool alone(TinyModel().config(), {.capacity = 1});
+    ASSERT_TRUE(alone.Attach(requests[i]).ok());
+    Train(alone, kSteps, small_budget);
+    const TrainingSlot& a = alone.slot(0);
+    const TrainingSlot& t = together.slot(static_cast<int>(i));
+    EXPECT_EQ(t.counters.steps, kSteps);
+    EXPECT_EQ(t.counters.skipped_steps, 0);
+    EXPECT_EQ(t.scheduler->completed_steps(), kSteps);
+    EXPECT_EQ(t.counters.target_tokens, a.counters.target_tokens);
+    const double diff =
+        MaxRelativeDiff(Snapshot(t.weights), Snapshot(a.weights));
+    EXPECT_LE(diff, 1e-5) << requests[i].job_id;
+    // And training moved the weights (B starts at zero).
+    EXPECT_GT(a.weights.modules()[0].b.abs().max().item<double>(), 0.0);
+  }
+}
+
+// All of a slot's optimizer state is zero: moments, momentum buffers and
+// step counters.
+void ExpectStateZero(const SlotOptimizer& optimizer) {
+  for (const OptimizerChild& child : optimizer.children()) {
+    for (const ParamStateRef& ref : child.states()) {
+      ASSERT_NE(ref.step, nullptr);
+      EXPECT_EQ(*ref.step, 0);
+      for (const auto& [name, t] : ref.tensors) {
+        EXPECT_EQ(t.abs().max().item<double>(), 0.0) << name;
+      }
+    }
+  }
+}
+
+class RetireReuseTest : public ::testing::TestWithParam<OptimizerFamily> {};
+
+TEST_P(RetireReuseTest, ReusedSlotEndsExactlyLikeAFreshOne) {
+  SlotAttachRequest job_x = TrainRequest("x", GetParam(), 8, kAll,
+                                         Sequences(ReversalJsonl(9, 5), 16), 7);
+  SlotAttachRequest job_y = TrainRequest(
+      "y", GetParam(), 4, {Projection::kQ, Projection::kV, Projection::kUp},
+      Sequences(ReversalJsonl(8, 6), 16), 8);
+  job_y.lora.dropout = 0.2;
+
+  SlotPool reused(TinyModel().config(), {.capacity = 1});
+  ASSERT_EQ(reused.Attach(job_x).value(), 0);
+  Train(reused, 4, {});
+  const void* storage = reused.slot(0).weights.modules()[0].a.data_ptr();
+  ASSERT_TRUE(reused.Retire(0).ok());
+  EXPECT_EQ(reused.state(0), SlotState::kFree);
+  ExpectStateZero(*reused.slot(0).optimizer);
+  for (const torch::Tensor& p : reused.slot(0).optimizer->parameters()) {
+    EXPECT_EQ(p.abs().max().item<double>(), 0.0);
+    EXPECT_TRUE(!p.grad().defined() ||
+                p.grad().abs().max().item<double>() == 0);
+  }
+  EXPECT_FALSE(reused.slot(0).scheduler.has_value());
+  EXPECT_EQ(reused.slot(0).counters.steps, 0);
+
+  ASSERT_EQ(reused.Attach(job_y).value(), 0);
+  EXPECT_EQ(reused.slot(0).weights.modules()[0].a.data_ptr(), storage)
+      << "a rank that fits reuses the slot's storage";
+  Train(reused, 4, {});
+
+  SlotPool fresh(TinyModel().config(), {.capacity = 1});
+  ASSERT_TRUE(fresh.Attach(job_y).ok());
+  Train(fresh, 4, {});
+  const std::vector<torch::Tensor> a = Snapshot(reused.slot(0).weights);
+  const std::vector<torch::Tensor> b = Snapshot(fresh.slot(0).weights);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, RetireReuseTest,
+                         ::testing::Values(OptimizerFamily::kAdamW,
+                                           OptimizerFamily::kAdam,
+                                           OptimizerFamily::kMuon));
+
+// The step's loss and gradient are those of the masked mean cross-entropy
+// of the slot's batch, computed here from full logits with plain autograd.
+TEST(CoBatchStepTest, ReportedLossIsTheMaskedMeanOfTheBatch) {
+  const LlamaModel& model = TinyModel();
+  SlotAttachRequest request =
+      TrainRequest("a", OptimizerFamily::kAdamW, 4, kAll,
+                   Sequences(ReversalJsonl(6, 9), 16), 3);
+  SlotPool pool(model.config(), {.capacity = 1});
+  ASSERT_TRUE(pool.Attach(request).ok());
+  // Give B values so the adapter changes the logits.
+  {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(4);
+    for (const LoraModule& m : pool.slot(0).weights.modules()) {
+      torch::Tensor b = m.b;
+      b.copy_(torch::randn(b.sizes()) * 0.1);
+    }
+  }
+  // The reference: plain autograd through full logits, one sequence at a
+  // time, mean over all target tokens.
+  auto cursor = DataCursor::Create(6, {3, 0, 0});
+  torch::Tensor total = torch::zeros({}, torch::kFloat64);
+  int64_t count = 0;
+  MultiLoraDelta delta({{&pool.slot(0).weights, 1}});
+  for (int64_t index : cursor->NextBatch(3)) {
+    const Sequence& seq = request.data->sequences[index];
+    const int64_t len = static_cast<int64_t>(seq.input_ids.size());
+    torch::Tensor ids = torch::tensor(seq.input_ids).view({1, len});
+    torch::Tensor logits =
+        model.Forward(ids, torch::tensor({len}), &delta).value()[0];
+    torch::Tensor log_probs =
+        torch::log_softmax(logits.to(torch::kFloat64), -1);
+    for (int64_t t = 1; t < len; ++t) {
+      if (seq.loss_mask[t] == 0) continue;
+      total = total - log_probs[t - 1][seq.input_ids[t]];
+      ++count;
+    }
+  }
+  torch::Tensor reference = total / static_cast<double>(count);
+  reference.backward();
+  double squared = 0.0;
+  for (const torch::Tensor& p : pool.slot(0).weights.parameters()) {
+    squared += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  pool.slot(0).optimizer->ZeroGrad();
+
+  auto metrics = TrainCoBatchStep(model, pool.ActiveSlots(), {});
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NEAR((*metrics)[0].loss, reference.item<double>(), 1e-5);
+  EXPECT_EQ((*metrics)[0].target_tokens, count);
+  EXPECT_NEAR((*metrics)[0].grad_norm, std::sqrt(squared),
+              1e-5 * std::sqrt(squared));
+  EXPECT_NEAR((*metrics)[0].lr, 0.0, 1e-12);  // Warmup starts at init_lr 0.
+}
+
+TEST(CoBatchStepTest, EvalLossMatchesTheTrainingLossWithoutDropout) {
+  SlotAttachRequest request =
+      TrainRequest("a", OptimizerFamily::kMuon, 4, kAll,
+                   Sequences(ReversalJsonl(3, 10), 16), 5);
+  request.training.batch_size = 3;
+  SlotPool pool(TinyModel().config(), {.capacity = 1});
+  ASSERT_TRUE(pool.Attach(request).ok());
+  auto eval = EvalLoss(TinyModel(), &pool.slot(0).weights,
+                       request.data->sequences, {.token_budget = 20});
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  auto metrics = TrainCoBatchStep(TinyModel(), pool.ActiveSlots(), {});
+  ASSERT_TRUE(metrics.ok());
+  // The batch is the whole data set (3 of 3), in another order.
+  EXPECT_NEAR((*metrics)[0].loss, *eval, 1e-5);
+  EXPECT_FALSE(EvalLoss(TinyModel(), nullptr, {}, {}).ok());
+}
+
+// Loss falls well below its start on the reversal task, for AdamW and Muon
+// trained side by side.
+TEST(CoBatchStepTest, LearnsToReverseStrings) {
+  const LlamaModel& model = TinyModel();
+  auto train = Sequences(ReversalJsonl(2048, 20), 24);
+  auto held_out = Sequences(ReversalJsonl(32, 21), 24);
+  SlotPool pool(model.config(), {.capacity = 2});
+  for (OptimizerFamily family :
+       {OptimizerFamily::kAdamW, OptimizerFamily::kMuon}) {
+    SlotAttachRequest request = TrainRequest(
+        std::string(OptimizerFamilyName(family)), family, 16, kAll, train, 1);
+    request.lora.alpha = 32;
+    request.optimizer.lr = family == OptimizerFamily::kMuon ? 1e-2 : 3e-3;
+    request.optimizer.weight_decay = 0.0;
+    request.schedule.warmup_steps = 10;
+    request.schedule.total_steps = 300;
+    request.training.batch_size = 16;
+    request.training.seq_len = 24;
+    request.training.max_steps = 300;
+    ASSERT_TRUE(pool.Attach(request).ok());
+  }
+  std::vector<double> before;
+  for (int s = 0; s < 2; ++s) {
+    before.push_back(
+        EvalLoss(model, &pool.slot(s).weights, held_out->sequences, {})
+            .value());
+  }
+  std::vector<std::vector<double>> losses(2);
+  while (!pool.ActiveSlots().empty()) {
+    auto metrics = TrainCoBatchStep(model, pool.ActiveSlots(), {});
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    for (int s = 0; s < 2; ++s) losses[s].push_back((*metrics)[s].loss);
+  }
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE(pool.job_id(s));
+    ASSERT_EQ(losses[s].size(), 300u);
+    double first = 0.0;
+    double last = 0.0;
+    for (int i = 0; i < 10; ++i) first += losses[s][i] / 10;
+    for (int i = 290; i < 300; ++i) last += losses[s][i] / 10;
+    EXPECT_LT(last, 0.6 * first) << "first " << first << " last " << last;
+    const double after =
+        EvalLoss(model, &pool.slot(s).weights, held_out->sequences, {}).value();
+    EXPECT_LT(after, 0.6 * before[s])
+        << "held-out " << before[s] << " -> " << after;
+  }
+}
+
+TEST(CoBatchStepTest, RefusesSlotsThatCannotTrain) {
+  SlotPool pool(TinyModel().config(), {.capacity = 1});
+  SlotAttachRequest request =
+      TrainRequest("a", OptimizerFamily::kAdamW, 4, kAll,
+                   Sequences(ReversalJsonl(3, 1), 16), 1);
+  request.training.max_steps = 1;
+  ASSERT_TRUE(pool.Attach(request).ok());
+  TrainingSlot* slot = &pool.slot(0);
+  ASSERT_TRUE(TrainCoBatchStep(TinyModel(), {slot}, {}).ok());
+  EXPECT_TRUE(slot->done());
+  EXPECT_TRUE(pool.ActiveSlots().empty());
+  auto again = TrainCoBatchStep(TinyModel(), {slot}, {});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace loraplex

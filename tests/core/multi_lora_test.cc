@@ -1,0 +1,311 @@
+// Multi-LoRA forward against PEFT's logits, segment isolation, and the
+// memory cost of backward as slots are added.
+#include "core/lora/multi_lora.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "adapters/peft_adapter.h"
+#include "core/lora/lora_config.h"
+#include "core/lora/lora_weights.h"
+#include "core/model/llama_model.h"
+#include "core/runtime/torch_compat.h"
+#include "core/safetensors/safetensors.h"
+#include "tests/common/tiny_model.h"
+
+namespace loraplex {
+namespace {
+
+struct Golden {
+  torch::Tensor input_ids;
+  torch::Tensor lengths;
+  torch::Tensor logits;
+};
+
+Golden LoadGolden(const std::string& dir) {
+  auto file = SafetensorsFile::Open(dir + "/golden.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  return {(*file)->Load("input_ids").value().clone(),
+          (*file)->Load("lengths").value().clone(),
+          (*file)->Load("logits").value().clone()};
+}
+
+// Max |a - b| over the valid positions of row `row`.
+double RowDiff(const torch::Tensor& a, const torch::Tensor& b,
+               const torch::Tensor& lengths, int64_t row) {
+  const int64_t len = lengths[row].item<int64_t>();
+  return (a[row].narrow(0, 0, len) - b[row].narrow(0, 0, len))
+      .abs()
+      .max()
+      .item<double>();
+}
+
+class PeftGoldenTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    auto model = LlamaModel::Load(FixturePath("golden/llama_gqa"), {});
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(model).value().release();
+  }
+  static void TearDownTestSuite() { delete model_; }
+
+  static std::unique_ptr<LoraWeights> LoadAdapter(const std::string& name) {
+    auto adapter =
+        LoadPeftAdapter(FixturePath("golden/peft/" + name), model_->config());
+    EXPECT_TRUE(adapter.ok()) << adapter.status();
+    auto weights = std::make_unique<LoraWeights>(model_->config(), torch::kCPU);
+    EXPECT_TRUE(weights->Bind(adapter->config).ok());
+    EXPECT_TRUE(CopyPeftAdapter(*adapter, *weights).ok());
+    return weights;
+  }
+
+  static LlamaModel* model_;
+};
+LlamaModel* PeftGoldenTest::model_ = nullptr;
+
+TEST_P(PeftGoldenTest, LogitsMatchPeft) {
+  const Golden golden = LoadGolden(FixturePath("golden/peft/" + GetParam()));
+  std::unique_ptr<LoraWeights> weights = LoadAdapter(GetParam());
+  MultiLoraDelta delta({{weights.get(), golden.input_ids.size(0)}});
+  auto logits = model_->Forward(golden.input_ids, golden.lengths, &delta);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  for (int64_t row = 0; row < golden.input_ids.size(0); ++row) {
+    EXPECT_LE(RowDiff(*logits, golden.logits, golden.lengths, row), 1e-4)
+        << "row " << row;
+  }
+  // The adapter matters: without it the logits are far from PEFT's.
+  auto base = model_->Forward(golden.input_ids, golden.lengths);
+  EXPECT_GT(RowDiff(*base, golden.logits, golden.lengths, 0), 0.05);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PeftGoldenTest,
+                         ::testing::Values("q_v_r4", "all_r8_rslora",
+                                           "mlp_r2"));
+
+// One co-batch, one adapter per row (and a base-only row): each row equals
+// PEFT's logits for its own adapter.
+TEST_F(PeftGoldenTest, EachSegmentSeesOnlyItsAdapter) {
+  const std::vector<std::string> names = {"all_r8_rslora", "q_v_r4", "mlp_r2"};
+  std::vector<std::unique_ptr<LoraWeights>> weights;
+  std::vector<Golden> goldens;
+  for (const std::string& name : names) {
+    weights.push_back(LoadAdapter(name));
+    goldens.push_back(LoadGolden(FixturePath("golden/peft/" + name)));
+  }
+  const Golden base = LoadGolden(FixturePath("golden/llama_gqa"));
+  // Rows: base row 0 without adapter, then row r of the golden batch with
+  // adapter r.
+  torch::Tensor ids =
+      torch::cat({base.input_ids.narrow(0, 0, 1), base.input_ids});
+  torch::Tensor lengths =
+      torch::cat({base.lengths.narrow(0, 0, 1), base.lengths});
+  MultiLoraDelta delta({{nullptr, 1},
+                        {weights[0].get(), 1},
+                        {weights[1].get(), 1},
+                        {weights[2].get(), 1}});
+  auto logits = model_->Forward(ids, lengths, &delta);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_LE(RowDiff(logits->narrow(0, 0, 1), base.logits, base.lengths, 0),
+            1e-4);
+  for (int64_t r = 0; r < 3; ++r) {
+    torch::Tensor row = logits->narrow(0, r + 1, 1);
+    EXPECT_LE(RowDiff(row, goldens[r].logits.narrow(0, r, 1),
+                      base.lengths.narrow(0, r, 1), 0),
+              1e-4)
+        << names[r];
+  }
+}
+
+LoraConfig Config(int64_t rank, std::vector<Projection> targets) {
+  LoraConfig config;
+  config.rank = rank;
+  config.alpha = 2.0 * static_cast<double>(rank);
+  config.targets = std::move(targets);
+  return config;
+}
+
+void RandomizeB(LoraWeights& weights, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (const LoraModule& m : weights.modules()) {
+    torch::Tensor b = m.b;
+    b.copy_(torch::randn(b.sizes()) * 0.05);
+  }
+}
+
+TEST(MultiLoraTest, InitMatchesPeftStatistics) {
+  const LlamaModel& model = TinyModel();
+  LoraWeights weights(model.config(), torch::kCPU);
+  ASSERT_TRUE(
+      weights.Bind(Config(8, {Projection::kQ, Projection::kDown})).ok());
+  weights.InitPeft(3);
+  for (const LoraModule& m : weights.modules()) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(m.a.size(1)));
+    EXPECT_LE(m.a.abs().max().item<double>(), bound);
+    EXPECT_GT(m.a.abs().max().item<double>(), 0.8 * bound);
+    EXPECT_EQ(m.b.abs().max().item<double>(), 0.0);
+    EXPECT_TRUE(m.a.requires_grad() && m.a.is_leaf());
+  }
+  // Seeded: the same seed gives the same A, another seed a different one.
+  LoraWeights again(model.config(), torch::kCPU);
+  ASSERT_TRUE(again.Bind(weights.config()).ok());
+  again.InitPeft(3);
+  EXPECT_TRUE(torch::equal(again.modules()[0].a, weights.modules()[0].a));
+  again.InitPeft(4);
+  EXPECT_FALSE(torch::equal(again.modules()[0].a, weights.modules()[0].a));
+}
+
+TEST(MultiLoraTest, BindReusesStorageWhenTheRankFits) {
+  LoraWeights weights(TinyModel().config(), torch::kCPU);
+  auto first = weights.Bind(Config(16, {Projection::kQ}));
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, 2);  // One block per layer.
+  const void* data = weights.modules()[0].a.data_ptr();
+  auto smaller = weights.Bind(Config(4, {Projection::kQ}));
+  ASSERT_TRUE(smaller.ok());
+  EXPECT_EQ(*smaller, 0);
+  EXPECT_EQ(weights.modules()[0].a.data_ptr(), data);
+  EXPECT_EQ(weights.modules()[0].a.sizes(), (std::vector<int64_t>{4, 64}));
+  auto larger = weights.Bind(Config(32, {Projection::kQ, Projection::kV}));
+  ASSERT_TRUE(larger.ok());
+  EXPECT_EQ(*larger, 4);
+  EXPECT_FALSE(weights.Bind(Config(0, {Projection::kQ})).ok());
+  EXPECT_TRUE(weights.bound());  // A rejected config keeps the old binding.
+}
+
+// The gradient of each adapter comes only from its own rows: the loss of
+// segment 0 gives adapter 1 no gradient at all, and adapter 0's gradient
+// is the same whatever is in the other rows.
+TEST(MultiLoraTest, GradientsStayInTheirSegment) {
+  const LlamaModel& model = TinyModel();
+  LoraWeights a(model.config(), torch::kCPU);
+  LoraWeights b(model.config(), torch::kCPU);
+  ASSERT_TRUE(a.Bind(Config(4, {Projection::kQ, Projection::kK, Projection::kV,
+                                Projection::kUp}))
+                  .ok());
+  ASSERT_TRUE(b.Bind(Config(2, {Projection::kV, Projection::kDown})).ok());
+  a.InitPeft(1);
+  b.InitPeft(2);
+  RandomizeB(a, 5);
+  RandomizeB(b, 6);
+  torch::manual_seed(0);
+  torch::Tensor ids = torch::randint(0, 259, {3, 9}, torch::kInt64);
+  torch::Tensor lengths = torch::tensor({9, 6, 9}, torch::kInt64);
+  auto row0_loss = [&](const torch::Tensor& input) {
+    MultiLoraDelta delta({{&a, 1}, {&b, 2}});
+    auto logits = model.Forward(input, lengths, &delta);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return (*logits)[0].pow(2).mean();
+  };
+  row0_loss(ids).backward();
+  for (const torch::Tensor& p : b.parameters()) {
+    EXPECT_TRUE(!p.grad().defined() || p.grad().abs().max().item<double>() == 0)
+        << "a neighbour's rows reached adapter b";
+  }
+  std::vector<torch::Tensor> first;
+  for (const torch::Tensor& p : a.parameters()) {
+    first.push_back(p.grad().clone());
+    p.mutable_grad().zero_();
+  }
+  torch::Tensor other = ids.clone();
+  other.narrow(0, 1, 2).random_(0, 259);
+  row0_loss(other).backward();
+  const std::vector<torch::Tensor> params = a.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(params[i].grad(), first[i], 1e-6, 1e-7));
+  }
+}
+
+// Backward allocates memory in proportion to the rows, not rows × slots:
+// 8 slots of one row each allocate about what one slot of 8 rows does. The
+// x[a:b] slicing pattern would allocate a full-size zero gradient per slot
+// and module, several times more.
+TEST(MultiLoraTest, BackwardMemoryDoesNotGrowWithSlotCount) {
+  const LlamaModel& model = TinyModel();
+  const int64_t rows = 8;
+  std::vector<std::unique_ptr<LoraWeights>> adapters;
+  for (int i = 0; i < rows; ++i) {
+    adapters.push_back(
+        std::make_unique<LoraWeights>(model.config(), torch::kCPU));
+    ASSERT_TRUE(adapters.back()->Bind(LoraConfig{}).ok());
+    adapters.back()->InitPeft(i);
+  }
+  torch::manual_seed(1);
+  torch::Tensor ids = torch::randint(0, 259, {rows, 32}, torch::kInt64);
+  torch::Tensor lengths = torch::full({rows}, 32, torch::kInt64);
+  auto backward_bytes = [&](std::vector<LoraSegment> segments, int64_t* grads) {
+    MultiLoraDelta delta(std::move(segments));
+    auto logits = model.Forward(ids, lengths, &delta);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    torch::Tensor loss = logits->pow(2).mean();
+    CpuAllocationCounter counter;
+    loss.backward();
+    *grads = 0;
+    for (const auto& adapter : adapters) {
+      for (const torch::Tensor& p : adapter->parameters()) {
+        if (p.grad().defined()) *grads += p.grad().numel();
+      }
+    }
+    return counter.bytes();
+  };
+  std::vector<LoraSegment> many;
+  for (int i = 0; i < rows; ++i) many.push_back({adapters[i].get(), 1});
+  int64_t grads_many = 0;
+  int64_t grads_one = 0;
+  const int64_t bytes_many = backward_bytes(many, &grads_many);
+  for (auto& adapter : adapters) {
+    for (const torch::Tensor& p : adapter->parameters()) {
+      if (p.grad().defined()) p.mutable_grad().reset();
+    }
+  }
+  const int64_t bytes_one =
+      backward_bytes({{adapters[0].get(), rows}}, &grads_one);
+  // Every slot's gradient exists and has exactly its parameters' size.
+  int64_t params_per_slot = 0;
+  for (const torch::Tensor& p : adapters[0]->parameters()) {
+    params_per_slot += p.numel();
+  }
+  EXPECT_EQ(grads_many, rows * params_per_slot);
+  EXPECT_EQ(grads_one, params_per_slot);
+  // Activation-sized buffers dominate; the extra per-slot gradients are
+  // small (rows * params_per_slot floats).
+  const int64_t extra = (rows - 1) * params_per_slot * 4;
+  EXPECT_GT(bytes_one, 0);
+  EXPECT_LE(bytes_many, 1.3 * bytes_one + 2 * extra)
+      << "bytes with 8 slots " << bytes_many << ", with 1 slot " << bytes_one;
+}
+
+TEST(MultiLoraTest, DropoutIsSeededPerRowAndOffInEvaluation) {
+  const LlamaModel& model = TinyModel();
+  LoraWeights a(model.config(), torch::kCPU);
+  LoraConfig config = Config(4, {Projection::kQ, Projection::kV});
+  config.dropout = 0.5;
+  ASSERT_TRUE(a.Bind(config).ok());
+  a.InitPeft(1);
+  RandomizeB(a, 2);
+  torch::manual_seed(3);
+  torch::Tensor ids = torch::randint(0, 259, {2, 8}, torch::kInt64);
+  torch::Tensor lengths = torch::tensor({8, 5}, torch::kInt64);
+  auto run = [&](bool training, uint64_t seed, std::vector<int64_t> row_ids) {
+    LoraSegment segment{&a, 2, training, seed, row_ids, {8, 5}};
+    MultiLoraDelta delta({segment});
+    torch::NoGradGuard no_grad;
+    return model.Forward(ids, lengths, &delta).value();
+  };
+  torch::Tensor eval = run(false, 1, {0, 1});
+  torch::Tensor trained = run(true, 1, {0, 1});
+  EXPECT_FALSE(torch::allclose(eval, trained));
+  EXPECT_TRUE(torch::equal(trained, run(true, 1, {0, 1})));
+  EXPECT_FALSE(torch::allclose(trained, run(true, 2, {0, 1})));
+  // A row's mask depends on its id, not its position in the batch.
+  torch::Tensor swapped = run(true, 1, {1, 0});
+  EXPECT_FALSE(torch::allclose(trained[0], swapped[0]));
+}
+
+}  // namespace
+}  // namespace loraplex
