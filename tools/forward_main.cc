@@ -1,19 +1,25 @@
-// loraplex-forward: runs the base model of a checkpoint directory on given
-// token rows, writes the logits to a safetensors file and prints the top-5
-// next tokens of every row. For checking a checkpoint brought from elsewhere.
+// loraplex-forward: runs the base model of a checkpoint directory (plus,
+// with --adapter, a PEFT LoRA adapter) on given token rows, writes the
+// logits to a safetensors file and prints the top-5 next tokens of every
+// row. For checking a checkpoint or adapter brought from elsewhere, or one
+// exported by the server.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "adapters/peft_adapter.h"
 #include "core/common/status_macros.h"
+#include "core/lora/multi_lora.h"
 #include "core/model/llama_model.h"
 #include "core/runtime/device.h"
 #include "core/safetensors/safetensors.h"
@@ -58,7 +64,8 @@ std::string Describe(const Tokenizer* tokenizer, int64_t id) {
   return absl::StrCat(id, " \"", shown, "\"");
 }
 
-absl::Status Run(const std::string& model_dir, const std::string& ids_text,
+absl::Status Run(const std::string& model_dir, const std::string& adapter_dir,
+                 const std::string& ids_text,
                  const std::vector<std::string>& texts,
                  const std::string& dtype_name, const std::string& device_name,
                  int threads, const std::string& out_path) {
@@ -71,6 +78,15 @@ absl::Status Run(const std::string& model_dir, const std::string& ids_text,
   if (dtype_name == "bf16") options.dtype = torch::kBFloat16;
   LORAPLEX_ASSIGN_OR_RETURN(auto model,
                             loraplex::LlamaModel::Load(model_dir, options));
+  std::unique_ptr<loraplex::LoraWeights> adapter;
+  if (!adapter_dir.empty()) {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        loraplex::PeftAdapter peft,
+        loraplex::LoadPeftAdapter(adapter_dir, model->config()));
+    adapter = std::make_unique<loraplex::LoraWeights>(model->config(), device);
+    LORAPLEX_RETURN_IF_ERROR(adapter->Bind(peft.config).status());
+    LORAPLEX_RETURN_IF_ERROR(loraplex::CopyPeftAdapter(peft, *adapter));
+  }
   auto tokenizer_or = loraplex::LoadTokenizer(model_dir);
   std::unique_ptr<Tokenizer> tokenizer;
   if (tokenizer_or.ok()) tokenizer = std::move(tokenizer_or).value();
@@ -107,13 +123,17 @@ absl::Status Run(const std::string& model_dir, const std::string& ids_text,
   }
 
   torch::NoGradGuard no_grad;
+  const loraplex::MultiLoraDelta delta({{adapter.get(), input_ids.size(0)}});
   LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor logits,
-                            model->Forward(input_ids, lengths));
+                            model->Forward(input_ids, lengths, &delta));
   logits = logits.cpu();
+  std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                 {"model", model_dir}};
+  if (adapter) metadata["adapter"] = adapter_dir;
   LORAPLEX_RETURN_IF_ERROR(loraplex::WriteSafetensors(
       out_path,
       {{"logits", logits}, {"input_ids", input_ids}, {"lengths", lengths}},
-      {{"format", "pt"}, {"model", model_dir}}));
+      metadata));
 
   for (size_t r = 0; r < rows.size(); ++r) {
     const int64_t last = static_cast<int64_t>(rows[r].size()) - 1;
@@ -136,11 +156,16 @@ absl::Status Run(const std::string& model_dir, const std::string& ids_text,
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Run a base model on token rows and write the logits."};
-  std::string model_dir, ids, dtype = "auto", device = "cpu", out;
+  CLI::App app{
+      "Run a base model (and optionally a LoRA adapter) on token rows and "
+      "write the logits."};
+  std::string model_dir, adapter_dir, ids, dtype = "auto", device = "cpu", out;
   std::vector<std::string> texts;
   int threads = 0;
   app.add_option("--model", model_dir, "Checkpoint directory")->required();
+  app.add_option("--adapter", adapter_dir,
+                 "PEFT LoRA adapter directory (adapter_config.json + "
+                 "adapter_model.safetensors) applied on top of the model");
   app.add_option("--ids", ids, "Token id rows, e.g. 1,2,3;4,5");
   app.add_option("--text", texts,
                  "Text row (tokenized with the model's tokenizer, BOS first); "
@@ -157,7 +182,8 @@ int main(int argc, char** argv) {
 
   absl::Status status;
   try {
-    status = Run(model_dir, ids, texts, dtype, device, threads, out);
+    status =
+        Run(model_dir, adapter_dir, ids, texts, dtype, device, threads, out);
   } catch (const std::exception& e) {
     status = absl::InternalError(e.what());
   }

@@ -63,10 +63,14 @@ TEST(MakeModelToolTest, RejectsUnknownPreset) {
   EXPECT_THAT(result.output, HasSubstr("--preset"));
 }
 
-TEST(ForwardToolTest, LogitsMatchTransformersGolden) {
+// Runs loraplex-forward on the rows of `golden_dir`/golden.safetensors and
+// checks its logits against the stored ones.
+void ExpectGoldenLogits(const std::string& golden_dir,
+                        const std::string& extra_args) {
   const std::string model =
       std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/golden/llama_gqa";
-  auto golden = SafetensorsFile::Open(model + "/golden.safetensors").value();
+  auto golden =
+      SafetensorsFile::Open(golden_dir + "/golden.safetensors").value();
   torch::Tensor ids = golden->Load("input_ids").value();
   torch::Tensor lengths = golden->Load("lengths").value();
   torch::Tensor expected = golden->Load("logits").value();
@@ -80,8 +84,8 @@ TEST(ForwardToolTest, LogitsMatchTransformersGolden) {
   }
   const std::string out = Temp("logits.safetensors");
   CommandResult result =
-      RunCommand(Tool("loraplex-forward") + " --model " + model + " --ids '" +
-                 rows + "' --threads 1 --out " + out);
+      RunCommand(Tool("loraplex-forward") + " --model " + model + extra_args +
+                 " --ids '" + rows + "' --threads 1 --out " + out);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, HasSubstr("row 2 (1 tokens) next-token top-5:"));
   auto written = SafetensorsFile::Open(out);
@@ -96,6 +100,18 @@ TEST(ForwardToolTest, LogitsMatchTransformersGolden) {
                   .item<double>(),
               1e-4);
   }
+}
+
+TEST(ForwardToolTest, LogitsMatchTransformersGolden) {
+  ExpectGoldenLogits(
+      std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/golden/llama_gqa",
+      "");
+}
+
+TEST(ForwardToolTest, AdapterLogitsMatchPeftGolden) {
+  const std::string adapter = std::string(LORAPLEX_SOURCE_DIR) +
+                              "/tests/fixtures/golden/peft/all_r8_rslora";
+  ExpectGoldenLogits(adapter, " --adapter " + adapter);
 }
 
 TEST(ForwardToolTest, EncodesTextWithTheModelTokenizer) {
@@ -143,6 +159,13 @@ TEST(ForwardToolTest, BadInputsFailWithClearMessages) {
                                       Temp("absent") + " --ids 1 --out " + out);
   EXPECT_EQ(no_model.exit_code, 1);
   EXPECT_THAT(no_model.output, HasSubstr("config.json: cannot be read"));
+  EXPECT_FALSE(fs::exists(out));
+
+  CommandResult bad_adapter =
+      RunCommand(Tool("loraplex-forward") + " --model " + model +
+                 " --adapter " + Temp("absent") + " --ids 1 --out " + out);
+  EXPECT_EQ(bad_adapter.exit_code, 1);
+  EXPECT_THAT(bad_adapter.output, HasSubstr("adapter_config.json"));
   EXPECT_FALSE(fs::exists(out));
 }
 
