@@ -62,8 +62,19 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
   for (const char* key :
        {"bias", "use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern",
         "modules_to_save", "layers_to_transform", "layers_pattern", "lora_bias",
-        "trainable_token_indices", "layer_replication"}) {
+        "trainable_token_indices", "layer_replication",
+        "alora_invocation_tokens", "target_parameters"}) {
     LORAPLEX_RETURN_IF_ERROR(CheckNeutral(json, key, label));
+  }
+  // Initialisations that rewrite the base weights (PiSSA, OLoRA, CorDA,
+  // LoftQ) give adapters that only fit the rewritten base.
+  if (auto init = json.find("init_lora_weights");
+      init != json.end() && !init->is_boolean() && *init != "gaussian" &&
+      *init != "eva") {
+    return invalid("init_lora_weights",
+                   absl::StrCat("= ", DescribeJson(*init),
+                                " is not supported (it changes the base "
+                                "weights the adapter was trained against)"));
   }
   LoraConfig config;
   auto r = json.find("r");
@@ -285,9 +296,11 @@ absl::Status CopyPeftAdapter(const PeftAdapter& adapter, LoraWeights& weights) {
   for (size_t i = 0; i < adapter.modules.size(); ++i) {
     const LoraModule& m = weights.modules()[i];
     const PeftModuleTensors& source = adapter.modules[i];
-    if (m.layer != source.layer || m.projection != source.projection) {
-      return absl::FailedPreconditionError(
-          "the weights are not bound to the adapter's config");
+    if (m.layer != source.layer || m.projection != source.projection ||
+        m.a.sizes() != source.a.sizes() || m.b.sizes() != source.b.sizes()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the weights are not bound to the adapter's config (at ",
+          PeftTensorName(source.layer, source.projection, true), ")"));
     }
     torch::Tensor a = m.a;
     torch::Tensor b = m.b;

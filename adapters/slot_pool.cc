@@ -25,6 +25,31 @@ int SlotPool::num_attached() const {
   return count;
 }
 
+absl::Status SlotPool::CheckSequence(const Sequence& sequence,
+                                     size_t index) const {
+  auto invalid = [&](absl::string_view reason) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training sequence ", index, " ", reason));
+  };
+  const size_t length = sequence.input_ids.size();
+  if (length < 2 || sequence.loss_mask.size() != length) {
+    return invalid(
+        "must have at least 2 tokens and one loss_mask value per token");
+  }
+  bool any_target = false;
+  for (size_t t = 0; t < length; ++t) {
+    const int64_t id = sequence.input_ids[t];
+    if (id < 0 || id >= model_.vocab_size) {
+      return invalid(absl::StrCat("has token id ", id, " at position ", t,
+                                  ", outside the vocabulary [0, ",
+                                  model_.vocab_size, ")"));
+    }
+    any_target |= t > 0 && sequence.loss_mask[t] != 0;
+  }
+  if (!any_target) return invalid("has no target token");
+  return absl::OkStatus();
+}
+
 absl::Status SlotPool::CheckRequest(const SlotAttachRequest& request) const {
   const LoraConfig& lora =
       request.initial_weights ? request.initial_weights->config : request.lora;
@@ -37,8 +62,14 @@ absl::Status SlotPool::CheckRequest(const SlotAttachRequest& request) const {
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(request.optimizer));
   LORAPLEX_RETURN_IF_ERROR(ValidateLrScheduleConfig(request.schedule));
   LORAPLEX_RETURN_IF_ERROR(ValidateTrainingConfig(request.training));
-  if (request.data != nullptr && request.data->sequences.empty()) {
-    return absl::InvalidArgumentError("the training data has no sequences");
+  if (request.data != nullptr) {
+    const std::vector<Sequence>& sequences = request.data->sequences;
+    if (sequences.empty()) {
+      return absl::InvalidArgumentError("the training data has no sequences");
+    }
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      LORAPLEX_RETURN_IF_ERROR(CheckSequence(sequences[i], i));
+    }
   }
   return absl::OkStatus();
 }
@@ -132,11 +163,18 @@ absl::Status SlotPool::Retire(int slot) {
   // Zeroed in place, so nothing of this job survives in memory a later job
   // could see. The optimizer stays (zeroed) until the next attach replaces
   // it.
-  if (training.optimizer.has_value()) {
-    training.optimizer->ZeroState();
-    training.optimizer->ZeroGrad();
+  try {
+    if (training.optimizer.has_value()) {
+      training.optimizer->ZeroState();
+      training.optimizer->ZeroGrad();
+    }
+    training.weights.Zero();
+  } catch (const c10::Error& e) {
+    // The slot stays attached: better a retire that can be retried than
+    // a free slot holding a job's state.
+    return absl::InternalError(absl::StrCat(
+        "zeroing slot ", slot, " failed: ", e.what_without_backtrace()));
   }
-  training.weights.Zero();
   training.weights.Unbind();
   training.scheduler.reset();
   training.cursor.reset();

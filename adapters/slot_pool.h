@@ -74,10 +74,11 @@ class SlotPool {
 
   int capacity() const { return static_cast<int>(slots_.size()); }
   int num_attached() const;
-  SlotState state(int slot) const { return slots_[slot].state; }
-  const std::string& job_id(int slot) const { return slots_[slot].job_id; }
-  TrainingSlot& slot(int slot) { return *slots_[slot].training; }
-  const TrainingSlot& slot(int slot) const { return *slots_[slot].training; }
+  // Accessors for slot ids in [0, capacity()) (std::out_of_range else).
+  SlotState state(int slot) const { return slots_.at(slot).state; }
+  const std::string& job_id(int slot) const { return slots_.at(slot).job_id; }
+  TrainingSlot& slot(int slot) { return *slots_.at(slot).training; }
+  const TrainingSlot& slot(int slot) const { return *slots_.at(slot).training; }
 
   // Attached slots that still have steps to train, in slot order.
   std::vector<int> ActiveSlotIds() const;
@@ -91,6 +92,7 @@ class SlotPool {
   };
 
   absl::Status CheckRequest(const SlotAttachRequest& request) const;
+  absl::Status CheckSequence(const Sequence& sequence, size_t index) const;
   absl::Status Prepare(const SlotAttachRequest& request, TrainingSlot& slot);
 
   ModelConfig model_;

@@ -13,50 +13,11 @@
 #include <iostream>
 #include <string>
 
+#include "bench/timing.h"
 #include "core/model/llama_model.h"
 #include "core/model/model_presets.h"
 #include "core/runtime/blas_info.h"
 #include "core/runtime/device.h"
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Best-of-N fp32 GEMM throughput in GFLOP/s for n x n x n.
-double GemmGflops(int64_t n, int repeats) {
-  torch::Tensor a = torch::randn({n, n});
-  torch::Tensor b = torch::randn({n, n});
-  torch::Tensor c = torch::mm(a, b);  // Warm-up.
-  double best = 1e30;
-  for (int i = 0; i < repeats; ++i) {
-    auto start = Clock::now();
-    c = torch::mm(a, b);
-    best = std::min(best, Seconds(start));
-  }
-  return 2.0 * n * n * n / best / 1e9;
-}
-
-// Matmul FLOPs of one forward over `tokens` tokens of `seq` length rows.
-double ForwardFlops(const loraplex::ModelConfig& c, int64_t tokens,
-                    int64_t seq) {
-  double per_token = 0;
-  for (loraplex::Projection p : loraplex::kAllProjections) {
-    const auto shape = loraplex::ProjectionShape(c, p);
-    per_token += 2.0 * shape[0] * shape[1];
-  }
-  per_token *= c.num_hidden_layers;
-  // Scores and weighted values: 2 GEMMs of seq x head_dim per head.
-  per_token += c.num_hidden_layers * 4.0 * c.num_attention_heads * c.head_dim *
-               static_cast<double>(seq);
-  per_token += 2.0 * c.hidden_size * c.vocab_size;  // LM head.
-  return per_token * tokens;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Measure base-model speed on this machine."};
@@ -77,9 +38,9 @@ int main(int argc, char** argv) {
   }
 
   torch::NoGradGuard no_grad;
-  const double peak = GemmGflops(1024, 5);
+  const double peak = loraplex::GemmGflops(1024, 5);
 
-  auto start = Clock::now();
+  auto start = loraplex::BenchClock::now();
   auto tiny = loraplex::LlamaModel::Load((dir / "tiny").string(), {});
   if (!tiny.ok()) {
     std::cerr << tiny.status() << "\n";
@@ -87,7 +48,7 @@ int main(int argc, char** argv) {
   }
   auto logits = (*tiny)->Forward(torch::randint(0, 256, {1, 32}),
                                  torch::full({1}, 32, torch::kInt64));
-  const double tiny_seconds = Seconds(start);
+  const double tiny_seconds = loraplex::SecondsSince(start);
 
   std::cout << std::fixed << std::setprecision(3);
   std::cout << "threads                     " << used << "\n";
@@ -117,12 +78,13 @@ int main(int argc, char** argv) {
     (void)(*small)->Forward(ids, lengths);  // Warm-up.
     double best = 1e30;
     for (int i = 0; i < 3; ++i) {
-      auto t = Clock::now();
+      auto t = loraplex::BenchClock::now();
       (void)(*small)->Forward(ids, lengths);
-      best = std::min(best, Seconds(t));
+      best = std::min(best, loraplex::SecondsSince(t));
     }
     const double gflops =
-        ForwardFlops((*small)->config(), batch * seq, seq) / best / 1e9;
+        loraplex::ForwardFlops((*small)->config(), batch * seq, seq) / best /
+        1e9;
     std::cout << "small " << c10::toString(dtype) << " forward " << batch << "x"
               << seq << "  " << batch * seq / best << " tokens/s, " << gflops
               << " GFLOP/s = " << gflops / peak << " of peak GEMM\n";

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/timing.h"
 #include "core/optim/newton_schulz.h"
 #include "core/optim/slot_optimizer.h"
 #include "core/runtime/blas_info.h"
@@ -27,33 +28,7 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-// Runs a and b alternately `rounds` times (after one warm-up each) and
-// returns their median times in seconds.
-std::pair<double, double> TimeSideBySide(const std::function<void()>& a,
-                                         const std::function<void()>& b,
-                                         int rounds) {
-  a();
-  b();
-  std::vector<double> ta;
-  std::vector<double> tb;
-  for (int i = 0; i < rounds; ++i) {
-    for (int which = 0; which < 2; ++which) {
-      const auto start = Clock::now();
-      (which == 0 ? a : b)();
-      const double seconds =
-          std::chrono::duration<double>(Clock::now() - start).count();
-      (which == 0 ? ta : tb).push_back(seconds);
-    }
-  }
-  return {Median(ta), Median(tb)};
-}
+using loraplex::TimeSideBySide;
 
 void CompareNewtonSchulz(int64_t rows, int64_t cols, int rounds) {
   constexpr int kMatrices = 16;

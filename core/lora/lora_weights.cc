@@ -3,7 +3,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/runtime/torch_compat.h"
 
@@ -27,26 +29,39 @@ LoraWeights::LoraWeights(const ModelConfig& model, torch::Device device)
 
 absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& config) {
   LORAPLEX_RETURN_IF_ERROR(ValidateLoraConfig(config));
-  Unbind();
   const auto fp32 =
       torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   const int64_t r = config.rank;
+  // Built aside and committed at the end, so a failed allocation leaves
+  // the previous binding intact.
+  std::vector<Storage> storage = storage_;
+  std::vector<LoraModule> modules;
+  std::vector<int> module_index(module_index_.size(), -1);
   int allocated = 0;
-  for (int layer = 0; layer < model_.num_hidden_layers; ++layer) {
-    for (Projection p : config.targets) {
-      const auto [out, in] = ProjectionShape(model_, p);
-      const int index = layer * kNumProjections + static_cast<int>(p);
-      Storage& storage = storage_[index];
-      if (!storage.a.defined() || storage.a.numel() < r * in) {
-        storage.a = torch::empty({r * in}, fp32);
-        storage.b = torch::empty({out * r}, fp32);
-        ++allocated;
+  try {
+    for (int layer = 0; layer < model_.num_hidden_layers; ++layer) {
+      for (Projection p : config.targets) {
+        const auto [out, in] = ProjectionShape(model_, p);
+        const int index = layer * kNumProjections + static_cast<int>(p);
+        Storage& block = storage[index];
+        if (!block.a.defined() || block.a.numel() < r * in) {
+          block.a = torch::empty({r * in}, fp32);
+          block.b = torch::empty({out * r}, fp32);
+          ++allocated;
+        }
+        module_index[index] = static_cast<int>(modules.size());
+        modules.push_back(
+            {layer, p, LeafView(block.a, r, in), LeafView(block.b, out, r)});
       }
-      module_index_[index] = static_cast<int>(modules_.size());
-      modules_.push_back(
-          {layer, p, LeafView(storage.a, r, in), LeafView(storage.b, out, r)});
     }
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate LoRA weights of rank ", r, " on ",
+                     device_.str(), ": ", e.what_without_backtrace()));
   }
+  storage_ = std::move(storage);
+  modules_ = std::move(modules);
+  module_index_ = std::move(module_index);
   config_ = config;
   scale_ = LoraScale(config);
   return allocated;
@@ -82,6 +97,7 @@ void LoraWeights::Zero() {
 }
 
 const LoraModule* LoraWeights::Find(int layer, Projection projection) const {
+  if (layer < 0 || layer >= model_.num_hidden_layers) return nullptr;
   const int index =
       module_index_[layer * kNumProjections + static_cast<int>(projection)];
   return index < 0 ? nullptr : &modules_[index];

@@ -61,6 +61,10 @@ void MultiLoraDelta::AddTo(int layer, const torch::Tensor& x,
                            const std::vector<Projection>& projections,
                            std::vector<torch::Tensor>& outputs) const {
   const size_t n = projections.size();
+  int64_t rows = 0;
+  for (int64_t size : sizes_) rows += size;
+  TORCH_CHECK(rows == x.size(0), "the adapter segments cover ", rows,
+              " rows but the batch has ", x.size(0));
   // modules[s][j]: segment s's module for projections[j], or nullptr.
   std::vector<std::vector<const LoraModule*>> modules(segments_.size());
   std::vector<bool> adapted(n, false);

@@ -2,7 +2,9 @@
 
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -51,6 +53,13 @@ absl::StatusOr<int> ConfigureThreads(int threads) {
   }
   at::set_num_threads(threads);
   return at::get_num_threads();
+}
+
+void ReexecWithPassiveOpenMpWait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0) != 0) return;
+  execv("/proc/self/exe", argv);
+  // Still here: the exec failed; run on with the default policy.
 }
 
 }  // namespace loraplex

@@ -21,6 +21,15 @@ absl::StatusOr<torch::Device> ParseDevice(absl::string_view spec);
 // Returns the count in effect.
 absl::StatusOr<int> ConfigureThreads(int threads);
 
+// Where LibTorch's OpenMP threads spin-wait between parallel regions they
+// keep cores busy that OpenBLAS's own threads (Debian's
+// libopenblas0-pthread) need for the next GEMM; on 2 cores that halved the
+// small model's forward throughput. OpenMP reads OMP_WAIT_POLICY only at
+// start-up, so when it is unset this sets it to "passive" and re-executes
+// the program (same arguments) once. Call first thing in main(); returns
+// only when nothing needed doing or the exec failed.
+void ReexecWithPassiveOpenMpWait(char** argv);
+
 }  // namespace loraplex
 
 #endif  // LORAPLEX_CORE_RUNTIME_DEVICE_H_

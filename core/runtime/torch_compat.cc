@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -51,54 +52,54 @@ torch::Generator MakeCpuGenerator(uint64_t seed) {
   return at::detail::createCPUGenerator(seed);
 }
 
-// LibTorch 2.3 made Allocator::allocate non-const and added copy_data.
-#if TORCH_VERSION_MAJOR > 2 || \
-    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-#define LORAPLEX_ALLOCATE_CONST
-#else
-#define LORAPLEX_ALLOCATE_CONST const
-#endif
-
+// Delegates to the allocator it replaced and counts while a counter is
+// active. Installed once and never freed: storages remember the allocator
+// that made them (e.g. for resize_), so it must outlive every tensor.
+// LibTorch 2.3 made allocate() non-const and added copy_data(); both
+// spellings are defined, without `override`, so whichever the base class
+// declares is overridden.
 class CpuAllocationCounter::CountingAllocator : public c10::Allocator {
  public:
-  CountingAllocator(c10::Allocator* inner, std::atomic<int64_t>* bytes,
-                    std::atomic<int64_t>* allocations)
-      : inner_(inner), bytes_(bytes), allocations_(allocations) {}
+  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
 
-  c10::DataPtr allocate(size_t n) LORAPLEX_ALLOCATE_CONST override {
-    *bytes_ += static_cast<int64_t>(n);
-    ++*allocations_;
-    return inner_->allocate(n);  // Freed by the inner allocator's deleter.
+  static CountingAllocator& Installed() {
+    static CountingAllocator* const instance = [] {
+      auto* allocator = new CountingAllocator(c10::GetCPUAllocator());
+      c10::SetCPUAllocator(allocator, /*priority=*/255);
+      return allocator;
+    }();
+    return *instance;
   }
+
+  c10::DataPtr allocate(size_t n) const { return Count(n); }
+  c10::DataPtr allocate(size_t n) { return Count(n); }
   c10::DeleterFnPtr raw_deleter() const override {
     return inner_->raw_deleter();
   }
-#if TORCH_VERSION_MAJOR > 2 || \
-    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-  void copy_data(void* dest, const void* src,
-                 std::size_t count) const override {
-    inner_->copy_data(dest, src, count);
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
   }
-#endif
 
-  c10::Allocator* inner() const { return inner_; }
+  std::atomic<CpuAllocationCounter*> active{nullptr};
 
  private:
-  c10::Allocator* inner_;
-  std::atomic<int64_t>* bytes_;
-  std::atomic<int64_t>* allocations_;
-};
-#undef LORAPLEX_ALLOCATE_CONST
+  c10::DataPtr Count(size_t n) const {
+    if (CpuAllocationCounter* counter = active.load()) {
+      counter->bytes_ += static_cast<int64_t>(n);
+      ++counter->allocations_;
+    }
+    return inner_->allocate(n);  // Freed by the inner allocator's deleter.
+  }
 
-CpuAllocationCounter::CpuAllocationCounter()
-    : allocator_(std::make_unique<CountingAllocator>(c10::GetCPUAllocator(),
-                                                     &bytes_, &allocations_)) {
-  // Priority 255 wins over every registered allocator.
-  c10::SetCPUAllocator(allocator_.get(), /*priority=*/255);
+  c10::Allocator* inner_;
+};
+
+CpuAllocationCounter::CpuAllocationCounter() {
+  CountingAllocator::Installed().active = this;
 }
 
 CpuAllocationCounter::~CpuAllocationCounter() {
-  c10::SetCPUAllocator(allocator_->inner(), /*priority=*/255);
+  CountingAllocator::Installed().active = nullptr;
 }
 
 }  // namespace loraplex

@@ -50,9 +50,10 @@ State* FindOptimizerState(torch::optim::Optimizer& optimizer,
 // A CPU random generator seeded with `seed` (for seeded init and dropout).
 torch::Generator MakeCpuGenerator(uint64_t seed);
 
-// Counts the bytes LibTorch allocates on the CPU while it is alive, by
-// standing in for the CPU allocator (and delegating to it). For tests that
-// check how much memory a computation allocates; one at a time per process.
+// Counts the bytes LibTorch allocates on the CPU while it is alive. The
+// first counter installs, for the rest of the process, a CPU allocator that
+// delegates to LibTorch's. For tests that check how much memory a
+// computation allocates; one at a time per process.
 class CpuAllocationCounter {
  public:
   CpuAllocationCounter();
@@ -69,7 +70,6 @@ class CpuAllocationCounter {
 
  private:
   class CountingAllocator;
-  std::unique_ptr<CountingAllocator> allocator_;
   std::atomic<int64_t> bytes_{0};
   std::atomic<int64_t> allocations_{0};
 };

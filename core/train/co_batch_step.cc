@@ -235,6 +235,22 @@ std::vector<Row> WeightedRows(
   return rows;
 }
 
+// INVALID_ARGUMENT unless `weights` were shaped for a model like `model`.
+absl::Status CheckAdapterFits(const LoraWeights& weights,
+                              const ModelConfig& model, size_t index) {
+  const ModelConfig& bound = weights.model_config();
+  if (bound.num_hidden_layers != model.num_hidden_layers ||
+      bound.hidden_size != model.hidden_size ||
+      bound.intermediate_size != model.intermediate_size ||
+      bound.num_attention_heads != model.num_attention_heads ||
+      bound.num_key_value_heads != model.num_key_value_heads ||
+      bound.head_dim != model.head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adapter ", index, " was shaped for another base model"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TorchError(absl::string_view what, const c10::Error& e) {
   return absl::InternalError(
       absl::StrCat(what, ": ", e.what_without_backtrace()));
@@ -252,13 +268,21 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
           slots[i]->trainable() ? "its steps are done" : "nothing attached",
           ")"));
     }
+    LORAPLEX_RETURN_IF_ERROR(
+        CheckAdapterFits(slots[i]->weights, model.config(), i));
+    for (size_t j = 0; j < i; ++j) {
+      if (slots[j] == slots[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slot ", i, " of the step repeats slot ", j));
+      }
+    }
   }
-  std::vector<DataCursorState> cursors;
+  std::vector<DataCursor> cursors;
   std::vector<std::vector<const Sequence*>> batches;
   std::vector<const LoraWeights*> owners;
   std::vector<uint64_t> seeds;
   for (TrainingSlot* slot : slots) {
-    cursors.push_back(slot->cursor->state());
+    cursors.push_back(*slot->cursor);
     std::vector<const Sequence*> batch;
     for (int64_t index : slot->cursor->NextBatch(slot->training.batch_size)) {
       batch.push_back(&slot->data->sequences[index]);
@@ -276,9 +300,7 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
   auto restore = [&]() {
     for (size_t i = 0; i < slots.size(); ++i) {
       slots[i]->optimizer->ZeroGrad();
-      slots[i]->cursor =
-          DataCursor::Create(slots[i]->cursor->num_sequences(), cursors[i])
-              .value();
+      *slots[i]->cursor = cursors[i];
     }
   };
   try {
@@ -297,34 +319,57 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     return TorchError("training step failed", e);
   }
 
+  // Decide every slot's fate (and clip) before any optimizer steps, so a
+  // failure up to here leaves every slot as it was.
   std::vector<SlotStepMetrics> metrics(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) {
-    TrainingSlot& slot = *slots[i];
-    SlotStepMetrics& m = metrics[i];
-    m.loss = losses[i];
-    m.lr = slot.scheduler->lr();
-    m.target_tokens = targets[i];
-    m.tokens = tokens[i];
-    if (!std::isfinite(m.loss)) {
-      m.skipped = true;
-      m.skip_reason = "loss is not finite";
-    } else {
-      const GradNorm norm =
-          ClipGradNorm(slot.weights.parameters(), slot.training.grad_clip);
-      m.grad_norm = norm.norm;
-      if (!norm.finite) {
+  try {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      TrainingSlot& slot = *slots[i];
+      SlotStepMetrics& m = metrics[i];
+      m.loss = losses[i];
+      m.lr = slot.scheduler->lr();
+      m.target_tokens = targets[i];
+      m.tokens = tokens[i];
+      if (targets[i] == 0) {
         m.skipped = true;
-        m.skip_reason = "gradient norm is not finite";
+        m.skip_reason = "no target tokens in the batch";
+      } else if (!std::isfinite(m.loss)) {
+        m.skipped = true;
+        m.skip_reason = "loss is not finite";
+      } else {
+        const GradNorm norm =
+            ClipGradNorm(slot.weights.parameters(), slot.training.grad_clip);
+        m.grad_norm = norm.norm;
+        if (!norm.finite) {
+          m.skipped = true;
+          m.skip_reason = "gradient norm is not finite";
+        }
       }
     }
-    if (!m.skipped) {
-      slot.scheduler->ApplyTo(*slot.optimizer);
-      slot.optimizer->Step();
-      slot.scheduler->Step(*slot.optimizer);
-    } else {
-      ++slot.counters.skipped_steps;
+  } catch (const c10::Error& e) {
+    restore();
+    return TorchError("gradient clipping failed", e);
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    TrainingSlot& slot = *slots[i];
+    try {
+      if (!metrics[i].skipped) {
+        slot.scheduler->ApplyTo(*slot.optimizer);
+        slot.optimizer->Step();
+        slot.scheduler->Step(*slot.optimizer);
+      }
+      slot.optimizer->ZeroGrad();
+    } catch (const c10::Error& e) {
+      // Slots before i have stepped; slot i and later have not.
+      for (size_t j = i; j < slots.size(); ++j) {
+        slots[j]->optimizer->ZeroGrad();
+        *slots[j]->cursor = cursors[j];
+      }
+      return TorchError(absl::StrCat("optimizer step of slot ", i,
+                                     " failed (earlier slots stepped)"),
+                        e);
     }
-    slot.optimizer->ZeroGrad();
+    if (metrics[i].skipped) ++slot.counters.skipped_steps;
     ++slot.counters.steps;
     slot.counters.target_tokens += targets[i];
   }
@@ -337,6 +382,17 @@ absl::StatusOr<double> EvalLoss(const LlamaModel& model,
                                 const CoBatchOptions& options) {
   if (sequences.empty()) {
     return absl::InvalidArgumentError("evaluation needs at least one sequence");
+  }
+  if (adapter != nullptr) {
+    LORAPLEX_RETURN_IF_ERROR(CheckAdapterFits(*adapter, model.config(), 0));
+  }
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    if (sequences[i].input_ids.size() != sequences[i].loss_mask.size() ||
+        sequences[i].input_ids.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "evaluation sequence ", i,
+          " must have as many loss_mask values as input_ids, at least one"));
+    }
   }
   std::vector<std::vector<const Sequence*>> batches(1);
   for (const Sequence& seq : sequences) batches[0].push_back(&seq);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/train/co_batch_step.h"
+#include "tests/common/test_dir.h"
 #include "tests/common/tiny_model.h"
 #include "tests/common/train_fixture.h"
 
@@ -59,6 +60,28 @@ TEST(SlotPoolTest, BadRequestsAreRejectedWithTheField) {
   bad_batch.training.batch_size = 0;
   EXPECT_THAT(std::string(pool.Attach(bad_batch).status().message()),
               HasSubstr("training.batch_size must be in [1, 4096], got 0"));
+  EXPECT_EQ(pool.num_attached(), 0);
+}
+
+TEST(SlotPoolTest, BadTrainingDataIsRejected) {
+  SlotPool pool(TinyModel().config(), {.capacity = 1});
+  auto attach = [&](Sequence sequence) {
+    auto data = std::make_shared<SequenceSet>();
+    data->sequences.push_back(Sequence{{256, 97, 98}, {0, 1, 1}});
+    data->sequences.push_back(std::move(sequence));
+    SlotAttachRequest request = Request("a", 4);
+    request.data = data;
+    auto slot = pool.Attach(request);
+    EXPECT_EQ(slot.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(slot.status().message());
+  };
+  EXPECT_THAT(attach({{256, 300}, {0, 1}}),
+              HasSubstr("training sequence 1 has token id 300 at position 1, "
+                        "outside the vocabulary [0, 259)"));
+  EXPECT_THAT(attach({{256, 97, 98}, {0, 1}}),
+              HasSubstr("one loss_mask value per token"));
+  EXPECT_THAT(attach({{256, 97}, {1, 0}}),
+              HasSubstr("training sequence 1 has no target token"));
   EXPECT_EQ(pool.num_attached(), 0);
 }
 
@@ -132,7 +155,7 @@ TEST(SlotPoolTest, ImportedAdapterAttachesForEvaluation) {
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(TrainCoBatchStep(model, pool.ActiveSlots(), {}).ok());
   }
-  const std::string dir = ::testing::TempDir() + "/slot_pool_import";
+  const std::string dir = FreshTestDir();
   ASSERT_TRUE(ExportPeftAdapter(pool.slot(0).weights, "tiny", dir).ok());
   auto adapter = LoadPeftAdapter(dir, model.config());
   ASSERT_TRUE(adapter.ok()) << adapter.status();

@@ -14,15 +14,23 @@
 
 namespace loraplex {
 
-inline const LlamaModel& TinyModel() {
-  static const std::unique_ptr<LlamaModel> model = [] {
-    const std::string dir =
+// Directory of the tiny model's checkpoint (written on first use).
+inline const std::string& TinyModelDir() {
+  static const std::string dir = [] {
+    const std::string path =
         (std::filesystem::path(::testing::TempDir()) /
          ("loraplex-" + std::to_string(::getpid())) / "tiny-model")
             .string();
-    auto status = WritePresetModel("tiny", /*seed=*/7, dir);
+    auto status = WritePresetModel("tiny", /*seed=*/7, path);
     if (!status.ok()) ADD_FAILURE() << status;
-    auto loaded = LlamaModel::Load(dir, {});
+    return path;
+  }();
+  return dir;
+}
+
+inline const LlamaModel& TinyModel() {
+  static const std::unique_ptr<LlamaModel> model = [] {
+    auto loaded = LlamaModel::Load(TinyModelDir(), {});
     if (!loaded.ok()) ADD_FAILURE() << loaded.status();
     return std::move(loaded).value();
   }();

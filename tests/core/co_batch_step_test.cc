@@ -289,6 +289,86 @@ TEST(CoBatchStepTest, LearnsToReverseStrings) {
   }
 }
 
+// A failing step (here: a token id the model rejects, slipped past the
+// pool's checks) leaves every slot exactly as it was.
+TEST(CoBatchStepTest, AFailedStepChangesNothing) {
+  SlotPool pool(TinyModel().config(), {.capacity = 2});
+  for (OptimizerFamily family :
+       {OptimizerFamily::kAdamW, OptimizerFamily::kMuon}) {
+    ASSERT_TRUE(pool.Attach(TrainRequest("a", family, 4, kAll,
+                                         Sequences(ReversalJsonl(5, 1), 16), 1))
+                    .ok());
+  }
+  Train(pool, 2, {});
+  auto bad = std::make_shared<SequenceSet>(*pool.slot(1).data);
+  bad->sequences[0].input_ids[1] = 9999;
+  bad->sequences[1].input_ids[1] = 9999;
+  const auto good = pool.slot(1).data;
+  pool.slot(1).data = bad;
+  struct Saved {
+    std::vector<torch::Tensor> weights;
+    std::vector<torch::Tensor> state;
+    DataCursorState cursor;
+    int64_t steps;
+    int64_t schedule;
+  };
+  auto save = [&](int s) {
+    Saved saved{Snapshot(pool.slot(s).weights),
+                {},
+                pool.slot(s).cursor->state(),
+                pool.slot(s).counters.steps,
+                pool.slot(s).scheduler->completed_steps()};
+    for (const OptimizerChild& child : pool.slot(s).optimizer->children()) {
+      for (const ParamStateRef& ref : child.states()) {
+        for (const auto& [name, t] : ref.tensors) {
+          saved.state.push_back(t.clone());
+        }
+      }
+    }
+    return saved;
+  };
+  const Saved before0 = save(0);
+  const Saved before1 = save(1);
+  auto result = TrainCoBatchStep(TinyModel(), pool.ActiveSlots(), {});
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(std::string(result.status().message()),
+              ::testing::HasSubstr("token ids must lie in [0, 259)"));
+  for (const auto& [s, before] : {std::pair{0, &before0}, {1, &before1}}) {
+    const Saved after = save(s);
+    EXPECT_EQ(MaxRelativeDiff(after.weights, before->weights), 0.0);
+    EXPECT_EQ(MaxRelativeDiff(after.state, before->state), 0.0);
+    EXPECT_EQ(after.cursor.epoch, before->cursor.epoch);
+    EXPECT_EQ(after.cursor.position, before->cursor.position);
+    EXPECT_EQ(after.steps, before->steps);
+    EXPECT_EQ(after.schedule, before->schedule);
+    for (const torch::Tensor& p : pool.slot(s).weights.parameters()) {
+      EXPECT_TRUE(!p.grad().defined() ||
+                  p.grad().abs().max().item<double>() == 0.0);
+    }
+  }
+  pool.slot(1).data = good;
+  EXPECT_TRUE(TrainCoBatchStep(TinyModel(), pool.ActiveSlots(), {}).ok());
+}
+
+TEST(CoBatchStepTest, RejectsRepeatedOrMisshapenSlots) {
+  SlotPool pool(TinyModel().config(), {.capacity = 1});
+  ASSERT_TRUE(pool.Attach(TrainRequest("a", OptimizerFamily::kAdamW, 4, kAll,
+                                       Sequences(ReversalJsonl(3, 1), 16), 1))
+                  .ok());
+  TrainingSlot* slot = &pool.slot(0);
+  auto repeated = TrainCoBatchStep(TinyModel(), {slot, slot}, {});
+  EXPECT_EQ(repeated.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(repeated.status().message()),
+              ::testing::HasSubstr("repeats slot 0"));
+  auto gqa = LlamaModel::Load(FixturePath("golden/llama_gqa"), {});
+  ASSERT_TRUE(gqa.ok());
+  auto other = TrainCoBatchStep(**gqa, {slot}, {});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(other.status().message()),
+              ::testing::HasSubstr("shaped for another base model"));
+  EXPECT_EQ(slot->counters.steps, 0);
+}
+
 TEST(CoBatchStepTest, RefusesSlotsThatCannotTrain) {
   SlotPool pool(TinyModel().config(), {.capacity = 1});
   SlotAttachRequest request =

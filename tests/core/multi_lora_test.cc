@@ -71,6 +71,7 @@ LlamaModel* PeftGoldenTest::model_ = nullptr;
 TEST_P(PeftGoldenTest, LogitsMatchPeft) {
   const Golden golden = LoadGolden(FixturePath("golden/peft/" + GetParam()));
   std::unique_ptr<LoraWeights> weights = LoadAdapter(GetParam());
+  ASSERT_NE(weights, nullptr);
   MultiLoraDelta delta({{weights.get(), golden.input_ids.size(0)}});
   auto logits = model_->Forward(golden.input_ids, golden.lengths, &delta);
   ASSERT_TRUE(logits.ok()) << logits.status();
@@ -95,6 +96,7 @@ TEST_F(PeftGoldenTest, EachSegmentSeesOnlyItsAdapter) {
   std::vector<Golden> goldens;
   for (const std::string& name : names) {
     weights.push_back(LoadAdapter(name));
+    ASSERT_NE(weights.back(), nullptr);
     goldens.push_back(LoadGolden(FixturePath("golden/peft/" + name)));
   }
   const Golden base = LoadGolden(FixturePath("golden/llama_gqa"));
@@ -305,6 +307,49 @@ TEST(MultiLoraTest, DropoutIsSeededPerRowAndOffInEvaluation) {
   // A row's mask depends on its id, not its position in the batch.
   torch::Tensor swapped = run(true, 1, {1, 0});
   EXPECT_FALSE(torch::allclose(trained[0], swapped[0]));
+}
+
+// A bf16 base: the LoRA branch runs in fp32 and its output is added in
+// bf16; logits stay close to the fp32 model's.
+TEST(MultiLoraTest, Bf16BaseWithAdapter) {
+  ModelLoadOptions options;
+  options.dtype = torch::kBFloat16;
+  auto bf16 = LlamaModel::Load(TinyModelDir(), options);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  const LlamaModel& fp32 = TinyModel();
+  LoraWeights weights(fp32.config(), torch::kCPU);
+  ASSERT_TRUE(weights.Bind(LoraConfig{}).ok());
+  weights.InitPeft(1);
+  RandomizeB(weights, 2);
+  torch::manual_seed(5);
+  torch::Tensor ids = torch::randint(0, 259, {2, 12}, torch::kInt64);
+  torch::Tensor lengths = torch::tensor({12, 7}, torch::kInt64);
+  MultiLoraDelta delta({{&weights, 2}});
+  auto low = (*bf16)->Forward(ids, lengths, &delta);
+  auto high = fp32.Forward(ids, lengths, &delta);
+  ASSERT_TRUE(low.ok()) << low.status();
+  ASSERT_TRUE(high.ok());
+  const double scale = high->abs().max().item<double>();
+  EXPECT_LE(RowDiff(*low, *high, lengths, 0), 0.05 * scale);
+  auto base = fp32.Forward(ids, lengths);
+  EXPECT_GT(RowDiff(*base, *high, lengths, 0), 0.05 * scale)
+      << "the adapter should matter more than bf16 rounding";
+  // Gradients reach the fp32 LoRA weights through the bf16 base.
+  low->pow(2).mean().backward();
+  EXPECT_EQ(weights.modules()[0].a.grad().scalar_type(), torch::kFloat32);
+  EXPECT_GT(weights.modules()[0].b.grad().abs().max().item<double>(), 0.0);
+}
+
+TEST(MultiLoraTest, SegmentsMustCoverTheBatch) {
+  LoraWeights weights(TinyModel().config(), torch::kCPU);
+  ASSERT_TRUE(weights.Bind(LoraConfig{}).ok());
+  MultiLoraDelta delta({{&weights, 3}});
+  auto logits = TinyModel().Forward(torch::zeros({2, 4}, torch::kInt64),
+                                    torch::full({2}, 4, torch::kInt64), &delta);
+  ASSERT_FALSE(logits.ok());
+  EXPECT_THAT(
+      std::string(logits.status().message()),
+      ::testing::HasSubstr("segments cover 3 rows but the batch has 2"));
 }
 
 }  // namespace

@@ -1,0 +1,91 @@
+// Timing helpers shared by the benchmark programs: medians of alternating
+// rounds (so machine noise hits both contenders alike), peak GEMM
+// throughput, and the matmul FLOPs of a base-model forward.
+#ifndef LORAPLEX_BENCH_TIMING_H_
+#define LORAPLEX_BENCH_TIMING_H_
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "core/model/model_config.h"
+#include "core/model/model_weights.h"
+
+namespace loraplex {
+
+using BenchClock = std::chrono::steady_clock;
+
+inline double SecondsSince(BenchClock::time_point start) {
+  return std::chrono::duration<double>(BenchClock::now() - start).count();
+}
+
+inline double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Runs a and b alternately `rounds` times (after one warm-up each) and
+// returns their median times in seconds.
+inline std::pair<double, double> TimeSideBySide(const std::function<void()>& a,
+                                                const std::function<void()>& b,
+                                                int rounds) {
+  a();
+  b();
+  std::vector<double> ta;
+  std::vector<double> tb;
+  for (int i = 0; i < rounds; ++i) {
+    for (int which = 0; which < 2; ++which) {
+      const auto start = BenchClock::now();
+      (which == 0 ? a : b)();
+      (which == 0 ? ta : tb).push_back(SecondsSince(start));
+    }
+  }
+  return {Median(ta), Median(tb)};
+}
+
+// Best-of-N fp32 GEMM throughput in GFLOP/s for n x n x n.
+inline double GemmGflops(int64_t n, int repeats) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor a = torch::randn({n, n});
+  torch::Tensor b = torch::randn({n, n});
+  torch::Tensor c = torch::mm(a, b);  // Warm-up.
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = BenchClock::now();
+    c = torch::mm(a, b);
+    best = std::min(best, SecondsSince(start));
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+// Matmul FLOPs of the seven projections for one token, all layers.
+inline double ProjectionFlopsPerToken(const ModelConfig& c) {
+  double flops = 0;
+  for (Projection p : kAllProjections) {
+    const auto shape = ProjectionShape(c, p);
+    flops += 2.0 * shape[0] * shape[1];
+  }
+  return flops * c.num_hidden_layers;
+}
+
+// Attention matmul FLOPs (scores and weighted values) for one token of a
+// `seq`-long row, all layers.
+inline double AttentionFlopsPerToken(const ModelConfig& c, int64_t seq) {
+  return c.num_hidden_layers * 4.0 * c.num_attention_heads * c.head_dim *
+         static_cast<double>(seq);
+}
+
+// Matmul FLOPs of one forward over `tokens` tokens of `seq` length rows.
+inline double ForwardFlops(const ModelConfig& c, int64_t tokens, int64_t seq) {
+  return (ProjectionFlopsPerToken(c) + AttentionFlopsPerToken(c, seq) +
+          2.0 * c.hidden_size * c.vocab_size) *
+         tokens;
+}
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_BENCH_TIMING_H_

@@ -1,0 +1,214 @@
+// Training-engine speed on this machine, measured side by side in one run
+// on the `small` preset model (rank-16 LoRA on all seven projections,
+// AdamW):
+//
+//  P1. One co-batched step of N slots vs the same work as N single-slot
+//      steps, with 1 and with 8 sequences of 128 tokens per slot, for each
+//      token budget (micro-batch size) given.
+//  P2. Achieved FLOP/s of the co-batched step (base forward, base
+//      input-gradient backward, LoRA forward and backward, LM head on the
+//      target tokens) as a fraction of the peak fp32 GEMM FLOP/s measured
+//      in the same process.
+//  P5. Latency of attaching and retiring a slot (storage reused).
+//
+// Ratios are printed last. The program re-executes itself with
+// OMP_WAIT_POLICY=passive unless the variable is set (see
+// ReexecWithPassiveOpenMpWait); set it to "active" to measure the default.
+//
+//   build/bin/loraplex-bench-train [--threads N] [--rounds R] [--slots N]
+//                                  [--budgets 256,512,1024,0]
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "adapters/slot_pool.h"
+#include "bench/timing.h"
+#include "core/model/llama_model.h"
+#include "core/model/model_presets.h"
+#include "core/runtime/blas_info.h"
+#include "core/runtime/device.h"
+#include "core/train/co_batch_step.h"
+
+namespace loraplex {
+namespace {
+
+constexpr int64_t kRank = 16;
+constexpr int64_t kSeqLen = 128;
+
+std::shared_ptr<const SequenceSet> RandomSequences(int64_t count,
+                                                   int64_t vocab) {
+  auto set = std::make_shared<SequenceSet>();
+  for (int64_t i = 0; i < count; ++i) {
+    torch::Tensor ids = torch::randint(0, vocab, {kSeqLen}, torch::kInt64);
+    Sequence seq;
+    seq.input_ids.assign(ids.data_ptr<int64_t>(),
+                         ids.data_ptr<int64_t>() + kSeqLen);
+    seq.loss_mask.assign(kSeqLen, 1);
+    seq.loss_mask[0] = 0;
+    set->num_target_tokens += kSeqLen - 1;
+    set->sequences.push_back(std::move(seq));
+  }
+  return set;
+}
+
+SlotAttachRequest Request(int index, int64_t batch_size,
+                          std::shared_ptr<const SequenceSet> data) {
+  SlotAttachRequest request;
+  request.job_id = "bench-" + std::to_string(index);
+  request.lora.rank = kRank;
+  request.lora.alpha = 32;
+  request.optimizer.lr = 1e-4;
+  request.schedule.kind = LrScheduleKind::kConstant;
+  request.training.batch_size = batch_size;
+  request.training.seq_len = kSeqLen;
+  request.training.max_steps = int64_t{1} << 30;
+  request.training.seed = static_cast<uint64_t>(index);
+  request.data = std::move(data);
+  return request;
+}
+
+// Matmul FLOPs of one training step over `rows` full sequences.
+double StepFlops(const ModelConfig& c, int64_t rows) {
+  const double tokens = static_cast<double>(rows * kSeqLen);
+  const double targets = static_cast<double>(rows * (kSeqLen - 1));
+  const double head = 2.0 * c.hidden_size * c.vocab_size * targets;
+  const double linear = ProjectionFlopsPerToken(c) * tokens;
+  const double attention = AttentionFlopsPerToken(c, kSeqLen) * tokens;
+  double lora_per_token = 0;
+  for (Projection p : kAllProjections) {
+    const auto shape = ProjectionShape(c, p);
+    lora_per_token += 2.0 * kRank * (shape[0] + shape[1]);
+  }
+  const double lora = lora_per_token * c.num_hidden_layers * tokens;
+  // Backward: input gradients of the frozen linears and LM head (as much
+  // as their forward), twice the attention forward, and twice the LoRA
+  // forward (gradients of A, B and their inputs).
+  return (linear + attention + head + lora) +
+         (linear + 2 * attention + head + 2 * lora);
+}
+
+struct Comparison {
+  std::string label;
+  double ratio;
+};
+
+}  // namespace
+}  // namespace loraplex
+
+int main(int argc, char** argv) {
+  using namespace loraplex;
+  ReexecWithPassiveOpenMpWait(argv);
+  CLI::App app{"Measure the multi-LoRA training step on this machine."};
+  int threads = 0;
+  int rounds = 5;
+  int slots = 8;
+  std::vector<int64_t> budgets = {1024, 2048, 0};
+  app.add_option("--threads", threads, "CPU threads (0 = all cores)");
+  app.add_option("--rounds", rounds, "Timed rounds per contender")
+      ->capture_default_str();
+  app.add_option("--slots", slots, "Slots trained together (N)")
+      ->capture_default_str();
+  app.add_option("--budgets", budgets,
+                 "Token budgets per micro-batch to compare (0 = no limit)")
+      ->delimiter(',');
+  CLI11_PARSE(app, argc, argv);
+  const int used = ConfigureThreads(threads).value_or(1);
+
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "loraplex-bench-train/small")
+          .string();
+  if (auto status = WritePresetModel("small", 0, dir); !status.ok()) {
+    std::cerr << status << "\n";
+    return 1;
+  }
+  auto model = LlamaModel::Load(dir, {});
+  if (!model.ok()) {
+    std::cerr << model.status() << "\n";
+    return 1;
+  }
+  const ModelConfig& config = (*model)->config();
+  const double peak = GemmGflops(1024, 5);
+  std::cout << std::fixed << std::setprecision(3);
+  std::cout << "threads " << used << ", slots " << slots << ", rank " << kRank
+            << " on all 7 projections, AdamW, " << kSeqLen
+            << "-token sequences, small model\n";
+  const BlasInfo blas = InspectBlas();
+  const std::string warning = BlasPerformanceWarning(blas, DetectCpuFeatures());
+  if (!warning.empty()) std::cout << "WARNING: " << warning << "\n";
+  std::cout << "peak fp32 GEMM (1024^3): " << peak << " GFLOP/s\n";
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  std::cout << "OMP_WAIT_POLICY: " << (wait_policy ? wait_policy : "unset")
+            << "\n";
+
+  std::vector<Comparison> results;
+  for (int64_t per_slot : {int64_t{1}, int64_t{8}}) {
+    SlotPool pool(config, {.capacity = slots});
+    for (int i = 0; i < slots; ++i) {
+      auto data = RandomSequences(per_slot, config.vocab_size);
+      if (!pool.Attach(Request(i, per_slot, data)).ok()) return 1;
+    }
+    std::vector<TrainingSlot*> all = pool.ActiveSlots();
+    for (int64_t budget : budgets) {
+      CoBatchOptions options;
+      options.token_budget = budget;
+      auto co_batched = [&] {
+        if (!TrainCoBatchStep(**model, all, options).ok()) std::abort();
+      };
+      auto one_by_one = [&] {
+        for (TrainingSlot* slot : all) {
+          if (!TrainCoBatchStep(**model, {slot}, options).ok()) std::abort();
+        }
+      };
+      const auto [together, apart] =
+          TimeSideBySide(co_batched, one_by_one, rounds);
+      const double gflops =
+          StepFlops(config, slots * per_slot) / together / 1e9;
+      std::ostringstream label;
+      label << slots << " slots x " << per_slot << " seq, budget "
+            << (budget == 0 ? std::string("none") : std::to_string(budget));
+      std::cout << label.str() << ": co-batched " << together * 1e3 << " ms, "
+                << slots << " single-slot steps " << apart * 1e3 << " ms, "
+                << gflops << " GFLOP/s\n";
+      results.push_back({"P1 " + label.str() + ": single-slot / co-batched",
+                         apart / together});
+      results.push_back(
+          {"P2 " + label.str() + ": step GFLOP/s / peak GEMM", gflops / peak});
+    }
+  }
+
+  // P5: attach + retire, storage reused after the first attach.
+  SlotPool pool(config, {.capacity = 1});
+  auto data = RandomSequences(1, config.vocab_size);
+  std::vector<double> attach_times;
+  std::vector<double> retire_times;
+  for (int i = 0; i < 50; ++i) {
+    auto start = BenchClock::now();
+    auto slot = pool.Attach(Request(i, 1, data));
+    attach_times.push_back(SecondsSince(start));
+    if (!slot.ok()) return 1;
+    start = BenchClock::now();
+    if (!pool.Retire(*slot).ok()) return 1;
+    retire_times.push_back(SecondsSince(start));
+  }
+  std::cout << "attach (rank " << kRank << ", all targets, AdamW) median "
+            << Median(attach_times) * 1e3 << " ms, retire median "
+            << Median(retire_times) * 1e3 << " ms\n";
+
+  std::cout << "\nRatios (measured side by side above):\n";
+  for (const Comparison& c : results) {
+    std::cout << "  " << std::left << std::setw(62) << c.label << std::right
+              << std::setw(7) << c.ratio << "\n";
+  }
+  std::cout << "  " << std::left << std::setw(62)
+            << "P5 attach + retire latency (ms)" << std::right << std::setw(7)
+            << (Median(attach_times) + Median(retire_times)) * 1e3 << "\n";
+  return 0;
+}
