@@ -116,23 +116,12 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
             ? "as a regular expression is not supported; list the modules"
             : "must be a list of module names");
   }
-  config.targets.clear();
-  for (const nlohmann::json& name : *targets) {
-    std::optional<Projection> p;
-    if (name.is_string()) {
-      p = ParseEnumName(name.get<std::string>(), kAllProjections,
-                        &ProjectionName);
-    }
-    if (!p.has_value()) {
-      return invalid(
-          "target_modules",
-          absl::StrCat(
-              "names an unsupported module ", DescribeJson(name),
-              "; supported: ", EnumNameList(kAllProjections, &ProjectionName)));
-    }
-    config.targets.push_back(*p);
+  auto parsed = ParseTargetModules(*targets, "target_modules");
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": ", parsed.status().message()));
   }
-  std::sort(config.targets.begin(), config.targets.end());
+  config.targets = std::move(parsed).value();
   config.targets.erase(
       std::unique(config.targets.begin(), config.targets.end()),
       config.targets.end());

@@ -47,12 +47,15 @@ inline std::pair<double, double> TimeSideBySide(const std::function<void()>& a,
   return {Median(ta), Median(tb)};
 }
 
-// Best-of-N fp32 GEMM throughput in GFLOP/s for n x n x n.
+// Best-of-N fp32 GEMM throughput in GFLOP/s for n x n x n, after a few
+// warm-up products (the first ones run at a lower clock and with cold
+// caches, which would understate the peak).
 inline double GemmGflops(int64_t n, int repeats) {
   torch::NoGradGuard no_grad;
   torch::Tensor a = torch::randn({n, n});
   torch::Tensor b = torch::randn({n, n});
-  torch::Tensor c = torch::mm(a, b);  // Warm-up.
+  torch::Tensor c;
+  for (int i = 0; i < 3; ++i) c = torch::mm(a, b);
   double best = 1e30;
   for (int i = 0; i < repeats; ++i) {
     const auto start = BenchClock::now();

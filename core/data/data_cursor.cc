@@ -7,18 +7,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/json_parse.h"
+#include "core/common/split_mix.h"
 
 namespace loraplex {
 namespace {
-
-// Spreads nearby inputs (seed 1 and 2, epoch 0 and 1) over unrelated
-// generator seeds.
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 // Uniform in [0, bound) for bound >= 1: draws below 2^64 mod bound are
 // rejected so every residue is equally likely.

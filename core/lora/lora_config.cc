@@ -48,6 +48,30 @@ double LoraScale(const LoraConfig& config) {
   return config.use_rslora ? config.alpha / std::sqrt(r) : config.alpha / r;
 }
 
+absl::StatusOr<std::vector<Projection>> ParseTargetModules(
+    const nlohmann::json& names, absl::string_view field) {
+  if (!names.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " must be a list of module names, got ", DescribeJson(names)));
+  }
+  std::vector<Projection> targets;
+  for (const nlohmann::json& name : names) {
+    std::optional<Projection> projection;
+    if (name.is_string()) {
+      projection = ParseEnumName(name.get<std::string>(), kAllProjections,
+                                 &ProjectionName);
+    }
+    if (!projection.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " names an unsupported module ", DescribeJson(name),
+          "; supported: ", EnumNameList(kAllProjections, &ProjectionName)));
+    }
+    targets.push_back(*projection);
+  }
+  std::sort(targets.begin(), targets.end());
+  return targets;
+}
+
 absl::StatusOr<LoraConfig> LoraConfigFromJson(const nlohmann::json& json) {
   LoraConfig config;
   JsonFields fields(json, "lora.");
@@ -56,28 +80,8 @@ absl::StatusOr<LoraConfig> LoraConfigFromJson(const nlohmann::json& json) {
   LORAPLEX_RETURN_IF_ERROR(fields.Number("dropout", &config.dropout));
   LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_rslora", &config.use_rslora));
   if (const nlohmann::json* raw = fields.Raw("target_modules")) {
-    if (!raw->is_array()) {
-      return fields.Invalid("target_modules",
-                            absl::StrCat("must be a list of module names, got ",
-                                         DescribeJson(*raw)));
-    }
-    config.targets.clear();
-    for (const nlohmann::json& name : *raw) {
-      std::optional<Projection> projection;
-      if (name.is_string()) {
-        projection = ParseEnumName(name.get<std::string>(), kAllProjections,
-                                   &ProjectionName);
-      }
-      if (!projection.has_value()) {
-        return fields.Invalid(
-            "target_modules",
-            absl::StrCat("entries must be one of ",
-                         EnumNameList(kAllProjections, &ProjectionName),
-                         "; got ", DescribeJson(name)));
-      }
-      config.targets.push_back(*projection);
-    }
-    std::sort(config.targets.begin(), config.targets.end());
+    LORAPLEX_ASSIGN_OR_RETURN(config.targets,
+                              ParseTargetModules(*raw, "lora.target_modules"));
   }
   LORAPLEX_RETURN_IF_ERROR(fields.RejectUnknown());
   LORAPLEX_RETURN_IF_ERROR(ValidateLoraConfig(config));

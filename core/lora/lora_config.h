@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/model/model_weights.h"
 
 namespace loraplex {
@@ -38,6 +39,12 @@ absl::Status ValidateLoraConfig(const LoraConfig& config);
 
 // The factor applied to B·A·x.
 double LoraScale(const LoraConfig& config);
+
+// A JSON list of module names ("q_proj", ...) as projections, sorted into
+// Projection order (duplicates kept). Errors start with `field`:
+// "lora.target_modules names an unsupported module \"lm_head\"; ...".
+absl::StatusOr<std::vector<Projection>> ParseTargetModules(
+    const nlohmann::json& names, absl::string_view field);
 
 // {"rank", "alpha", "dropout", "use_rslora", "target_modules": ["q_proj",
 // ...]}; absent fields keep their defaults, unknown ones are rejected.

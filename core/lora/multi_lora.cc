@@ -4,21 +4,10 @@
 
 #include <utility>
 
+#include "core/common/split_mix.h"
 #include "core/runtime/torch_compat.h"
 
 namespace loraplex {
-namespace {
-
-// splitmix64 finaliser: spreads nearby inputs over all 64 bits.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 MultiLoraDelta::MultiLoraDelta(std::vector<LoraSegment> segments)
     : segments_(std::move(segments)) {
   sizes_.reserve(segments_.size());
@@ -44,9 +33,10 @@ torch::Tensor MultiLoraDelta::Dropout(const LoraSegment& segment,
   masks.reserve(segment.rows);
   for (int64_t i = 0; i < segment.rows; ++i) {
     const uint64_t seed =
-        Mix(Mix(Mix(segment.dropout_seed ^ Mix(segment.row_ids[i])) ^
-                static_cast<uint64_t>(layer)) ^
-            static_cast<uint64_t>(projection));
+        SplitMix64(SplitMix64(SplitMix64(segment.dropout_seed ^
+                                         SplitMix64(segment.row_ids[i])) ^
+                              static_cast<uint64_t>(layer)) ^
+                   static_cast<uint64_t>(projection));
     torch::Generator generator = MakeCpuGenerator(seed);
     const int64_t valid = std::min(segment.row_lengths[i], seq);
     torch::Tensor mask = torch::ones({seq, width}, torch::kFloat32);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/split_mix.h"
 #include "core/common/status_macros.h"
 #include "core/lora/multi_lora.h"
 #include "core/optim/grad_clip.h"
@@ -72,14 +73,6 @@ std::vector<std::vector<Piece>> PlanMicroBatches(const std::vector<Row>& rows,
     batches.back().push_back(std::move(piece));
   }
   return batches;
-}
-
-// splitmix64 finaliser, for per-step dropout seeds.
-uint64_t MixSeed(uint64_t seed, uint64_t step) {
-  uint64_t x = seed ^ (step * 0x9e3779b97f4a7c15ULL);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 // A micro-batch as tensors, plus which owner each target token belongs to.
@@ -289,8 +282,10 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     }
     batches.push_back(std::move(batch));
     owners.push_back(&slot->weights);
-    seeds.push_back(MixSeed(slot->training.seed,
-                            static_cast<uint64_t>(slot->counters.steps)));
+    // Dropout seed of this step: a function of the job's seed and step.
+    seeds.push_back(
+        SplitMix64(slot->training.seed ^
+                   SplitMix64(static_cast<uint64_t>(slot->counters.steps))));
   }
   std::vector<int64_t> targets;
   std::vector<int64_t> tokens;

@@ -54,7 +54,8 @@ TEST(LoraConfigTest, ErrorsNameTheField) {
               HasSubstr("lora.dropout must be in [0, 1)"));
   EXPECT_THAT(
       Error(LoraConfigFromJson({{"target_modules", {"lm_head"}}}).status()),
-      HasSubstr("lora.target_modules entries must be one of q_proj"));
+      HasSubstr("lora.target_modules names an unsupported module "
+                "\"lm_head\"; supported: q_proj, k_proj"));
   EXPECT_THAT(
       Error(LoraConfigFromJson({{"target_modules", {"q_proj", "q_proj"}}})
                 .status()),
