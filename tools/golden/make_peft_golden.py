@@ -92,6 +92,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM
 
+# The padded and per-row forwards are shared with the base-model fixtures.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_model_golden import forward, forward_unpadded  # noqa: E402
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO_ROOT / "tests" / "fixtures" / "golden"
 BASE_DIR = GOLDEN_ROOT / "llama_gqa"
@@ -160,27 +164,6 @@ def scaling_of(case: dict) -> float:
 
 def mask_of(lengths: torch.Tensor, T: int) -> torch.Tensor:
     return (torch.arange(T)[None, :] < lengths[:, None]).to(torch.int64)
-
-
-@torch.no_grad()
-def forward(model, ids, mask) -> torch.Tensor:
-    out = model(input_ids=ids, attention_mask=mask, use_cache=False)
-    logits = out.logits.to(torch.float32)
-    return logits * mask[:, :, None].to(torch.float32)  # padded positions -> exactly 0
-
-
-@torch.no_grad()
-def forward_unpadded(model, ids, lengths) -> torch.Tensor:
-    """Each row run on its own without padding, zero-filled to [B, T, V]."""
-    B, T = ids.shape
-    rows = []
-    for b in range(B):
-        n = int(lengths[b])
-        out = model(input_ids=ids[b : b + 1, :n], use_cache=False).logits.to(torch.float32)[0]
-        row = torch.zeros(T, out.shape[-1], dtype=torch.float32)
-        row[:n] = out
-        rows.append(row)
-    return torch.stack(rows)
 
 
 def assert_close(name: str, a: torch.Tensor, b: torch.Tensor, atol: float) -> float:
