@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/atomic_file.h"
 #include "core/common/enum_names.h"
+#include "core/common/json_fields.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
 #include "core/safetensors/safetensors.h"
@@ -43,21 +44,21 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
   if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": not an object"));
   }
-  auto invalid = [&](const char* key, absl::string_view reason) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(label, ": ", key, " ", reason));
-  };
+  // PEFT writes many more keys; only these are read (no RejectUnknown).
+  JsonFields fields(json, label + ": ");
   auto peft_type = json.find("peft_type");
   if (peft_type == json.end() || *peft_type != "LORA") {
-    return invalid("peft_type", absl::StrCat("must be \"LORA\", got ",
-                                             peft_type == json.end()
-                                                 ? std::string("nothing")
-                                                 : DescribeJson(*peft_type)));
+    return fields.Invalid(
+        "peft_type",
+        absl::StrCat("must be \"LORA\", got ", peft_type == json.end()
+                                                   ? std::string("nothing")
+                                                   : DescribeJson(*peft_type)));
   }
   auto task = json.find("task_type");
   if (task != json.end() && !task->is_null() && *task != "CAUSAL_LM") {
-    return invalid("task_type", absl::StrCat("must be \"CAUSAL_LM\", got ",
-                                             DescribeJson(*task)));
+    return fields.Invalid(
+        "task_type",
+        absl::StrCat("must be \"CAUSAL_LM\", got ", DescribeJson(*task)));
   }
   for (const char* key :
        {"bias", "use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern",
@@ -71,46 +72,29 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
   if (auto init = json.find("init_lora_weights");
       init != json.end() && !init->is_boolean() && *init != "gaussian" &&
       *init != "eva") {
-    return invalid("init_lora_weights",
-                   absl::StrCat("= ", DescribeJson(*init),
-                                " is not supported (it changes the base "
-                                "weights the adapter was trained against)"));
+    return fields.Invalid(
+        "init_lora_weights",
+        absl::StrCat("= ", DescribeJson(*init),
+                     " is not supported (it changes the base "
+                     "weights the adapter was trained against)"));
   }
   LoraConfig config;
-  auto r = json.find("r");
-  if (r == json.end() || !r->is_number_integer() || *r < 1 ||
-      *r > kMaxLoraRank) {
-    return invalid(
-        "r", absl::StrCat(
-                 "must be an integer in [1, ", kMaxLoraRank, "], got ",
-                 r == json.end() ? std::string("nothing") : DescribeJson(*r)));
+  config.rank = 0;  // Required: an absent "r" fails the range check below.
+  LORAPLEX_RETURN_IF_ERROR(fields.Integer("r", &config.rank));
+  if (config.rank < 1 || config.rank > kMaxLoraRank) {
+    const nlohmann::json* r = fields.Raw("r");
+    return fields.Invalid(
+        "r",
+        absl::StrCat("must be an integer in [1, ", kMaxLoraRank, "], got ",
+                     r == nullptr ? std::string("nothing") : DescribeJson(*r)));
   }
-  config.rank = r->get<int64_t>();
   config.alpha = 8.0;  // PEFT's default.
-  if (auto alpha = json.find("lora_alpha"); alpha != json.end()) {
-    if (!alpha->is_number()) {
-      return invalid("lora_alpha", absl::StrCat("must be a number, got ",
-                                                DescribeJson(*alpha)));
-    }
-    config.alpha = alpha->get<double>();
-  }
-  if (auto dropout = json.find("lora_dropout"); dropout != json.end()) {
-    if (!dropout->is_number()) {
-      return invalid("lora_dropout", absl::StrCat("must be a number, got ",
-                                                  DescribeJson(*dropout)));
-    }
-    config.dropout = dropout->get<double>();
-  }
-  if (auto rslora = json.find("use_rslora"); rslora != json.end()) {
-    if (!rslora->is_boolean()) {
-      return invalid("use_rslora", absl::StrCat("must be true or false, got ",
-                                                DescribeJson(*rslora)));
-    }
-    config.use_rslora = rslora->get<bool>();
-  }
+  LORAPLEX_RETURN_IF_ERROR(fields.Number("lora_alpha", &config.alpha));
+  LORAPLEX_RETURN_IF_ERROR(fields.Number("lora_dropout", &config.dropout));
+  LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_rslora", &config.use_rslora));
   auto targets = json.find("target_modules");
   if (targets == json.end() || !targets->is_array()) {
-    return invalid(
+    return fields.Invalid(
         "target_modules",
         targets != json.end() && targets->is_string()
             ? "as a regular expression is not supported; list the modules"

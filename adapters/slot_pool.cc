@@ -9,6 +9,19 @@
 #include "core/optim/slot_optimizer.h"
 
 namespace loraplex {
+namespace {
+
+// Drops a job's schedule, data and counters. The weights and the optimizer
+// are left to the caller: Retire keeps the zeroed optimizer.
+void ForgetJob(TrainingSlot& slot) {
+  slot.scheduler.reset();
+  slot.cursor.reset();
+  slot.data = nullptr;
+  slot.counters = SlotCounters{};
+  slot.total_steps = 0;
+}
+
+}  // namespace
 
 SlotPool::SlotPool(const ModelConfig& model, const SlotPoolOptions& options)
     : model_(model), options_(options) {
@@ -86,12 +99,8 @@ absl::Status SlotPool::Prepare(const SlotAttachRequest& request,
     slot.weights.InitPeft(request.training.seed);
   }
   slot.training = request.training;
-  slot.counters = SlotCounters{};
   slot.optimizer.reset();
-  slot.scheduler.reset();
-  slot.cursor.reset();
-  slot.data = nullptr;
-  slot.total_steps = 0;
+  ForgetJob(slot);
   if (request.data == nullptr) return absl::OkStatus();
 
   LORAPLEX_ASSIGN_OR_RETURN(
@@ -139,9 +148,7 @@ absl::StatusOr<int> SlotPool::Attach(const SlotAttachRequest& request) {
     TrainingSlot& slot = *entry.training;
     slot.weights.Unbind();
     slot.optimizer.reset();
-    slot.scheduler.reset();
-    slot.cursor.reset();
-    slot.data = nullptr;
+    ForgetJob(slot);
     return status;
   }
   entry.state = SlotState::kAttached;
@@ -176,11 +183,7 @@ absl::Status SlotPool::Retire(int slot) {
         "zeroing slot ", slot, " failed: ", e.what_without_backtrace()));
   }
   training.weights.Unbind();
-  training.scheduler.reset();
-  training.cursor.reset();
-  training.data = nullptr;
-  training.counters = SlotCounters{};
-  training.total_steps = 0;
+  ForgetJob(training);
   entry.state = SlotState::kFree;
   entry.job_id.clear();
   return absl::OkStatus();
