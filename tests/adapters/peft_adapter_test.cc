@@ -18,6 +18,7 @@
 #include "core/safetensors/safetensors.h"
 #include "tests/common/test_dir.h"
 #include "tests/common/tiny_model.h"
+#include "tests/common/train_fixture.h"
 
 namespace loraplex {
 namespace {
@@ -98,14 +99,7 @@ TEST(PeftAdapterTest, RoundTripGivesIdenticalWeightsAndLogits) {
                   Projection::kDown};
   ASSERT_TRUE(weights.Bind(lora).ok());
   weights.InitPeft(11);
-  {
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(2);
-    for (const LoraModule& m : weights.modules()) {
-      torch::Tensor b = m.b;
-      b.copy_(torch::randn(b.sizes()) * 0.1);
-    }
-  }
+  RandomizeB(weights, 2, 0.1);
   const std::string dir = FreshTestDir();
   ASSERT_TRUE(ExportPeftAdapter(weights, "tiny", dir).ok());
   auto adapter = LoadPeftAdapter(dir, model.config());

@@ -92,16 +92,6 @@ TEST(SlotPoolTest, RetireChecksTheSlot) {
   EXPECT_EQ(pool.Retire(-1).code(), absl::StatusCode::kInvalidArgument);
 }
 
-std::vector<torch::Tensor> OptimizerTensors(const SlotOptimizer& optimizer) {
-  std::vector<torch::Tensor> tensors;
-  for (const OptimizerChild& child : optimizer.children()) {
-    for (const ParamStateRef& ref : child.states()) {
-      for (const auto& [name, t] : ref.tensors) tensors.push_back(t.clone());
-    }
-  }
-  return tensors;
-}
-
 bool AllEqual(const std::vector<torch::Tensor>& a,
               const std::vector<torch::Tensor>& b) {
   if (a.size() != b.size()) return false;
@@ -119,7 +109,7 @@ TEST(SlotPoolTest, AttachAndRetireLeaveOtherSlotsAndTheBaseAlone) {
   ASSERT_TRUE(TrainCoBatchStep(model, pool.ActiveSlots(), {}).ok());
   const std::vector<torch::Tensor> weights = Snapshot(pool.slot(0).weights);
   const std::vector<torch::Tensor> state =
-      OptimizerTensors(*pool.slot(0).optimizer);
+      OptimizerStateTensors(*pool.slot(0).optimizer);
   const int64_t steps = pool.slot(0).counters.steps;
   std::vector<torch::Tensor> base;
   for (const LayerWeights& layer : model.weights().layers) {
@@ -136,7 +126,7 @@ TEST(SlotPoolTest, AttachAndRetireLeaveOtherSlotsAndTheBaseAlone) {
     ASSERT_TRUE(pool.Retire(2).ok());
   }
   EXPECT_TRUE(AllEqual(Snapshot(pool.slot(0).weights), weights));
-  EXPECT_TRUE(AllEqual(OptimizerTensors(*pool.slot(0).optimizer), state));
+  EXPECT_TRUE(AllEqual(OptimizerStateTensors(*pool.slot(0).optimizer), state));
   EXPECT_EQ(pool.slot(0).counters.steps, steps);
   std::vector<torch::Tensor> base_after;
   for (const LayerWeights& layer : model.weights().layers) {

@@ -15,6 +15,7 @@
 #include "core/data/dataset.h"
 #include "core/data/sequences.h"
 #include "core/tokenizer/tokenizer.h"
+#include "tests/common/optim_fixture.h"
 
 namespace loraplex {
 
@@ -74,12 +75,33 @@ inline double MaxRelativeDiff(const std::vector<torch::Tensor>& actual,
   EXPECT_EQ(actual.size(), expected.size());
   double worst = 0.0;
   for (size_t i = 0; i < actual.size() && i < expected.size(); ++i) {
-    const double scale =
-        std::max(expected[i].abs().max().item<double>(), 1e-30);
-    worst = std::max(
-        worst, (actual[i] - expected[i]).abs().max().item<double>() / scale);
+    worst = std::max(worst, MaxRelativeDiff(actual[i], expected[i]));
   }
   return worst;
+}
+
+// Overwrites every B (zero after PEFT's init) with seeded N(0, stddev²)
+// values, so the adapter changes the logits.
+inline void RandomizeB(const LoraWeights& weights, uint64_t seed,
+                       double stddev) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (const LoraModule& m : weights.modules()) {
+    torch::Tensor b = m.b;
+    b.copy_(torch::randn(b.sizes()) * stddev);
+  }
+}
+
+// Copies of every state tensor of a slot's optimizer, in a fixed order.
+inline std::vector<torch::Tensor> OptimizerStateTensors(
+    const SlotOptimizer& optimizer) {
+  std::vector<torch::Tensor> tensors;
+  for (const OptimizerChild& child : optimizer.children()) {
+    for (const ParamStateRef& ref : child.states()) {
+      for (const auto& [name, t] : ref.tensors) tensors.push_back(t.clone());
+    }
+  }
+  return tensors;
 }
 
 inline std::vector<torch::Tensor> Snapshot(const LoraWeights& weights) {

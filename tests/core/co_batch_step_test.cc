@@ -178,15 +178,7 @@ TEST(CoBatchStepTest, ReportedLossIsTheMaskedMeanOfTheBatch) {
                    Sequences(ReversalJsonl(6, 9), 16), 3);
   SlotPool pool(model.config(), {.capacity = 1});
   ASSERT_TRUE(pool.Attach(request).ok());
-  // Give B values so the adapter changes the logits.
-  {
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(4);
-    for (const LoraModule& m : pool.slot(0).weights.modules()) {
-      torch::Tensor b = m.b;
-      b.copy_(torch::randn(b.sizes()) * 0.1);
-    }
-  }
+  RandomizeB(pool.slot(0).weights, 4, 0.1);
   // The reference: plain autograd through full logits, one sequence at a
   // time, mean over all target tokens.
   auto cursor = DataCursor::Create(6, {3, 0, 0});
@@ -313,19 +305,10 @@ TEST(CoBatchStepTest, AFailedStepChangesNothing) {
     int64_t schedule;
   };
   auto save = [&](int s) {
-    Saved saved{Snapshot(pool.slot(s).weights),
-                {},
-                pool.slot(s).cursor->state(),
-                pool.slot(s).counters.steps,
-                pool.slot(s).scheduler->completed_steps()};
-    for (const OptimizerChild& child : pool.slot(s).optimizer->children()) {
-      for (const ParamStateRef& ref : child.states()) {
-        for (const auto& [name, t] : ref.tensors) {
-          saved.state.push_back(t.clone());
-        }
-      }
-    }
-    return saved;
+    return Saved{Snapshot(pool.slot(s).weights),
+                 OptimizerStateTensors(*pool.slot(s).optimizer),
+                 pool.slot(s).cursor->state(), pool.slot(s).counters.steps,
+                 pool.slot(s).scheduler->completed_steps()};
   };
   const Saved before0 = save(0);
   const Saved before1 = save(1);

@@ -17,6 +17,7 @@
 #include "core/runtime/torch_compat.h"
 #include "core/safetensors/safetensors.h"
 #include "tests/common/tiny_model.h"
+#include "tests/common/train_fixture.h"
 
 namespace loraplex {
 namespace {
@@ -131,15 +132,6 @@ LoraConfig Config(int64_t rank, std::vector<Projection> targets) {
   return config;
 }
 
-void RandomizeB(LoraWeights& weights, uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(seed);
-  for (const LoraModule& m : weights.modules()) {
-    torch::Tensor b = m.b;
-    b.copy_(torch::randn(b.sizes()) * 0.05);
-  }
-}
-
 TEST(MultiLoraTest, InitMatchesPeftStatistics) {
   const LlamaModel& model = TinyModel();
   LoraWeights weights(model.config(), torch::kCPU);
@@ -193,8 +185,8 @@ TEST(MultiLoraTest, GradientsStayInTheirSegment) {
   ASSERT_TRUE(b.Bind(Config(2, {Projection::kV, Projection::kDown})).ok());
   a.InitPeft(1);
   b.InitPeft(2);
-  RandomizeB(a, 5);
-  RandomizeB(b, 6);
+  RandomizeB(a, 5, 0.05);
+  RandomizeB(b, 6, 0.05);
   torch::manual_seed(0);
   torch::Tensor ids = torch::randint(0, 259, {3, 9}, torch::kInt64);
   torch::Tensor lengths = torch::tensor({9, 6, 9}, torch::kInt64);
@@ -289,7 +281,7 @@ TEST(MultiLoraTest, DropoutIsSeededPerRowAndOffInEvaluation) {
   config.dropout = 0.5;
   ASSERT_TRUE(a.Bind(config).ok());
   a.InitPeft(1);
-  RandomizeB(a, 2);
+  RandomizeB(a, 2, 0.05);
   torch::manual_seed(3);
   torch::Tensor ids = torch::randint(0, 259, {2, 8}, torch::kInt64);
   torch::Tensor lengths = torch::tensor({8, 5}, torch::kInt64);
@@ -320,7 +312,7 @@ TEST(MultiLoraTest, Bf16BaseWithAdapter) {
   LoraWeights weights(fp32.config(), torch::kCPU);
   ASSERT_TRUE(weights.Bind(LoraConfig{}).ok());
   weights.InitPeft(1);
-  RandomizeB(weights, 2);
+  RandomizeB(weights, 2, 0.05);
   torch::manual_seed(5);
   torch::Tensor ids = torch::randint(0, 259, {2, 12}, torch::kInt64);
   torch::Tensor lengths = torch::tensor({12, 7}, torch::kInt64);
