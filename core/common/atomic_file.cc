@@ -19,6 +19,8 @@ absl::Status IoError(const std::string& what, const std::string& path) {
       absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
+}  // namespace
+
 absl::Status FsyncDirectory(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) return IoError("cannot open directory", dir);
@@ -28,7 +30,22 @@ absl::Status FsyncDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
-}  // namespace
+absl::Status PublishDirectory(const std::string& staged,
+                              const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::remove_all(path, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot remove ", path, ": ", error.message()));
+  }
+  LORAPLEX_RETURN_IF_ERROR(FsyncDirectory(staged));
+  if (::rename(staged.c_str(), path.c_str()) != 0) {
+    return IoError(absl::StrCat("cannot rename ", staged, " to"), path);
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  return FsyncDirectory(parent.empty() ? "." : parent.string());
+}
 
 absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(
     const std::string& path) {

@@ -46,6 +46,16 @@ class AtomicFileWriter {
 absl::Status WriteFileAtomically(const std::string& path,
                                  absl::string_view contents);
 
+// fsync(2) on a directory, so renames and new entries in it are durable.
+absl::Status FsyncDirectory(const std::string& dir);
+
+// Moves the directory `staged`, whose files are complete and durable (e.g.
+// written with WriteFileAtomically), to `path`: any old `path` is removed
+// first (a leftover of an interrupted run), then `staged` is renamed and the
+// parent directory fsynced. Readers never see a half-written `path`.
+absl::Status PublishDirectory(const std::string& staged,
+                              const std::string& path);
+
 }  // namespace loraplex
 
 #endif  // LORAPLEX_CORE_COMMON_ATOMIC_FILE_H_

@@ -26,6 +26,9 @@ struct TrainingConfig {
   double grad_clip = 1.0;
   // Seeds the LoRA init, the data order and dropout.
   uint64_t seed = 0;
+  // Steps between validation-loss evaluations of a job that has validation
+  // data; 0 evaluates only after the last step.
+  int64_t eval_interval = 0;
 };
 
 inline constexpr int64_t kMaxBatchSize = 4096;

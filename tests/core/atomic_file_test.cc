@@ -69,5 +69,20 @@ TEST(AtomicFileTest, MissingDirectoryIsAnError) {
   EXPECT_NE(status.message().find("cannot create"), absl::string_view::npos);
 }
 
+TEST(AtomicFileTest, PublishDirectoryReplacesALeftover) {
+  const std::string dir = FreshTestDir();
+  const std::string staged = dir + "/adapter.staged";
+  const std::string path = dir + "/adapter";
+  fs::create_directories(path);
+  ASSERT_TRUE(WriteFileAtomically(path + "/stale.bin", "old").ok());
+  fs::create_directories(staged);
+  ASSERT_TRUE(WriteFileAtomically(staged + "/weights.bin", "new").ok());
+  ASSERT_TRUE(PublishDirectory(staged, path).ok());
+  EXPECT_EQ(Read(path + "/weights.bin"), "new");
+  EXPECT_FALSE(fs::exists(path + "/stale.bin"));
+  EXPECT_FALSE(fs::exists(staged));
+  EXPECT_FALSE(PublishDirectory(dir + "/missing", dir + "/other").ok());
+}
+
 }  // namespace
 }  // namespace loraplex

@@ -78,14 +78,18 @@ TEST(TrainingConfigTest, StepsFromEpochsOrMaxSteps) {
 }
 
 TEST(TrainingConfigTest, JsonRoundTripAndErrors) {
-  auto config = TrainingConfigFromJson(
-      {{"batch_size", 2}, {"seq_len", 64}, {"seed", 9}, {"grad_clip", 0}});
+  auto config = TrainingConfigFromJson({{"batch_size", 2},
+                                        {"seq_len", 64},
+                                        {"seed", 9},
+                                        {"grad_clip", 0},
+                                        {"eval_interval", 25}});
   ASSERT_TRUE(config.ok()) << config.status();
   auto again = TrainingConfigFromJson(TrainingConfigToJson(*config));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->batch_size, 2);
   EXPECT_EQ(again->seq_len, 64);
   EXPECT_EQ(again->seed, 9u);
+  EXPECT_EQ(again->eval_interval, 25);
   EXPECT_THAT(Error(TrainingConfigFromJson({{"batch_size", 0}}).status()),
               HasSubstr("training.batch_size must be in [1, 4096], got 0"));
   EXPECT_THAT(Error(TrainingConfigFromJson({{"seq_len", 1}}).status()),
@@ -94,6 +98,8 @@ TEST(TrainingConfigTest, JsonRoundTripAndErrors) {
               HasSubstr("training.seed must be >= 0"));
   EXPECT_THAT(Error(TrainingConfigFromJson({{"grad_clip", -1}}).status()),
               HasSubstr("training.grad_clip"));
+  EXPECT_THAT(Error(TrainingConfigFromJson({{"eval_interval", -2}}).status()),
+              HasSubstr("training.eval_interval must be in [0, "));
 }
 
 }  // namespace
