@@ -1,0 +1,591 @@
+#include "server/store/job_store.h"
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "server/store/record_rows.h"
+#include "server/store/sqlite_statement.h"
+
+namespace loraplex {
+namespace {
+
+using store_internal::BindAdapter;
+using store_internal::BindDataset;
+using store_internal::BindEvent;
+using store_internal::BindJob;
+using store_internal::EventColumns;
+using store_internal::Exec;
+using store_internal::JobColumns;
+using store_internal::kAdapterColumns;
+using store_internal::kDatasetColumns;
+using store_internal::kNumAdapterColumns;
+using store_internal::kNumDatasetColumns;
+using store_internal::kNumEventColumns;
+using store_internal::kNumJobColumns;
+using store_internal::Placeholders;
+using store_internal::ReadAdapter;
+using store_internal::ReadAllRows;
+using store_internal::ReadDataset;
+using store_internal::ReadEvent;
+using store_internal::ReadJob;
+using store_internal::SqliteError;
+using store_internal::Statement;
+using store_internal::Transaction;
+
+// Stored in PRAGMA user_version; a database with a higher one was written by
+// a newer loraplex whose tables this one may misread.
+constexpr int kSchemaVersion = 1;
+constexpr int kMaxPageSize = 1000;
+constexpr int kBusyTimeoutMs = 5000;
+
+// row_id orders every listing: AUTOINCREMENT never reuses the id of a
+// deleted row, so a page token never skips a row inserted after it.
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS datasets (
+  row_id INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  tenant TEXT NOT NULL,
+  display_name TEXT NOT NULL,
+  size_bytes INTEGER NOT NULL,
+  num_examples INTEGER NOT NULL,
+  sha256 TEXT NOT NULL,
+  create_time_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS datasets_by_tenant ON datasets (tenant, row_id);
+
+CREATE TABLE IF NOT EXISTS jobs (
+  row_id INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  tenant TEXT NOT NULL,
+  display_name TEXT NOT NULL,
+  base_model TEXT NOT NULL,
+  training_dataset_id TEXT NOT NULL,
+  validation_dataset_id TEXT NOT NULL,
+  initial_adapter_id TEXT NOT NULL,
+  spec TEXT NOT NULL,
+  status TEXT NOT NULL,
+  slot INTEGER NOT NULL,
+  total_steps INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  loss REAL NOT NULL,
+  lr REAL NOT NULL,
+  grad_norm REAL NOT NULL,
+  tokens_per_second REAL NOT NULL,
+  tokens INTEGER NOT NULL,
+  skipped_steps INTEGER NOT NULL,
+  validation_loss REAL,
+  error_code TEXT NOT NULL,
+  error_message TEXT NOT NULL,
+  adapter_id TEXT NOT NULL,
+  create_time_ms INTEGER NOT NULL,
+  start_time_ms INTEGER NOT NULL,
+  end_time_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_by_tenant ON jobs (tenant, row_id);
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, row_id);
+
+CREATE TABLE IF NOT EXISTS job_events (
+  row_id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL REFERENCES jobs (id),
+  sequence INTEGER NOT NULL,
+  time_ms INTEGER NOT NULL,
+  status TEXT,
+  message TEXT NOT NULL,
+  error_code TEXT NOT NULL,
+  error_message TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  loss REAL NOT NULL,
+  lr REAL NOT NULL,
+  grad_norm REAL NOT NULL,
+  tokens_per_second REAL NOT NULL,
+  tokens INTEGER NOT NULL,
+  skipped_steps INTEGER NOT NULL,
+  validation_loss REAL,
+  UNIQUE (job_id, sequence));
+
+CREATE TABLE IF NOT EXISTS adapters (
+  row_id INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  tenant TEXT NOT NULL,
+  display_name TEXT NOT NULL,
+  job_id TEXT NOT NULL,
+  base_model TEXT NOT NULL,
+  lora TEXT NOT NULL,
+  create_time_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS adapters_by_tenant ON adapters (tenant, row_id);
+)sql";
+
+absl::Status NotFound(absl::string_view kind, absl::string_view id) {
+  return absl::NotFoundError(absl::StrCat(kind, " \"", id, "\" not found"));
+}
+
+absl::Status CheckPageSize(int page_size) {
+  if (page_size < 1 || page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size must be in [1, ", kMaxPageSize, "], got ", page_size));
+  }
+  return absl::OkStatus();
+}
+
+// A token names its listing (kind, tenant and filter) and the row_id of
+// the last row returned; the tenant is length-prefixed so no two listings
+// share a prefix.
+std::string ListingName(absl::string_view kind, absl::string_view tenant,
+                        absl::string_view filter = "") {
+  return absl::StrCat(kind, "|", tenant.size(), ":", tenant, "|", filter);
+}
+
+std::string EncodePageToken(absl::string_view listing, int64_t row_id) {
+  return absl::WebSafeBase64Escape(absl::StrCat(listing, "|", row_id));
+}
+
+// The row_id to continue after; 0 for the first page.
+absl::StatusOr<int64_t> DecodePageToken(absl::string_view token,
+                                        absl::string_view listing) {
+  if (token.empty()) return 0;
+  const absl::Status invalid = absl::InvalidArgumentError(
+      "page_token does not belong to this listing (a token only continues "
+      "the listing, with the same filter, that returned it)");
+  std::string raw;
+  if (!absl::WebSafeBase64Unescape(token, &raw)) return invalid;
+  const size_t bar = raw.rfind('|');
+  int64_t row_id = 0;
+  if (bar == std::string::npos ||
+      absl::string_view(raw).substr(0, bar) != listing ||
+      !absl::SimpleAtoi(absl::string_view(raw).substr(bar + 1), &row_id) ||
+      row_id < 1) {
+    return invalid;
+  }
+  return row_id;
+}
+
+// Reads the rows of a query run with LIMIT page_size + 1: the extra row
+// only tells that there is a next page.
+template <typename Record, typename ReadRow>
+absl::StatusOr<Page<Record>> ReadPage(Statement& stmt, int page_size,
+                                      int row_id_column,
+                                      absl::string_view listing,
+                                      ReadRow read_row) {
+  Page<Record> page;
+  int64_t last_row_id = 0;
+  while (true) {
+    LORAPLEX_ASSIGN_OR_RETURN(bool has_row, stmt.Step());
+    if (!has_row) break;
+    if (page.items.size() == static_cast<size_t>(page_size)) {
+      page.next_page_token = EncodePageToken(listing, last_row_id);
+      break;
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(Record record, read_row(stmt));
+    page.items.push_back(std::move(record));
+    last_row_id = stmt.Int(row_id_column);
+  }
+  return page;
+}
+
+// Appends `events` to the log of `job_id` after its last sequence; call
+// inside a transaction.
+absl::StatusOr<std::vector<JobEventRecord>> AppendEvents(
+    sqlite3* db, const std::string& job_id,
+    std::vector<JobEventRecord> events) {
+  if (events.empty()) return events;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement last,
+      Statement::Prepare(db,
+                         "SELECT COALESCE(MAX(sequence), 0) FROM job_events "
+                         "WHERE job_id = ?"));
+  last.BindText(job_id);
+  LORAPLEX_ASSIGN_OR_RETURN(bool has_last, last.Step());
+  int64_t sequence = has_last ? last.Int(0) : 0;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement insert,
+      Statement::Prepare(
+          db, absl::StrCat("INSERT INTO job_events (", EventColumns(),
+                           ") VALUES (", Placeholders(kNumEventColumns), ")")));
+  for (JobEventRecord& event : events) {
+    event.job_id = job_id;
+    event.sequence = ++sequence;
+    insert.Reset();
+    BindEvent(insert, event);
+    LORAPLEX_RETURN_IF_ERROR(insert.Run());
+  }
+  return events;
+}
+
+// One UpdateJob inside the caller's transaction.
+absl::StatusOr<std::vector<JobEventRecord>> UpdateJobRow(
+    sqlite3* db, const JobRecord& job, std::vector<JobEventRecord> events) {
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement update,
+      Statement::Prepare(
+          db, absl::StrCat("UPDATE jobs SET (", JobColumns(), ") = (",
+                           Placeholders(kNumJobColumns), ") WHERE id = ?")));
+  LORAPLEX_RETURN_IF_ERROR(BindJob(update, job));
+  update.BindText(job.id);
+  LORAPLEX_RETURN_IF_ERROR(update.Run());
+  if (sqlite3_changes(db) == 0) return NotFound("job", job.id);
+  return AppendEvents(db, job.id, std::move(events));
+}
+
+// The first column of the first row of `sql`. The statement is finalized
+// on return: a pending one would hold a read transaction, in which SQLite
+// refuses to change the journal mode.
+absl::StatusOr<std::string> QueryText(sqlite3* db, const char* sql) {
+  LORAPLEX_ASSIGN_OR_RETURN(Statement query, Statement::Prepare(db, sql));
+  LORAPLEX_ASSIGN_OR_RETURN(bool has_row, query.Step());
+  return has_row ? query.Text(0) : std::string();
+}
+
+// Applies the pragmas and creates or checks the schema.
+absl::Status InitializeDatabase(sqlite3* db, const std::string& path) {
+  const std::string context = absl::StrCat("database \"", path, "\"");
+  LORAPLEX_ASSIGN_OR_RETURN(std::string version_text,
+                            QueryText(db, "PRAGMA user_version"));
+  int64_t schema_version = 0;
+  if (!absl::SimpleAtoi(version_text, &schema_version)) {
+    return absl::InternalError(
+        absl::StrCat(context, " reports user_version \"", version_text, "\""));
+  }
+  if (schema_version > kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        context, " has schema version ", schema_version,
+        ", written by a newer loraplex (this one reads up to version ",
+        kSchemaVersion, ")"));
+  }
+
+  LORAPLEX_ASSIGN_OR_RETURN(std::string mode,
+                            QueryText(db, "PRAGMA journal_mode=WAL"));
+  if (mode != "wal") {
+    return absl::InternalError(
+        absl::StrCat(context, " does not accept journal_mode=WAL (it stays \"",
+                     mode, "\")"));
+  }
+  LORAPLEX_RETURN_IF_ERROR(Exec(db, "PRAGMA synchronous=FULL"));
+  LORAPLEX_RETURN_IF_ERROR(Exec(db, "PRAGMA foreign_keys=ON"));
+  if (schema_version == kSchemaVersion) return absl::OkStatus();
+
+  Transaction transaction(db);
+  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
+  LORAPLEX_RETURN_IF_ERROR(Exec(db, kSchema));
+  LORAPLEX_RETURN_IF_ERROR(
+      Exec(db, absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str()));
+  return transaction.Commit();
+}
+
+}  // namespace
+
+JobStore::JobStore(sqlite3* db) : db_(db) {}
+
+JobStore::~JobStore() { sqlite3_close_v2(db_); }
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
+    const std::string& path) {
+  sqlite3* db = nullptr;
+  // The store serialises every call on mu_, so SQLite's own mutexes are
+  // not needed.
+  const int result = sqlite3_open_v2(
+      path.c_str(), &db,
+      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+      nullptr);
+  // Owns the connection from here on, also when opening failed.
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  if (result != SQLITE_OK) {
+    return SqliteError(db, absl::StrCat("opening database \"", path, "\""));
+  }
+  sqlite3_extended_result_codes(db, 1);
+  sqlite3_busy_timeout(db, kBusyTimeoutMs);
+  LORAPLEX_RETURN_IF_ERROR(InitializeDatabase(db, path));
+  return store;
+}
+
+absl::Status JobStore::InsertDataset(const DatasetRecord& dataset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement insert,
+      Statement::Prepare(
+          db_,
+          absl::StrCat("INSERT INTO datasets (", kDatasetColumns, ") VALUES (",
+                       Placeholders(kNumDatasetColumns), ")")));
+  BindDataset(insert, dataset);
+  absl::Status status = insert.Run();
+  if (absl::IsAlreadyExists(status)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("dataset \"", dataset.id, "\" already exists"));
+  }
+  return status;
+}
+
+absl::StatusOr<DatasetRecord> JobStore::GetDataset(const std::string& tenant,
+                                                   const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(db_, absl::StrCat("SELECT ", kDatasetColumns,
+                                           " FROM datasets WHERE id = ? AND "
+                                           "tenant = ?")));
+  select.BindText(id);
+  select.BindText(tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(bool found, select.Step());
+  if (!found) return NotFound("dataset", id);
+  return ReadDataset(select);
+}
+
+absl::StatusOr<Page<DatasetRecord>> JobStore::ListDatasets(
+    const std::string& tenant, int page_size, const std::string& page_token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_RETURN_IF_ERROR(CheckPageSize(page_size));
+  const std::string listing = ListingName("datasets", tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(int64_t after,
+                            DecodePageToken(page_token, listing));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(
+          db_, absl::StrCat("SELECT ", kDatasetColumns,
+                            ", row_id FROM datasets WHERE tenant = ? AND "
+                            "row_id > ? ORDER BY row_id LIMIT ?")));
+  select.BindText(tenant);
+  select.BindInt(after);
+  select.BindInt(page_size + 1);
+  return ReadPage<DatasetRecord>(select, page_size, kNumDatasetColumns, listing,
+                                 ReadDataset);
+}
+
+absl::Status JobStore::DeleteDataset(const std::string& tenant,
+                                     const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction transaction(db_);
+  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement exists,
+      Statement::Prepare(db_,
+                         "SELECT 1 FROM datasets WHERE id = ? AND tenant = ?"));
+  exists.BindText(id);
+  exists.BindText(tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(bool found, exists.Step());
+  if (!found) return NotFound("dataset", id);
+
+  // Every tenant's jobs are checked: a job must never lose its data, even
+  // one that refers to the dataset against the rules.
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement users,
+      Statement::Prepare(
+          db_,
+          "SELECT id, status FROM jobs WHERE (training_dataset_id = ? OR "
+          "validation_dataset_id = ?) AND status NOT IN (?, ?, ?) "
+          "ORDER BY row_id LIMIT 1"));
+  users.BindText(id);
+  users.BindText(id);
+  for (JobStatus status : kAllJobStatuses) {
+    if (IsTerminal(status)) users.BindText(JobStatusName(status));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(bool in_use, users.Step());
+  if (in_use) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset \"", id, "\" is used by job \"", users.Text(0), "\" (",
+        users.Text(1),
+        "); cancel the job or wait for it to finish before deleting it"));
+  }
+
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement erase,
+      Statement::Prepare(db_,
+                         "DELETE FROM datasets WHERE id = ? AND tenant = ?"));
+  erase.BindText(id);
+  erase.BindText(tenant);
+  LORAPLEX_RETURN_IF_ERROR(erase.Run());
+  return transaction.Commit();
+}
+
+absl::StatusOr<std::vector<JobEventRecord>> JobStore::InsertJob(
+    const JobRecord& job, std::vector<JobEventRecord> events) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction transaction(db_);
+  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement insert,
+      Statement::Prepare(
+          db_, absl::StrCat("INSERT INTO jobs (", JobColumns(), ") VALUES (",
+                            Placeholders(kNumJobColumns), ")")));
+  LORAPLEX_RETURN_IF_ERROR(BindJob(insert, job));
+  absl::Status status = insert.Run();
+  if (absl::IsAlreadyExists(status)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("job \"", job.id, "\" already exists"));
+  }
+  LORAPLEX_RETURN_IF_ERROR(status);
+  LORAPLEX_ASSIGN_OR_RETURN(events,
+                            AppendEvents(db_, job.id, std::move(events)));
+  LORAPLEX_RETURN_IF_ERROR(transaction.Commit());
+  return events;
+}
+
+absl::StatusOr<std::vector<JobEventRecord>> JobStore::UpdateJob(
+    const JobRecord& job, std::vector<JobEventRecord> events) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction transaction(db_);
+  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
+  LORAPLEX_ASSIGN_OR_RETURN(events, UpdateJobRow(db_, job, std::move(events)));
+  LORAPLEX_RETURN_IF_ERROR(transaction.Commit());
+  return events;
+}
+
+absl::StatusOr<std::vector<std::vector<JobEventRecord>>> JobStore::UpdateJobs(
+    std::vector<JobUpdate> updates) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::vector<JobEventRecord>> stored;
+  if (updates.empty()) return stored;
+  Transaction transaction(db_);
+  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
+  for (JobUpdate& update : updates) {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::vector<JobEventRecord> events,
+        UpdateJobRow(db_, update.job, std::move(update.events)));
+    stored.push_back(std::move(events));
+  }
+  LORAPLEX_RETURN_IF_ERROR(transaction.Commit());
+  return stored;
+}
+
+absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& tenant,
+                                           const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(db_, absl::StrCat("SELECT ", JobColumns(),
+                                           " FROM jobs WHERE id = ? AND "
+                                           "(? = '' OR tenant = ?)")));
+  select.BindText(id);
+  select.BindText(tenant);
+  select.BindText(tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(bool found, select.Step());
+  if (!found) return NotFound("job", id);
+  return ReadJob(select);
+}
+
+absl::StatusOr<Page<JobRecord>> JobStore::ListJobs(
+    const std::string& tenant, const std::vector<JobStatus>& statuses,
+    int page_size, const std::string& page_token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_RETURN_IF_ERROR(CheckPageSize(page_size));
+  // In enum order without repeats, so equal filters name the same listing.
+  std::vector<absl::string_view> filter;
+  for (JobStatus status : kAllJobStatuses) {
+    for (JobStatus wanted : statuses) {
+      if (wanted == status) {
+        filter.push_back(JobStatusName(status));
+        break;
+      }
+    }
+  }
+  const std::string listing =
+      ListingName("jobs", tenant, absl::StrJoin(filter, ","));
+  LORAPLEX_ASSIGN_OR_RETURN(int64_t after,
+                            DecodePageToken(page_token, listing));
+  std::string sql = absl::StrCat("SELECT ", JobColumns(),
+                                 ", row_id FROM jobs WHERE tenant = ? AND "
+                                 "row_id > ?");
+  if (!filter.empty()) {
+    absl::StrAppend(&sql, " AND status IN (", Placeholders(filter.size()), ")");
+  }
+  absl::StrAppend(&sql, " ORDER BY row_id LIMIT ?");
+  LORAPLEX_ASSIGN_OR_RETURN(Statement select, Statement::Prepare(db_, sql));
+  select.BindText(tenant);
+  select.BindInt(after);
+  for (absl::string_view name : filter) select.BindText(name);
+  select.BindInt(page_size + 1);
+  return ReadPage<JobRecord>(select, page_size, kNumJobColumns, listing,
+                             ReadJob);
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::JobsWithStatus(
+    const std::vector<JobStatus>& statuses) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (statuses.empty()) return std::vector<JobRecord>();
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(
+          db_,
+          absl::StrCat("SELECT ", JobColumns(), " FROM jobs WHERE status IN (",
+                       Placeholders(statuses.size()), ") ORDER BY row_id")));
+  for (JobStatus status : statuses) select.BindText(JobStatusName(status));
+  return ReadAllRows<JobRecord>(select, ReadJob);
+}
+
+absl::StatusOr<std::vector<JobEventRecord>> JobStore::ListJobEvents(
+    const std::string& job_id, int64_t after_sequence, int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (limit < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit must be at least 1, got ", limit));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(db_, absl::StrCat("SELECT ", EventColumns(),
+                                           " FROM job_events WHERE job_id = ? "
+                                           "AND sequence > ? ORDER BY "
+                                           "sequence LIMIT ?")));
+  select.BindText(job_id);
+  select.BindInt(after_sequence);
+  select.BindInt(limit);
+  return ReadAllRows<JobEventRecord>(select, ReadEvent);
+}
+
+absl::Status JobStore::InsertAdapter(const AdapterRecord& adapter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement insert,
+      Statement::Prepare(
+          db_,
+          absl::StrCat("INSERT INTO adapters (", kAdapterColumns, ") VALUES (",
+                       Placeholders(kNumAdapterColumns), ")")));
+  LORAPLEX_RETURN_IF_ERROR(BindAdapter(insert, adapter));
+  absl::Status status = insert.Run();
+  if (absl::IsAlreadyExists(status)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("adapter \"", adapter.id, "\" already exists"));
+  }
+  return status;
+}
+
+absl::StatusOr<AdapterRecord> JobStore::GetAdapter(const std::string& tenant,
+                                                   const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(db_, absl::StrCat("SELECT ", kAdapterColumns,
+                                           " FROM adapters WHERE id = ? AND "
+                                           "tenant = ?")));
+  select.BindText(id);
+  select.BindText(tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(bool found, select.Step());
+  if (!found) return NotFound("adapter", id);
+  return ReadAdapter(select);
+}
+
+absl::StatusOr<Page<AdapterRecord>> JobStore::ListAdapters(
+    const std::string& tenant, int page_size, const std::string& page_token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_RETURN_IF_ERROR(CheckPageSize(page_size));
+  const std::string listing = ListingName("adapters", tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(int64_t after,
+                            DecodePageToken(page_token, listing));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(
+          db_, absl::StrCat("SELECT ", kAdapterColumns,
+                            ", row_id FROM adapters WHERE tenant = ? AND "
+                            "row_id > ? ORDER BY row_id LIMIT ?")));
+  select.BindText(tenant);
+  select.BindInt(after);
+  select.BindInt(page_size + 1);
+  return ReadPage<AdapterRecord>(select, page_size, kNumAdapterColumns, listing,
+                                 ReadAdapter);
+}
+
+}  // namespace loraplex

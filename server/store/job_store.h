@@ -1,0 +1,102 @@
+// Durable storage of the service's datasets, jobs, job events and adapters
+// in one SQLite database (WAL journal, synchronous=FULL): when a call
+// returns OK its change survives a crash or power cut.
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
+//                             JobStore::Open(state_dir + "/loraplex.db"));
+//   LORAPLEX_RETURN_IF_ERROR(store->InsertJob(job, {queued_event}));
+//
+// Tenancy: every lookup by id takes the caller's tenant and answers
+// NOT_FOUND for another tenant's record, exactly as for a missing one.
+// Listings are oldest first and paged with opaque tokens; a token that did
+// not come from the same listing is INVALID_ARGUMENT naming page_token.
+//
+// Thread-safe: calls are serialised on one connection.
+#ifndef LORAPLEX_SERVER_STORE_JOB_STORE_H_
+#define LORAPLEX_SERVER_STORE_JOB_STORE_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/store/records.h"
+
+struct sqlite3;
+
+namespace loraplex {
+
+class JobStore {
+ public:
+  // Creates the database and its tables when missing; checks the schema
+  // version of an existing one (FAILED_PRECONDITION for a newer one).
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(
+      const std::string& path);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // ALREADY_EXISTS for a repeated id.
+  absl::Status InsertDataset(const DatasetRecord& dataset);
+  absl::StatusOr<DatasetRecord> GetDataset(const std::string& tenant,
+                                           const std::string& id);
+  // page_size in [1, 1000] (the service maps 0 to its default).
+  absl::StatusOr<Page<DatasetRecord>> ListDatasets(
+      const std::string& tenant, int page_size, const std::string& page_token);
+  // NOT_FOUND when missing; FAILED_PRECONDITION naming the job when a job
+  // that is not terminal refers to it.
+  absl::Status DeleteDataset(const std::string& tenant, const std::string& id);
+
+  // Inserts the job and appends `events` to its log (sequences assigned
+  // from 1) in one transaction. ALREADY_EXISTS for a repeated id.
+  absl::StatusOr<std::vector<JobEventRecord>> InsertJob(
+      const JobRecord& job, std::vector<JobEventRecord> events);
+  // Replaces every column of the stored job with `job` (matched by id) and
+  // appends `events` (sequences assigned after the last one), in one
+  // transaction. Returns the events as stored. NOT_FOUND for a missing job.
+  absl::StatusOr<std::vector<JobEventRecord>> UpdateJob(
+      const JobRecord& job, std::vector<JobEventRecord> events);
+  // Several UpdateJob calls in one transaction (one fsync for a whole
+  // training step). All or nothing.
+  struct JobUpdate {
+    JobRecord job;
+    std::vector<JobEventRecord> events;
+  };
+  absl::StatusOr<std::vector<std::vector<JobEventRecord>>> UpdateJobs(
+      std::vector<JobUpdate> updates);
+  // An empty tenant matches every tenant (for the server's own use).
+  absl::StatusOr<JobRecord> GetJob(const std::string& tenant,
+                                   const std::string& id);
+  // Jobs whose status is in `statuses` (all when empty).
+  absl::StatusOr<Page<JobRecord>> ListJobs(
+      const std::string& tenant, const std::vector<JobStatus>& statuses,
+      int page_size, const std::string& page_token);
+  // Every tenant's jobs with one of `statuses`, in creation order (for
+  // recovery at start-up and the scheduler's queue).
+  absl::StatusOr<std::vector<JobRecord>> JobsWithStatus(
+      const std::vector<JobStatus>& statuses);
+
+  // Events of `job_id` with sequence > after_sequence, ascending, at most
+  // `limit`. The job's tenancy is checked by the caller.
+  absl::StatusOr<std::vector<JobEventRecord>> ListJobEvents(
+      const std::string& job_id, int64_t after_sequence, int limit);
+
+  // ALREADY_EXISTS for a repeated id.
+  absl::Status InsertAdapter(const AdapterRecord& adapter);
+  absl::StatusOr<AdapterRecord> GetAdapter(const std::string& tenant,
+                                           const std::string& id);
+  absl::StatusOr<Page<AdapterRecord>> ListAdapters(
+      const std::string& tenant, int page_size, const std::string& page_token);
+
+ private:
+  explicit JobStore(sqlite3* db);
+
+  std::mutex mu_;
+  sqlite3* db_;  // Owned; closed in the destructor.
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_STORE_JOB_STORE_H_
