@@ -17,7 +17,7 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   # Service stack.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libsqlite3-dev libcli11-dev nlohmann-json3-dev
+  libabsl-dev libsqlite3-dev libssl-dev libcli11-dev nlohmann-json3-dev
   # Tokenizers and distributed training.
   libsentencepiece-dev libgloo-dev
   # Tests and benchmarks.
