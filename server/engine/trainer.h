@@ -1,0 +1,159 @@
+// The trainer thread: the only thread that touches tensors (DESIGN.md §1).
+// It owns the frozen base model and the slot pool, applies commands from
+// one thread-safe queue between steps, trains every active slot together
+// one co-batched step at a time, and reports what happened to a sink.
+//
+//   Trainer trainer(std::move(model), options, [&](TrainerReport r) {...});
+//   trainer.Start();
+//   trainer.Attach(std::move(command));      // reported as kAttached
+//   ... kStep reports, then kFinished when the job's last step is done ...
+//   trainer.Stop();
+//
+// Commands never block the caller. The sink runs on the trainer thread and
+// must return quickly (queue the report elsewhere). When a job trains its
+// last step the trainer evaluates it, exports its adapter (PEFT files in
+// final_adapter_dir, written to a temporary directory and renamed into
+// place), retires the slot, and only then reports kFinished.
+#ifndef LORAPLEX_SERVER_ENGINE_TRAINER_H_
+#define LORAPLEX_SERVER_ENGINE_TRAINER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "adapters/slot_pool.h"
+#include "core/model/llama_model.h"
+#include "core/train/co_batch_step.h"
+
+namespace loraplex {
+
+struct TrainerOptions {
+  SlotPoolOptions pool;
+  CoBatchOptions co_batch;
+  // base_model_name_or_path written into exported adapter configs.
+  std::string base_model_name;
+};
+
+// One job to put into a free slot.
+struct AttachCommand {
+  std::string job_id;
+  std::string tenant;
+  // request.data null: evaluate the adapter on `validation` and finish.
+  SlotAttachRequest request;
+  // A stored PEFT adapter to start from (loaded on the trainer thread);
+  // empty for PEFT's initialisation.
+  std::string initial_adapter_dir;
+  std::shared_ptr<const SequenceSet> validation;  // May be null.
+  // Where the trained adapter goes; empty for an evaluation-only job.
+  std::string final_adapter_dir;
+};
+
+// A snapshot of one slot, published after every trainer iteration.
+struct SlotInfo {
+  bool attached = false;
+  std::string job_id;
+  std::string tenant;
+  int64_t rank = 0;
+  std::string family;  // "adamw", "adam", "muon"; empty when evaluating.
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double lr = 0.0;
+};
+
+struct TrainerReport {
+  enum class Kind {
+    kAttached,  // `status` says whether the job got `slot`.
+    kStep,      // One step of the job (metrics).
+    kFinished,  // The job is done and its slot free; `status` is the
+                // outcome (an error is the job's failure).
+    kRetired,   // The job was retired on request; its slot is free.
+  };
+  Kind kind = Kind::kStep;
+  std::string job_id;
+  int slot = -1;
+  absl::Status status;
+  SlotStepMetrics metrics;  // kStep.
+  int64_t step = 0;         // Steps done (kStep, kFinished).
+  int64_t total_steps = 0;
+  int64_t tokens = 0;  // Tokens trained so far.
+  int64_t skipped_steps = 0;
+  double tokens_per_second = 0.0;  // kStep: this job's rows over the step.
+  std::optional<double> validation_loss;
+};
+
+class Trainer {
+ public:
+  using ReportSink = std::function<void(TrainerReport)>;
+
+  Trainer(std::unique_ptr<LlamaModel> model, const TrainerOptions& options,
+          ReportSink sink);
+  ~Trainer();  // Stops the thread.
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  void Start();
+  // Finishes the current step, drops pending commands and joins the
+  // thread. Slots keep their jobs (nothing is reported for them).
+  void Stop();
+
+  void Attach(AttachCommand command);
+  // Frees the job's slot (kRetired); a job not in a slot is ignored.
+  // Commands run in order, so a Retire sent after an Attach of the same job
+  // retires what that Attach put in a slot.
+  void Retire(const std::string& job_id);
+  // Writes the job's current adapter as PEFT files into `dir` and calls
+  // `done` (on the trainer thread). NOT_FOUND when no slot holds the job.
+  void Export(const std::string& job_id, const std::string& dir,
+              std::function<void(absl::Status)> done);
+
+  const ModelConfig& model_config() const { return model_->config(); }
+  // Slots that can take jobs: the pool's, less any quarantined after a
+  // failed retire. Thread-safe.
+  int capacity() const { return pool_.capacity() - quarantined_.load(); }
+  // The slots as of the end of the last iteration.
+  std::vector<SlotInfo> Slots() const;
+
+ private:
+  struct Command;
+  struct SlotJob;
+
+  void Run();
+  void Apply(Command& command);
+  void ApplyAttach(AttachCommand& command);
+  std::vector<int> TrainableSlots() const;
+  // Retires the slot; on failure it is quarantined (see SlotJob).
+  absl::Status RetireSlot(int slot);
+  void TrainStep();
+  void EvaluateOnly(int slot);
+  void FinishJob(int slot, absl::Status status);
+  absl::StatusOr<double> Validate(int slot);
+  absl::Status ExportSlot(int slot, const std::string& dir);
+  void PublishSlots();
+
+  std::unique_ptr<LlamaModel> model_;
+  TrainerOptions options_;
+  ReportSink sink_;
+  SlotPool pool_;                               // Trainer thread only.
+  std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
+  std::atomic<int> quarantined_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Command> commands_;
+  bool stop_ = false;
+  std::vector<SlotInfo> slots_;  // Published snapshot.
+  std::thread thread_;
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_ENGINE_TRAINER_H_

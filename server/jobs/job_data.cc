@@ -1,0 +1,73 @@
+#include "server/jobs/job_data.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+
+namespace loraplex {
+namespace {
+
+absl::Status Prefixed(absl::string_view field, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat(field, ": ", status.message()));
+}
+
+}  // namespace
+
+DatasetLoader::DatasetLoader(std::string dir, const Tokenizer* tokenizer,
+                             size_t cache_entries)
+    : dir_(std::move(dir)),
+      tokenizer_(tokenizer),
+      cache_entries_(cache_entries) {}
+
+std::string DatasetLoader::PathOf(const std::string& id) const {
+  return absl::StrCat(dir_, "/", id, ".jsonl");
+}
+
+absl::StatusOr<std::shared_ptr<const Dataset>> DatasetLoader::Load(
+    const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->first != id) continue;
+      cache_.splice(cache_.begin(), cache_, it);
+      return cache_.front().second;
+    }
+  }
+  // Parsed outside the lock: a large file takes a while and other datasets
+  // need not wait for it.
+  LORAPLEX_ASSIGN_OR_RETURN(Dataset dataset,
+                            LoadJsonlDataset(PathOf(id), *tokenizer_));
+  auto shared = std::make_shared<const Dataset>(std::move(dataset));
+  std::lock_guard<std::mutex> lock(mu_);
+  cache_.emplace_front(id, shared);
+  while (cache_.size() > cache_entries_) cache_.pop_back();
+  return shared;
+}
+
+absl::StatusOr<JobData> PrepareJobData(DatasetLoader& datasets,
+                                       const JobRecord& job, JobSpec* spec) {
+  const SequenceOptions options{spec->training.seq_len, spec->training.pack};
+  auto build = [&](const std::string& id, absl::string_view field)
+      -> absl::StatusOr<std::shared_ptr<const SequenceSet>> {
+    absl::StatusOr<std::shared_ptr<const Dataset>> dataset = datasets.Load(id);
+    if (!dataset.ok()) return Prefixed(field, dataset.status());
+    absl::StatusOr<SequenceSet> sequences = BuildSequences(**dataset, options);
+    if (!sequences.ok()) return Prefixed(field, sequences.status());
+    return std::make_shared<const SequenceSet>(*std::move(sequences));
+  };
+  JobData data;
+  if (!job.training_dataset_id.empty()) {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        data.training, build(job.training_dataset_id, "training_dataset"));
+    data.total_steps = TotalSteps(
+        spec->training, static_cast<int64_t>(data.training->sequences.size()));
+    if (spec->schedule_spans_job) spec->schedule.total_steps = data.total_steps;
+  }
+  if (!job.validation_dataset_id.empty()) {
+    LORAPLEX_ASSIGN_OR_RETURN(data.validation, build(job.validation_dataset_id,
+                                                     "validation_dataset"));
+  }
+  return data;
+}
+
+}  // namespace loraplex

@@ -1,0 +1,416 @@
+#include "server/jobs/job_scheduler.h"
+
+#include <chrono>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "server/jobs/job_spec.h"
+#include "server/jobs/resource_id.h"
+
+namespace loraplex {
+namespace {
+
+int64_t NowMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+JobScheduler::JobScheduler(JobStore* store, DatasetLoader* datasets,
+                           JobEventHub* hub, Logger* logger,
+                           const SchedulerOptions& options)
+    : store_(store),
+      datasets_(datasets),
+      hub_(hub),
+      logger_(logger),
+      options_(options) {}
+
+JobScheduler::~JobScheduler() { Stop(); }
+
+std::string JobScheduler::AdapterDir(const std::string& adapter_id) const {
+  return absl::StrCat(options_.state_dir, "/adapters/", adapter_id);
+}
+
+absl::Status JobScheduler::Start(Trainer* trainer) {
+  LORAPLEX_ASSIGN_OR_RETURN(
+      std::vector<JobRecord> unfinished,
+      store_->JobsWithStatus(
+          {JobStatus::kValidating, JobStatus::kQueued, JobStatus::kRunning}));
+  std::lock_guard<std::mutex> lock(mu_);
+  trainer_ = trainer;
+  for (JobRecord& record : unfinished) {
+    if (live_.count(record.id) > 0) continue;
+    auto job = std::make_unique<LiveJob>();
+    job->record = std::move(record);
+    LiveJob& live = *job;
+    const std::string id = live.record.id;
+    live_[id] = std::move(job);
+    queue_.push_back(id);
+    if (live.record.status != JobStatus::kQueued) {
+      // Without checkpoints a job that was training starts over.
+      live.record.slot = -1;
+      live.record.metrics = JobMetricsRecord{};
+      Commit(live, {StatusEvent(live.record, JobStatus::kQueued,
+                                "queued again: the server restarted")});
+    }
+  }
+  if (!unfinished.empty()) {
+    logger_->Info("recovered ", unfinished.size(), " unfinished job(s)");
+  }
+  thread_ = std::thread([this] { Run(); });
+  FillSlots();
+  return absl::OkStatus();
+}
+
+void JobScheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobData data) {
+  record.status = JobStatus::kQueued;
+  record.slot = -1;
+  record.create_time_ms = NowMillis();
+  record.total_steps = data.total_steps;
+  std::vector<JobEventRecord> events = {
+      StatusEvent(record, JobStatus::kValidating, "validating the request"),
+      StatusEvent(record, JobStatus::kQueued,
+                  absl::StrCat("queued: ", record.total_steps,
+                               " steps for tenant ", record.tenant))};
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_RETURN_IF_ERROR(
+      store_->InsertJob(record, std::move(events)).status());
+  auto job = std::make_unique<LiveJob>();
+  job->record = record;
+  job->data = std::move(data);
+  job->data_ready = true;
+  live_[record.id] = std::move(job);
+  queue_.push_back(record.id);
+  if (trainer_ != nullptr) FillSlots();
+  return record;
+}
+
+absl::StatusOr<JobRecord> JobScheduler::Cancel(const std::string& tenant,
+                                               const std::string& job_id,
+                                               const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(job_id);
+  if (it == live_.end() || IsTerminal(it->second->record.status) ||
+      (!tenant.empty() && it->second->record.tenant != tenant)) {
+    LORAPLEX_ASSIGN_OR_RETURN(JobRecord stored, store_->GetJob(tenant, job_id));
+    if (IsTerminal(stored.status)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job \"", job_id, "\" already finished as ",
+                       JobStatusName(stored.status)));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" is not active"));
+  }
+  LiveJob& job = *it->second;
+  job.record.status = JobStatus::kCancelled;
+  job.record.slot = -1;
+  job.record.end_time_ms = NowMillis();
+  for (auto q = queue_.begin(); q != queue_.end(); ++q) {
+    if (*q == job_id) {
+      queue_.erase(q);
+      break;
+    }
+  }
+  if (job.in_trainer) trainer_->Retire(job_id);
+  Commit(job, {StatusEvent(job.record, JobStatus::kCancelled, reason)});
+  JobRecord result = job.record;
+  if (!job.in_trainer) live_.erase(job_id);
+  return result;
+}
+
+void JobScheduler::ExportRunning(const std::string& job_id,
+                                 const std::string& dir,
+                                 std::function<void(absl::Status)> done) {
+  trainer_->Export(job_id, dir, std::move(done));
+}
+
+void JobScheduler::OnTrainerReport(TrainerReport report) {
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    inbox_.push_back(std::move(report));
+  }
+  wake_.notify_all();
+}
+
+void JobScheduler::Run() {
+  using Clock = std::chrono::steady_clock;
+  const auto interval =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+          options_.throughput_log_seconds > 0 ? options_.throughput_log_seconds
+                                              : 3600.0));
+  auto next_log = Clock::now() + interval;
+  for (;;) {
+    std::deque<TrainerReport> reports;
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lock(inbox_mu_);
+      wake_.wait_until(lock, next_log,
+                       [&] { return stop_ || !inbox_.empty(); });
+      stopping = stop_;
+      reports.swap(inbox_);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!reports.empty()) {
+      HandleReports(std::move(reports));
+      if (!stopping) FillSlots();
+    }
+    if (stopping) return;
+    if (Clock::now() >= next_log) {
+      if (options_.throughput_log_seconds > 0) LogThroughput();
+      next_log = Clock::now() + interval;
+    }
+  }
+}
+
+void JobScheduler::HandleReports(std::deque<TrainerReport> reports) {
+  // Steps of all slots are stored in one transaction (one fsync).
+  std::map<std::string, std::vector<JobEventRecord>> step_events;
+  auto flush_steps = [&] {
+    if (step_events.empty()) return;
+    std::vector<JobStore::JobUpdate> updates;
+    for (auto& [id, events] : step_events) {
+      updates.push_back({live_.at(id)->record, std::move(events)});
+    }
+    absl::Status stored = store_->UpdateJobs(std::move(updates)).status();
+    if (!stored.ok())
+      logger_->Error("storing step metrics: ", stored.message());
+    for (const auto& [id, events] : step_events) hub_->Notify(id);
+    step_events.clear();
+  };
+
+  for (TrainerReport& report : reports) {
+    auto it = live_.find(report.job_id);
+    if (it == live_.end()) continue;
+    LiveJob& job = *it->second;
+    const bool cancelled = job.record.status == JobStatus::kCancelled;
+    if (report.kind == TrainerReport::Kind::kStep) {
+      if (cancelled) continue;
+      JobMetricsRecord& metrics = job.record.metrics;
+      metrics.step = report.step;
+      metrics.loss = report.metrics.loss;
+      metrics.lr = report.metrics.lr;
+      metrics.grad_norm = report.metrics.grad_norm;
+      metrics.tokens_per_second = report.tokens_per_second;
+      metrics.tokens = report.tokens;
+      metrics.skipped_steps = report.skipped_steps;
+      if (report.validation_loss) {
+        metrics.validation_loss = report.validation_loss;
+      }
+      JobEventRecord event;
+      event.job_id = job.record.id;
+      event.time_ms = NowMillis();
+      event.metrics = metrics;
+      event.metrics.validation_loss = report.validation_loss;
+      step_events[job.record.id].push_back(std::move(event));
+      window_tokens_ += report.metrics.tokens;
+      ++window_steps_;
+      continue;
+    }
+    flush_steps();
+    switch (report.kind) {
+      case TrainerReport::Kind::kAttached:
+        if (!report.status.ok()) {
+          Release(job);
+          if (!cancelled) Fail(job, report.status);
+        } else if (!cancelled) {
+          job.record.status = JobStatus::kRunning;
+          job.record.slot = report.slot;
+          if (job.record.start_time_ms == 0) {
+            job.record.start_time_ms = NowMillis();
+          }
+          const bool evaluating = job.record.training_dataset_id.empty();
+          Commit(job, {StatusEvent(
+                          job.record, JobStatus::kRunning,
+                          absl::StrCat(evaluating ? "evaluating" : "training",
+                                       " in slot ", report.slot))});
+        }
+        break;
+      case TrainerReport::Kind::kFinished: {
+        Release(job);
+        if (cancelled) {
+          // Cancelled while its last step ran: its export is not kept.
+          if (!job.final_adapter_id.empty()) {
+            std::error_code ignored;
+            std::filesystem::remove_all(AdapterDir(job.final_adapter_id),
+                                        ignored);
+          }
+          break;
+        }
+        if (!report.status.ok()) {
+          Fail(job, report.status);
+          break;
+        }
+        JobMetricsRecord& metrics = job.record.metrics;
+        metrics.step = report.step;
+        metrics.tokens = report.tokens;
+        metrics.skipped_steps = report.skipped_steps;
+        metrics.validation_loss = report.validation_loss;
+        std::vector<JobEventRecord> events;
+        if (report.validation_loss) {
+          JobEventRecord event;
+          event.job_id = job.record.id;
+          event.time_ms = NowMillis();
+          event.metrics = metrics;
+          events.push_back(std::move(event));
+        }
+        if (!job.final_adapter_id.empty()) {
+          AdapterRecord adapter;
+          adapter.id = job.final_adapter_id;
+          adapter.tenant = job.record.tenant;
+          adapter.display_name = job.record.display_name;
+          adapter.job_id = job.record.id;
+          adapter.base_model = job.record.base_model;
+          adapter.lora =
+              job.record.spec.value("lora", nlohmann::json::object());
+          adapter.create_time_ms = NowMillis();
+          absl::Status stored = store_->InsertAdapter(adapter);
+          if (!stored.ok()) {
+            Fail(job, stored);
+            break;
+          }
+          job.record.adapter_id = adapter.id;
+        }
+        job.record.status = JobStatus::kSucceeded;
+        job.record.slot = -1;
+        job.record.end_time_ms = NowMillis();
+        events.push_back(StatusEvent(
+            job.record, JobStatus::kSucceeded,
+            job.final_adapter_id.empty()
+                ? absl::StrCat("evaluated: validation loss ",
+                               report.validation_loss.value_or(0.0))
+                : absl::StrCat("trained ", report.step, " steps; adapter ",
+                               job.final_adapter_id)));
+        Commit(job, std::move(events));
+        break;
+      }
+      case TrainerReport::Kind::kRetired:
+        Release(job);
+        break;
+      case TrainerReport::Kind::kStep:
+        break;
+    }
+    if (IsTerminal(job.record.status) && !job.in_trainer) {
+      live_.erase(report.job_id);
+    }
+  }
+  flush_steps();
+}
+
+void JobScheduler::FillSlots() {
+  const int capacity = trainer_->capacity();
+  for (auto it = queue_.begin(); it != queue_.end() && reserved_ < capacity;) {
+    LiveJob& job = *live_.at(*it);
+    const std::string& tenant = job.record.tenant;
+    if (reserved_by_tenant_[tenant] >= options_.slots_per_tenant) {
+      ++it;
+      continue;
+    }
+    absl::StatusOr<JobSpec> spec = JobSpecFromJson(job.record.spec);
+    if (spec.ok() && !job.data_ready) {
+      absl::StatusOr<JobData> data =
+          PrepareJobData(*datasets_, job.record, &*spec);
+      if (data.ok()) {
+        job.data = *std::move(data);
+        job.data_ready = true;
+        job.record.total_steps = job.data.total_steps;
+        job.record.spec = JobSpecToJson(*spec);
+      } else {
+        spec = data.status();
+      }
+    }
+    if (!spec.ok()) {
+      const std::string id = *it;
+      it = queue_.erase(it);
+      Fail(job, spec.status());
+      live_.erase(id);
+      continue;
+    }
+    AttachCommand command;
+    command.job_id = job.record.id;
+    command.tenant = tenant;
+    command.request.lora = spec->lora;
+    command.request.optimizer = spec->optimizer;
+    command.request.schedule = spec->schedule;
+    command.request.training = spec->training;
+    command.request.data = job.data.training;
+    command.validation = job.data.validation;
+    if (!job.record.initial_adapter_id.empty()) {
+      command.initial_adapter_dir = AdapterDir(job.record.initial_adapter_id);
+    }
+    if (job.data.training) {
+      job.final_adapter_id = NewResourceId("adapter");
+      command.final_adapter_dir = AdapterDir(job.final_adapter_id);
+    }
+    job.in_trainer = true;
+    ++reserved_;
+    ++reserved_by_tenant_[tenant];
+    it = queue_.erase(it);
+    trainer_->Attach(std::move(command));
+  }
+}
+
+void JobScheduler::Commit(LiveJob& job, std::vector<JobEventRecord> events) {
+  absl::Status stored =
+      store_->UpdateJob(job.record, std::move(events)).status();
+  if (!stored.ok()) {
+    logger_->Error("storing job ", job.record.id, ": ", stored.message());
+  }
+  hub_->Notify(job.record.id);
+}
+
+JobEventRecord JobScheduler::StatusEvent(const JobRecord& job, JobStatus status,
+                                         const std::string& message) {
+  JobEventRecord event;
+  event.job_id = job.id;
+  event.time_ms = NowMillis();
+  event.status = status;
+  event.message = message;
+  event.error_code = job.error_code;
+  event.error_message = job.error_message;
+  logger_->Info("job ", job.id, ": ", JobStatusName(status), " (", message,
+                ")");
+  return event;
+}
+
+void JobScheduler::Release(LiveJob& job) {
+  if (!job.in_trainer) return;
+  job.in_trainer = false;
+  --reserved_;
+  --reserved_by_tenant_[job.record.tenant];
+}
+
+void JobScheduler::Fail(LiveJob& job, const absl::Status& status) {
+  job.record.status = JobStatus::kFailed;
+  job.record.slot = -1;
+  job.record.end_time_ms = NowMillis();
+  job.record.error_code = absl::StatusCodeToString(status.code());
+  job.record.error_message = std::string(status.message());
+  Commit(job, {StatusEvent(job.record, JobStatus::kFailed,
+                           std::string(status.message()))});
+}
+
+void JobScheduler::LogThroughput() {
+  if (window_steps_ == 0) return;
+  logger_->Info("throughput: ", window_tokens_, " tokens in ", window_steps_,
+                " slot-steps over the last ", options_.throughput_log_seconds,
+                " s (", window_tokens_ / options_.throughput_log_seconds,
+                " tokens/s); ", reserved_, "/", trainer_->capacity(),
+                " slots busy, ", queue_.size(), " queued");
+  window_tokens_ = 0;
+  window_steps_ = 0;
+}
+
+}  // namespace loraplex

@@ -1,0 +1,132 @@
+// Moves jobs through their lifecycle (DESIGN.md §8): queued jobs go into
+// free slots first come, first served, under a per-tenant slot quota (a job
+// over quota waits; it never fails for it); the trainer's reports become
+// stored status changes and per-step metrics; finished jobs free their
+// slots for the next ones.
+//
+//   JobScheduler scheduler(&store, &datasets, &hub, &logger, options);
+//   Trainer trainer(std::move(model), trainer_options,
+//                   [&](TrainerReport r) { scheduler.OnTrainerReport(r); });
+//   LORAPLEX_RETURN_IF_ERROR(scheduler.Start(&trainer));  // requeues jobs
+//   LORAPLEX_ASSIGN_OR_RETURN(JobRecord job, scheduler.Submit(record, data));
+//
+// Every change is written to the store before it is visible through the
+// API. Reports are handled on the scheduler's own thread, so the trainer
+// never waits for the disk. Thread-safe.
+#ifndef LORAPLEX_SERVER_JOBS_JOB_SCHEDULER_H_
+#define LORAPLEX_SERVER_JOBS_JOB_SCHEDULER_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/common/logger.h"
+#include "server/engine/trainer.h"
+#include "server/jobs/job_data.h"
+#include "server/jobs/job_event_hub.h"
+#include "server/store/job_store.h"
+
+namespace loraplex {
+
+struct SchedulerOptions {
+  // Adapters live in <state_dir>/adapters/<adapter id>/.
+  std::string state_dir;
+  // Slots one tenant's jobs may hold at once.
+  int slots_per_tenant = 1 << 30;
+  std::string base_model_name;
+  // Seconds between throughput lines in the log; 0: none.
+  double throughput_log_seconds = 30.0;
+};
+
+class JobScheduler {
+ public:
+  JobScheduler(JobStore* store, DatasetLoader* datasets, JobEventHub* hub,
+               Logger* logger, const SchedulerOptions& options);
+  ~JobScheduler();  // Stops the thread.
+  JobScheduler(const JobScheduler&) = delete;
+  JobScheduler& operator=(const JobScheduler&) = delete;
+
+  // Queues again the jobs a previous run left queued, validating or running
+  // (they start over), then starts scheduling onto `trainer`.
+  absl::Status Start(Trainer* trainer);
+  // Stores what the trainer reported so far and stops scheduling; jobs keep
+  // their stored status (running ones are queued again by the next Start).
+  // Stop the trainer first, so nothing it finished is left unrecorded.
+  void Stop();
+
+  // Stores `job` (validated, with `data` prepared from its spec) as QUEUED
+  // and queues it. Returns the stored record.
+  absl::StatusOr<JobRecord> Submit(JobRecord job, JobData data);
+  // CANCELLED with `reason`; the slot of a running job is retired.
+  // FAILED_PRECONDITION when the job already finished.
+  absl::StatusOr<JobRecord> Cancel(const std::string& tenant,
+                                   const std::string& job_id,
+                                   const std::string& reason);
+  // Writes a running job's current adapter into `dir`; `done` runs on the
+  // trainer thread. NOT_FOUND (through `done`) if it is not in a slot.
+  void ExportRunning(const std::string& job_id, const std::string& dir,
+                     std::function<void(absl::Status)> done);
+  std::string AdapterDir(const std::string& adapter_id) const;
+  // The trainer's slots as of its last iteration.
+  std::vector<SlotInfo> Slots() const { return trainer_->Slots(); }
+
+  // Called by the trainer (on its thread); only queues the report.
+  void OnTrainerReport(TrainerReport report);
+
+ private:
+  struct LiveJob {
+    JobRecord record;
+    JobData data;
+    bool data_ready = false;
+    bool in_trainer = false;  // Attach sent; holds a slot reservation.
+    std::string final_adapter_id;
+  };
+
+  void Run();
+  void HandleReports(std::deque<TrainerReport> reports);
+  void FillSlots();
+  // Stores the live job's record with `events`, notifies watchers and logs
+  // status changes; drops the job from the live set once terminal.
+  void Commit(LiveJob& job, std::vector<JobEventRecord> events);
+  JobEventRecord StatusEvent(const JobRecord& job, JobStatus status,
+                             const std::string& message);
+  void Release(LiveJob& job);
+  void Fail(LiveJob& job, const absl::Status& status);
+  void LogThroughput();
+
+  JobStore* store_;
+  DatasetLoader* datasets_;
+  JobEventHub* hub_;
+  Logger* logger_;
+  SchedulerOptions options_;
+  Trainer* trainer_ = nullptr;
+
+  // The trainer only ever takes this lock, never mu_, so it does not wait
+  // for the store.
+  std::mutex inbox_mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;                // Guarded by inbox_mu_.
+  std::deque<TrainerReport> inbox_;  // Guarded by inbox_mu_.
+
+  std::mutex mu_;  // Guards everything below.
+  std::map<std::string, std::unique_ptr<LiveJob>> live_;  // Not terminal.
+  std::deque<std::string> queue_;                         // FIFO of QUEUED.
+  int reserved_ = 0;                                      // Slots in use.
+  std::map<std::string, int> reserved_by_tenant_;
+  // Throughput since the last log line.
+  int64_t window_tokens_ = 0;
+  int64_t window_steps_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_JOBS_JOB_SCHEDULER_H_

@@ -1,0 +1,341 @@
+// loraplex-server: serves the loraplex.v1 API over one frozen base model
+// and a pool of LoRA slots. See README.md for the flags and a quick start.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/atomic_file.h"
+#include "core/common/status_macros.h"
+#include "core/model/model_presets.h"
+#include "core/runtime/device.h"
+#include "core/tokenizer/load_tokenizer.h"
+#include "server/common/work_queue.h"
+#include "server/engine/trainer.h"
+#include "server/jobs/job_scheduler.h"
+#include "server/service/adapter_service.h"
+#include "server/service/dataset_service.h"
+#include "server/service/job_service.h"
+#include "server/service/server_info_service.h"
+
+namespace loraplex {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ServerFlags {
+  std::string model_dir;
+  std::string state_dir = "./loraplex-state";
+  std::string listen = "127.0.0.1:50051";
+  int slots = 8;
+  int slots_per_tenant = 0;
+  int64_t max_rank = 64;
+  std::string tokens_file;
+  std::string tls_cert;
+  std::string tls_key;
+  bool insecure_allow_remote = false;
+  std::string log_level = "info";
+  std::string device = "cpu";
+  int threads = 0;
+  int64_t max_dataset_mb = 256;
+  int64_t token_budget = CoBatchOptions{}.token_budget;
+  double throughput_log_seconds = 30.0;
+  std::string ready_file;
+};
+
+bool IsLoopback(absl::string_view address) {
+  return absl::StartsWith(address, "127.") ||
+         absl::StartsWith(address, "localhost:") ||
+         absl::StartsWith(address, "[::1]:") ||
+         absl::StartsWith(address, "unix:");
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The built-in tiny model, written into the state dir on first start.
+absl::StatusOr<std::string> DefaultModelDir(const std::string& state_dir,
+                                            Logger& logger) {
+  const std::string dir = state_dir + "/models/tiny";
+  if (fs::exists(dir + "/config.json")) return dir;
+  logger.Info("writing the built-in tiny model to ", dir);
+  const std::string staged = dir + ".staged";
+  std::error_code error;
+  fs::remove_all(staged, error);
+  LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 0, staged));
+  LORAPLEX_RETURN_IF_ERROR(PublishDirectory(staged, dir));
+  return dir;
+}
+
+absl::Status CheckFlags(const ServerFlags& flags,
+                        const TenantAuthenticator& auth) {
+  if (!IsLoopback(flags.listen) && !auth.requires_tokens() &&
+      !flags.insecure_allow_remote) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen ", flags.listen,
+        " is not a loopback address and there is no --tokens-file: anyone "
+        "who can reach it could use the server. Give --tokens-file, or "
+        "--insecure-allow-remote to accept that."));
+  }
+  if (flags.tls_cert.empty() != flags.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key must be given together");
+  }
+  return absl::OkStatus();
+}
+
+int Serve(const ServerFlags& flags, Logger& logger) {
+  auto fail = [&](const absl::Status& status) {
+    logger.Error(status.message());
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  TenantAuthenticator auth = TenantAuthenticator::SingleTenant();
+  if (!flags.tokens_file.empty()) {
+    absl::StatusOr<TenantAuthenticator> loaded =
+        TenantAuthenticator::FromTokensFile(flags.tokens_file);
+    if (!loaded.ok()) return fail(loaded.status());
+    auth = *std::move(loaded);
+  }
+  if (absl::Status status = CheckFlags(flags, auth); !status.ok()) {
+    return fail(status);
+  }
+  std::error_code error;
+  for (const char* sub : {"datasets", "adapters", "tmp"}) {
+    fs::create_directories(fs::path(flags.state_dir) / sub, error);
+    if (error) {
+      return fail(absl::InternalError(absl::StrCat(
+          "cannot create ", flags.state_dir, "/", sub, ": ", error.message())));
+    }
+  }
+  // Leftovers of exports that were interrupted.
+  for (const auto& entry : fs::directory_iterator(flags.state_dir + "/tmp")) {
+    fs::remove_all(entry.path(), error);
+  }
+
+  std::string model_dir = flags.model_dir;
+  if (model_dir.empty()) {
+    absl::StatusOr<std::string> dir = DefaultModelDir(flags.state_dir, logger);
+    if (!dir.ok()) return fail(dir.status());
+    model_dir = *dir;
+  }
+  absl::StatusOr<torch::Device> device = ParseDevice(flags.device);
+  if (!device.ok()) return fail(device.status());
+  absl::StatusOr<int> threads = ConfigureThreads(flags.threads);
+  if (!threads.ok()) return fail(threads.status());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      LoadTokenizer(model_dir);
+  if (!tokenizer.ok()) return fail(tokenizer.status());
+  ModelLoadOptions load_options;
+  load_options.device = *device;
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      LlamaModel::Load(model_dir, load_options);
+  if (!model.ok()) return fail(model.status());
+  const ModelConfig model_config = (*model)->config();
+  const std::string model_name =
+      fs::path(model_dir).lexically_normal().filename().string().empty()
+          ? fs::path(model_dir)
+                .lexically_normal()
+                .parent_path()
+                .filename()
+                .string()
+          : fs::path(model_dir).lexically_normal().filename().string();
+
+  absl::StatusOr<std::unique_ptr<JobStore>> store =
+      JobStore::Open(flags.state_dir + "/loraplex.db");
+  if (!store.ok()) return fail(store.status());
+
+  const int slots_per_tenant =
+      flags.slots_per_tenant > 0 ? flags.slots_per_tenant : flags.slots;
+  DatasetLoader datasets(flags.state_dir + "/datasets", tokenizer->get());
+  JobEventHub hub;
+  SchedulerOptions scheduler_options;
+  scheduler_options.state_dir = flags.state_dir;
+  scheduler_options.slots_per_tenant = slots_per_tenant;
+  scheduler_options.base_model_name = model_name;
+  scheduler_options.throughput_log_seconds = flags.throughput_log_seconds;
+  JobScheduler scheduler(store->get(), &datasets, &hub, &logger,
+                         scheduler_options);
+  TrainerOptions trainer_options;
+  trainer_options.pool.capacity = flags.slots;
+  trainer_options.pool.max_rank = flags.max_rank;
+  trainer_options.pool.device = *device;
+  trainer_options.co_batch.token_budget = flags.token_budget;
+  trainer_options.base_model_name = model_name;
+  Trainer trainer(*std::move(model), trainer_options,
+                  [&scheduler](TrainerReport report) {
+                    scheduler.OnTrainerReport(std::move(report));
+                  });
+  WorkQueue work(2);
+
+  ServiceContext context;
+  context.store = store->get();
+  context.scheduler = &scheduler;
+  context.datasets = &datasets;
+  context.auth = &auth;
+  context.logger = &logger;
+  context.work = &work;
+  context.model = model_config;
+  context.base_model_name = model_name;
+  context.state_dir = flags.state_dir;
+  context.device = flags.device;
+  context.version = LORAPLEX_VERSION;
+  context.limits.max_dataset_bytes = flags.max_dataset_mb << 20;
+  context.limits.max_rank = flags.max_rank;
+  context.limits.slot_capacity = flags.slots;
+  context.limits.slots_per_tenant = slots_per_tenant;
+
+  DatasetServiceImpl dataset_service(&context);
+  JobServiceImpl job_service(&context, &hub);
+  AdapterServiceImpl adapter_service(&context);
+  ServerInfoServiceImpl info_service(&context);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      grpc::InsecureServerCredentials();
+  if (!flags.tls_cert.empty()) {
+    grpc::SslServerCredentialsOptions tls;
+    tls.pem_key_cert_pairs.push_back(
+        {ReadFile(flags.tls_key), ReadFile(flags.tls_cert)});
+    credentials = grpc::SslServerCredentials(tls);
+  }
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(flags.listen, credentials, &port);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(context.limits.max_adapter_bytes + (int64_t{1} << 20)));
+  builder.RegisterService(&dataset_service);
+  builder.RegisterService(&job_service);
+  builder.RegisterService(&adapter_service);
+  builder.RegisterService(&info_service);
+  // Training and scheduling run before the first request can arrive.
+  trainer.Start();
+  if (absl::Status status = scheduler.Start(&trainer); !status.ok()) {
+    trainer.Stop();
+    return fail(status);
+  }
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    trainer.Stop();
+    scheduler.Stop();
+    return fail(absl::UnavailableError(
+        absl::StrCat("cannot listen on ", flags.listen)));
+  }
+  const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
+  const std::string address = absl::StrCat(host, ":", port);
+  logger.Info("loraplex-server ", LORAPLEX_VERSION, " serving ", model_name,
+              " (", model_config.num_hidden_layers, " layers, hidden ",
+              model_config.hidden_size, ") with ", flags.slots, " slots on ",
+              address, auth.requires_tokens() ? " (tokens required)" : "",
+              flags.tls_cert.empty() ? "" : " (TLS)");
+  if (!flags.ready_file.empty()) {
+    if (absl::Status status =
+            WriteFileAtomically(flags.ready_file, address + "\n");
+        !status.ok()) {
+      logger.Warning("cannot write the ready file: ", status.message());
+    }
+  }
+
+  // SIGINT/SIGTERM were blocked in every thread; wait for one here.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  logger.Info("received ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
+              ": shutting down");
+  // Calls still open after a second (watch streams, idle connections of
+  // clients) are cancelled; clients resume watches from their last event.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  logger.Debug("gRPC server stopped");
+  // The trainer first, so the scheduler stores everything it reported.
+  trainer.Stop();
+  scheduler.Stop();
+  logger.Info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace loraplex
+
+int main(int argc, char** argv) {
+  loraplex::ReexecWithPassiveOpenMpWait(argv);
+  // Blocked before any thread starts, so only sigwait in Serve sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  loraplex::ServerFlags flags;
+  CLI::App app{
+      "loraplex-server: multi-LoRA fine-tuning over one frozen base model. "
+      "Clients talk to it with the `loraplex` CLI or the loraplex.v1 gRPC "
+      "API."};
+  app.add_option("--model", flags.model_dir,
+                 "Base model directory (config.json + safetensors); default: "
+                 "the built-in tiny model, written to the state dir");
+  app.add_option("--state-dir", flags.state_dir,
+                 "Where datasets, adapters and the job database live")
+      ->capture_default_str();
+  app.add_option("--listen", flags.listen,
+                 "Address to serve on (port 0: any free port)")
+      ->capture_default_str();
+  app.add_option("--slots", flags.slots, "Adapter slots that train together")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--slots-per-tenant", flags.slots_per_tenant,
+                 "Slots one tenant's jobs may hold at once (default: all)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--max-rank", flags.max_rank, "Largest LoRA rank accepted")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--tokens-file", flags.tokens_file,
+                 "File of \"<tenant> <token>\" lines; every call then needs "
+                 "\"authorization: Bearer <token>\"");
+  app.add_option("--tls-cert", flags.tls_cert, "PEM certificate chain for TLS");
+  app.add_option("--tls-key", flags.tls_key, "PEM private key for TLS");
+  app.add_flag("--insecure-allow-remote", flags.insecure_allow_remote,
+               "Allow a non-loopback --listen without --tokens-file");
+  app.add_option("--log-level", flags.log_level, "debug, info, warning, error")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}))
+      ->capture_default_str();
+  app.add_option("--device", flags.device, "cpu, cuda or cuda:N")
+      ->capture_default_str();
+  app.add_option("--threads", flags.threads,
+                 "CPU threads for tensor work (0: one per core)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--max-dataset-mb", flags.max_dataset_mb,
+                 "Largest dataset upload in MiB")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--token-budget", flags.token_budget,
+                 "Most padded tokens per micro-batch (0: no limit)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--throughput-log-seconds", flags.throughput_log_seconds,
+                 "Seconds between throughput log lines (0: none)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  app.add_option("--ready-file", flags.ready_file,
+                 "Once serving, write the bound address here");
+  CLI11_PARSE(app, argc, argv);
+
+  loraplex::Logger logger(*loraplex::ParseLogLevel(flags.log_level));
+  return loraplex::Serve(flags, logger);
+}

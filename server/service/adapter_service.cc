@@ -1,0 +1,426 @@
+#include "server/service/adapter_service.h"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "adapters/peft_adapter.h"
+#include "core/common/atomic_file.h"
+#include "core/common/status_macros.h"
+#include "server/jobs/resource_id.h"
+#include "server/service/job_creation.h"
+#include "server/service/proto_convert.h"
+
+namespace loraplex {
+namespace {
+
+namespace fs = std::filesystem;
+
+int64_t NowMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr size_t kExportChunkBytes = size_t{1} << 20;
+
+// An uploaded adapter written to a staging directory and checked against
+// the base model; it becomes a stored adapter only with Publish().
+class StagedAdapter {
+ public:
+  static absl::StatusOr<std::unique_ptr<StagedAdapter>> Create(
+      const ServiceContext& context, const std::string& tenant,
+      const v1::AttachAdapterRequest& request) {
+    const v1::PeftAdapterFiles& files = request.files();
+    const int64_t size =
+        static_cast<int64_t>(files.adapter_config_json().size() +
+                             files.adapter_model_safetensors().size());
+    if (size > context.limits.max_adapter_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "files: the adapter has ", size, " bytes, more than the limit of ",
+          context.limits.max_adapter_bytes));
+    }
+    std::unique_ptr<StagedAdapter> staged(new StagedAdapter(context));
+    AdapterRecord& record = staged->record_;
+    record.id = NewResourceId("adapter");
+    record.tenant = tenant;
+    record.display_name = request.display_name();
+    record.base_model = context.base_model_name;
+    record.create_time_ms = NowMillis();
+    staged->dir_ = context.scheduler->AdapterDir(record.id);
+    staged->staged_ = staged->dir_ + ".staged";
+    std::error_code error;
+    fs::create_directories(staged->staged_, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("cannot create ", staged->staged_,
+                                              ": ", error.message()));
+    }
+    LORAPLEX_RETURN_IF_ERROR(
+        WriteFileAtomically(absl::StrCat(staged->staged_, "/", kPeftConfigFile),
+                            files.adapter_config_json()));
+    LORAPLEX_RETURN_IF_ERROR(WriteFileAtomically(
+        absl::StrCat(staged->staged_, "/", kPeftWeightsFile),
+        files.adapter_model_safetensors()));
+    absl::StatusOr<PeftAdapter> adapter = [&]() -> absl::StatusOr<PeftAdapter> {
+      try {
+        return LoadPeftAdapter(staged->staged_, context.model);
+      } catch (const std::exception& e) {
+        return absl::InvalidArgumentError(e.what());
+      }
+    }();
+    if (!adapter.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("files: ", adapter.status().message()));
+    }
+    record.lora = LoraConfigToJson(adapter->config);
+    return staged;
+  }
+
+  // Removes the files unless Publish() succeeded.
+  ~StagedAdapter() {
+    std::error_code ignored;
+    fs::remove_all(staged_, ignored);
+    if (!published_) fs::remove_all(dir_, ignored);
+  }
+
+  const AdapterRecord& record() const { return record_; }
+
+  // Moves the files into place, then stores the record.
+  absl::Status Publish() {
+    LORAPLEX_RETURN_IF_ERROR(PublishDirectory(staged_, dir_));
+    LORAPLEX_RETURN_IF_ERROR(context_.store->InsertAdapter(record_));
+    published_ = true;
+    context_.logger->Info("adapter ", record_.id, " (tenant ", record_.tenant,
+                          "): uploaded");
+    return absl::OkStatus();
+  }
+
+ private:
+  explicit StagedAdapter(const ServiceContext& context) : context_(context) {}
+
+  const ServiceContext& context_;
+  AdapterRecord record_;
+  std::string dir_;
+  std::string staged_;
+  bool published_ = false;
+};
+
+// Sends the files of an adapter directory, each in chunks. A temporary
+// directory (a running job's snapshot) is removed when the call ends.
+//
+// For a running job the trainer writes the snapshot and Begin runs later,
+// possibly after the call was cancelled and OnDone ran: the reactor then
+// has two owners (gRPC until OnDone, the pending snapshot until Begin), and
+// the last one to let go deletes it.
+class ExportReactor : public grpc::ServerWriteReactor<v1::ExportAdapterChunk> {
+ public:
+  ExportReactor() = default;
+
+  // One more owner, released by the Release() that follows Begin().
+  void Retain() { ++owners_; }
+  void Release() {
+    if (--owners_ > 0) return;
+    if (temporary_) {
+      std::error_code ignored;
+      fs::remove_all(dir_, ignored);
+    }
+    delete this;
+  }
+
+  // Starts streaming `dir`, or finishes with `status` when it is an error.
+  void Begin(const absl::Status& status, std::string dir, bool temporary) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dir_ = std::move(dir);
+    temporary_ = temporary;
+    if (finished_) return;  // Cancelled while the snapshot was written.
+    if (!status.ok()) {
+      FinishLocked(ToGrpcStatus(status));
+      return;
+    }
+    for (const char* name : {kPeftConfigFile, kPeftWeightsFile}) {
+      std::ifstream in(absl::StrCat(dir_, "/", name), std::ios::binary);
+      if (!in) {
+        FinishLocked(ToGrpcStatus(absl::InternalError(
+            absl::StrCat("cannot read ", dir_, "/", name))));
+        return;
+      }
+      std::stringstream bytes;
+      bytes << in.rdbuf();
+      const std::string contents = bytes.str();
+      size_t offset = 0;
+      do {
+        v1::ExportAdapterChunk chunk;
+        if (offset == 0) {
+          chunk.set_file_name(name);
+          chunk.set_file_size(static_cast<int64_t>(contents.size()));
+        }
+        const size_t n = std::min(kExportChunkBytes, contents.size() - offset);
+        chunk.set_data(contents.substr(offset, n));
+        offset += n;
+        chunks_.push_back(std::move(chunk));
+      } while (offset < contents.size());
+    }
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed"));
+      return;
+    }
+    Next();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    FinishLocked(
+        grpc::Status(grpc::StatusCode::CANCELLED, "the export was cancelled"));
+  }
+
+  void OnDone() override { Release(); }
+
+ private:
+  void Next() {
+    if (finished_) return;
+    if (next_ == chunks_.size()) {
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    StartWrite(&chunks_[next_++]);
+  }
+
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  std::atomic<int> owners_{1};
+  std::mutex mu_;
+  bool finished_ = false;
+  std::string dir_;
+  bool temporary_ = false;
+  std::vector<v1::ExportAdapterChunk> chunks_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AdapterServiceImpl::AttachAdapter(
+    grpc::CallbackServerContext* call, const v1::AttachAdapterRequest* request,
+    v1::AttachAdapterResponse* response) {
+  absl::StatusOr<std::string> tenant = Authenticate(*context_, call);
+  absl::Status status = tenant.status();
+  if (status.ok()) {
+    status = CheckDisplayName(request->display_name(), "display_name");
+  }
+  if (status.ok() &&
+      request->source_case() == v1::AttachAdapterRequest::SOURCE_NOT_SET) {
+    status = absl::InvalidArgumentError(
+        "source is required: set adapter (a stored adapter's name) or files "
+        "(a PEFT adapter to upload)");
+  }
+  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+  if (!status.ok()) {
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+  // Storing an upload reads and checks its tensors: a worker does it.
+  context_->work->Post([this, reactor, request, response, tenant = *tenant] {
+    absl::Status status;
+    try {
+      status = Attach(tenant, *request, response);
+    } catch (const std::exception& error) {
+      status = absl::InternalError(error.what());
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+absl::Status AdapterServiceImpl::Attach(const std::string& tenant,
+                                        const v1::AttachAdapterRequest& request,
+                                        v1::AttachAdapterResponse* response) {
+  std::unique_ptr<StagedAdapter> upload;
+  AdapterRecord adapter;
+  if (request.has_files()) {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        upload, StagedAdapter::Create(*context_, tenant, request));
+    adapter = upload->record();
+  } else {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string id,
+        ParseResourceName(request.adapter(), "adapters", "adapter"));
+    LORAPLEX_ASSIGN_OR_RETURN(adapter, context_->store->GetAdapter(tenant, id));
+  }
+  // The job is checked before an upload is stored, so a bad job request
+  // leaves nothing behind.
+  absl::StatusOr<PendingJob> pending =
+      ValidateCreateJob(*context_, tenant, request.job(), &adapter);
+  if (!pending.ok()) {
+    return absl::Status(pending.status().code(),
+                        absl::StrCat("job.", pending.status().message()));
+  }
+  if (upload != nullptr) LORAPLEX_RETURN_IF_ERROR(upload->Publish());
+  LORAPLEX_RETURN_IF_ERROR(
+      AdapterToProto(adapter, response->mutable_adapter()));
+  LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
+                            SubmitJob(*context_, *std::move(pending)));
+  return JobToProto(job, response->mutable_job());
+}
+
+grpc::ServerUnaryReactor* AdapterServiceImpl::RetireAdapter(
+    grpc::CallbackServerContext* call, const v1::RetireAdapterRequest* request,
+    v1::RetireAdapterResponse* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(std::string id,
+                              ParseResourceName(request->job(), "jobs", "job"));
+    LORAPLEX_ASSIGN_OR_RETURN(JobRecord stored,
+                              context_->store->GetJob(tenant, id));
+    if (stored.status != JobStatus::kRunning) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job \"", id, "\" is ", JobStatusName(stored.status),
+                       ", not in a slot (CancelJob stops a queued job)"));
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        JobRecord job,
+        context_->scheduler->Cancel(tenant, id, "retired by RetireAdapter"));
+    return JobToProto(job, response->mutable_job());
+  });
+}
+
+grpc::ServerWriteReactor<v1::ExportAdapterChunk>*
+AdapterServiceImpl::ExportAdapter(grpc::CallbackServerContext* call,
+                                  const v1::ExportAdapterRequest* request) {
+  auto* reactor = new ExportReactor();
+  std::string dir;
+  bool running_snapshot = false;
+  absl::Status status = [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    if (request->has_adapter()) {
+      LORAPLEX_ASSIGN_OR_RETURN(
+          std::string id,
+          ParseResourceName(request->adapter(), "adapters", "adapter"));
+      LORAPLEX_RETURN_IF_ERROR(
+          context_->store->GetAdapter(tenant, id).status());
+      dir = context_->scheduler->AdapterDir(id);
+      return absl::OkStatus();
+    }
+    if (!request->has_job()) {
+      return absl::InvalidArgumentError(
+          "source is required: set job or adapter");
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(std::string id,
+                              ParseResourceName(request->job(), "jobs", "job"));
+    LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
+                              context_->store->GetJob(tenant, id));
+    if (job.status == JobStatus::kSucceeded && !job.adapter_id.empty()) {
+      dir = context_->scheduler->AdapterDir(job.adapter_id);
+      return absl::OkStatus();
+    }
+    if (job.status != JobStatus::kRunning || job.training_dataset_id.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job \"", id, "\" is ", JobStatusName(job.status),
+          ": only a running training job or a succeeded one has an adapter "
+          "to export"));
+    }
+    // A running job: the trainer writes a snapshot between two steps.
+    dir = absl::StrCat(context_->state_dir, "/tmp/", NewResourceId("export"));
+    running_snapshot = true;
+    return absl::OkStatus();
+  }();
+  if (!status.ok() || !running_snapshot) {
+    reactor->Retain();
+    context_->work->Post([reactor, status, dir] {
+      reactor->Begin(status, dir, /*temporary=*/false);
+      reactor->Release();
+    });
+    return reactor;
+  }
+  std::string job_id = *ParseResourceName(request->job(), "jobs", "job");
+  reactor->Retain();
+  WorkQueue* work = context_->work;
+  // Reading the files is left to a worker, not the trainer thread.
+  context_->scheduler->ExportRunning(
+      job_id, dir, [reactor, dir, work](absl::Status exported) {
+        work->Post([reactor, dir, exported] {
+          reactor->Begin(exported, dir, /*temporary=*/true);
+          reactor->Release();
+        });
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdapterServiceImpl::GetAdapter(
+    grpc::CallbackServerContext* call, const v1::GetAdapterRequest* request,
+    v1::Adapter* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string id, ParseResourceName(request->name(), "adapters", "name"));
+    LORAPLEX_ASSIGN_OR_RETURN(AdapterRecord adapter,
+                              context_->store->GetAdapter(tenant, id));
+    return AdapterToProto(adapter, response);
+  });
+}
+
+grpc::ServerUnaryReactor* AdapterServiceImpl::ListAdapters(
+    grpc::CallbackServerContext* call, const v1::ListAdaptersRequest* request,
+    v1::ListAdaptersResponse* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(int page_size, PageSize(request->page_size()));
+    LORAPLEX_ASSIGN_OR_RETURN(Page<AdapterRecord> page,
+                              context_->store->ListAdapters(
+                                  tenant, page_size, request->page_token()));
+    for (const AdapterRecord& adapter : page.items) {
+      LORAPLEX_RETURN_IF_ERROR(
+          AdapterToProto(adapter, response->add_adapters()));
+    }
+    response->set_next_page_token(page.next_page_token);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AdapterServiceImpl::ListSlots(
+    grpc::CallbackServerContext* call, const v1::ListSlotsRequest* /*request*/,
+    v1::ListSlotsResponse* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    const std::vector<SlotInfo> slots = context_->scheduler->Slots();
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const SlotInfo& info = slots[i];
+      v1::Slot* slot = response->add_slots();
+      slot->set_index(static_cast<int>(i));
+      slot->set_state(info.attached ? v1::SLOT_STATE_ATTACHED
+                                    : v1::SLOT_STATE_FREE);
+      // Another tenant's slot shows only that it is taken.
+      if (!info.attached || info.tenant != tenant) continue;
+      slot->set_job(ResourceName("jobs", info.job_id));
+      slot->set_rank(info.rank);
+      if (info.family == "adamw") slot->set_family(v1::OPTIMIZER_FAMILY_ADAMW);
+      if (info.family == "adam") slot->set_family(v1::OPTIMIZER_FAMILY_ADAM);
+      if (info.family == "muon") slot->set_family(v1::OPTIMIZER_FAMILY_MUON);
+      slot->set_step(info.step);
+      slot->set_total_steps(info.total_steps);
+      slot->set_lr(info.lr);
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace loraplex

@@ -1,0 +1,108 @@
+#include "server/service/job_creation.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "server/jobs/job_data.h"
+#include "server/jobs/resource_id.h"
+#include "server/service/proto_convert.h"
+
+namespace loraplex {
+namespace {
+
+absl::Status Prefixed(absl::string_view field, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(field, ": ", status.message()));
+}
+
+// The dataset id a request field names, checked to exist for `tenant`.
+absl::StatusOr<std::string> DatasetReference(const ServiceContext& context,
+                                             const std::string& tenant,
+                                             const std::string& name,
+                                             absl::string_view field) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string id,
+                            ParseResourceName(name, "datasets", field));
+  LORAPLEX_RETURN_IF_ERROR(
+      Prefixed(field, context.store->GetDataset(tenant, id).status()));
+  return id;
+}
+
+}  // namespace
+
+absl::StatusOr<PendingJob> ValidateCreateJob(
+    const ServiceContext& context, const std::string& tenant,
+    const v1::CreateJobRequest& request, const AdapterRecord* initial_adapter) {
+  PendingJob pending;
+  JobRecord& record = pending.record;
+  LORAPLEX_RETURN_IF_ERROR(
+      CheckDisplayName(request.display_name(), "display_name"));
+  if (!request.base_model().empty() &&
+      request.base_model() != context.base_model_name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "base_model: this server trains adapters for \"",
+        context.base_model_name, "\", got \"", request.base_model(), "\""));
+  }
+  const bool has_adapter =
+      initial_adapter != nullptr || !request.initial_adapter().empty();
+  if (request.training_dataset().empty() &&
+      (!has_adapter || request.validation_dataset().empty())) {
+    return absl::InvalidArgumentError(
+        "training_dataset is required (a job without one only evaluates "
+        "initial_adapter on validation_dataset, and needs both)");
+  }
+  if (!request.training_dataset().empty()) {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        record.training_dataset_id,
+        DatasetReference(context, tenant, request.training_dataset(),
+                         "training_dataset"));
+  }
+  if (!request.validation_dataset().empty()) {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        record.validation_dataset_id,
+        DatasetReference(context, tenant, request.validation_dataset(),
+                         "validation_dataset"));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      pending.spec, JobSpecFromProto(request.lora(), request.optimizer(),
+                                     request.schedule(), request.training()));
+  if (has_adapter) {
+    absl::StatusOr<AdapterRecord> adapter;
+    if (initial_adapter != nullptr) {
+      adapter = *initial_adapter;
+    } else {
+      LORAPLEX_ASSIGN_OR_RETURN(
+          std::string id, ParseResourceName(request.initial_adapter(),
+                                            "adapters", "initial_adapter"));
+      adapter = context.store->GetAdapter(tenant, id);
+      LORAPLEX_RETURN_IF_ERROR(Prefixed("initial_adapter", adapter.status()));
+    }
+    record.initial_adapter_id = adapter->id;
+    // The adapter's own LoRA settings win: its tensors are shaped by them.
+    absl::StatusOr<LoraConfig> lora = LoraConfigFromJson(adapter->lora);
+    LORAPLEX_RETURN_IF_ERROR(Prefixed("initial_adapter", lora.status()));
+    pending.spec.lora = *lora;
+  }
+  if (pending.spec.lora.rank > context.limits.max_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora.rank must be at most ", context.limits.max_rank,
+        " on this server (--max-rank), got ", pending.spec.lora.rank));
+  }
+  record.id = NewResourceId("job");
+  record.tenant = tenant;
+  record.display_name = request.display_name();
+  record.base_model = context.base_model_name;
+  return pending;
+}
+
+absl::StatusOr<JobRecord> SubmitJob(const ServiceContext& context,
+                                    PendingJob pending) {
+  LORAPLEX_ASSIGN_OR_RETURN(
+      JobData data,
+      PrepareJobData(*context.datasets, pending.record, &pending.spec));
+  pending.record.spec = JobSpecToJson(pending.spec);
+  return context.scheduler->Submit(std::move(pending.record), std::move(data));
+}
+
+}  // namespace loraplex

@@ -1,0 +1,43 @@
+// Creating a job from a CreateJobRequest, shared by CreateJob and
+// AttachAdapter: a quick validation of every field and reference on the
+// handler thread, then data preparation and queueing on a worker.
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(PendingJob pending,
+//                             ValidateCreateJob(context, tenant, request));
+//   context.work->Post([=] { absl::StatusOr<JobRecord> job =
+//                                SubmitJob(context, std::move(pending)); });
+#ifndef LORAPLEX_SERVER_SERVICE_JOB_CREATION_H_
+#define LORAPLEX_SERVER_SERVICE_JOB_CREATION_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "loraplex/v1/jobs.pb.h"
+#include "server/jobs/job_spec.h"
+#include "server/service/service_context.h"
+#include "server/store/records.h"
+
+namespace loraplex {
+
+struct PendingJob {
+  JobRecord record;  // Everything but the spec, which preparation fills.
+  JobSpec spec;
+};
+
+// INVALID_ARGUMENT naming the field for a bad value; NOT_FOUND naming the
+// field for a dataset or adapter the tenant does not have. A non-null
+// `initial_adapter` is the job's starting adapter in place of
+// request.initial_adapter (an upload that is stored only if the job is
+// valid).
+absl::StatusOr<PendingJob> ValidateCreateJob(
+    const ServiceContext& context, const std::string& tenant,
+    const v1::CreateJobRequest& request,
+    const AdapterRecord* initial_adapter = nullptr);
+
+// Builds the job's sequences (errors name the dataset field) and queues it.
+absl::StatusOr<JobRecord> SubmitJob(const ServiceContext& context,
+                                    PendingJob pending);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_SERVICE_JOB_CREATION_H_

@@ -1,0 +1,285 @@
+#include "server/service/job_service.h"
+
+#include <deque>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "core/common/status_macros.h"
+#include "server/service/job_creation.h"
+#include "server/service/proto_convert.h"
+
+namespace loraplex {
+namespace {
+
+// Streams a job's stored events after a sequence number, then new ones as
+// the hub announces them, and finishes after the job's terminal event.
+class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
+ public:
+  WatchReactor(const ServiceContext* context, JobEventHub* hub,
+               std::string job_id, int64_t after_sequence)
+      : context_(context),
+        hub_(hub),
+        job_id_(std::move(job_id)),
+        last_sequence_(after_sequence) {
+    token_ = hub_->Subscribe(job_id_, [this] { Wake(); });
+    Wake();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(
+          grpc::Status(grpc::StatusCode::CANCELLED, "the stream was closed"));
+      return;
+    }
+    NextLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED,
+                              "the client cancelled the watch"));
+  }
+
+  void OnDone() override {
+    hub_->Unsubscribe(token_);
+    delete this;
+  }
+
+ private:
+  void Wake() {
+    std::lock_guard<std::mutex> lock(mu_);
+    NextLocked();
+  }
+
+  void NextLocked() {
+    if (writing_ || finished_) return;
+    if (pending_.empty()) {
+      absl::StatusOr<std::vector<JobEventRecord>> events =
+          context_->store->ListJobEvents(job_id_, last_sequence_, 256);
+      if (!events.ok()) {
+        FinishLocked(ToGrpcStatus(events.status()));
+        return;
+      }
+      pending_.assign(events->begin(), events->end());
+    }
+    if (!pending_.empty()) {
+      const JobEventRecord& event = pending_.front();
+      last_sequence_ = event.sequence;
+      terminal_sent_ = terminal_sent_ ||
+                       (event.status.has_value() && IsTerminal(*event.status));
+      message_.Clear();
+      JobEventToProto(event, &message_);
+      pending_.pop_front();
+      writing_ = true;
+      StartWrite(&message_);
+      return;
+    }
+    if (terminal_sent_) {
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    // Caught up: a watch that starts after the terminal event has nothing
+    // more to wait for.
+    absl::StatusOr<JobRecord> job = context_->store->GetJob("", job_id_);
+    if (!job.ok()) {
+      FinishLocked(ToGrpcStatus(job.status()));
+      return;
+    }
+    if (!IsTerminal(job->status)) return;  // The hub wakes us for more.
+    // The terminal update may have been stored since the read above: send
+    // whatever it added before finishing.
+    absl::StatusOr<std::vector<JobEventRecord>> rest =
+        context_->store->ListJobEvents(job_id_, last_sequence_, 256);
+    if (rest.ok() && !rest->empty()) {
+      pending_.assign(rest->begin(), rest->end());
+      NextLocked();
+      return;
+    }
+    FinishLocked(ToGrpcStatus(rest.status()));
+  }
+
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  const ServiceContext* context_;
+  JobEventHub* hub_;
+  const std::string job_id_;
+  int64_t token_ = 0;
+  std::mutex mu_;
+  int64_t last_sequence_;
+  std::deque<JobEventRecord> pending_;
+  v1::JobEvent message_;
+  bool writing_ = false;
+  bool finished_ = false;
+  bool terminal_sent_ = false;
+};
+
+constexpr absl::string_view kEventTokenPrefix = "events-after-";
+
+}  // namespace
+
+grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(
+    grpc::CallbackServerContext* call, const v1::CreateJobRequest* request,
+    v1::Job* response) {
+  absl::StatusOr<PendingJob> pending = [&]() -> absl::StatusOr<PendingJob> {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    return ValidateCreateJob(*context_, tenant, *request);
+  }();
+  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+  if (!pending.ok()) {
+    reactor->Finish(ToGrpcStatus(pending.status()));
+    return reactor;
+  }
+  context_->work->Post([this, reactor, response,
+                        pending = *std::move(pending)]() mutable {
+    absl::Status status;
+    try {
+      absl::StatusOr<JobRecord> job = SubmitJob(*context_, std::move(pending));
+      status = job.ok() ? JobToProto(*job, response) : job.status();
+    } catch (const std::exception& error) {
+      status = absl::InternalError(error.what());
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
+    grpc::CallbackServerContext* call, const v1::GetJobRequest* request,
+    v1::Job* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string id, ParseResourceName(request->name(), "jobs", "name"));
+    LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
+                              context_->store->GetJob(tenant, id));
+    return JobToProto(job, response);
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(
+    grpc::CallbackServerContext* call, const v1::ListJobsRequest* request,
+    v1::ListJobsResponse* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(int page_size, PageSize(request->page_size()));
+    std::vector<JobStatus> statuses;
+    for (int i = 0; i < request->statuses_size(); ++i) {
+      std::optional<JobStatus> status =
+          JobStatusFromProto(request->statuses(i));
+      if (!status) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("statuses[", i,
+                         "] must be a job status other than "
+                         "JOB_STATUS_UNSPECIFIED, got ",
+                         request->statuses(i)));
+      }
+      statuses.push_back(*status);
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        Page<JobRecord> page,
+        context_->store->ListJobs(tenant, statuses, page_size,
+                                  request->page_token()));
+    for (const JobRecord& job : page.items) {
+      LORAPLEX_RETURN_IF_ERROR(JobToProto(job, response->add_jobs()));
+    }
+    response->set_next_page_token(page.next_page_token);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
+    grpc::CallbackServerContext* call, const v1::CancelJobRequest* request,
+    v1::Job* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string id, ParseResourceName(request->name(), "jobs", "name"));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        JobRecord job,
+        context_->scheduler->Cancel(tenant, id, "cancelled by CancelJob"));
+    return JobToProto(job, response);
+  });
+}
+
+grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
+    grpc::CallbackServerContext* call, const v1::WatchJobRequest* request) {
+  absl::Status status = [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string id, ParseResourceName(request->name(), "jobs", "name"));
+    if (request->after_sequence() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "after_sequence must be >= 0, got ", request->after_sequence()));
+    }
+    return context_->store->GetJob(tenant, id).status();
+  }();
+  if (!status.ok()) {
+    // A reactor that only reports the error.
+    class Failed : public grpc::ServerWriteReactor<v1::JobEvent> {
+     public:
+      explicit Failed(const grpc::Status& status) { Finish(status); }
+      void OnDone() override { delete this; }
+    };
+    return new Failed(ToGrpcStatus(status));
+  }
+  std::string id = *ParseResourceName(request->name(), "jobs", "name");
+  return new WatchReactor(context_, hub_, std::move(id),
+                          request->after_sequence());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobEvents(
+    grpc::CallbackServerContext* call, const v1::ListJobEventsRequest* request,
+    v1::ListJobEventsResponse* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string id, ParseResourceName(request->name(), "jobs", "name"));
+    LORAPLEX_ASSIGN_OR_RETURN(int page_size, PageSize(request->page_size()));
+    if (request->after_sequence() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "after_sequence must be >= 0, got ", request->after_sequence()));
+    }
+    LORAPLEX_RETURN_IF_ERROR(context_->store->GetJob(tenant, id).status());
+    int64_t after = request->after_sequence();
+    if (!request->page_token().empty()) {
+      absl::string_view token = request->page_token();
+      if (!absl::ConsumePrefix(&token, kEventTokenPrefix) ||
+          !absl::SimpleAtoi(token, &after) || after < 0) {
+        return absl::InvalidArgumentError(
+            "page_token is not a token from ListJobEvents");
+      }
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::vector<JobEventRecord> events,
+        context_->store->ListJobEvents(id, after, page_size + 1));
+    const bool more = static_cast<int>(events.size()) > page_size;
+    if (more) events.resize(page_size);
+    for (const JobEventRecord& event : events) {
+      JobEventToProto(event, response->add_events());
+    }
+    if (more) {
+      response->set_next_page_token(
+          absl::StrCat(kEventTokenPrefix, events.back().sequence));
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace loraplex

@@ -1,0 +1,86 @@
+// What the gRPC services share: the store, the scheduler, the dataset
+// loader, the authenticator, the server's limits, and helpers that turn
+// absl::Status into gRPC statuses and finish unary calls.
+//
+//   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* call,
+//                                    const v1::GetJobRequest* request,
+//                                    v1::Job* response) override {
+//     return FinishUnary(call, [&]() -> absl::Status { ... });
+//   }
+#ifndef LORAPLEX_SERVER_SERVICE_SERVICE_CONTEXT_H_
+#define LORAPLEX_SERVER_SERVICE_SERVICE_CONTEXT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <exception>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "core/model/model_config.h"
+#include "server/common/logger.h"
+#include "server/common/work_queue.h"
+#include "server/jobs/job_data.h"
+#include "server/jobs/job_scheduler.h"
+#include "server/service/auth.h"
+#include "server/store/job_store.h"
+
+namespace loraplex {
+
+struct ServiceLimits {
+  int64_t max_dataset_bytes = int64_t{256} << 20;
+  int64_t max_adapter_bytes = int64_t{256} << 20;
+  int64_t max_rank = 256;
+  int slot_capacity = 8;
+  int slots_per_tenant = 8;
+};
+
+struct ServiceContext {
+  JobStore* store = nullptr;
+  JobScheduler* scheduler = nullptr;
+  DatasetLoader* datasets = nullptr;
+  const TenantAuthenticator* auth = nullptr;
+  Logger* logger = nullptr;
+  WorkQueue* work = nullptr;
+  ModelConfig model;
+  std::string base_model_name;
+  std::string state_dir;
+  std::string device;
+  std::string version;
+  ServiceLimits limits;
+};
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Runs `handler` and finishes the call with its status; exceptions end as
+// INTERNAL so none reaches gRPC.
+template <typename Handler>
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* call,
+                                      Handler&& handler) {
+  absl::Status status;
+  try {
+    status = handler();
+  } catch (const std::exception& error) {
+    status = absl::InternalError(error.what());
+  }
+  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+inline absl::StatusOr<std::string> Authenticate(
+    const ServiceContext& context, grpc::CallbackServerContext* call) {
+  return context.auth->Authenticate(call->client_metadata());
+}
+
+// page_size 0 means 100; INVALID_ARGUMENT outside [0, 1000].
+absl::StatusOr<int> PageSize(int requested);
+
+// INVALID_ARGUMENT when `value` is longer than 256 bytes.
+absl::Status CheckDisplayName(const std::string& value,
+                              absl::string_view field);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_SERVICE_SERVICE_CONTEXT_H_

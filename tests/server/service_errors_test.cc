@@ -1,0 +1,248 @@
+// Bad requests get the right status code and a message naming the field;
+// the server keeps serving.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <vector>
+
+#include "tests/common/test_dir.h"
+#include "tests/server/service_fixture.h"
+
+namespace loraplex {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kAliceToken[] = "alice-token-0123456789";
+constexpr char kBobToken[] = "bob-token-0123456789ab";
+
+class ServiceErrorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_ = FreshTestDir("state");
+    std::ofstream(state_ + "/tokens")
+        << "alice " << kAliceToken << "\nbob " << kBobToken << "\n";
+    server_ = StartServer(state_, 2,
+                          {"--tokens-file", state_ + "/tokens",
+                           "--max-dataset-mb", "1", "--max-rank", "32"});
+    ASSERT_NE(server_, nullptr);
+    alice_ = ClientFor(*server_, kAliceToken);
+    bob_ = ClientFor(*server_, kBobToken);
+    auto dataset = alice_->UploadDatasetContents(ReversalJsonl(16, 1), "d");
+    ASSERT_TRUE(dataset.ok()) << dataset.status();
+    dataset_ = dataset->name();
+  }
+
+  void TearDown() override {
+    if (server_ == nullptr) return;
+    // Still serving after everything the test sent.
+    EXPECT_TRUE(alice_->GetServerInfo().ok());
+    EXPECT_TRUE(server_->Stop().ok()) << server_->Log();
+  }
+
+  // CreateJob with one change to a valid request.
+  absl::Status Create(const std::function<void(v1::CreateJobRequest&)>& edit) {
+    v1::CreateJobRequest request =
+        JobRequest(dataset_, v1::OPTIMIZER_FAMILY_ADAMW, 4, 5, 0);
+    edit(request);
+    return alice_->CreateJob(request).status();
+  }
+
+  std::string state_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<LoraplexClient> alice_;
+  std::unique_ptr<LoraplexClient> bob_;
+  std::string dataset_;
+};
+
+void ExpectError(const absl::Status& status, absl::StatusCode code,
+                 const std::string& text) {
+  EXPECT_EQ(status.code(), code) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(text));
+}
+
+TEST_F(ServiceErrorsTest, EachInvalidCreateJobFieldIsNamed) {
+  using R = v1::CreateJobRequest;
+  const absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+  ExpectError(Create([](R& r) { r.mutable_lora()->set_rank(0); }), kInvalid,
+              "lora.rank must be in [1, 256], got 0");
+  ExpectError(Create([](R& r) { r.mutable_lora()->set_rank(64); }), kInvalid,
+              "lora.rank must be at most 32");
+  ExpectError(Create([](R& r) { r.mutable_lora()->set_dropout(1.5); }),
+              kInvalid, "lora.dropout");
+  ExpectError(
+      Create([](R& r) { r.mutable_lora()->add_target_modules("lm_head"); }),
+      kInvalid, "lora.target_modules");
+  ExpectError(Create([](R& r) { r.mutable_optimizer()->set_lr(-1); }), kInvalid,
+              "optimizer.lr");
+  ExpectError(Create([](R& r) { r.mutable_optimizer()->add_betas(0.9); }),
+              kInvalid, "optimizer.betas");
+  ExpectError(Create([](R& r) { r.mutable_optimizer()->set_momentum(1.0); }),
+              kInvalid, "optimizer.momentum");
+  ExpectError(Create([](R& r) { r.mutable_optimizer()->set_ns_steps(0); }),
+              kInvalid, "optimizer.ns_steps");
+  ExpectError(
+      Create([](R& r) {
+        r.mutable_optimizer()->set_family(static_cast<v1::OptimizerFamily>(42));
+      }),
+      kInvalid, "optimizer.family");
+  ExpectError(Create([](R& r) { r.mutable_schedule()->set_min_lr(1.0); }),
+              kInvalid, "schedule.min_lr");
+  ExpectError(Create([](R& r) { r.mutable_schedule()->set_warmup_steps(-1); }),
+              kInvalid, "schedule.warmup_steps");
+  ExpectError(Create([](R& r) { r.mutable_training()->set_batch_size(0); }),
+              kInvalid, "training.batch_size must be in [1, 4096], got 0");
+  ExpectError(Create([](R& r) { r.mutable_training()->set_seq_len(1); }),
+              kInvalid, "training.seq_len");
+  ExpectError(Create([](R& r) { r.mutable_training()->set_grad_clip(-1); }),
+              kInvalid, "training.grad_clip");
+  ExpectError(Create([](R& r) { r.mutable_training()->set_epochs(0); }),
+              kInvalid, "training.epochs");
+  ExpectError(Create([](R& r) { r.clear_training_dataset(); }), kInvalid,
+              "training_dataset is required");
+  ExpectError(Create([](R& r) { r.set_training_dataset("my-data"); }), kInvalid,
+              "training_dataset must be a name like");
+  ExpectError(
+      Create([](R& r) { r.set_training_dataset("datasets/ds-missing"); }),
+      absl::StatusCode::kNotFound, "training_dataset");
+  ExpectError(Create([](R& r) { r.set_base_model("llama-70b"); }), kInvalid,
+              "base_model");
+  ExpectError(Create([](R& r) { r.set_display_name(std::string(300, 'x')); }),
+              kInvalid, "display_name must be at most 256 bytes");
+  ExpectError(
+      Create([](R& r) { r.set_initial_adapter("adapters/adapter-none"); }),
+      absl::StatusCode::kNotFound, "initial_adapter");
+  // A sequence length that leaves no target in any example.
+  ExpectError(Create([](R& r) { r.mutable_training()->set_seq_len(2); }),
+              kInvalid, "training_dataset");
+
+  v1::ListJobsRequest list;
+  list.set_page_size(5000);
+  ExpectError(alice_->ListJobs(list).status(), kInvalid,
+              "page_size must be in [0, 1000]");
+  list.set_page_size(0);
+  list.set_page_token("not-a-token");
+  ExpectError(alice_->ListJobs(list).status(), kInvalid, "page_token");
+  // Nothing was created by the bad requests.
+  auto jobs = alice_->ListAllJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_TRUE(jobs->empty());
+}
+
+TEST_F(ServiceErrorsTest, BadDatasetsAreRejectedWithLineNumbers) {
+  const std::string bad =
+      "{\"text\": \"fine\"}\n{\"prompt\": 3}\nnot json\n{\"text\": \"ok\"}\n";
+  absl::Status status = alice_->UploadDatasetContents(bad, "bad").status();
+  ExpectError(status, absl::StatusCode::kInvalidArgument, "line 2");
+  EXPECT_THAT(std::string(status.message()), HasSubstr("line 3"));
+
+  const std::string big = ReversalJsonl(40000, 1);  // Over 1 MiB.
+  ASSERT_GT(big.size(), size_t{1} << 20);
+  ExpectError(alice_->UploadDatasetContents(big, "big").status(),
+              absl::StatusCode::kInvalidArgument,
+              "exceeds the upload limit of 1048576 bytes");
+  // Only the valid upload from SetUp is stored.
+  auto datasets = alice_->ListAllDatasets();
+  ASSERT_TRUE(datasets.ok());
+  EXPECT_EQ(datasets->size(), 1u);
+}
+
+TEST_F(ServiceErrorsTest, TokensAndTenantsAreEnforced) {
+  ClientOptions anonymous;
+  anonymous.address = server_->address();
+  auto nobody = LoraplexClient::Connect(anonymous);
+  ASSERT_TRUE(nobody.ok());
+  ExpectError((*nobody)->GetServerInfo().status(),
+              absl::StatusCode::kUnauthenticated, "requires a token");
+  anonymous.token = "wrong-token-0123456789";
+  auto wrong = LoraplexClient::Connect(anonymous);
+  ExpectError((*wrong)->ListAllJobs().status(),
+              absl::StatusCode::kUnauthenticated, "unknown token");
+
+  auto job = alice_->CreateJob(
+      JobRequest(dataset_, v1::OPTIMIZER_FAMILY_ADAMW, 4, 5, 0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ExpectError(bob_->GetJob(job->name()).status(), absl::StatusCode::kNotFound,
+              "not found");
+  ExpectError(bob_->CancelJob(job->name()).status(),
+              absl::StatusCode::kNotFound, "not found");
+  ExpectError(bob_->GetDataset(dataset_).status(), absl::StatusCode::kNotFound,
+              "not found");
+  ExpectError(bob_->DeleteDataset(dataset_), absl::StatusCode::kNotFound,
+              "not found");
+  ExpectError(
+      bob_->CreateJob(JobRequest(dataset_, v1::OPTIMIZER_FAMILY_ADAMW, 4, 5, 0))
+          .status(),
+      absl::StatusCode::kNotFound, "training_dataset");
+  auto finished = WaitForJob(*alice_, job->name());
+  ASSERT_TRUE(finished.ok());
+  ASSERT_EQ(finished->status(), v1::JOB_STATUS_SUCCEEDED);
+  v1::ExportAdapterRequest request;
+  request.set_adapter(finished->adapter());
+  ExpectError(bob_->ExportAdapter(request, FreshTestDir("bob")).status(),
+              absl::StatusCode::kNotFound, "not found");
+  EXPECT_TRUE(bob_->ListAllJobs()->empty());
+  EXPECT_TRUE(bob_->ListAllDatasets()->empty());
+  EXPECT_TRUE(bob_->ListAllAdapters()->empty());
+  EXPECT_EQ(alice_->ListAllJobs()->size(), 1u);
+
+  ExpectError(alice_->GetJob("jobs/job-unknown").status(),
+              absl::StatusCode::kNotFound, "not found");
+  ExpectError(alice_->CancelJob(job->name()).status(),
+              absl::StatusCode::kFailedPrecondition, "already finished");
+  auto info = bob_->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->tenant(), "bob");
+}
+
+TEST(ServiceHealthTest, StandardHealthServiceReportsServing) {
+  auto server = StartServer(FreshTestDir("state"), 1);
+  ASSERT_NE(server, nullptr);
+  auto channel = grpc::CreateChannel(server->address(),
+                                     grpc::InsecureChannelCredentials());
+  // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message;
+  // the answer HealthCheckResponse{status: SERVING} encodes as 08 01.
+  grpc::Slice empty_message(std::string{});
+  grpc::ByteBuffer request(&empty_message, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  grpc::Status status =
+      grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+          channel.get(),
+          grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
+                                    grpc::internal::RpcMethod::NORMAL_RPC),
+          &context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
+}
+
+TEST(ServiceFlagsTest, RemoteListenWithoutTokensIsRefused) {
+  const std::string state = FreshTestDir("state");
+  const std::string command = std::string(LORAPLEX_BIN_DIR) +
+                              "/loraplex-server --listen 0.0.0.0:0 "
+                              "--state-dir " +
+                              state + " 2> " + state + "/err";
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(ReadFileForTest(state + "/err"),
+              HasSubstr("not a loopback address"));
+}
+
+}  // namespace
+}  // namespace loraplex

@@ -1,0 +1,168 @@
+// Shared pieces of the service tests: a real loraplex-server on a free
+// loopback port, a real client for it, job requests, waiting for jobs, and
+// the same job trained directly through the engine as the reference.
+#ifndef LORAPLEX_TESTS_SERVER_SERVICE_FIXTURE_H_
+#define LORAPLEX_TESTS_SERVER_SERVICE_FIXTURE_H_
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "adapters/peft_adapter.h"
+#include "adapters/slot_pool.h"
+#include "client/client.h"
+#include "core/model/llama_model.h"
+#include "core/train/co_batch_step.h"
+#include "server/service/proto_convert.h"
+#include "tests/common/server_process.h"
+#include "tests/common/train_fixture.h"
+
+namespace loraplex {
+
+inline std::string ReadFileForTest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+inline std::unique_ptr<ServerProcess> StartServer(
+    const std::string& state_dir, int slots,
+    std::vector<std::string> extra_args = {}) {
+  ServerProcessOptions options;
+  options.state_dir = state_dir;
+  options.slots = slots;
+  options.extra_args = std::move(extra_args);
+  options.extra_args.push_back("--throughput-log-seconds=1");
+  options.extra_args.push_back("--log-level=debug");
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+inline std::unique_ptr<LoraplexClient> ClientFor(
+    const ServerProcess& server, const std::string& token = "") {
+  ClientOptions options;
+  options.address = server.address();
+  options.token = token;
+  auto client = LoraplexClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+inline v1::CreateJobRequest JobRequest(const std::string& dataset,
+                                       v1::OptimizerFamily family, int64_t rank,
+                                       int64_t steps, uint64_t seed) {
+  v1::CreateJobRequest request;
+  request.set_training_dataset(dataset);
+  request.mutable_lora()->set_rank(rank);
+  request.mutable_lora()->set_alpha(2.0 * static_cast<double>(rank));
+  request.mutable_optimizer()->set_family(family);
+  request.mutable_optimizer()->set_lr(
+      family == v1::OPTIMIZER_FAMILY_MUON ? 2e-2 : 2e-3);
+  request.mutable_schedule()->set_warmup_steps(2);
+  request.mutable_training()->set_batch_size(4);
+  request.mutable_training()->set_seq_len(32);
+  request.mutable_training()->set_max_steps(steps);
+  request.mutable_training()->set_seed(seed);
+  return request;
+}
+
+// Polls GetJob until the job is SUCCEEDED, FAILED or CANCELLED.
+inline absl::StatusOr<v1::Job> WaitForJob(LoraplexClient& client,
+                                          const std::string& name,
+                                          int timeout_seconds = 180) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
+  for (;;) {
+    absl::StatusOr<v1::Job> job = client.GetJob(name);
+    if (!job.ok()) return job.status();
+    const v1::JobStatus status = job->status();
+    if (status == v1::JOB_STATUS_SUCCEEDED || status == v1::JOB_STATUS_FAILED ||
+        status == v1::JOB_STATUS_CANCELLED) {
+      return job;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(name, " still ", v1::JobStatus_Name(status), " after ",
+                       timeout_seconds, " s"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Polls until `predicate(job)` holds.
+template <typename Predicate>
+absl::StatusOr<v1::Job> WaitUntil(LoraplexClient& client,
+                                  const std::string& name, Predicate predicate,
+                                  int timeout_seconds = 120) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
+  for (;;) {
+    absl::StatusOr<v1::Job> job = client.GetJob(name);
+    if (!job.ok() || predicate(*job)) return job;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(name + ": condition never held");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// The A and B matrices of an adapter, in module order.
+inline std::vector<torch::Tensor> AdapterTensors(const PeftAdapter& adapter) {
+  std::vector<torch::Tensor> tensors;
+  for (const PeftModuleTensors& m : adapter.modules) {
+    tensors.push_back(m.a);
+    tensors.push_back(m.b);
+  }
+  return tensors;
+}
+
+// Trains the job `job` describes (its effective configs) alone in a fresh
+// slot pool of the engine, on the same data, and returns its weights.
+inline std::vector<torch::Tensor> TrainDirectly(const std::string& model_dir,
+                                                const std::string& jsonl,
+                                                const v1::Job& job) {
+  auto model = LlamaModel::Load(model_dir, {});
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return {};
+  auto spec = JobSpecFromProto(job.lora(), job.optimizer(), job.schedule(),
+                               job.training());
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return {};
+  SlotPool pool((*model)->config(), {.capacity = 1});
+  SlotAttachRequest request;
+  request.job_id = job.name();
+  request.lora = spec->lora;
+  request.optimizer = spec->optimizer;
+  request.schedule = spec->schedule;
+  request.training = spec->training;
+  request.data = Sequences(jsonl, spec->training.seq_len);
+  auto slot = pool.Attach(request);
+  EXPECT_TRUE(slot.ok()) << slot.status();
+  if (!slot.ok()) return {};
+  while (!pool.ActiveSlotIds().empty()) {
+    auto step = TrainCoBatchStep(**model, pool.ActiveSlots(), {});
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (!step.ok()) return {};
+  }
+  std::vector<torch::Tensor> tensors;
+  for (const LoraModule& m : pool.slot(*slot).weights.modules()) {
+    tensors.push_back(m.a.detach().clone());
+    tensors.push_back(m.b.detach().clone());
+  }
+  return tensors;
+}
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_TESTS_SERVER_SERVICE_FIXTURE_H_
