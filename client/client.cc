@@ -1,0 +1,457 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "core/common/atomic_file.h"
+#include "core/common/status_macros.h"
+
+namespace loraplex {
+namespace {
+
+// Largest response the client accepts; export chunks and big pages fit.
+constexpr int kMaxReceiveMessageBytes = 256 << 20;
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
+                                          absl::string_view field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": cannot read ", path, ": ", std::strerror(errno)));
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+// Why `file_name` may not be written into the export directory, or "".
+std::string ExportFileNameProblem(const std::string& file_name) {
+  if (file_name.empty()) return "is empty";
+  if (file_name.find('/') != std::string::npos) return "contains '/'";
+  if (file_name.find("..") != std::string::npos) return "contains '..'";
+  if (file_name == ".") return "is '.'";
+  if (file_name.find('\0') != std::string::npos) return "contains NUL";
+  return "";
+}
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<LoraplexClient>> LoraplexClient::Connect(
+    const ClientOptions& options) {
+  if (options.address.empty()) {
+    return absl::InvalidArgumentError("address must not be empty");
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout must be positive, got ",
+                     absl::FormatDuration(options.timeout)));
+  }
+  if (options.transfer_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer_timeout must be positive, got ",
+                     absl::FormatDuration(options.transfer_timeout)));
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options.tls_ca_file.empty()) {
+    credentials = grpc::InsecureChannelCredentials();
+  } else {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string ca_pem, ReadWholeFile(options.tls_ca_file, "tls_ca_file"));
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = std::move(ca_pem);
+    credentials = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  auto channel = grpc::CreateCustomChannel(options.address, credentials, args);
+  if (channel == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address: cannot create a channel to ", options.address));
+  }
+  return std::unique_ptr<LoraplexClient>(
+      new LoraplexClient(options, std::move(channel)));
+}
+
+LoraplexClient::LoraplexClient(ClientOptions options,
+                               std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      server_stub_(v1::ServerService::NewStub(channel_)),
+      dataset_stub_(v1::DatasetService::NewStub(channel_)),
+      job_stub_(v1::JobService::NewStub(channel_)),
+      adapter_stub_(v1::AdapterService::NewStub(channel_)) {}
+
+LoraplexClient::~LoraplexClient() = default;
+
+void LoraplexClient::PrepareContext(grpc::ClientContext* context,
+                                    absl::Duration timeout) const {
+  if (!options_.token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options_.token);
+  }
+  if (timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+}
+
+template <typename Stub, typename Request, typename Response>
+absl::StatusOr<Response> LoraplexClient::CallUnary(
+    Stub* stub,
+    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                 Response*),
+    const Request& request) const {
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.timeout);
+  Response response;
+  const grpc::Status status = (stub->*method)(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::ServerInfo> LoraplexClient::GetServerInfo() {
+  v1::GetServerInfoRequest request;
+  return CallUnary(server_stub_.get(), &v1::ServerService::Stub::GetServerInfo,
+                   request);
+}
+
+absl::StatusOr<v1::Dataset> LoraplexClient::Upload(
+    const std::string& display_name,
+    const std::function<absl::Status(std::string* chunk, bool* done)>&
+        next_chunk) {
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.transfer_timeout);
+  v1::Dataset dataset;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadDatasetRequest>> writer =
+      dataset_stub_->UploadDataset(&context, &dataset);
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_display_name(display_name);
+  // A failed Write means the server ended the call; Finish() says why.
+  bool open = writer->Write(header);
+  absl::Status read_status;
+  while (open) {
+    std::string chunk;
+    bool done = false;
+    read_status = next_chunk(&chunk, &done);
+    if (!read_status.ok()) {
+      context.TryCancel();
+      break;
+    }
+    if (!chunk.empty()) {
+      v1::UploadDatasetRequest part;
+      part.set_chunk(std::move(chunk));
+      open = writer->Write(part);
+    }
+    if (done) break;
+  }
+  if (open && read_status.ok()) writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!read_status.ok()) return read_status;
+  if (!status.ok()) return FromGrpcStatus(status);
+  return dataset;
+}
+
+absl::StatusOr<v1::Dataset> LoraplexClient::UploadDatasetFile(
+    const std::string& path, const std::string& display_name) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("dataset file ", path, ": ", std::strerror(errno)));
+  }
+  return Upload(display_name, [&](std::string* chunk, bool* done) {
+    chunk->resize(kUploadChunkBytes);
+    in.read(chunk->data(), static_cast<std::streamsize>(chunk->size()));
+    chunk->resize(static_cast<size_t>(in.gcount()));
+    if (in.bad()) {
+      return absl::DataLossError(
+          absl::StrCat("dataset file ", path, ": read failed"));
+    }
+    *done = in.eof();
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::Dataset> LoraplexClient::UploadDatasetContents(
+    absl::string_view contents, const std::string& display_name) {
+  size_t offset = 0;
+  return Upload(display_name, [&](std::string* chunk, bool* done) {
+    const size_t size = std::min(kUploadChunkBytes, contents.size() - offset);
+    chunk->assign(contents.data() + offset, size);
+    offset += size;
+    *done = offset >= contents.size();
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::Dataset> LoraplexClient::GetDataset(
+    const std::string& name) {
+  v1::GetDatasetRequest request;
+  request.set_name(name);
+  return CallUnary(dataset_stub_.get(), &v1::DatasetService::Stub::GetDataset,
+                   request);
+}
+
+absl::StatusOr<v1::ListDatasetsResponse> LoraplexClient::ListDatasets(
+    const v1::ListDatasetsRequest& request) {
+  return CallUnary(dataset_stub_.get(), &v1::DatasetService::Stub::ListDatasets,
+                   request);
+}
+
+absl::StatusOr<std::vector<v1::Dataset>> LoraplexClient::ListAllDatasets() {
+  std::vector<v1::Dataset> all;
+  v1::ListDatasetsRequest request;
+  request.set_page_size(1000);
+  do {
+    LORAPLEX_ASSIGN_OR_RETURN(v1::ListDatasetsResponse page,
+                              ListDatasets(request));
+    for (auto& dataset : *page.mutable_datasets()) {
+      all.push_back(std::move(dataset));
+    }
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return all;
+}
+
+absl::Status LoraplexClient::DeleteDataset(const std::string& name) {
+  v1::DeleteDatasetRequest request;
+  request.set_name(name);
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.timeout);
+  v1::DeleteDatasetResponse response;
+  return FromGrpcStatus(
+      dataset_stub_->DeleteDataset(&context, request, &response));
+}
+
+absl::StatusOr<v1::Job> LoraplexClient::CreateJob(
+    const v1::CreateJobRequest& request) {
+  return CallUnary(job_stub_.get(), &v1::JobService::Stub::CreateJob, request);
+}
+
+absl::StatusOr<v1::Job> LoraplexClient::GetJob(const std::string& name) {
+  v1::GetJobRequest request;
+  request.set_name(name);
+  return CallUnary(job_stub_.get(), &v1::JobService::Stub::GetJob, request);
+}
+
+absl::StatusOr<v1::ListJobsResponse> LoraplexClient::ListJobs(
+    const v1::ListJobsRequest& request) {
+  return CallUnary(job_stub_.get(), &v1::JobService::Stub::ListJobs, request);
+}
+
+absl::StatusOr<std::vector<v1::Job>> LoraplexClient::ListAllJobs(
+    const std::vector<v1::JobStatus>& statuses) {
+  std::vector<v1::Job> all;
+  v1::ListJobsRequest request;
+  request.set_page_size(1000);
+  for (v1::JobStatus status : statuses) request.add_statuses(status);
+  do {
+    LORAPLEX_ASSIGN_OR_RETURN(v1::ListJobsResponse page, ListJobs(request));
+    for (auto& job : *page.mutable_jobs()) all.push_back(std::move(job));
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return all;
+}
+
+absl::StatusOr<v1::Job> LoraplexClient::CancelJob(const std::string& name) {
+  v1::CancelJobRequest request;
+  request.set_name(name);
+  return CallUnary(job_stub_.get(), &v1::JobService::Stub::CancelJob, request);
+}
+
+absl::Status LoraplexClient::WatchJob(
+    const std::string& name, int64_t after_sequence,
+    const std::function<bool(const v1::JobEvent&)>& on_event) {
+  grpc::ClientContext context;
+  PrepareContext(&context, absl::InfiniteDuration());
+  v1::WatchJobRequest request;
+  request.set_name(name);
+  request.set_after_sequence(after_sequence);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader =
+      job_stub_->WatchJob(&context, request);
+  v1::JobEvent event;
+  bool stopped = false;
+  while (reader->Read(&event)) {
+    if (!on_event(event)) {
+      stopped = true;
+      context.TryCancel();
+      break;
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (stopped) return absl::OkStatus();
+  return FromGrpcStatus(status);
+}
+
+absl::StatusOr<v1::ListJobEventsResponse> LoraplexClient::ListJobEvents(
+    const v1::ListJobEventsRequest& request) {
+  return CallUnary(job_stub_.get(), &v1::JobService::Stub::ListJobEvents,
+                   request);
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> LoraplexClient::ListAllJobEvents(
+    const std::string& name, int64_t after_sequence) {
+  std::vector<v1::JobEvent> all;
+  v1::ListJobEventsRequest request;
+  request.set_name(name);
+  request.set_after_sequence(after_sequence);
+  request.set_page_size(1000);
+  do {
+    LORAPLEX_ASSIGN_OR_RETURN(v1::ListJobEventsResponse page,
+                              ListJobEvents(request));
+    for (auto& event : *page.mutable_events()) all.push_back(std::move(event));
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return all;
+}
+
+absl::StatusOr<v1::AttachAdapterResponse> LoraplexClient::AttachAdapter(
+    const v1::AttachAdapterRequest& request) {
+  return CallUnary(adapter_stub_.get(),
+                   &v1::AdapterService::Stub::AttachAdapter, request);
+}
+
+absl::StatusOr<v1::RetireAdapterResponse> LoraplexClient::RetireAdapter(
+    const std::string& job) {
+  v1::RetireAdapterRequest request;
+  request.set_job(job);
+  return CallUnary(adapter_stub_.get(),
+                   &v1::AdapterService::Stub::RetireAdapter, request);
+}
+
+absl::StatusOr<std::vector<ExportedFile>> LoraplexClient::ExportAdapter(
+    const v1::ExportAdapterRequest& request, const std::string& out_dir) {
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "export directory ", out_dir, ": cannot create: ", error.message()));
+  }
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.transfer_timeout);
+  std::unique_ptr<grpc::ClientReader<v1::ExportAdapterChunk>> reader =
+      adapter_stub_->ExportAdapter(&context, request);
+
+  std::vector<ExportedFile> written;
+  std::set<std::string> seen_names;
+  std::unique_ptr<AtomicFileWriter> file;  // The file being received.
+  ExportedFile current;
+  int64_t received = 0;
+  // Checks the file being received is complete and renames it into place.
+  auto finish_file = [&]() -> absl::Status {
+    if (file == nullptr) return absl::OkStatus();
+    if (received != current.size_bytes) {
+      return absl::DataLossError(absl::StrCat("export: ", current.file_name,
+                                              " announced ", current.size_bytes,
+                                              " bytes, received ", received));
+    }
+    LORAPLEX_RETURN_IF_ERROR(file->Commit());
+    file.reset();
+    written.push_back(current);
+    return absl::OkStatus();
+  };
+  // Handles one chunk; an error stops the stream.
+  auto take_chunk = [&](const v1::ExportAdapterChunk& chunk) -> absl::Status {
+    if (!chunk.file_name().empty()) {
+      LORAPLEX_RETURN_IF_ERROR(finish_file());
+      const std::string problem = ExportFileNameProblem(chunk.file_name());
+      if (!problem.empty()) {
+        return absl::InternalError(
+            absl::StrCat("export: server sent file_name \"", chunk.file_name(),
+                         "\" that ", problem));
+      }
+      if (!seen_names.insert(chunk.file_name()).second) {
+        return absl::InternalError(absl::StrCat(
+            "export: server sent file_name \"", chunk.file_name(), "\" twice"));
+      }
+      if (chunk.file_size() < 0) {
+        return absl::InternalError(absl::StrCat("export: ", chunk.file_name(),
+                                                " has negative file_size ",
+                                                chunk.file_size()));
+      }
+      current.file_name = chunk.file_name();
+      current.path =
+          (std::filesystem::path(out_dir) / chunk.file_name()).string();
+      current.size_bytes = chunk.file_size();
+      received = 0;
+      LORAPLEX_ASSIGN_OR_RETURN(file, AtomicFileWriter::Create(current.path));
+    } else if (file == nullptr) {
+      return absl::InternalError("export: the first chunk has no file_name");
+    }
+    received += static_cast<int64_t>(chunk.data().size());
+    if (received > current.size_bytes) {
+      return absl::DataLossError(absl::StrCat("export: ", current.file_name,
+                                              " announced ", current.size_bytes,
+                                              " bytes, received more"));
+    }
+    return file->Append(chunk.data().data(), chunk.data().size());
+  };
+
+  v1::ExportAdapterChunk chunk;
+  absl::Status local_status;
+  while (reader->Read(&chunk)) {
+    local_status = take_chunk(chunk);
+    if (!local_status.ok()) {
+      context.TryCancel();
+      break;
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (!local_status.ok()) return local_status;
+  if (!status.ok()) return FromGrpcStatus(status);
+  LORAPLEX_RETURN_IF_ERROR(finish_file());
+  if (written.empty()) {
+    return absl::InternalError("export: the server sent no files");
+  }
+  return written;
+}
+
+absl::StatusOr<v1::Adapter> LoraplexClient::GetAdapter(
+    const std::string& name) {
+  v1::GetAdapterRequest request;
+  request.set_name(name);
+  return CallUnary(adapter_stub_.get(), &v1::AdapterService::Stub::GetAdapter,
+                   request);
+}
+
+absl::StatusOr<v1::ListAdaptersResponse> LoraplexClient::ListAdapters(
+    const v1::ListAdaptersRequest& request) {
+  return CallUnary(adapter_stub_.get(), &v1::AdapterService::Stub::ListAdapters,
+                   request);
+}
+
+absl::StatusOr<std::vector<v1::Adapter>> LoraplexClient::ListAllAdapters() {
+  std::vector<v1::Adapter> all;
+  v1::ListAdaptersRequest request;
+  request.set_page_size(1000);
+  do {
+    LORAPLEX_ASSIGN_OR_RETURN(v1::ListAdaptersResponse page,
+                              ListAdapters(request));
+    for (auto& adapter : *page.mutable_adapters()) {
+      all.push_back(std::move(adapter));
+    }
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return all;
+}
+
+absl::StatusOr<v1::ListSlotsResponse> LoraplexClient::ListSlots() {
+  v1::ListSlotsRequest request;
+  return CallUnary(adapter_stub_.get(), &v1::AdapterService::Stub::ListSlots,
+                   request);
+}
+
+}  // namespace loraplex

@@ -1,0 +1,172 @@
+// LoraplexClient: a C++ client of the loraplex gRPC API (package
+// loraplex.v1). Every RPC returns absl::Status / absl::StatusOr with the
+// server's gRPC code and message; unary calls carry a deadline.
+//
+//   ClientOptions options;
+//   options.address = "127.0.0.1:50051";
+//   options.token = "secret";  // Sent as "authorization: Bearer secret".
+//   LORAPLEX_ASSIGN_OR_RETURN(auto client, LoraplexClient::Connect(options));
+//   LORAPLEX_ASSIGN_OR_RETURN(v1::Dataset dataset,
+//                             client->UploadDatasetFile("train.jsonl",
+//                             "demo"));
+//   v1::CreateJobRequest request;
+//   request.set_training_dataset(dataset.name());
+//   LORAPLEX_ASSIGN_OR_RETURN(v1::Job job, client->CreateJob(request));
+//   LORAPLEX_RETURN_IF_ERROR(client->WatchJob(
+//       job.name(), /*after_sequence=*/0, [](const v1::JobEvent& event) {
+//         return true;  // Keep watching until the job finishes.
+//       }));
+//
+// Connect() does not contact the server; the first call does. A client is
+// safe to use from several threads at once.
+#ifndef LORAPLEX_CLIENT_CLIENT_H_
+#define LORAPLEX_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "loraplex/v1/adapters.grpc.pb.h"
+#include "loraplex/v1/datasets.grpc.pb.h"
+#include "loraplex/v1/jobs.grpc.pb.h"
+#include "loraplex/v1/server.grpc.pb.h"
+
+namespace loraplex {
+
+// Bytes per UploadDataset chunk message after the header.
+inline constexpr size_t kUploadChunkBytes = 1 << 20;
+
+struct ClientOptions {
+  // "host:port" of loraplex-server.
+  std::string address = "127.0.0.1:50051";
+  // Bearer token; empty sends no authorization metadata.
+  std::string token;
+  // PEM file of the CA that signed the server's certificate; empty connects
+  // in plaintext.
+  std::string tls_ca_file;
+  // Deadline of each unary call.
+  absl::Duration timeout = absl::Seconds(30);
+  // Deadline of a whole dataset upload or adapter export.
+  absl::Duration transfer_timeout = absl::Minutes(30);
+};
+
+// One file ExportAdapter wrote.
+struct ExportedFile {
+  std::string file_name;  // e.g. "adapter_config.json".
+  std::string path;       // out_dir/file_name.
+  int64_t size_bytes = 0;
+};
+
+// The gRPC status as an absl::Status with the same code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+class LoraplexClient {
+ public:
+  // Checks the options and creates the channel (INVALID_ARGUMENT naming
+  // the option when one is bad, e.g. an unreadable tls_ca_file).
+  static absl::StatusOr<std::unique_ptr<LoraplexClient>> Connect(
+      const ClientOptions& options);
+
+  LoraplexClient(const LoraplexClient&) = delete;
+  LoraplexClient& operator=(const LoraplexClient&) = delete;
+  ~LoraplexClient();
+
+  const ClientOptions& options() const { return options_; }
+
+  // ServerService.
+  absl::StatusOr<v1::ServerInfo> GetServerInfo();
+
+  // DatasetService. Uploads send the header, then the bytes in chunks of
+  // kUploadChunkBytes; UploadDatasetFile reads the file as it sends.
+  absl::StatusOr<v1::Dataset> UploadDatasetFile(
+      const std::string& path, const std::string& display_name);
+  absl::StatusOr<v1::Dataset> UploadDatasetContents(
+      absl::string_view contents, const std::string& display_name);
+  absl::StatusOr<v1::Dataset> GetDataset(const std::string& name);
+  absl::StatusOr<v1::ListDatasetsResponse> ListDatasets(
+      const v1::ListDatasetsRequest& request);
+  // Every page of ListDatasets, oldest first.
+  absl::StatusOr<std::vector<v1::Dataset>> ListAllDatasets();
+  absl::Status DeleteDataset(const std::string& name);
+
+  // JobService.
+  absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
+  absl::StatusOr<v1::Job> GetJob(const std::string& name);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(
+      const v1::ListJobsRequest& request);
+  // Every page of ListJobs with one of `statuses` (empty: all), oldest
+  // first.
+  absl::StatusOr<std::vector<v1::Job>> ListAllJobs(
+      const std::vector<v1::JobStatus>& statuses = {});
+  absl::StatusOr<v1::Job> CancelJob(const std::string& name);
+  // Streams the job's events after `after_sequence` to `on_event` until the
+  // server ends the stream (after the job's final event) or `on_event`
+  // returns false. OK in both cases; otherwise the stream's error. No
+  // deadline: a job may train for hours.
+  absl::Status WatchJob(
+      const std::string& name, int64_t after_sequence,
+      const std::function<bool(const v1::JobEvent&)>& on_event);
+  absl::StatusOr<v1::ListJobEventsResponse> ListJobEvents(
+      const v1::ListJobEventsRequest& request);
+  // Every page of ListJobEvents after `after_sequence`.
+  absl::StatusOr<std::vector<v1::JobEvent>> ListAllJobEvents(
+      const std::string& name, int64_t after_sequence = 0);
+
+  // AdapterService.
+  absl::StatusOr<v1::AttachAdapterResponse> AttachAdapter(
+      const v1::AttachAdapterRequest& request);
+  absl::StatusOr<v1::RetireAdapterResponse> RetireAdapter(
+      const std::string& job);
+  // Receives the adapter's files into `out_dir` (created if missing), each
+  // written atomically. A file name that is empty, contains '/' or "..",
+  // or repeats is rejected (INTERNAL), as is a file whose bytes do not
+  // match its announced size.
+  absl::StatusOr<std::vector<ExportedFile>> ExportAdapter(
+      const v1::ExportAdapterRequest& request, const std::string& out_dir);
+  absl::StatusOr<v1::Adapter> GetAdapter(const std::string& name);
+  absl::StatusOr<v1::ListAdaptersResponse> ListAdapters(
+      const v1::ListAdaptersRequest& request);
+  // Every page of ListAdapters, oldest first.
+  absl::StatusOr<std::vector<v1::Adapter>> ListAllAdapters();
+  absl::StatusOr<v1::ListSlotsResponse> ListSlots();
+
+ private:
+  LoraplexClient(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+
+  // Sets the authorization metadata and a deadline `timeout` from now
+  // (none when timeout is infinite).
+  void PrepareContext(grpc::ClientContext* context,
+                      absl::Duration timeout) const;
+
+  // One unary call with the token and a deadline of options_.timeout.
+  template <typename Stub, typename Request, typename Response>
+  absl::StatusOr<Response> CallUnary(
+      Stub* stub,
+      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                   Response*),
+      const Request& request) const;
+
+  // Sends the header and then the chunks `next_chunk` fills until it sets
+  // *done (or fails).
+  absl::StatusOr<v1::Dataset> Upload(
+      const std::string& display_name,
+      const std::function<absl::Status(std::string* chunk, bool* done)>&
+          next_chunk);
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ServerService::Stub> server_stub_;
+  std::unique_ptr<v1::DatasetService::Stub> dataset_stub_;
+  std::unique_ptr<v1::JobService::Stub> job_stub_;
+  std::unique_ptr<v1::AdapterService::Stub> adapter_stub_;
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CLIENT_CLIENT_H_

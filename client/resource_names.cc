@@ -1,0 +1,51 @@
+#include "client/resource_names.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace loraplex {
+namespace {
+
+// "job" for "jobs": how error messages call one member of a collection.
+absl::string_view Singular(absl::string_view collection) {
+  if (!collection.empty() && collection.back() == 's') {
+    collection.remove_suffix(1);
+  }
+  return collection;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResourceName(absl::string_view collection,
+                                         absl::string_view id_or_name) {
+  const std::string expected =
+      absl::StrCat("expected a ", Singular(collection), " ID or ", collection,
+                   "/{id}, got \"", id_or_name, "\"");
+  if (id_or_name.empty()) return absl::InvalidArgumentError(expected);
+  absl::string_view id = id_or_name;
+  const size_t slash = id_or_name.find('/');
+  if (slash != absl::string_view::npos) {
+    if (id_or_name.substr(0, slash) != collection) {
+      return absl::InvalidArgumentError(expected);
+    }
+    id = id_or_name.substr(slash + 1);
+  }
+  if (id.empty() || id.find('/') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(expected);
+  }
+  return absl::StrCat(collection, "/", id);
+}
+
+std::string ResourceId(absl::string_view name) {
+  const size_t slash = name.rfind('/');
+  if (slash == absl::string_view::npos) return std::string(name);
+  return std::string(name.substr(slash + 1));
+}
+
+std::string ResourceCollection(absl::string_view name) {
+  const size_t slash = name.find('/');
+  if (slash == absl::string_view::npos) return "";
+  return std::string(name.substr(0, slash));
+}
+
+}  // namespace loraplex

@@ -1,0 +1,37 @@
+// Resource names of the loraplex API ("datasets/{id}", "jobs/{id}",
+// "adapters/{id}") from what a user types: a bare ID or a full name.
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(std::string name,
+//                             ResourceName(kJobs, "abc"));  // "jobs/abc"
+//   ResourceId("jobs/abc");                                 // "abc"
+#ifndef LORAPLEX_CLIENT_RESOURCE_NAMES_H_
+#define LORAPLEX_CLIENT_RESOURCE_NAMES_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace loraplex {
+
+// Collection prefixes of resource names.
+inline constexpr absl::string_view kDatasets = "datasets";
+inline constexpr absl::string_view kJobs = "jobs";
+inline constexpr absl::string_view kAdapters = "adapters";
+
+// "collection/id" for `id_or_name` given as "id" or "collection/id".
+// INVALID_ARGUMENT when it is empty, names another collection
+// ("datasets/x" where a job is wanted) or has an empty or nested ID.
+absl::StatusOr<std::string> ResourceName(absl::string_view collection,
+                                         absl::string_view id_or_name);
+
+// The ID part of a resource name ("jobs/abc" -> "abc"); a string without
+// '/' is returned as is.
+std::string ResourceId(absl::string_view name);
+
+// The collection of a name ("jobs/abc" -> "jobs"); "" for a bare ID.
+std::string ResourceCollection(absl::string_view name);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CLIENT_RESOURCE_NAMES_H_

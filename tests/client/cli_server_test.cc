@@ -1,0 +1,132 @@
+// The `loraplex` CLI end to end against the real loraplex-server (skipped
+// until the server is built).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "client/quickstart_data.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/cli_process.h"
+#include "tests/common/server_process.h"
+#include "tests/common/test_dir.h"
+
+namespace loraplex {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Files directly in `dir`.
+std::vector<std::string> FileNames(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class CliServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerProcessOptions options;
+    options.state_dir = FreshTestDir("state");
+    auto server = ServerProcess::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+  }
+  void TearDown() override {
+    if (server_ != nullptr) {
+      absl::Status stopped = server_->Stop();
+      EXPECT_TRUE(stopped.ok()) << stopped << "\n" << server_->Log();
+    }
+  }
+
+  CliResult Run(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--server", server_->address()});
+    return RunCli(args);
+  }
+
+  std::unique_ptr<ServerProcess> server_;
+};
+
+TEST_F(CliServerTest, UploadTrainWaitAndExport) {
+  const CliResult info = Run({"info"});
+  ASSERT_EQ(info.exit_code, 0) << info.Describe() << server_->Log();
+
+  const std::string dir = FreshTestDir();
+  const std::string data_path = dir + "/reverse.jsonl";
+  std::ofstream(data_path) << QuickstartDatasetJsonl();
+  const CliResult upload = Run({"--json", "datasets", "upload", data_path});
+  ASSERT_EQ(upload.exit_code, 0) << upload.Describe();
+  const auto dataset = nlohmann::json::parse(upload.out);
+  const std::string dataset_name = dataset["name"];
+  EXPECT_EQ(dataset["numExamples"], std::to_string(kQuickstartExampleCount));
+
+  const CliResult create =
+      Run({"--json", "jobs", "create", "--dataset", dataset_name, "--rank", "4",
+           "--seq-len", "64", "--batch-size", "2", "--max-steps", "3", "--lr",
+           "0.002", "--wait"});
+  ASSERT_EQ(create.exit_code, 0) << create.Describe() << server_->Log();
+  const auto job = nlohmann::json::parse(create.out);
+  EXPECT_EQ(job["status"], "JOB_STATUS_SUCCEEDED");
+  EXPECT_EQ(job["lora"]["rank"], "4");
+  const std::string job_name = job["name"];
+
+  const CliResult list = Run({"jobs", "list"});
+  EXPECT_EQ(list.exit_code, 0) << list.Describe();
+  EXPECT_THAT(list.out, HasSubstr("SUCCEEDED"));
+
+  const CliResult events = Run({"jobs", "events", job_name});
+  EXPECT_EQ(events.exit_code, 0) << events.Describe();
+  EXPECT_THAT(events.out, HasSubstr("step 3"));
+
+  const std::string out_dir = dir + "/adapter";
+  const CliResult exported =
+      Run({"adapters", "export", job_name, "--out", out_dir});
+  ASSERT_EQ(exported.exit_code, 0) << exported.Describe();
+  EXPECT_EQ(FileNames(out_dir),
+            (std::vector<std::string>{"adapter_config.json",
+                                      "adapter_model.safetensors"}));
+
+  const CliResult watch = Run({"jobs", "watch", job_name});
+  EXPECT_EQ(watch.exit_code, 0) << watch.Describe();
+  EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
+}
+
+TEST_F(CliServerTest, QuickstartUsesTheRunningServer) {
+  const std::string dir = FreshTestDir("quickstart");
+  const CliResult result = Run({"quickstart", "--dir", dir, "--steps", "3"});
+  ASSERT_EQ(result.exit_code, 0) << result.Describe() << server_->Log();
+  EXPECT_THAT(result.out, Not(HasSubstr("Started loraplex-server")));
+  std::vector<std::string> job_dirs = FileNames(dir + "/adapters");
+  ASSERT_EQ(job_dirs.size(), 3u) << result.Describe();
+  for (const std::string& job_dir : job_dirs) {
+    EXPECT_EQ(FileNames(dir + "/adapters/" + job_dir),
+              (std::vector<std::string>{"adapter_config.json",
+                                        "adapter_model.safetensors"}));
+  }
+  for (const char* text : {"adamw", "muon", "adam", "LOSS", "->"}) {
+    EXPECT_THAT(result.out, HasSubstr(text));
+  }
+}
+
+TEST(CliQuickstartTest, StartsAndStopsItsOwnServer) {
+  const std::string dir = FreshTestDir();
+  // Port 1 on loopback: nothing listens there.
+  const CliResult result = RunCli(
+      {"--server", "127.0.0.1:1", "quickstart", "--dir", dir, "--steps", "2"});
+  ASSERT_EQ(result.exit_code, 0) << result.Describe();
+  EXPECT_THAT(result.out, HasSubstr("Started loraplex-server"));
+  EXPECT_THAT(result.out, HasSubstr("Stopping the loraplex-server"));
+  EXPECT_EQ(FileNames(dir + "/adapters").size(), 3u);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/state/server.log"));
+}
+
+}  // namespace
+}  // namespace loraplex

@@ -1,0 +1,347 @@
+// LoraplexClient against an in-process fake server.
+#include "client/client.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "client/job_progress.h"
+#include "tests/client/fake_loraplex_server.h"
+#include "tests/common/test_dir.h"
+
+namespace loraplex {
+namespace {
+
+using ::testing::Each;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+class ClientTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<LoraplexClient> Connect(const std::string& token = "") {
+    ClientOptions options;
+    options.address = server_.address();
+    options.token = token;
+    options.timeout = absl::Seconds(10);
+    auto client = LoraplexClient::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::move(client).value();
+  }
+
+  FakeLoraplexServer server_;
+};
+
+TEST_F(ClientTest, ConnectChecksOptions) {
+  ClientOptions options;
+  options.address = "";
+  EXPECT_EQ(LoraplexClient::Connect(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.address = "127.0.0.1:1";
+  options.tls_ca_file = "/nonexistent/ca.pem";
+  auto client = LoraplexClient::Connect(options);
+  ASSERT_FALSE(client.ok());
+  EXPECT_THAT(client.status().message(), HasSubstr("tls_ca_file"));
+  options.tls_ca_file.clear();
+  options.timeout = absl::ZeroDuration();
+  EXPECT_THAT(LoraplexClient::Connect(options).status().message(),
+              HasSubstr("timeout"));
+}
+
+TEST_F(ClientTest, SendsBearerTokenOnEveryCall) {
+  server_.state().required_token = "s3cret";
+  server_.state().info.set_version("9.9.9");
+  auto client = Connect("s3cret");
+  auto info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->version(), "9.9.9");
+  ASSERT_TRUE(client->ListSlots().ok());
+  EXPECT_THAT(server_.state().authorizations,
+              Each(std::string("Bearer s3cret")));
+}
+
+TEST_F(ClientTest, KeepsTheServersCodeAndMessage) {
+  server_.state().required_token = "s3cret";
+  auto info = Connect("wrong")->GetServerInfo();
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(info.status().message(), "missing or wrong bearer token");
+  server_.state().required_token.clear();
+  EXPECT_EQ(Connect()->GetJob("jobs/none").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClientTest, UnreachableServerIsUnavailable) {
+  ClientOptions options;
+  options.address = "127.0.0.1:1";
+  options.timeout = absl::Seconds(5);
+  auto client = LoraplexClient::Connect(options);
+  ASSERT_TRUE(client.ok());
+  EXPECT_EQ((*client)->GetServerInfo().status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST_F(ClientTest, UploadSendsHeaderThenMebibyteChunks) {
+  std::string contents(kUploadChunkBytes * 2 + 100, 'x');
+  for (size_t i = 0; i < contents.size(); i += 97) contents[i] = '\n';
+  auto dataset = Connect()->UploadDatasetContents(contents, "big");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ(dataset->name(), "datasets/d1");
+  EXPECT_TRUE(server_.state().upload_saw_header_first);
+  EXPECT_EQ(server_.state().upload_display_name, "big");
+  EXPECT_THAT(server_.state().upload_chunk_sizes,
+              ElementsAre(kUploadChunkBytes, kUploadChunkBytes, 100u));
+  EXPECT_EQ(server_.state().upload_bytes, contents);
+}
+
+TEST_F(ClientTest, UploadStreamsAFile) {
+  const std::string path = FreshTestDir() + "/train.jsonl";
+  std::string contents(kUploadChunkBytes + 5, 'a');
+  std::ofstream(path, std::ios::binary) << contents;
+  auto dataset = Connect()->UploadDatasetFile(path, "file");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_THAT(server_.state().upload_chunk_sizes,
+              ElementsAre(kUploadChunkBytes, 5u));
+  EXPECT_EQ(server_.state().upload_bytes, contents);
+}
+
+TEST_F(ClientTest, UploadOfAMissingFileIsNotFound) {
+  auto dataset = Connect()->UploadDatasetFile("/nonexistent/x.jsonl", "x");
+  ASSERT_FALSE(dataset.ok());
+  EXPECT_EQ(dataset.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(dataset.status().message(), HasSubstr("/nonexistent/x.jsonl"));
+}
+
+TEST_F(ClientTest, ListAllFollowsPageTokens) {
+  for (int i = 0; i < 5; ++i) {
+    server_.state().datasets.emplace_back().set_name("datasets/d" +
+                                                     std::to_string(i));
+    server_.state().jobs.emplace_back().set_name("jobs/j" + std::to_string(i));
+    server_.state().adapters.emplace_back().set_name("adapters/a" +
+                                                     std::to_string(i));
+  }
+  auto client = Connect();
+  auto datasets = client->ListAllDatasets();
+  ASSERT_TRUE(datasets.ok()) << datasets.status();
+  ASSERT_EQ(datasets->size(), 5u);
+  EXPECT_EQ((*datasets)[4].name(), "datasets/d4");
+  auto jobs = client->ListAllJobs({v1::JOB_STATUS_RUNNING});
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->size(), 5u);
+  ASSERT_EQ(server_.state().list_jobs_requests.size(), 3u);  // 2 + 2 + 1.
+  EXPECT_THAT(server_.state().list_jobs_requests[1].statuses(),
+              ElementsAre(v1::JOB_STATUS_RUNNING));
+  auto adapters = client->ListAllAdapters();
+  ASSERT_TRUE(adapters.ok()) << adapters.status();
+  EXPECT_EQ(adapters->size(), 5u);
+}
+
+TEST_F(ClientTest, WatchJobStreamsUntilTheEnd) {
+  server_.state().job.set_name("jobs/j1");
+  server_.state().events = FakeJobEvents(5, v1::JOB_STATUS_SUCCEEDED);
+  std::vector<int64_t> sequences;
+  absl::Status status =
+      Connect()->WatchJob("jobs/j1", 2, [&](const v1::JobEvent& event) {
+        sequences.push_back(event.sequence());
+        return true;
+      });
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(sequences, ElementsAre(3, 4, 5, 6, 7, 8));
+  EXPECT_THAT(server_.state().watch_after_sequences, ElementsAre(2));
+}
+
+TEST_F(ClientTest, WatchJobStopsWhenTheCallbackSaysSo) {
+  server_.state().job.set_name("jobs/j1");
+  server_.state().events = FakeJobEvents(50, v1::JOB_STATUS_SUCCEEDED);
+  server_.state().event_delay = std::chrono::milliseconds(5);
+  int seen = 0;
+  absl::Status status = Connect()->WatchJob(
+      "jobs/j1", 0, [&](const v1::JobEvent&) { return ++seen < 3; });
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(seen, 3);
+}
+
+TEST_F(ClientTest, WatchOfAnUnknownJobFails) {
+  server_.state().job.set_name("jobs/j1");
+  absl::Status status = Connect()->WatchJob(
+      "jobs/other", 0, [](const v1::JobEvent&) { return true; });
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClientTest, ListAllJobEventsPages) {
+  server_.state().events = FakeJobEvents(4, v1::JOB_STATUS_SUCCEEDED);
+  auto events = Connect()->ListAllJobEvents("jobs/j1", 1);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 6u);
+  EXPECT_EQ(events->front().sequence(), 2);
+}
+
+v1::ExportAdapterChunk Chunk(const std::string& name, int64_t size,
+                             const std::string& data) {
+  v1::ExportAdapterChunk chunk;
+  chunk.set_file_name(name);
+  chunk.set_file_size(size);
+  chunk.set_data(data);
+  return chunk;
+}
+
+TEST_F(ClientTest, ExportWritesEveryFile) {
+  server_.state().export_chunks = {Chunk("adapter_config.json", 2, "{}"),
+                                   Chunk("adapter_model.safetensors", 6, "abc"),
+                                   Chunk("", 0, "def")};
+  const std::string out_dir = FreshTestDir() + "/nested/out";
+  v1::ExportAdapterRequest request;
+  request.set_job("jobs/j1");
+  auto files = Connect()->ExportAdapter(request, out_dir);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 2u);
+  EXPECT_EQ((*files)[0].file_name, "adapter_config.json");
+  EXPECT_EQ((*files)[1].size_bytes, 6);
+  EXPECT_EQ(ReadFile(out_dir + "/adapter_config.json"), "{}");
+  EXPECT_EQ(ReadFile(out_dir + "/adapter_model.safetensors"), "abcdef");
+  EXPECT_EQ(server_.state().export_requests.at(0).job(), "jobs/j1");
+  // Nothing but the two files (no temporaries left behind).
+  int entries = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator(out_dir)) {
+    ++entries;
+  }
+  EXPECT_EQ(entries, 2);
+}
+
+TEST_F(ClientTest, ExportRejectsUnsafeFileNames) {
+  const std::vector<std::string> names = {"../evil", "a/b", "..", "x..y"};
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    server_.state().export_chunks = {Chunk(name, 1, "x")};
+    const std::string out_dir = FreshTestDir(std::to_string(i));
+    v1::ExportAdapterRequest request;
+    request.set_adapter("adapters/a1");
+    auto files = Connect()->ExportAdapter(request, out_dir + "/out");
+    ASSERT_FALSE(files.ok()) << name;
+    EXPECT_THAT(files.status().message(), HasSubstr("file_name")) << name;
+    EXPECT_FALSE(std::filesystem::exists(out_dir + "/evil"));
+    EXPECT_TRUE(std::filesystem::is_empty(out_dir + "/out")) << name;
+  }
+}
+
+TEST_F(ClientTest, ExportRejectsSizeMismatchAndDuplicates) {
+  const std::string out_dir = FreshTestDir();
+  v1::ExportAdapterRequest request;
+  request.set_adapter("adapters/a1");
+  auto client = Connect();
+
+  server_.state().export_chunks = {Chunk("a.json", 10, "short")};
+  auto files = client->ExportAdapter(request, out_dir + "/short");
+  ASSERT_FALSE(files.ok());
+  EXPECT_THAT(files.status().message(), HasSubstr("announced 10 bytes"));
+  EXPECT_FALSE(std::filesystem::exists(out_dir + "/short/a.json"));
+
+  server_.state().export_chunks = {Chunk("a.json", 1, "toolong")};
+  EXPECT_FALSE(client->ExportAdapter(request, out_dir + "/long").ok());
+
+  server_.state().export_chunks = {Chunk("a.json", 1, "x"),
+                                   Chunk("a.json", 1, "y")};
+  files = client->ExportAdapter(request, out_dir + "/twice");
+  ASSERT_FALSE(files.ok());
+  EXPECT_THAT(files.status().message(), HasSubstr("twice"));
+
+  server_.state().export_chunks = {Chunk("", 0, "data")};
+  files = client->ExportAdapter(request, out_dir + "/nameless");
+  ASSERT_FALSE(files.ok());
+  EXPECT_THAT(files.status().message(), HasSubstr("no file_name"));
+}
+
+TEST_F(ClientTest, ExportPassesTheServersError) {
+  server_.state().export_job_status =
+      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "job is queued");
+  v1::ExportAdapterRequest request;
+  request.set_job("jobs/j1");
+  auto files = Connect()->ExportAdapter(request, FreshTestDir());
+  ASSERT_FALSE(files.ok());
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(files.status().message(), "job is queued");
+}
+
+TEST_F(ClientTest, WatchWithProgressReportsLossesAndFinalJob) {
+  server_.state().job.set_name("jobs/j1");
+  server_.state().job.set_status(v1::JOB_STATUS_SUCCEEDED);
+  server_.state().job.set_total_steps(5);
+  server_.state().events = FakeJobEvents(5, v1::JOB_STATUS_SUCCEEDED);
+  auto client = Connect();
+  std::ostringstream out;
+  JobProgressOptions options;
+  options.interactive = false;
+  auto results =
+      WatchJobsWithProgress(*client, {{"jobs/j1", "j1"}}, options, out);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 1u);
+  EXPECT_EQ((*results)[0].job.status(), v1::JOB_STATUS_SUCCEEDED);
+  EXPECT_DOUBLE_EQ((*results)[0].first_loss.value(), 2.9);
+  EXPECT_DOUBLE_EQ((*results)[0].last_loss.value(), 2.5);
+  const std::string text = out.str();
+  EXPECT_THAT(text, HasSubstr("j1  QUEUED\n"));
+  EXPECT_THAT(text, HasSubstr("j1  RUNNING\n"));
+  EXPECT_THAT(text, HasSubstr("j1  step 5/5 (100%)  loss 2.5000"));
+  EXPECT_THAT(text, HasSubstr("j1  SUCCEEDED\n"));
+  EXPECT_THAT(text, Not(HasSubstr("\r")));
+}
+
+TEST_F(ClientTest, InteractiveProgressRedrawsInPlace) {
+  server_.state().job.set_name("jobs/j1");
+  server_.state().job.set_status(v1::JOB_STATUS_FAILED);
+  server_.state().job.set_total_steps(3);
+  server_.state().events = FakeJobEvents(3, v1::JOB_STATUS_FAILED);
+  std::ostringstream out;
+  JobProgressOptions options;
+  options.interactive = true;
+  options.width = 100;
+  auto results =
+      WatchJobsWithProgress(*Connect(), {{"jobs/j1", "j1"}}, options, out);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ((*results)[0].job.status(), v1::JOB_STATUS_FAILED);
+  const std::string text = out.str();
+  EXPECT_THAT(text, HasSubstr("\r"));
+  EXPECT_THAT(text, HasSubstr("j1  FAILED (INTERNAL: loss went NaN)"));
+  EXPECT_THAT(text, HasSubstr("3/3 100%"));
+  EXPECT_EQ(text.back(), '\n');
+}
+
+TEST_F(ClientTest, WatchWithProgressResumesABrokenStream) {
+  server_.state().job.set_name("jobs/j1");
+  server_.state().job.set_status(v1::JOB_STATUS_SUCCEEDED);
+  // The stream ends early (no final event) the first time; the job then
+  // reads as finished.
+  std::vector<v1::JobEvent> events = FakeJobEvents(3, v1::JOB_STATUS_SUCCEEDED);
+  events.pop_back();
+  server_.state().events = events;
+  std::ostringstream out;
+  JobProgressOptions options;
+  auto results =
+      WatchJobsWithProgress(*Connect(), {{"jobs/j1", ""}}, options, out);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ((*results)[0].job.status(), v1::JOB_STATUS_SUCCEEDED);
+}
+
+TEST_F(ClientTest, WatchWithProgressFailsForAnUnknownJob) {
+  server_.state().job.set_name("jobs/j1");
+  std::ostringstream out;
+  auto results = WatchJobsWithProgress(*Connect(), {{"jobs/missing", ""}},
+                                       JobProgressOptions(), out);
+  ASSERT_FALSE(results.ok());
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace loraplex
