@@ -189,6 +189,90 @@ absl::StatusOr<Page<Record>> ReadPage(Statement& stmt, int page_size,
   return page;
 }
 
+// A table of records a tenant owns, looked up by id and listed in
+// creation order: datasets and adapters.
+template <typename Record>
+struct OwnedTable {
+  const char* table;  // "datasets"
+  const char* kind;   // "dataset", for messages.
+  const char* columns;
+  int num_columns;
+  absl::Status (*bind)(Statement&, const Record&);
+  absl::StatusOr<Record> (*read)(const Statement&);
+};
+
+const OwnedTable<DatasetRecord> kDatasets = {
+    "datasets",
+    "dataset",
+    kDatasetColumns,
+    kNumDatasetColumns,
+    [](Statement& stmt, const DatasetRecord& dataset) {
+      BindDataset(stmt, dataset);
+      return absl::OkStatus();
+    },
+    ReadDataset};
+
+const OwnedTable<AdapterRecord> kAdapters = {
+    "adapters",         "adapter",   kAdapterColumns,
+    kNumAdapterColumns, BindAdapter, ReadAdapter};
+
+template <typename Record>
+absl::Status InsertOwned(sqlite3* db, const OwnedTable<Record>& table,
+                         const Record& record) {
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement insert,
+      Statement::Prepare(
+          db,
+          absl::StrCat("INSERT INTO ", table.table, " (", table.columns,
+                       ") VALUES (", Placeholders(table.num_columns), ")")));
+  LORAPLEX_RETURN_IF_ERROR(table.bind(insert, record));
+  absl::Status status = insert.Run();
+  if (absl::IsAlreadyExists(status)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(table.kind, " \"", record.id, "\" already exists"));
+  }
+  return status;
+}
+
+template <typename Record>
+absl::StatusOr<Record> GetOwned(sqlite3* db, const OwnedTable<Record>& table,
+                                const std::string& tenant,
+                                const std::string& id) {
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(
+          db, absl::StrCat("SELECT ", table.columns, " FROM ", table.table,
+                           " WHERE id = ? AND tenant = ?")));
+  select.BindText(id);
+  select.BindText(tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(bool found, select.Step());
+  if (!found) return NotFound(table.kind, id);
+  return table.read(select);
+}
+
+template <typename Record>
+absl::StatusOr<Page<Record>> ListOwned(sqlite3* db,
+                                       const OwnedTable<Record>& table,
+                                       const std::string& tenant, int page_size,
+                                       const std::string& page_token) {
+  LORAPLEX_RETURN_IF_ERROR(CheckPageSize(page_size));
+  const std::string listing = ListingName(table.table, tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(int64_t after,
+                            DecodePageToken(page_token, listing));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(
+          db,
+          absl::StrCat("SELECT ", table.columns, ", row_id FROM ", table.table,
+                       " WHERE tenant = ? AND row_id > ? ORDER BY row_id "
+                       "LIMIT ?")));
+  select.BindText(tenant);
+  select.BindInt(after);
+  select.BindInt(page_size + 1);
+  return ReadPage<Record>(select, page_size, table.num_columns, listing,
+                          table.read);
+}
+
 // Appends `events` to the log of `job_id` after its last sequence; call
 // inside a transaction.
 absl::StatusOr<std::vector<JobEventRecord>> AppendEvents(
@@ -306,54 +390,19 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
 
 absl::Status JobStore::InsertDataset(const DatasetRecord& dataset) {
   std::lock_guard<std::mutex> lock(mu_);
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement insert,
-      Statement::Prepare(
-          db_,
-          absl::StrCat("INSERT INTO datasets (", kDatasetColumns, ") VALUES (",
-                       Placeholders(kNumDatasetColumns), ")")));
-  BindDataset(insert, dataset);
-  absl::Status status = insert.Run();
-  if (absl::IsAlreadyExists(status)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("dataset \"", dataset.id, "\" already exists"));
-  }
-  return status;
+  return InsertOwned(db_, kDatasets, dataset);
 }
 
 absl::StatusOr<DatasetRecord> JobStore::GetDataset(const std::string& tenant,
                                                    const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement select,
-      Statement::Prepare(db_, absl::StrCat("SELECT ", kDatasetColumns,
-                                           " FROM datasets WHERE id = ? AND "
-                                           "tenant = ?")));
-  select.BindText(id);
-  select.BindText(tenant);
-  LORAPLEX_ASSIGN_OR_RETURN(bool found, select.Step());
-  if (!found) return NotFound("dataset", id);
-  return ReadDataset(select);
+  return GetOwned(db_, kDatasets, tenant, id);
 }
 
 absl::StatusOr<Page<DatasetRecord>> JobStore::ListDatasets(
     const std::string& tenant, int page_size, const std::string& page_token) {
   std::lock_guard<std::mutex> lock(mu_);
-  LORAPLEX_RETURN_IF_ERROR(CheckPageSize(page_size));
-  const std::string listing = ListingName("datasets", tenant);
-  LORAPLEX_ASSIGN_OR_RETURN(int64_t after,
-                            DecodePageToken(page_token, listing));
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement select,
-      Statement::Prepare(
-          db_, absl::StrCat("SELECT ", kDatasetColumns,
-                            ", row_id FROM datasets WHERE tenant = ? AND "
-                            "row_id > ? ORDER BY row_id LIMIT ?")));
-  select.BindText(tenant);
-  select.BindInt(after);
-  select.BindInt(page_size + 1);
-  return ReadPage<DatasetRecord>(select, page_size, kNumDatasetColumns, listing,
-                                 ReadDataset);
+  return ListOwned(db_, kDatasets, tenant, page_size, page_token);
 }
 
 absl::Status JobStore::DeleteDataset(const std::string& tenant,
@@ -538,54 +587,19 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::ListJobEvents(
 
 absl::Status JobStore::InsertAdapter(const AdapterRecord& adapter) {
   std::lock_guard<std::mutex> lock(mu_);
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement insert,
-      Statement::Prepare(
-          db_,
-          absl::StrCat("INSERT INTO adapters (", kAdapterColumns, ") VALUES (",
-                       Placeholders(kNumAdapterColumns), ")")));
-  LORAPLEX_RETURN_IF_ERROR(BindAdapter(insert, adapter));
-  absl::Status status = insert.Run();
-  if (absl::IsAlreadyExists(status)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("adapter \"", adapter.id, "\" already exists"));
-  }
-  return status;
+  return InsertOwned(db_, kAdapters, adapter);
 }
 
 absl::StatusOr<AdapterRecord> JobStore::GetAdapter(const std::string& tenant,
                                                    const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement select,
-      Statement::Prepare(db_, absl::StrCat("SELECT ", kAdapterColumns,
-                                           " FROM adapters WHERE id = ? AND "
-                                           "tenant = ?")));
-  select.BindText(id);
-  select.BindText(tenant);
-  LORAPLEX_ASSIGN_OR_RETURN(bool found, select.Step());
-  if (!found) return NotFound("adapter", id);
-  return ReadAdapter(select);
+  return GetOwned(db_, kAdapters, tenant, id);
 }
 
 absl::StatusOr<Page<AdapterRecord>> JobStore::ListAdapters(
     const std::string& tenant, int page_size, const std::string& page_token) {
   std::lock_guard<std::mutex> lock(mu_);
-  LORAPLEX_RETURN_IF_ERROR(CheckPageSize(page_size));
-  const std::string listing = ListingName("adapters", tenant);
-  LORAPLEX_ASSIGN_OR_RETURN(int64_t after,
-                            DecodePageToken(page_token, listing));
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement select,
-      Statement::Prepare(
-          db_, absl::StrCat("SELECT ", kAdapterColumns,
-                            ", row_id FROM adapters WHERE tenant = ? AND "
-                            "row_id > ? ORDER BY row_id LIMIT ?")));
-  select.BindText(tenant);
-  select.BindInt(after);
-  select.BindInt(page_size + 1);
-  return ReadPage<AdapterRecord>(select, page_size, kNumAdapterColumns, listing,
-                                 ReadAdapter);
+  return ListOwned(db_, kAdapters, tenant, page_size, page_token);
 }
 
 }  // namespace loraplex
