@@ -6,20 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "server/common/clock.h"
 #include "server/jobs/job_spec.h"
 #include "server/jobs/resource_id.h"
 
 namespace loraplex {
-namespace {
-
-int64_t NowMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 JobScheduler::JobScheduler(JobStore* store, DatasetLoader* datasets,
                            JobEventHub* hub, Logger* logger,
                            const SchedulerOptions& options)

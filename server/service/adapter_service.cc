@@ -14,6 +14,7 @@
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "server/common/clock.h"
 #include "server/jobs/resource_id.h"
 #include "server/service/job_creation.h"
 #include "server/service/proto_convert.h"
@@ -22,12 +23,6 @@ namespace loraplex {
 namespace {
 
 namespace fs = std::filesystem;
-
-int64_t NowMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 constexpr size_t kExportChunkBytes = size_t{1} << 20;
 

@@ -10,18 +10,13 @@
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
 #include "core/data/dataset.h"
+#include "server/common/clock.h"
 #include "server/common/sha256.h"
 #include "server/jobs/resource_id.h"
 #include "server/service/proto_convert.h"
 
 namespace loraplex {
 namespace {
-
-int64_t NowMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Receives the header and the chunks, then validates and stores the file
 // on a worker thread so no gRPC thread parses a large upload.
