@@ -1,5 +1,7 @@
 #include "server/jobs/job_data.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 
@@ -61,7 +63,15 @@ absl::StatusOr<JobData> PrepareJobData(DatasetLoader& datasets,
         data.training, build(job.training_dataset_id, "training_dataset"));
     data.total_steps = TotalSteps(
         spec->training, static_cast<int64_t>(data.training->sequences.size()));
-    if (spec->schedule_spans_job) spec->schedule.total_steps = data.total_steps;
+    if (spec->schedule_spans_job) {
+      spec->schedule.total_steps = std::max<int64_t>(1, data.total_steps);
+      absl::Status schedule = ValidateLrScheduleConfig(spec->schedule);
+      if (!schedule.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(schedule.message(), " (the job trains ",
+                         data.total_steps, " steps)"));
+      }
+    }
   }
   if (!job.validation_dataset_id.empty()) {
     LORAPLEX_ASSIGN_OR_RETURN(data.validation, build(job.validation_dataset_id,

@@ -3,6 +3,7 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -283,11 +284,15 @@ absl::StatusOr<JobSpec> JobSpecFromProto(const v1::LoraConfig& lora,
                             SetFieldsToJson(optimizer, "optimizer"));
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json schedule_json,
                             SetFieldsToJson(schedule, "schedule"));
-  // 0 means "the job's step count", which is known only once the data is;
-  // the default total_steps stands in until then.
+  // 0 means "the job's step count", which is known only once the data is
+  // (PrepareJobData fills it in and checks warmup_steps against it). Until
+  // then a stand-in that any warmup fits.
   const bool spans_job =
       !schedule.has_total_steps() || schedule.total_steps() == 0;
-  if (spans_job) schedule_json.erase("total_steps");
+  if (spans_job) {
+    schedule_json["total_steps"] =
+        std::max<int64_t>(1, schedule.warmup_steps());
+  }
   json["schedule"] = std::move(schedule_json);
   json["schedule_spans_job"] = spans_job;
   LORAPLEX_ASSIGN_OR_RETURN(json["training"],

@@ -1,8 +1,6 @@
 // Bad requests get the right status code and a message naming the field;
 // the server keeps serving.
 #include <gmock/gmock.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/client_unary_call.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -118,6 +116,12 @@ TEST_F(ServiceErrorsTest, EachInvalidCreateJobFieldIsNamed) {
   ExpectError(
       Create([](R& r) { r.set_initial_adapter("adapters/adapter-none"); }),
       absl::StatusCode::kNotFound, "initial_adapter");
+  // Without schedule.total_steps the schedule spans the job's 5 steps.
+  ExpectError(
+      Create([](R& r) { r.mutable_schedule()->set_warmup_steps(10); }),
+      kInvalid,
+      "schedule.warmup_steps must be in [0, total_steps = 5], got 10 (the "
+      "job trains 5 steps)");
   // A sequence length that leaves no target in any example.
   ExpectError(Create([](R& r) { r.mutable_training()->set_seq_len(2); }),
               kInvalid, "training_dataset");
@@ -199,36 +203,6 @@ TEST_F(ServiceErrorsTest, TokensAndTenantsAreEnforced) {
   auto info = bob_->GetServerInfo();
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->tenant(), "bob");
-}
-
-TEST(ServiceHealthTest, StandardHealthServiceReportsServing) {
-  auto server = StartServer(FreshTestDir("state"), 1);
-  ASSERT_NE(server, nullptr);
-  auto channel = grpc::CreateChannel(server->address(),
-                                     grpc::InsecureChannelCredentials());
-  // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message;
-  // the answer HealthCheckResponse{status: SERVING} encodes as 08 01.
-  grpc::Slice empty_message(std::string{});
-  grpc::ByteBuffer request(&empty_message, 1);
-  grpc::ByteBuffer response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  grpc::Status status =
-      grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-          channel.get(),
-          grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
-                                    grpc::internal::RpcMethod::NORMAL_RPC),
-          &context, request, &response);
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& slice : slices) {
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
-  EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
 TEST(ServiceFlagsTest, RemoteListenWithoutTokensIsRefused) {
