@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PACKAGES=(
   # Toolchain.
-  cmake g++ make pkg-config git
+  cmake g++ make pkg-config git openssl
   # Tensor runtime and a fast BLAS for it.
   libtorch-dev libopenblas0-pthread
   # Service stack.
