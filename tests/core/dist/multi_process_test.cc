@@ -1,0 +1,432 @@
+// DistContext across real processes: Gloo over 127.0.0.1 with 2 and 3
+// ranks. Each test re-executes this binary once per rank with that rank's
+// launch variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and a
+// scenario name; such a process is a worker (kRanAsWorker). It runs the
+// named scenario, checks its own results against values it computes from
+// every rank's known inputs, and exits 0 when all of them hold; the parent
+// checks each rank's exit status and how long the run took.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "core/dist/dist_env.h"
+#include "core/dist/layerwise_ownership.h"
+#include "core/dist/process_group.h"
+
+namespace loraplex {
+namespace {
+
+constexpr char kScenarioVar[] = "LORAPLEX_DIST_TEST_SCENARIO";
+constexpr int64_t kAllReduceBucketBytes = 32 << 10;
+constexpr int64_t kOwnerBucketBytes = 16 << 10;
+
+// ---------------------------------------------------------------- worker
+
+absl::Status Expect(bool condition, const std::string& what) {
+  if (condition) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("check failed: ", what));
+}
+
+// Deterministic values, distinct for each (seed, index).
+torch::Tensor Pattern(const std::vector<int64_t>& shape, torch::Dtype dtype,
+                      int seed, int index) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  torch::Tensor x = torch::arange(numel, torch::kDouble);
+  return torch::sin(x * 0.37 + seed * 1.7 + index * 0.11)
+      .reshape(shape)
+      .to(dtype);
+}
+
+// Many tensors of mixed sizes and two dtypes; some span a bucket alone.
+std::vector<std::vector<int64_t>> MixedShapes() {
+  std::vector<std::vector<int64_t>> shapes;
+  for (int i = 0; i < 30; ++i) {
+    shapes.push_back({(i * 7) % 13 + 1, (i * 11) % 17 + 1});
+  }
+  shapes.push_back({300, 100});  // 120 KB in float32.
+  shapes.push_back({3});
+  shapes.push_back({20000});
+  shapes.push_back({64, 64, 2});
+  return shapes;
+}
+
+torch::Dtype DtypeOf(int index) {
+  return index % 4 == 3 ? torch::kDouble : torch::kFloat;
+}
+
+// Tensor `index` as rank `rank` holds it before the all-reduce; tensor 1 is
+// a non-contiguous view, tensor 0 a leaf that requires grad.
+torch::Tensor GradInput(const std::vector<int64_t>& shape, int index,
+                        int rank) {
+  if (index == 1) {
+    std::vector<int64_t> flipped(shape.rbegin(), shape.rend());
+    return Pattern(flipped, DtypeOf(index), rank, index).t();
+  }
+  torch::Tensor t = Pattern(shape, DtypeOf(index), rank, index);
+  if (index == 0) t.set_requires_grad(true);
+  return t;
+}
+
+absl::Status AllReduceScenario(DistContext& dist) {
+  const std::vector<std::vector<int64_t>> shapes = MixedShapes();
+  std::vector<torch::Tensor> tensors;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    tensors.push_back(GradInput(shapes[i], i, dist.rank()));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(std::vector<std::vector<size_t>> plan,
+                            PlanBuckets(tensors, kAllReduceBucketBytes));
+  int64_t total_bytes = 0;
+  for (const torch::Tensor& t : tensors) total_bytes += t.nbytes();
+
+  LORAPLEX_RETURN_IF_ERROR(dist.AllReduceMean(tensors, kAllReduceBucketBytes));
+
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    torch::Tensor sum = torch::zeros(shapes[i], torch::kDouble);
+    for (int r = 0; r < dist.world_size(); ++r) {
+      sum += GradInput(shapes[i], i, r).detach().to(torch::kDouble);
+    }
+    torch::Tensor expected = (sum / dist.world_size()).to(DtypeOf(i));
+    LORAPLEX_RETURN_IF_ERROR(
+        Expect(torch::allclose(tensors[i].detach(), expected, 1e-5, 1e-6),
+               absl::StrCat("tensor ", i, " is the mean over the ranks")));
+  }
+  const CollectiveCounters& c = dist.counters();
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(c.collectives == static_cast<int64_t>(plan.size()),
+             absl::StrCat("one all-reduce per bucket: ", c.collectives, " vs ",
+                          plan.size(), " buckets")));
+  LORAPLEX_RETURN_IF_ERROR(Expect(
+      plan.size() >= 4 && plan.size() < tensors.size(),
+      absl::StrCat("several buckets, fewer than tensors: ", plan.size())));
+  return Expect(c.all_reduce_bytes == total_bytes,
+                absl::StrCat("all_reduce_bytes ", c.all_reduce_bytes,
+                             " == ", total_bytes));
+}
+
+absl::Status OwnersScenario(DistContext& dist) {
+  const std::vector<std::vector<int64_t>> shapes = MixedShapes();
+  std::vector<OwnedParam> owned_params;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    owned_params.push_back({static_cast<int>(i % 2), static_cast<int>(i),
+                            ParamCost(shapes[i], shapes[i].size() == 2)});
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(std::vector<int> owner,
+                            AssignOwners(owned_params, dist.world_size()));
+  std::vector<torch::Tensor> params;
+  int64_t total_bytes = 0, owned_bytes = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    // Stale values everywhere; the owner's step writes the new ones.
+    torch::Tensor p = Pattern(shapes[i], DtypeOf(i), 100 + dist.rank(), i);
+    if (owner[i] == dist.rank()) {
+      p.copy_(Pattern(shapes[i], DtypeOf(i), 1000, i));
+      owned_bytes += p.nbytes();
+    }
+    p.set_requires_grad(true);
+    total_bytes += p.nbytes();
+    params.push_back(p);
+  }
+  LORAPLEX_RETURN_IF_ERROR(Expect(owned_bytes > 0, "this rank owns a param"));
+  int64_t expected_collectives = 0;
+  for (int r = 0; r < dist.world_size(); ++r) {
+    std::vector<torch::Tensor> mine;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (owner[i] == r) mine.push_back(params[i]);
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(std::vector<std::vector<size_t>> plan,
+                              PlanBuckets(mine, kOwnerBucketBytes));
+    expected_collectives += plan.size();
+  }
+
+  LORAPLEX_RETURN_IF_ERROR(
+      dist.BroadcastFromOwners(params, owner, kOwnerBucketBytes));
+
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    LORAPLEX_RETURN_IF_ERROR(Expect(
+        torch::equal(params[i].detach(),
+                     Pattern(shapes[i], DtypeOf(i), 1000, i)),
+        absl::StrCat("param ", i, " holds owner ", owner[i], "'s value")));
+  }
+  // Each parameter leaves its owner once: this rank sent exactly what it
+  // owns and received everything else; summed over the ranks, sent bytes
+  // are the total and received bytes (world - 1) × the total.
+  const CollectiveCounters& c = dist.counters();
+  LORAPLEX_RETURN_IF_ERROR(Expect(c.broadcast_sent_bytes == owned_bytes,
+                                  absl::StrCat("sent ", c.broadcast_sent_bytes,
+                                               " == owned ", owned_bytes)));
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(c.broadcast_received_bytes == total_bytes - owned_bytes,
+             absl::StrCat("received ", c.broadcast_received_bytes,
+                          " == total - owned ", total_bytes - owned_bytes)));
+  std::fprintf(stderr, "[rank %d] owned %lld of %lld param bytes\n",
+               dist.rank(), static_cast<long long>(owned_bytes),
+               static_cast<long long>(total_bytes));
+  return Expect(c.collectives == expected_collectives,
+                absl::StrCat("collectives ", c.collectives, " == buckets ",
+                             expected_collectives));
+}
+
+std::string PlanBytes() {
+  std::string plan(100000, '\0');
+  for (size_t k = 0; k < plan.size(); ++k) {
+    plan[k] = static_cast<char>((k * 31) % 256);  // NULs included.
+  }
+  return plan;
+}
+
+absl::Status PlanScenario(DistContext& dist) {
+  std::string plan = dist.is_root() ? PlanBytes() : "stale plan";
+  LORAPLEX_RETURN_IF_ERROR(dist.Broadcast(&plan, 0));
+  LORAPLEX_RETURN_IF_ERROR(Expect(plan == PlanBytes(), "plan from rank 0"));
+  const int last = dist.world_size() - 1;
+  std::string empty = dist.rank() == last ? "" : "not empty";
+  LORAPLEX_RETURN_IF_ERROR(dist.Broadcast(&empty, last));
+  LORAPLEX_RETURN_IF_ERROR(Expect(empty.empty(), "empty from the last rank"));
+  LORAPLEX_RETURN_IF_ERROR(dist.Barrier());
+  // Two collectives for the plan, one for the empty string, the barrier.
+  return Expect(dist.counters().collectives == 4,
+                absl::StrCat("collectives ", dist.counters().collectives));
+}
+
+// A rank is missing: joining must fail with an error naming the address
+// and the number of ranks that came.
+absl::Status ExpectJoinFails(const DistEnv& env, bool store_host_missing) {
+  absl::StatusOr<DistContext> dist = DistContext::Create(env, torch::kCPU);
+  if (dist.ok()) return absl::InternalError("joining should have failed");
+  const std::string message(dist.status().message());
+  std::fprintf(stderr, "[rank %d] expected failure: %s\n", env.rank,
+               dist.status().ToString().c_str());
+  // Rank 0 gives up at its deadline and takes the store with it, so a rank
+  // that started later may see the store go away (UNAVAILABLE) first.
+  const bool code_ok =
+      dist.status().code() == absl::StatusCode::kDeadlineExceeded ||
+      (!store_host_missing &&
+       dist.status().code() == absl::StatusCode::kUnavailable);
+  LORAPLEX_RETURN_IF_ERROR(Expect(code_ok, "DEADLINE_EXCEEDED/UNAVAILABLE"));
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(absl::StrContains(
+                 message, absl::StrCat("MASTER_ADDR:MASTER_PORT ",
+                                       env.master_addr, ":", env.master_port)),
+             "the message names the store address"));
+  if (store_host_missing) {
+    return Expect(absl::StrContains(message, "hosted by rank 0"),
+                  "the message says rank 0 hosts the store");
+  }
+  return Expect(
+      absl::StrContains(message, absl::StrCat(" of ", env.world_size)),
+      "the message says how many ranks joined");
+}
+
+absl::Status RunWorker(const std::string& scenario) {
+  LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
+  if (scenario == "missing_rank") return ExpectJoinFails(env, false);
+  if (scenario == "missing_host") return ExpectJoinFails(env, true);
+  LORAPLEX_ASSIGN_OR_RETURN(DistContext dist,
+                            DistContext::Create(env, torch::kCPU));
+  if (scenario == "allreduce") {
+    LORAPLEX_RETURN_IF_ERROR(AllReduceScenario(dist));
+  } else if (scenario == "owners") {
+    LORAPLEX_RETURN_IF_ERROR(OwnersScenario(dist));
+  } else if (scenario == "plan") {
+    LORAPLEX_RETURN_IF_ERROR(PlanScenario(dist));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown scenario '", scenario, "'"));
+  }
+  // Rank 0 hosts the store: nobody leaves before everyone is done with it.
+  return dist.Barrier();
+}
+
+// A rank started by MultiProcessTest runs its scenario and exits while the
+// program starts, before GoogleTest runs anything, so the worker is not a
+// test of its own.
+[[maybe_unused]] const bool kRanAsWorker = [] {
+  const char* scenario = std::getenv(kScenarioVar);
+  if (scenario == nullptr) return false;
+  torch::set_num_threads(1);
+  absl::Status status = RunWorker(scenario);
+  if (!status.ok()) {
+    std::fprintf(stderr, "[rank %s] %s: %s\n", std::getenv("RANK"), scenario,
+                 status.ToString().c_str());
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(status.ok() ? 0 : 1);
+}();
+
+// ---------------------------------------------------------------- launcher
+
+// A TCP port on 127.0.0.1 that nothing listens on right now.
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Launch {
+  std::string scenario;
+  int world_size = 2;
+  std::vector<int> ranks;  // The ranks to start; empty: all of them.
+  int timeout_seconds = 20;
+};
+
+struct LaunchResult {
+  std::vector<int> exit_codes;  // Per started rank; -1: killed at deadline.
+  double seconds = 0;
+};
+
+LaunchResult RunRanks(const Launch& launch) {
+  constexpr auto kKillAfter = std::chrono::seconds(60);
+  const int port = FreePort();
+  EXPECT_GT(port, 0);
+  std::vector<int> ranks = launch.ranks;
+  if (ranks.empty()) {
+    for (int r = 0; r < launch.world_size; ++r) ranks.push_back(r);
+  }
+  const std::vector<std::string> ours = {"RANK",
+                                         "WORLD_SIZE",
+                                         "LOCAL_RANK",
+                                         "MASTER_ADDR",
+                                         "MASTER_PORT",
+                                         "LORAPLEX_DIST_TIMEOUT_SECONDS",
+                                         "GLOO_SOCKET_IFNAME",
+                                         kScenarioVar};
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool replaced = false;
+    for (const std::string& name : ours) {
+      replaced = replaced || absl::StartsWith(*e, name + "=");
+    }
+    if (!replaced) inherited.push_back(*e);
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids;
+  for (int rank : ranks) {
+    std::vector<std::string> env = inherited;
+    env.push_back(absl::StrCat("RANK=", rank));
+    env.push_back(absl::StrCat("LOCAL_RANK=", rank));
+    env.push_back(absl::StrCat("WORLD_SIZE=", launch.world_size));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    env.push_back(absl::StrCat("MASTER_PORT=", port));
+    env.push_back(
+        absl::StrCat("LORAPLEX_DIST_TIMEOUT_SECONDS=", launch.timeout_seconds));
+    env.push_back(absl::StrCat(kScenarioVar, "=", launch.scenario));
+    std::vector<char*> envp;
+    for (std::string& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string exe = "/proc/self/exe";
+    char* argv[] = {exe.data(), nullptr};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execve(exe.c_str(), argv, envp.data());
+      _exit(127);
+    }
+    EXPECT_GT(pid, 0) << "fork failed";
+    pids.push_back(pid);
+  }
+
+  LaunchResult result;
+  result.exit_codes.assign(pids.size(), -1);
+  size_t running = pids.size();
+  std::vector<bool> done(pids.size(), false);
+  while (running > 0) {
+    for (size_t k = 0; k < pids.size(); ++k) {
+      if (done[k] || pids[k] <= 0) {
+        if (!done[k]) --running;
+        done[k] = true;
+        continue;
+      }
+      int status = 0;
+      if (waitpid(pids[k], &status, WNOHANG) == pids[k]) {
+        result.exit_codes[k] = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+        done[k] = true;
+        --running;
+      }
+    }
+    if (running > 0 && std::chrono::steady_clock::now() - start > kKillAfter) {
+      for (size_t k = 0; k < pids.size(); ++k) {
+        if (done[k]) continue;
+        kill(pids[k], SIGKILL);
+        waitpid(pids[k], nullptr, 0);
+        done[k] = true;
+        --running;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  return result;
+}
+
+void ExpectEveryRankPasses(const Launch& launch) {
+  LaunchResult result = RunRanks(launch);
+  EXPECT_THAT(result.exit_codes, testing::Each(0))
+      << launch.scenario << " with " << launch.world_size
+      << " ranks (exit codes per rank; -1: killed, see stderr)";
+  EXPECT_LT(result.seconds, 30) << "took " << result.seconds << " s";
+}
+
+TEST(MultiProcessTest, AllReduceMeanTwoRanks) {
+  ExpectEveryRankPasses({"allreduce", 2, {}, 20});
+}
+TEST(MultiProcessTest, AllReduceMeanThreeRanks) {
+  ExpectEveryRankPasses({"allreduce", 3, {}, 20});
+}
+TEST(MultiProcessTest, BroadcastFromOwnersTwoRanks) {
+  ExpectEveryRankPasses({"owners", 2, {}, 20});
+}
+TEST(MultiProcessTest, BroadcastFromOwnersThreeRanks) {
+  ExpectEveryRankPasses({"owners", 3, {}, 20});
+}
+TEST(MultiProcessTest, BroadcastPlanTwoRanks) {
+  ExpectEveryRankPasses({"plan", 2, {}, 20});
+}
+TEST(MultiProcessTest, BroadcastPlanThreeRanks) {
+  ExpectEveryRankPasses({"plan", 3, {}, 20});
+}
+
+TEST(MultiProcessTest, MissingRankFailsWithinTheTimeout) {
+  // Rank 2 of 3 never starts; ranks 0 and 1 give up after 3 s.
+  LaunchResult result = RunRanks({"missing_rank", 3, {0, 1}, 3});
+  EXPECT_THAT(result.exit_codes, testing::Each(0));
+  EXPECT_LT(result.seconds, 3 + 10) << "took " << result.seconds << " s";
+}
+
+TEST(MultiProcessTest, MissingStoreHostFailsWithinTheTimeout) {
+  // Rank 0, which hosts the store, never starts; rank 1 gives up after 3 s.
+  LaunchResult result = RunRanks({"missing_host", 2, {1}, 3});
+  EXPECT_THAT(result.exit_codes, testing::Each(0));
+  EXPECT_LT(result.seconds, 3 + 10) << "took " << result.seconds << " s";
+}
+
+}  // namespace
+}  // namespace loraplex
