@@ -37,7 +37,8 @@ const std::map<std::string, v1::NsCoefficientSet>& CoefficientSets() {
       {"simple", v1::NS_COEFFICIENT_SET_SIMPLE},
       {"quintic", v1::NS_COEFFICIENT_SET_QUINTIC},
       {"polar_express", v1::NS_COEFFICIENT_SET_POLAR_EXPRESS},
-      {"aol", v1::NS_COEFFICIENT_SET_AOL}};
+      {"aol", v1::NS_COEFFICIENT_SET_AOL},
+      {"custom", v1::NS_COEFFICIENT_SET_CUSTOM}};
   return *sets;
 }
 
@@ -169,8 +170,12 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
   AddEnumOption(command, flags, optim, "--coefficient-set",
                 &flags->coefficient_set,
                 "Newton-Schulz coefficients: simple, quintic (default), "
-                "polar_express or aol",
+                "polar_express, aol or custom",
                 CoefficientSets());
+  AddFlagOption(command, flags, optim, "--custom-coefficients",
+                &flags->custom_coefficients,
+                "Newton-Schulz steps' coefficients A,B,C;A,B,C;... (implies "
+                "--coefficient-set custom)");
   AddEnumOption(command, flags, optim, "--scale-mode", &flags->scale_mode,
                 "Muon update scale: spectral (default), unit_rms_norm or "
                 "shape_scaling",
@@ -298,6 +303,30 @@ absl::Status ApplyJobFlags(const JobFlags& flags,
         v1::NsCoefficientSet set,
         LookUp(CoefficientSets(), "--coefficient-set", flags.coefficient_set));
     optimizer->set_coefficient_set(set);
+  }
+  if (given("--custom-coefficients")) {
+    for (absl::string_view step :
+         absl::StrSplit(flags.custom_coefficients, ';', absl::SkipEmpty())) {
+      std::vector<std::string> parts = absl::StrSplit(step, ',');
+      double abc[3] = {0, 0, 0};
+      bool ok = parts.size() == 3;
+      for (size_t i = 0; ok && i < 3; ++i) {
+        ok = absl::SimpleAtod(absl::StripAsciiWhitespace(parts[i]), &abc[i]);
+      }
+      if (!ok) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--custom-coefficients must be ';'-separated A,B,C number "
+            "triples like 3.4445,-4.775,2.0315, got \"",
+            step, "\""));
+      }
+      v1::NsCoefficients* coefficients = optimizer->add_custom_coefficients();
+      coefficients->set_a(abc[0]);
+      coefficients->set_b(abc[1]);
+      coefficients->set_c(abc[2]);
+    }
+    if (!given("--coefficient-set")) {
+      optimizer->set_coefficient_set(v1::NS_COEFFICIENT_SET_CUSTOM);
+    }
   }
   if (given("--scale-mode")) {
     LORAPLEX_ASSIGN_OR_RETURN(

@@ -49,6 +49,7 @@ struct JobFlags {
   std::string weight_decay_mode;
   int32_t ns_steps = 0;
   std::string coefficient_set;
+  std::string custom_coefficients;  // "A,B,C;A,B,C;...".
   std::string scale_mode;
   double extra_scale_factor = 0;
   std::string ns_precision;

@@ -184,6 +184,25 @@ TEST(JobFlagsTest, BadBetasNameTheFlag) {
   }
 }
 
+TEST(JobFlagsTest, CustomCoefficientsAreTriplesAndImplyTheCustomSet) {
+  auto request =
+      Parse({"--custom-coefficients", "3.4445,-4.775,2.0315; 2,-1.5,0.5"});
+  ASSERT_TRUE(request.ok()) << request.status();
+  const v1::OptimizerConfig& optimizer = request->optimizer();
+  EXPECT_EQ(optimizer.coefficient_set(), v1::NS_COEFFICIENT_SET_CUSTOM);
+  ASSERT_EQ(optimizer.custom_coefficients_size(), 2);
+  EXPECT_DOUBLE_EQ(optimizer.custom_coefficients(0).a(), 3.4445);
+  EXPECT_DOUBLE_EQ(optimizer.custom_coefficients(0).b(), -4.775);
+  EXPECT_DOUBLE_EQ(optimizer.custom_coefficients(0).c(), 2.0315);
+  EXPECT_DOUBLE_EQ(optimizer.custom_coefficients(1).c(), 0.5);
+  for (const char* bad : {"1,2", "1,2,3,4", "a,b,c", "1,2,3;x"}) {
+    auto rejected = Parse({"--custom-coefficients", bad});
+    ASSERT_FALSE(rejected.ok()) << bad;
+    EXPECT_THAT(rejected.status().message(),
+                HasSubstr("--custom-coefficients"));
+  }
+}
+
 TEST(JobFlagsTest, BadDatasetNameIsRejected) {
   auto request = Parse({"--dataset", "jobs/x"});
   ASSERT_FALSE(request.ok());
