@@ -158,7 +158,10 @@ int RunExport(const CliContext& context, const AdapterFlags& flags) {
                                   {"path", file.path},
                                   {"sizeBytes", file.size_bytes}});
     }
-    context.out() << summary.dump(2) << "\n";
+    // Paths need not be UTF-8; JSON must be.
+    context.out() << summary.dump(2, ' ', /*ensure_ascii=*/false,
+                                  nlohmann::json::error_handler_t::replace)
+                  << "\n";
     return kExitSuccess;
   }
   context.out() << "Exported " << flags.id << " to " << flags.out_dir << " ("

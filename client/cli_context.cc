@@ -22,7 +22,7 @@ std::string CliHelpFooter() {
          "\n"
          "Exit codes:\n"
          "  0  success\n"
-         "  1  server or connection error\n"
+         "  1  server or connection error, or stdout could not be written\n"
          "  2  usage error (bad command line)\n"
          "  3  a waited-for or watched job ended FAILED or CANCELLED";
 }
@@ -37,6 +37,13 @@ absl::StatusOr<std::unique_ptr<LoraplexClient>> CliContext::Connect(
   client_options.address = address.empty() ? options_.server : address;
   client_options.token = options_.token;
   client_options.tls_ca_file = options_.tls_ca_file;
+  if (!std::isfinite(options_.timeout_seconds) ||
+      options_.timeout_seconds <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout must be a finite positive number of seconds, "
+                     "got ",
+                     options_.timeout_seconds));
+  }
   client_options.timeout = absl::Seconds(options_.timeout_seconds);
   return LoraplexClient::Connect(client_options);
 }

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -34,6 +35,17 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
   return contents.str();
 }
 
+// INTERNAL when a List call answered with the page token it was sent, which
+// would page forever.
+absl::Status CheckPageTokenAdvanced(absl::string_view method,
+                                    const std::string& sent,
+                                    const std::string& next) {
+  if (next.empty() || next != sent) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(method, ": the server returned next_page_token \"", next,
+                   "\" for the same page_token, which would page forever"));
+}
+
 // Why `file_name` may not be written into the export directory, or "".
 std::string ExportFileNameProblem(const std::string& file_name) {
   if (file_name.empty()) return "is empty";
@@ -45,6 +57,30 @@ std::string ExportFileNameProblem(const std::string& file_name) {
 }
 
 }  // namespace
+
+void WatchCancellation::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* context : contexts_) context->TryCancel();
+}
+
+bool WatchCancellation::cancelled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+bool WatchCancellation::Register(grpc::ClientContext* context) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_) return false;
+  contexts_.push_back(context);
+  return true;
+}
+
+void WatchCancellation::Unregister(grpc::ClientContext* context) {
+  std::lock_guard<std::mutex> lock(mu_);
+  contexts_.erase(std::remove(contexts_.begin(), contexts_.end(), context),
+                  contexts_.end());
+}
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
@@ -73,12 +109,21 @@ absl::StatusOr<std::unique_ptr<LoraplexClient>> LoraplexClient::Connect(
   } else {
     LORAPLEX_ASSIGN_OR_RETURN(
         std::string ca_pem, ReadWholeFile(options.tls_ca_file, "tls_ca_file"));
+    if (ca_pem.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tls_ca_file: ", options.tls_ca_file,
+                       " is empty; it must hold the PEM certificate of a CA"));
+    }
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = std::move(ca_pem);
     credentials = grpc::SslCredentials(ssl);
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  // A watch has no deadline: pings during calls notice a server that
+  // vanished without closing the connection, so the watch can reconnect.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30 * 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10 * 1000);
   auto channel = grpc::CreateCustomChannel(options.address, credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(
@@ -114,9 +159,9 @@ absl::StatusOr<Response> LoraplexClient::CallUnary(
     Stub* stub,
     grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
                                  Response*),
-    const Request& request) const {
+    const Request& request, std::optional<absl::Duration> timeout) const {
   grpc::ClientContext context;
-  PrepareContext(&context, options_.timeout);
+  PrepareContext(&context, timeout.value_or(options_.timeout));
   Response response;
   const grpc::Status status = (stub->*method)(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -221,6 +266,8 @@ absl::StatusOr<std::vector<v1::Dataset>> LoraplexClient::ListAllDatasets() {
     for (auto& dataset : *page.mutable_datasets()) {
       all.push_back(std::move(dataset));
     }
+    LORAPLEX_RETURN_IF_ERROR(CheckPageTokenAdvanced(
+        "ListDatasets", request.page_token(), page.next_page_token()));
     request.set_page_token(page.next_page_token());
   } while (!request.page_token().empty());
   return all;
@@ -261,6 +308,8 @@ absl::StatusOr<std::vector<v1::Job>> LoraplexClient::ListAllJobs(
   do {
     LORAPLEX_ASSIGN_OR_RETURN(v1::ListJobsResponse page, ListJobs(request));
     for (auto& job : *page.mutable_jobs()) all.push_back(std::move(job));
+    LORAPLEX_RETURN_IF_ERROR(CheckPageTokenAdvanced(
+        "ListJobs", request.page_token(), page.next_page_token()));
     request.set_page_token(page.next_page_token());
   } while (!request.page_token().empty());
   return all;
@@ -274,9 +323,14 @@ absl::StatusOr<v1::Job> LoraplexClient::CancelJob(const std::string& name) {
 
 absl::Status LoraplexClient::WatchJob(
     const std::string& name, int64_t after_sequence,
-    const std::function<bool(const v1::JobEvent&)>& on_event) {
+    const std::function<bool(const v1::JobEvent&)>& on_event,
+    WatchCancellation* cancellation) {
   grpc::ClientContext context;
   PrepareContext(&context, absl::InfiniteDuration());
+  if (cancellation != nullptr && !cancellation->Register(&context)) {
+    return absl::CancelledError(
+        absl::StrCat("the watch of ", name, " was cancelled"));
+  }
   v1::WatchJobRequest request;
   request.set_name(name);
   request.set_after_sequence(after_sequence);
@@ -292,6 +346,15 @@ absl::Status LoraplexClient::WatchJob(
     }
   }
   grpc::Status status = reader->Finish();
+  // Unregistered before `context` goes away, so Cancel() never touches it
+  // afterwards.
+  if (cancellation != nullptr) {
+    cancellation->Unregister(&context);
+    if (!stopped && cancellation->cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat("the watch of ", name, " was cancelled"));
+    }
+  }
   if (stopped) return absl::OkStatus();
   return FromGrpcStatus(status);
 }
@@ -313,6 +376,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> LoraplexClient::ListAllJobEvents(
     LORAPLEX_ASSIGN_OR_RETURN(v1::ListJobEventsResponse page,
                               ListJobEvents(request));
     for (auto& event : *page.mutable_events()) all.push_back(std::move(event));
+    LORAPLEX_RETURN_IF_ERROR(CheckPageTokenAdvanced(
+        "ListJobEvents", request.page_token(), page.next_page_token()));
     request.set_page_token(page.next_page_token());
   } while (!request.page_token().empty());
   return all;
@@ -320,8 +385,12 @@ absl::StatusOr<std::vector<v1::JobEvent>> LoraplexClient::ListAllJobEvents(
 
 absl::StatusOr<v1::AttachAdapterResponse> LoraplexClient::AttachAdapter(
     const v1::AttachAdapterRequest& request) {
-  return CallUnary(adapter_stub_.get(),
-                   &v1::AdapterService::Stub::AttachAdapter, request);
+  // Uploading the adapter's files may take as long as a dataset upload.
+  return CallUnary(
+      adapter_stub_.get(), &v1::AdapterService::Stub::AttachAdapter, request,
+      request.has_files()
+          ? std::optional<absl::Duration>(options_.transfer_timeout)
+          : std::nullopt);
 }
 
 absl::StatusOr<v1::RetireAdapterResponse> LoraplexClient::RetireAdapter(
@@ -335,22 +404,35 @@ absl::StatusOr<v1::RetireAdapterResponse> LoraplexClient::RetireAdapter(
 absl::StatusOr<std::vector<ExportedFile>> LoraplexClient::ExportAdapter(
     const v1::ExportAdapterRequest& request, const std::string& out_dir) {
   std::error_code error;
+  const bool existed = std::filesystem::exists(out_dir, error);
   std::filesystem::create_directories(out_dir, error);
   if (error) {
     return absl::FailedPreconditionError(absl::StrCat(
         "export directory ", out_dir, ": cannot create: ", error.message()));
   }
+  absl::StatusOr<std::vector<ExportedFile>> files =
+      ReceiveExport(request, out_dir);
+  // remove() only deletes an empty directory: never the user's files.
+  if (!files.ok() && !existed) std::filesystem::remove(out_dir, error);
+  return files;
+}
+
+absl::StatusOr<std::vector<ExportedFile>> LoraplexClient::ReceiveExport(
+    const v1::ExportAdapterRequest& request, const std::string& out_dir) {
   grpc::ClientContext context;
   PrepareContext(&context, options_.transfer_timeout);
   std::unique_ptr<grpc::ClientReader<v1::ExportAdapterChunk>> reader =
       adapter_stub_->ExportAdapter(&context, request);
 
   std::vector<ExportedFile> written;
+  // The complete files of `written`, renamed into place only once all
+  // arrived: a failed export never mixes new files with old ones.
+  std::vector<std::unique_ptr<AtomicFileWriter>> complete;
   std::set<std::string> seen_names;
   std::unique_ptr<AtomicFileWriter> file;  // The file being received.
   ExportedFile current;
   int64_t received = 0;
-  // Checks the file being received is complete and renames it into place.
+  // Checks the file being received is complete and sets it aside.
   auto finish_file = [&]() -> absl::Status {
     if (file == nullptr) return absl::OkStatus();
     if (received != current.size_bytes) {
@@ -358,8 +440,7 @@ absl::StatusOr<std::vector<ExportedFile>> LoraplexClient::ExportAdapter(
                                               " announced ", current.size_bytes,
                                               " bytes, received ", received));
     }
-    LORAPLEX_RETURN_IF_ERROR(file->Commit());
-    file.reset();
+    complete.push_back(std::move(file));
     written.push_back(current);
     return absl::OkStatus();
   };
@@ -416,6 +497,9 @@ absl::StatusOr<std::vector<ExportedFile>> LoraplexClient::ExportAdapter(
   if (written.empty()) {
     return absl::InternalError("export: the server sent no files");
   }
+  for (std::unique_ptr<AtomicFileWriter>& complete_file : complete) {
+    LORAPLEX_RETURN_IF_ERROR(complete_file->Commit());
+  }
   return written;
 }
 
@@ -443,6 +527,8 @@ absl::StatusOr<std::vector<v1::Adapter>> LoraplexClient::ListAllAdapters() {
     for (auto& adapter : *page.mutable_adapters()) {
       all.push_back(std::move(adapter));
     }
+    LORAPLEX_RETURN_IF_ERROR(CheckPageTokenAdvanced(
+        "ListAdapters", request.page_token(), page.next_page_token()));
     request.set_page_token(page.next_page_token());
   } while (!request.page_token().empty());
   return all;

@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,31 @@ struct ExportedFile {
   std::string file_name;  // e.g. "adapter_config.json".
   std::string path;       // out_dir/file_name.
   int64_t size_bytes = 0;
+};
+
+// Lets another thread end WatchJob calls, e.g. the other watches of a group
+// once one has failed. Cancel() ends every call registered with it (a
+// thread blocked waiting for the next event wakes up) and makes later calls
+// return CANCELLED at once. Thread-safe; it must outlive the calls.
+class WatchCancellation {
+ public:
+  WatchCancellation() = default;
+  WatchCancellation(const WatchCancellation&) = delete;
+  WatchCancellation& operator=(const WatchCancellation&) = delete;
+
+  void Cancel();
+  bool cancelled() const;
+
+ private:
+  friend class LoraplexClient;
+
+  // Adds a live call's context; false (nothing added) once cancelled.
+  bool Register(grpc::ClientContext* context);
+  void Unregister(grpc::ClientContext* context);
+
+  mutable std::mutex mu_;
+  bool cancelled_ = false;
+  std::vector<grpc::ClientContext*> contexts_;
 };
 
 // The gRPC status as an absl::Status with the same code and message.
@@ -107,11 +134,13 @@ class LoraplexClient {
   absl::StatusOr<v1::Job> CancelJob(const std::string& name);
   // Streams the job's events after `after_sequence` to `on_event` until the
   // server ends the stream (after the job's final event) or `on_event`
-  // returns false. OK in both cases; otherwise the stream's error. No
-  // deadline: a job may train for hours.
+  // returns false. OK in both cases; otherwise the stream's error, or
+  // CANCELLED when `cancellation` (optional) is cancelled. No deadline: a
+  // job may train for hours.
   absl::Status WatchJob(
       const std::string& name, int64_t after_sequence,
-      const std::function<bool(const v1::JobEvent&)>& on_event);
+      const std::function<bool(const v1::JobEvent&)>& on_event,
+      WatchCancellation* cancellation = nullptr);
   absl::StatusOr<v1::ListJobEventsResponse> ListJobEvents(
       const v1::ListJobEventsRequest& request);
   // Every page of ListJobEvents after `after_sequence`.
@@ -123,10 +152,12 @@ class LoraplexClient {
       const v1::AttachAdapterRequest& request);
   absl::StatusOr<v1::RetireAdapterResponse> RetireAdapter(
       const std::string& job);
-  // Receives the adapter's files into `out_dir` (created if missing), each
-  // written atomically. A file name that is empty, contains '/' or "..",
-  // or repeats is rejected (INTERNAL), as is a file whose bytes do not
-  // match its announced size.
+  // Receives the adapter's files into `out_dir` (created if missing). No
+  // file is renamed into place until the stream ended OK and every file
+  // is complete, so a failed export leaves `out_dir` as it was (and
+  // removes it if this call created it). A file name that is empty,
+  // contains '/' or "..", or repeats is rejected (INTERNAL), as is a file
+  // whose bytes do not match its announced size.
   absl::StatusOr<std::vector<ExportedFile>> ExportAdapter(
       const v1::ExportAdapterRequest& request, const std::string& out_dir);
   absl::StatusOr<v1::Adapter> GetAdapter(const std::string& name);
@@ -144,13 +175,19 @@ class LoraplexClient {
   void PrepareContext(grpc::ClientContext* context,
                       absl::Duration timeout) const;
 
-  // One unary call with the token and a deadline of options_.timeout.
+  // One unary call with the token and a deadline of `timeout` (default:
+  // options_.timeout).
   template <typename Stub, typename Request, typename Response>
   absl::StatusOr<Response> CallUnary(
       Stub* stub,
       grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
                                    Response*),
-      const Request& request) const;
+      const Request& request,
+      std::optional<absl::Duration> timeout = std::nullopt) const;
+
+  // ExportAdapter into the existing `out_dir`.
+  absl::StatusOr<std::vector<ExportedFile>> ReceiveExport(
+      const v1::ExportAdapterRequest& request, const std::string& out_dir);
 
   // Sends the header and then the chunks `next_chunk` fills until it sets
   // *done (or fails).

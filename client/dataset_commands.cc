@@ -1,5 +1,8 @@
 // `loraplex datasets upload|list|get|rm`.
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -36,6 +39,15 @@ int RunUpload(const CliContext& context, const DatasetFlags& flags) {
       std::filesystem::is_directory(flags.file, error)) {
     return context.UsageError(
         absl::StrCat("dataset file ", flags.file, " is not a readable file"));
+  }
+  // A regular file is opened here so that one without read permission is a
+  // usage error rather than a failed upload. (Reopening a FIFO could lose
+  // its writer, so pipes are left to the upload.)
+  if (std::filesystem::is_regular_file(flags.file, error) &&
+      !std::ifstream(flags.file, std::ios::binary)) {
+    return context.UsageError(
+        absl::StrCat("dataset file ", flags.file,
+                     ": cannot open for reading: ", std::strerror(errno)));
   }
   auto client = context.Connect();
   if (!client.ok()) return context.UsageError(client.status().message());

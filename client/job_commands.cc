@@ -1,6 +1,9 @@
 // `loraplex jobs create|list|get|cancel|watch|events`.
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -131,24 +134,50 @@ int RunCancel(const CliContext& context, const JobCommandFlags& flags) {
   return kExitSuccess;
 }
 
-// --json watch: each event as one line of JSON, as it arrives.
+// --json watch: each event as one line of JSON, as it arrives. A stream
+// that ends before the job's final event is resumed after the last event
+// seen, with the retries of the human-readable watch.
 int WatchAsJsonLines(const CliContext& context, LoraplexClient& client,
                      const std::string& name) {
+  const int max_reconnects = JobProgressOptions().max_reconnects;
   v1::JobStatus last_status = v1::JOB_STATUS_UNSPECIFIED;
-  absl::Status status = client.WatchJob(
-      name, /*after_sequence=*/0, [&](const v1::JobEvent& event) {
-        context.out() << MessageToJson(event, /*multiline=*/false) << "\n"
-                      << std::flush;
-        if (event.has_status_change()) {
-          last_status = event.status_change().status();
-        }
-        return true;
-      });
-  if (!status.ok()) return context.ReportError(status);
-  if (!IsTerminalJobStatus(last_status)) {
+  int64_t after_sequence = 0;
+  int failures = 0;
+  bool output_failed = false;
+  while (true) {
+    absl::Status status =
+        client.WatchJob(name, after_sequence, [&](const v1::JobEvent& event) {
+          context.out() << MessageToJson(event, /*multiline=*/false) << "\n"
+                        << std::flush;
+          // Nobody reads the events any more (e.g. `| head -1`): stop.
+          if (!context.out()) {
+            output_failed = true;
+            return false;
+          }
+          after_sequence = std::max(after_sequence, event.sequence());
+          failures = 0;
+          if (event.has_status_change()) {
+            last_status = event.status_change().status();
+          }
+          return true;
+        });
+    if (output_failed) {
+      context.err() << "loraplex: error: cannot write the events to stdout\n";
+      return kExitServerError;
+    }
+    if (IsTerminalJobStatus(last_status)) break;
+    if (!IsResumableWatchStatus(status)) return context.ReportError(status);
+    if (++failures > max_reconnects) {
+      if (!status.ok()) return context.ReportError(status);
+      return context.ReportError(absl::UnavailableError(absl::StrCat(
+          "the watch of ", name, " kept ending before the job finished")));
+    }
     absl::StatusOr<v1::Job> job = client.GetJob(name);
-    if (!job.ok()) return context.ReportError(job.status());
-    last_status = job->status();
+    if (job.ok() && IsTerminalJobStatus(job->status())) {
+      last_status = job->status();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(std::min(failures, 5)));
   }
   return IsUnsuccessfulJobStatus(last_status) ? kExitJobUnsuccessful
                                               : kExitSuccess;

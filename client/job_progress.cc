@@ -1,7 +1,6 @@
 #include "client/job_progress.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -215,10 +214,10 @@ class ProgressBoard {
   double last_redraw_ = 0;
 };
 
-// Sleeps up to `seconds`, returning early once `stop` is set.
-void SleepUnlessStopped(double seconds, const std::atomic<bool>& stop) {
+// Sleeps up to `seconds`, returning early once `stop` is cancelled.
+void SleepUnlessStopped(double seconds, const WatchCancellation& stop) {
   const double end = SteadySeconds() + seconds;
-  while (!stop.load() && SteadySeconds() < end) {
+  while (!stop.cancelled() && SteadySeconds() < end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
@@ -228,17 +227,18 @@ absl::StatusOr<JobProgressResult> WatchOne(LoraplexClient& client,
                                            const std::string& name,
                                            size_t index, ProgressBoard& board,
                                            const JobProgressOptions& options,
-                                           const std::atomic<bool>& stop) {
+                                           WatchCancellation& stop) {
   absl::StatusOr<v1::Job> job = client.GetJob(name);
   if (!job.ok()) return job.status();
   board.SetJob(index, *job, /*authoritative=*/false);
 
   int64_t after_sequence = 0;
   int failures = 0;
-  while (!stop.load()) {
-    const absl::Status status =
-        client.WatchJob(name, after_sequence, [&](const v1::JobEvent& event) {
-          if (stop.load()) return false;
+  while (!stop.cancelled()) {
+    const absl::Status status = client.WatchJob(
+        name, after_sequence,
+        [&](const v1::JobEvent& event) {
+          if (stop.cancelled()) return false;
           after_sequence = std::max(after_sequence, event.sequence());
           failures = 0;
           if (board.OnEvent(index, event)) {
@@ -248,15 +248,12 @@ absl::StatusOr<JobProgressResult> WatchOne(LoraplexClient& client,
             }
           }
           return true;
-        });
-    if (stop.load() || board.IsFinished(index)) break;
+        },
+        &stop);
+    if (stop.cancelled() || board.IsFinished(index)) break;
     // A stream that ended without the job's final event, or broke: resume
     // unless the server refuses the watch itself.
-    if (!status.ok() && status.code() != absl::StatusCode::kUnavailable &&
-        status.code() != absl::StatusCode::kInternal &&
-        status.code() != absl::StatusCode::kAborted) {
-      return status;
-    }
+    if (!IsResumableWatchStatus(status)) return status;
     if (++failures > options.max_reconnects) {
       if (!status.ok()) return status;
       return absl::UnavailableError(absl::StrCat(
@@ -266,7 +263,7 @@ absl::StatusOr<JobProgressResult> WatchOne(LoraplexClient& client,
     if (current.ok() && IsTerminalJobStatus(current->status())) break;
     SleepUnlessStopped(std::min(failures, 5), stop);
   }
-  if (stop.load()) return absl::CancelledError("watch stopped");
+  if (stop.cancelled()) return absl::CancelledError("watch stopped");
 
   JobProgressResult result;
   absl::StatusOr<v1::Job> final_job = client.GetJob(name);
@@ -279,18 +276,26 @@ absl::StatusOr<JobProgressResult> WatchOne(LoraplexClient& client,
 
 }  // namespace
 
+bool IsResumableWatchStatus(const absl::Status& status) {
+  return status.ok() || status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kInternal ||
+         status.code() == absl::StatusCode::kAborted;
+}
+
 absl::StatusOr<std::vector<JobProgressResult>> WatchJobsWithProgress(
     LoraplexClient& client, const std::vector<WatchedJob>& jobs,
     const JobProgressOptions& options, std::ostream& out) {
   ProgressBoard board(jobs, options, out);
-  std::atomic<bool> stop{false};
+  // Cancelled when one watch fails; wakes the others blocked on their
+  // streams.
+  WatchCancellation stop;
   std::vector<absl::StatusOr<JobProgressResult>> results(
       jobs.size(), absl::UnknownError("not watched"));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < jobs.size(); ++i) {
     threads.emplace_back([&, i] {
       results[i] = WatchOne(client, jobs[i].name, i, board, options, stop);
-      if (!results[i].ok()) stop.store(true);
+      if (!results[i].ok()) stop.Cancel();
     });
   }
   for (std::thread& thread : threads) thread.join();

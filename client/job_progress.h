@@ -57,8 +57,14 @@ struct JobProgressResult {
 
 // Watches every job (one stream each, concurrently) until all have
 // finished, and returns them in the order given. Fails with the first
-// stream error that reconnecting cannot fix (e.g. NOT_FOUND), after
-// stopping the other watches.
+// stream error that reconnecting cannot fix (e.g. NOT_FOUND); that error
+// cancels the other watches' streams (through a WatchCancellation), so
+// they end at once instead of waiting for their next event.
+// Whether a watch that ended with `status` (OK: the stream ended before
+// the job's final event) is worth reopening: the stream broke, rather than
+// the server refusing the watch (e.g. NOT_FOUND).
+bool IsResumableWatchStatus(const absl::Status& status);
+
 absl::StatusOr<std::vector<JobProgressResult>> WatchJobsWithProgress(
     LoraplexClient& client, const std::vector<WatchedJob>& jobs,
     const JobProgressOptions& options, std::ostream& out);

@@ -137,7 +137,7 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(
     // with this program rather than lingering unnoticed.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
-    const int null_fd = ::open("/dev/null", O_RDONLY);
+    const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
     ::dup2(log_fd, STDOUT_FILENO);
     ::dup2(log_fd, STDERR_FILENO);

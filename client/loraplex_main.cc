@@ -5,9 +5,13 @@
 //   loraplex jobs create --dataset abc --optimizer muon --rank 16 --wait
 //   loraplex quickstart
 //
-// Exit codes: 0 success, 1 server or connection error, 2 usage error, 3 a
-// waited-for or watched job ended FAILED or CANCELLED.
+// Exit codes: 0 success, 1 server or connection error (or stdout could not
+// be written, e.g. a closed pipe), 2 usage error, 3 a waited-for or watched
+// job ended FAILED or CANCELLED.
+#include <cmath>
+#include <csignal>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -44,7 +48,22 @@ int Main(int argc, char** argv) {
                "Print responses as JSON (proto3 JSON mapping) for scripts");
   app.add_option("--timeout", options.timeout_seconds,
                  "Seconds to wait for each request")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double seconds = 0;
+            try {
+              seconds = std::stod(text);
+            } catch (const std::exception&) {
+              return "--timeout must be a number of seconds, got " + text;
+            }
+            if (!std::isfinite(seconds) || seconds <= 0) {
+              return "--timeout must be a finite positive number of "
+                     "seconds, got " +
+                     text;
+            }
+            return "";
+          },
+          "POSITIVE"))
       ->capture_default_str();
 
   CommandAction action;
@@ -64,10 +83,21 @@ int Main(int argc, char** argv) {
     return context.UsageError(error.what());
   }
   if (!action) return context.UsageError("no command given");
-  return action();
+  const int code = action();
+  std::cout.flush();
+  if (!std::cout && code == kExitSuccess) {
+    std::cerr << "loraplex: error: cannot write to stdout\n";
+    return kExitServerError;
+  }
+  return code;
 }
 
 }  // namespace
 }  // namespace loraplex
 
-int main(int argc, char** argv) { return loraplex::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Writing to a closed pipe (`loraplex jobs watch X | head -1`) then fails
+  // with EPIPE and ends in exit code 1, instead of killing the process.
+  std::signal(SIGPIPE, SIG_IGN);
+  return loraplex::Main(argc, argv);
+}

@@ -146,6 +146,8 @@ int RunQuickstart(const CliContext& context, const QuickstartFlags& flags) {
   if (!results.ok()) return context.ReportError(results.status(), address);
 
   bool all_succeeded = true;
+  // A failed export is a server error (exit 1), not an unsuccessful job.
+  bool export_failed = false;
   TextTable table({"JOB", "OPTIMIZER", "RANK", "STATUS", "LOSS (FIRST -> LAST)",
                    "EXPORTED TO"});
   v1::ListJobsResponse final_jobs;
@@ -171,6 +173,7 @@ int RunQuickstart(const CliContext& context, const QuickstartFlags& flags) {
       } else {
         context.ReportError(files.status(), address);
         all_succeeded = false;
+        export_failed = true;
       }
     } else {
       all_succeeded = false;
@@ -200,6 +203,7 @@ int RunQuickstart(const CliContext& context, const QuickstartFlags& flags) {
       context.err() << "loraplex: warning: " << stopped.message() << "\n";
     }
   }
+  if (export_failed) return kExitServerError;
   return all_succeeded ? kExitSuccess : kExitJobUnsuccessful;
 }
 

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -84,6 +86,15 @@ TEST(CliUsageTest, UsageErrorsExitTwo) {
   ExpectUsageError({"--timeout", "-1", "info"}, "--timeout");
   ExpectUsageError({"quickstart", "--steps", "0"}, "--steps");
   ExpectUsageError({"info", "extra"}, "extra");
+}
+
+TEST(CliUsageTest, TimeoutMustBeFiniteAndPositive) {
+  for (const char* timeout : {"nan", "inf", "-1", "0"}) {
+    const CliResult result =
+        RunCli({"--server", "127.0.0.1:1", "--timeout", timeout, "info"});
+    EXPECT_EQ(result.exit_code, 2) << timeout << "\n" << result.Describe();
+    EXPECT_THAT(result.err, HasSubstr("--timeout")) << timeout;
+  }
 }
 
 TEST(CliConnectionTest, UnreachableServerExitsOneWithHint) {
@@ -213,6 +224,37 @@ TEST_F(CliFakeServerTest, WatchJsonPrintsOneEventPerLine) {
             "JOB_STATUS_FAILED");
 }
 
+TEST_F(CliFakeServerTest, WatchJsonResumesAStreamThatEndsEarly) {
+  server_.state().job.set_name("jobs/j1");
+  server_.state().job.set_status(v1::JOB_STATUS_RUNNING);
+  server_.state().events = FakeJobEvents(4, v1::JOB_STATUS_SUCCEEDED);
+  server_.state().max_events_per_watch = 3;
+  const CliResult result = Run({"--json", "jobs", "watch", "j1"});
+  EXPECT_EQ(result.exit_code, 0) << result.Describe();
+  std::vector<std::string> lines;
+  std::istringstream in(result.out);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 7u) << result.out;
+  EXPECT_EQ(nlohmann::json::parse(lines.back())["statusChange"]["status"],
+            "JOB_STATUS_SUCCEEDED");
+  EXPECT_THAT(server_.state().watch_after_sequences,
+              ::testing::ElementsAre(0, 3, 6));
+}
+
+TEST_F(CliFakeServerTest, WatchIntoAClosedPipeExitsOne) {
+  server_.state().job.set_name("jobs/j1");
+  server_.state().job.set_status(v1::JOB_STATUS_RUNNING);
+  server_.state().events = FakeJobEvents(20, v1::JOB_STATUS_SUCCEEDED);
+  server_.state().event_delay = std::chrono::milliseconds(50);
+  const std::string command =
+      "bash -c '\"$0\" --server \"$1\" --json jobs watch j1 | head -c 1 "
+      ">/dev/null; exit \"${PIPESTATUS[0]}\"' " +
+      std::string(LORAPLEX_BIN_DIR) + "/loraplex " + server_.address();
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+}
+
 TEST_F(CliFakeServerTest, WatchOfAMissingJobExitsOne) {
   server_.state().job.set_name("jobs/j1");
   const CliResult result = Run({"jobs", "watch", "nope"});
@@ -279,6 +321,35 @@ TEST_F(CliFakeServerTest, ExportTriesJobThenAdapter) {
       Run({"adapters", "export", "jobs/x1", "--out", out_dir});
   EXPECT_EQ(job.exit_code, 1) << job.Describe();
   EXPECT_THAT(job.err, HasSubstr("NOT_FOUND: no such job"));
+}
+
+TEST_F(CliFakeServerTest, ExportJsonOfANonUtf8PathIsValidJson) {
+  v1::ExportAdapterChunk chunk;
+  chunk.set_file_name("adapter_config.json");
+  chunk.set_file_size(2);
+  chunk.set_data("{}");
+  server_.state().export_chunks = {chunk};
+  const std::string out_dir = FreshTestDir() + "/out-\xff";
+  const CliResult result =
+      Run({"--json", "adapters", "export", "jobs/x1", "--out", out_dir});
+  EXPECT_EQ(result.exit_code, 0) << result.Describe();
+  const nlohmann::json summary = nlohmann::json::parse(result.out);
+  EXPECT_THAT(summary["outDir"].get<std::string>(),
+              HasSubstr("out-\xef\xbf\xbd"));
+  EXPECT_TRUE(std::filesystem::exists(out_dir + "/adapter_config.json"));
+}
+
+TEST_F(CliFakeServerTest, QuickstartExitsOneWhenAnExportFails) {
+  server_.state().job.set_name("jobs/j1");
+  server_.state().job.set_status(v1::JOB_STATUS_SUCCEEDED);
+  server_.state().job.set_total_steps(2);
+  server_.state().events = FakeJobEvents(2, v1::JOB_STATUS_SUCCEEDED);
+  server_.state().export_job_status =
+      grpc::Status(grpc::StatusCode::INTERNAL, "disk full");
+  const CliResult result =
+      Run({"quickstart", "--dir", FreshTestDir(), "--steps", "2"});
+  EXPECT_EQ(result.exit_code, 1) << result.Describe();
+  EXPECT_THAT(result.err, HasSubstr("disk full"));
 }
 
 TEST_F(CliFakeServerTest, AttachUploadsThePeftDirectory) {

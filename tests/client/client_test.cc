@@ -4,10 +4,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "client/job_progress.h"
 #include "tests/client/fake_loraplex_server.h"
@@ -57,6 +59,19 @@ TEST_F(ClientTest, ConnectChecksOptions) {
   options.timeout = absl::ZeroDuration();
   EXPECT_THAT(LoraplexClient::Connect(options).status().message(),
               HasSubstr("timeout"));
+}
+
+TEST_F(ClientTest, EmptyTlsCaFileIsInvalid) {
+  const std::string ca = FreshTestDir() + "/empty.pem";
+  std::ofstream(ca).close();
+  ClientOptions options;
+  options.address = "127.0.0.1:1";
+  options.tls_ca_file = ca;
+  auto client = LoraplexClient::Connect(options);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(client.status().message(), HasSubstr("tls_ca_file"));
+  EXPECT_THAT(client.status().message(), HasSubstr("empty"));
 }
 
 TEST_F(ClientTest, SendsBearerTokenOnEveryCall) {
@@ -147,6 +162,75 @@ TEST_F(ClientTest, ListAllFollowsPageTokens) {
   EXPECT_EQ(adapters->size(), 5u);
 }
 
+TEST_F(ClientTest, ListAllFailsWhenThePageTokenDoesNotAdvance) {
+  for (int i = 0; i < 5; ++i) {
+    server_.state().datasets.emplace_back().set_name("datasets/d" +
+                                                     std::to_string(i));
+    server_.state().jobs.emplace_back().set_name("jobs/j" + std::to_string(i));
+    server_.state().adapters.emplace_back().set_name("adapters/a" +
+                                                     std::to_string(i));
+  }
+  server_.state().events = FakeJobEvents(3, v1::JOB_STATUS_SUCCEEDED);
+  server_.state().stuck_page_token = "2";
+  auto client = Connect();
+  const absl::Status statuses[] = {client->ListAllDatasets().status(),
+                                   client->ListAllJobs().status(),
+                                   client->ListAllJobEvents("jobs/j1").status(),
+                                   client->ListAllAdapters().status()};
+  for (const absl::Status& status : statuses) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+    EXPECT_THAT(status.message(), HasSubstr("next_page_token"));
+  }
+  // The first page plus the one that repeated its token.
+  EXPECT_EQ(server_.state().list_jobs_requests.size(), 2u);
+}
+
+TEST_F(ClientTest, AttachWithFilesUsesTheTransferTimeout) {
+  server_.state().attach_delay = std::chrono::milliseconds(1500);
+  ClientOptions options;
+  options.address = server_.address();
+  options.timeout = absl::Seconds(1);
+  options.transfer_timeout = absl::Seconds(30);
+  auto client = LoraplexClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  v1::AttachAdapterRequest with_files;
+  with_files.mutable_files()->set_adapter_config_json("{}");
+  auto attached = (*client)->AttachAdapter(with_files);
+  EXPECT_TRUE(attached.ok()) << attached.status();
+  v1::AttachAdapterRequest stored;
+  stored.set_adapter("adapters/a1");
+  EXPECT_EQ((*client)->AttachAdapter(stored).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ClientTest, WatchJobEndsWhenCancelledFromAnotherThread) {
+  server_.state().job.set_name("jobs/j1");
+  server_.state().events = {FakeJobEvents(1, v1::JOB_STATUS_SUCCEEDED)[0]};
+  server_.state().hold_watch_open = true;
+  auto client = Connect();
+  WatchCancellation cancellation;
+  int seen = 0;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    cancellation.Cancel();
+  });
+  absl::Status status = client->WatchJob(
+      "jobs/j1", 0,
+      [&](const v1::JobEvent&) {
+        ++seen;
+        return true;
+      },
+      &cancellation);
+  canceller.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_EQ(seen, 1);
+  // A watch started after Cancel() ends at once.
+  status = client->WatchJob(
+      "jobs/j1", 0, [](const v1::JobEvent&) { return true; }, &cancellation);
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_EQ(server_.state().watch_after_sequences.size(), 1u);
+}
+
 TEST_F(ClientTest, WatchJobStreamsUntilTheEnd) {
   server_.state().job.set_name("jobs/j1");
   server_.state().events = FakeJobEvents(5, v1::JOB_STATUS_SUCCEEDED);
@@ -232,7 +316,8 @@ TEST_F(ClientTest, ExportRejectsUnsafeFileNames) {
     ASSERT_FALSE(files.ok()) << name;
     EXPECT_THAT(files.status().message(), HasSubstr("file_name")) << name;
     EXPECT_FALSE(std::filesystem::exists(out_dir + "/evil"));
-    EXPECT_TRUE(std::filesystem::is_empty(out_dir + "/out")) << name;
+    // The directory the failed export created is gone again.
+    EXPECT_FALSE(std::filesystem::exists(out_dir + "/out")) << name;
   }
 }
 
@@ -261,6 +346,41 @@ TEST_F(ClientTest, ExportRejectsSizeMismatchAndDuplicates) {
   files = client->ExportAdapter(request, out_dir + "/nameless");
   ASSERT_FALSE(files.ok());
   EXPECT_THAT(files.status().message(), HasSubstr("no file_name"));
+}
+
+TEST_F(ClientTest, FailedExportLeavesTheOldFilesAlone) {
+  const std::string out_dir = FreshTestDir();
+  std::ofstream(out_dir + "/adapter_config.json") << "old";
+  std::ofstream(out_dir + "/keep.txt") << "mine";
+  // The first file is complete, the second is short.
+  server_.state().export_chunks = {
+      Chunk("adapter_config.json", 3, "new"),
+      Chunk("adapter_model.safetensors", 10, "short")};
+  v1::ExportAdapterRequest request;
+  request.set_adapter("adapters/a1");
+  auto files = Connect()->ExportAdapter(request, out_dir);
+  ASSERT_FALSE(files.ok());
+  EXPECT_THAT(files.status().message(), HasSubstr("announced 10 bytes"));
+  EXPECT_EQ(ReadFile(out_dir + "/adapter_config.json"), "old");
+  EXPECT_FALSE(std::filesystem::exists(out_dir + "/adapter_model.safetensors"));
+  int entries = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator(out_dir)) {
+    ++entries;
+  }
+  EXPECT_EQ(entries, 2);  // No temporaries left behind.
+}
+
+TEST_F(ClientTest, FailedExportRemovesTheDirectoryItCreated) {
+  server_.state().export_job_status =
+      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "job is queued");
+  const std::string parent = FreshTestDir();
+  v1::ExportAdapterRequest request;
+  request.set_job("jobs/j1");
+  auto files = Connect()->ExportAdapter(request, parent + "/out");
+  ASSERT_FALSE(files.ok());
+  EXPECT_FALSE(std::filesystem::exists(parent + "/out"));
+  EXPECT_TRUE(std::filesystem::exists(parent));
 }
 
 TEST_F(ClientTest, ExportPassesTheServersError) {
@@ -341,6 +461,27 @@ TEST_F(ClientTest, WatchWithProgressFailsForAnUnknownJob) {
                                        JobProgressOptions(), out);
   ASSERT_FALSE(results.ok());
   EXPECT_EQ(results.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClientTest, OneFailedWatchEndsTheOthersBlockedOnTheirStreams) {
+  // jobs/j1 sends one event and then nothing (its stream stays open);
+  // jobs/missing fails once the watch of j1 is waiting.
+  server_.state().job.set_name("jobs/j1");
+  server_.state().job.set_status(v1::JOB_STATUS_RUNNING);
+  server_.state().events = {FakeJobEvents(1, v1::JOB_STATUS_SUCCEEDED)[0]};
+  server_.state().hold_watch_open = true;
+  server_.state().not_found_delay = std::chrono::milliseconds(500);
+  std::ostringstream out;
+  const auto start = std::chrono::steady_clock::now();
+  auto results =
+      WatchJobsWithProgress(*Connect(), {{"jobs/j1", ""}, {"jobs/missing", ""}},
+                            JobProgressOptions(), out);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  ASSERT_FALSE(results.ok());
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(seconds, 5.0);
 }
 
 }  // namespace

@@ -50,6 +50,9 @@ struct FakeServerState {
   std::vector<v1::Job> jobs;
   std::vector<v1::Adapter> adapters;
   int page_size = 2;
+  // When set, every List answer carries it as next_page_token (a server
+  // that pages forever).
+  std::string stuck_page_token;
   std::vector<v1::ListJobsRequest> list_jobs_requests;
 
   // GetJob / CreateJob / CancelJob answer with `job`.
@@ -61,12 +64,21 @@ struct FakeServerState {
   std::vector<v1::JobEvent> events;
   std::chrono::milliseconds event_delay{0};
   std::vector<int64_t> watch_after_sequences;
+  // When > 0, a watch ends (OK) after this many events, like a broken
+  // stream.
+  int max_events_per_watch = 0;
+  // After its events, a watch stays open until the client cancels it.
+  bool hold_watch_open = false;
+  // GetJob and WatchJob of an unknown job wait this long before NOT_FOUND.
+  std::chrono::milliseconds not_found_delay{0};
   // ExportAdapter sends these chunks; its requests are recorded.
   std::vector<v1::ExportAdapterChunk> export_chunks;
   std::vector<v1::ExportAdapterRequest> export_requests;
   // When not OK, ExportAdapter of a job fails with it.
   grpc::Status export_job_status = grpc::Status::OK;
   std::vector<v1::AttachAdapterRequest> attach_requests;
+  // AttachAdapter waits this long before answering.
+  std::chrono::milliseconds attach_delay{0};
 };
 
 class FakeLoraplexServer {
@@ -85,7 +97,11 @@ class FakeLoraplexServer {
     builder.RegisterService(&adapter_service_);
     server_ = builder.BuildAndStart();
   }
-  ~FakeLoraplexServer() { server_->Shutdown(); }
+  // Calls still open after a moment (e.g. a held watch) are cancelled.
+  ~FakeLoraplexServer() {
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(5));
+  }
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   FakeServerState& state() { return state_; }
@@ -118,6 +134,23 @@ class FakeLoraplexServer {
     size_t end = std::min(items.size(), start + static_cast<size_t>(page_size));
     for (size_t i = start; i < end; ++i) *out->Add() = items[i];
     return end < items.size() ? std::to_string(end) : "";
+  }
+
+  // The next_page_token to answer with: `next`, or the stuck token.
+  static std::string NextToken(const FakeServerState& state, std::string next) {
+    return state.stuck_page_token.empty() ? next : state.stuck_page_token;
+  }
+
+  // NOT_FOUND for `name`, after the configured delay.
+  static grpc::Status JobNotFound(FakeServerState* state,
+                                  const std::string& name) {
+    std::chrono::milliseconds delay;
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      delay = state->not_found_delay;
+    }
+    std::this_thread::sleep_for(delay);
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, name + " not found");
   }
 
   class ServerServiceImpl : public v1::ServerService::Service {
@@ -187,9 +220,9 @@ class FakeLoraplexServer {
       grpc::Status auth = CheckAuth(state_, context);
       if (!auth.ok()) return auth;
       std::lock_guard<std::mutex> lock(state_->mu);
-      response->set_next_page_token(Page(state_->datasets, state_->page_size,
-                                         request->page_token(),
-                                         response->mutable_datasets()));
+      response->set_next_page_token(NextToken(
+          *state_, Page(state_->datasets, state_->page_size,
+                        request->page_token(), response->mutable_datasets())));
       return grpc::Status::OK;
     }
     grpc::Status DeleteDataset(grpc::ServerContext* context,
@@ -224,12 +257,14 @@ class FakeLoraplexServer {
                         v1::Job* response) override {
       grpc::Status auth = CheckAuth(state_, context);
       if (!auth.ok()) return auth;
-      std::lock_guard<std::mutex> lock(state_->mu);
-      if (request->name() != state_->job.name()) {
-        return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            request->name() + " not found");
+      {
+        std::lock_guard<std::mutex> lock(state_->mu);
+        if (request->name() == state_->job.name()) {
+          *response = state_->job;
+          return grpc::Status::OK;
+        }
       }
-      *response = state_->job;
+      return JobNotFound(state_, request->name());
       return grpc::Status::OK;
     }
     grpc::Status ListJobs(grpc::ServerContext* context,
@@ -239,9 +274,9 @@ class FakeLoraplexServer {
       if (!auth.ok()) return auth;
       std::lock_guard<std::mutex> lock(state_->mu);
       state_->list_jobs_requests.push_back(*request);
-      response->set_next_page_token(Page(state_->jobs, state_->page_size,
-                                         request->page_token(),
-                                         response->mutable_jobs()));
+      response->set_next_page_token(NextToken(
+          *state_, Page(state_->jobs, state_->page_size, request->page_token(),
+                        response->mutable_jobs())));
       return grpc::Status::OK;
     }
     grpc::Status CancelJob(grpc::ServerContext* context,
@@ -261,21 +296,33 @@ class FakeLoraplexServer {
       if (!auth.ok()) return auth;
       std::vector<v1::JobEvent> events;
       std::chrono::milliseconds delay;
+      int max_events = 0;
+      bool hold_open = false;
       {
         std::lock_guard<std::mutex> lock(state_->mu);
-        if (request->name() != state_->job.name()) {
-          return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                              request->name() + " not found");
+        if (request->name() == state_->job.name()) {
+          state_->watch_after_sequences.push_back(request->after_sequence());
+          events = state_->events;
+          delay = state_->event_delay;
+          max_events = state_->max_events_per_watch;
+          hold_open = state_->hold_watch_open;
+        } else {
+          events.clear();
+          max_events = -1;  // Unknown job.
         }
-        state_->watch_after_sequences.push_back(request->after_sequence());
-        events = state_->events;
-        delay = state_->event_delay;
       }
+      if (max_events < 0) return JobNotFound(state_, request->name());
+      int sent = 0;
       for (const v1::JobEvent& event : events) {
         if (event.sequence() <= request->after_sequence()) continue;
+        if (max_events > 0 && sent == max_events) return grpc::Status::OK;
         if (context->IsCancelled()) return grpc::Status::CANCELLED;
         std::this_thread::sleep_for(delay);
         if (!writer->Write(event)) return grpc::Status::CANCELLED;
+        ++sent;
+      }
+      while (hold_open && !context->IsCancelled()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       return grpc::Status::OK;
     }
@@ -290,9 +337,9 @@ class FakeLoraplexServer {
         if (event.sequence() > request->after_sequence())
           after.push_back(event);
       }
-      response->set_next_page_token(Page(after, state_->page_size,
-                                         request->page_token(),
-                                         response->mutable_events()));
+      response->set_next_page_token(NextToken(
+          *state_, Page(after, state_->page_size, request->page_token(),
+                        response->mutable_events())));
       return grpc::Status::OK;
     }
 
@@ -308,6 +355,12 @@ class FakeLoraplexServer {
                                v1::AttachAdapterResponse* response) override {
       grpc::Status auth = CheckAuth(state_, context);
       if (!auth.ok()) return auth;
+      std::chrono::milliseconds delay;
+      {
+        std::lock_guard<std::mutex> lock(state_->mu);
+        delay = state_->attach_delay;
+      }
+      std::this_thread::sleep_for(delay);
       std::lock_guard<std::mutex> lock(state_->mu);
       state_->attach_requests.push_back(*request);
       response->mutable_adapter()->set_name("adapters/a1");
@@ -356,9 +409,9 @@ class FakeLoraplexServer {
       grpc::Status auth = CheckAuth(state_, context);
       if (!auth.ok()) return auth;
       std::lock_guard<std::mutex> lock(state_->mu);
-      response->set_next_page_token(Page(state_->adapters, state_->page_size,
-                                         request->page_token(),
-                                         response->mutable_adapters()));
+      response->set_next_page_token(NextToken(
+          *state_, Page(state_->adapters, state_->page_size,
+                        request->page_token(), response->mutable_adapters())));
       return grpc::Status::OK;
     }
     grpc::Status ListSlots(grpc::ServerContext* context,

@@ -63,11 +63,19 @@ inline CliResult RunCli(const std::vector<std::string>& args,
   for (std::string& arg : argv_strings) argv.push_back(arg.data());
   argv.push_back(nullptr);
 
+  // Inherited entries named like an override are dropped, so the override
+  // is the only one the child sees.
+  auto overridden = [&options](const std::string& entry) {
+    for (const auto& [name, value] : options.env) {
+      if (entry.rfind(name + "=", 0) == 0) return true;
+    }
+    return false;
+  };
   std::vector<std::string> env_strings;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string text = *entry;
     if (text.rfind("LORAPLEX_SERVER=", 0) == 0 ||
-        text.rfind("LORAPLEX_TOKEN=", 0) == 0) {
+        text.rfind("LORAPLEX_TOKEN=", 0) == 0 || overridden(text)) {
       continue;
     }
     env_strings.push_back(text);
@@ -103,7 +111,7 @@ inline CliResult RunCli(const std::vector<std::string>& args,
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
-    const int null_fd = ::open("/dev/null", O_RDONLY);
+    const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
@@ -128,7 +136,13 @@ inline CliResult RunCli(const std::vector<std::string>& args,
       break;
     }
     const int ready = ::poll(fds, 2, static_cast<int>(left.count()));
-    if (ready < 0 && errno != EINTR) break;
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      // Nothing more can be read: end the child rather than wait on it
+      // forever below.
+      ::kill(pid, SIGKILL);
+      break;
+    }
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || fds[i].revents == 0) continue;
       char buffer[4096];

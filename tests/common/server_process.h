@@ -104,13 +104,15 @@ class ServerProcess {
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
+      const int fork_errno = errno;  // close() may change errno.
       ::close(log_fd);
-      return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("fork: ", std::strerror(fork_errno)));
     }
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != parent) ::_exit(127);
-      const int null_fd = ::open("/dev/null", O_RDONLY);
+      const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
       if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
