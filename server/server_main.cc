@@ -216,6 +216,14 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(flags.listen, credentials, &port);
+  // Keepalive pings find dead peers of long watch streams; clients may
+  // ping as often as every 10 s, also between calls.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(context.limits.max_adapter_bytes + (int64_t{1} << 20)));
   builder.RegisterService(&dataset_service);
