@@ -205,4 +205,11 @@ absl::Status LocalServer::Stop(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+void LocalServer::Kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  WaitForExit(pid_, absl::Seconds(30));
+  pid_ = -1;
+}
+
 }  // namespace loraplex

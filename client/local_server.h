@@ -64,6 +64,8 @@ class LocalServer {
   // SIGTERM, then waits up to `timeout` for a graceful exit (SIGKILL after
   // it). An error when the server did not exit with status 0.
   absl::Status Stop(absl::Duration timeout = absl::Seconds(60));
+  // SIGKILL and reap, as a crash would end it (nothing when it has exited).
+  void Kill();
 
  private:
   LocalServer(pid_t pid, std::string address, std::string log_path)

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "tests/common/test_dir.h"
 #include "tests/server/service_fixture.h"
 
