@@ -276,15 +276,8 @@ void Trainer::TrainStep() {
     job.tokens_per_second = job.tokens_per_second == 0.0
                                 ? rate
                                 : 0.7 * job.tokens_per_second + 0.3 * rate;
-    TrainerReport report;
-    report.kind = TrainerReport::Kind::kStep;
-    report.job_id = job.job_id;
-    report.slot = slot;
+    TrainerReport report = ProgressReport(TrainerReport::Kind::kStep, slot);
     report.metrics = step;
-    report.step = training.counters.steps;
-    report.total_steps = training.total_steps;
-    report.tokens = job.tokens;
-    report.skipped_steps = training.counters.skipped_steps;
     report.tokens_per_second = job.tokens_per_second;
     const bool interval_eval = job.validation && job.eval_interval > 0 &&
                                !training.done() &&
@@ -300,6 +293,21 @@ void Trainer::TrainStep() {
     sink_(std::move(report));
     if (training.done()) FinishJob(slot, absl::OkStatus());
   }
+}
+
+TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,
+                                      int slot) const {
+  const SlotJob& job = *jobs_[slot];
+  const TrainingSlot& training = pool_.slot(slot);
+  TrainerReport report;
+  report.kind = kind;
+  report.job_id = job.job_id;
+  report.slot = slot;
+  report.step = training.counters.steps;
+  report.total_steps = training.total_steps;
+  report.tokens = job.tokens;
+  report.skipped_steps = training.counters.skipped_steps;
+  return report;
 }
 
 void Trainer::EvaluateOnly(int slot) {
@@ -322,22 +330,14 @@ absl::StatusOr<double> Trainer::Validate(int slot) {
 
 void Trainer::FinishJob(int slot, absl::Status status) {
   SlotJob& job = *jobs_[slot];
-  const TrainingSlot& training = pool_.slot(slot);
   if (status.ok() && !job.evaluate_only && job.validation) {
     status = Validate(slot).status();
   }
   if (status.ok() && !job.final_adapter_dir.empty()) {
     status = ExportSlot(slot, job.final_adapter_dir);
   }
-  TrainerReport report;
-  report.kind = TrainerReport::Kind::kFinished;
-  report.job_id = job.job_id;
-  report.slot = slot;
+  TrainerReport report = ProgressReport(TrainerReport::Kind::kFinished, slot);
   report.status = status;
-  report.step = training.counters.steps;
-  report.total_steps = training.total_steps;
-  report.tokens = job.tokens;
-  report.skipped_steps = training.counters.skipped_steps;
   report.validation_loss = job.validation_loss;
   // The job's outcome stands even if zeroing its slot fails; the slot is
   // then quarantined until a retire succeeds.

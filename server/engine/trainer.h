@@ -133,6 +133,8 @@ class Trainer {
   // Retires the slot; on failure it is quarantined (see SlotJob).
   absl::Status RetireSlot(int slot);
   void TrainStep();
+  // A report of `kind` with the slot's job, step and token counts.
+  TrainerReport ProgressReport(TrainerReport::Kind kind, int slot) const;
   void EvaluateOnly(int slot);
   void FinishJob(int slot, absl::Status status);
   absl::StatusOr<double> Validate(int slot);

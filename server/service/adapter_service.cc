@@ -299,7 +299,7 @@ AdapterServiceImpl::ExportAdapter(grpc::CallbackServerContext* call,
                                   const v1::ExportAdapterRequest* request) {
   auto* reactor = new ExportReactor();
   std::string dir;
-  bool running_snapshot = false;
+  std::string running_job_id;  // Set when the export is a running snapshot.
   absl::Status status = [&]() -> absl::Status {
     LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
                               Authenticate(*context_, call));
@@ -332,10 +332,10 @@ AdapterServiceImpl::ExportAdapter(grpc::CallbackServerContext* call,
     }
     // A running job: the trainer writes a snapshot between two steps.
     dir = absl::StrCat(context_->state_dir, "/tmp/", NewResourceId("export"));
-    running_snapshot = true;
+    running_job_id = id;
     return absl::OkStatus();
   }();
-  if (!status.ok() || !running_snapshot) {
+  if (!status.ok() || running_job_id.empty()) {
     reactor->Retain();
     context_->work->Post([reactor, status, dir] {
       reactor->Begin(status, dir, /*temporary=*/false);
@@ -343,12 +343,11 @@ AdapterServiceImpl::ExportAdapter(grpc::CallbackServerContext* call,
     });
     return reactor;
   }
-  std::string job_id = *ParseResourceName(request->job(), "jobs", "job");
   reactor->Retain();
   WorkQueue* work = context_->work;
   // Reading the files is left to a worker, not the trainer thread.
   context_->scheduler->ExportRunning(
-      job_id, dir, [reactor, dir, work](absl::Status exported) {
+      running_job_id, dir, [reactor, dir, work](absl::Status exported) {
         work->Post([reactor, dir, exported] {
           reactor->Begin(exported, dir, /*temporary=*/true);
           reactor->Release();

@@ -126,6 +126,12 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
 
 constexpr absl::string_view kEventTokenPrefix = "events-after-";
 
+absl::Status CheckAfterSequence(int64_t after_sequence) {
+  if (after_sequence >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("after_sequence must be >= 0, got ", after_sequence));
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(
@@ -218,15 +224,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
 
 grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* call, const v1::WatchJobRequest* request) {
+  std::string id;
   absl::Status status = [&]() -> absl::Status {
     LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
                               Authenticate(*context_, call));
     LORAPLEX_ASSIGN_OR_RETURN(
-        std::string id, ParseResourceName(request->name(), "jobs", "name"));
-    if (request->after_sequence() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "after_sequence must be >= 0, got ", request->after_sequence()));
-    }
+        id, ParseResourceName(request->name(), "jobs", "name"));
+    LORAPLEX_RETURN_IF_ERROR(CheckAfterSequence(request->after_sequence()));
     return context_->store->GetJob(tenant, id).status();
   }();
   if (!status.ok()) {
@@ -238,7 +242,6 @@ grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
     };
     return new Failed(ToGrpcStatus(status));
   }
-  std::string id = *ParseResourceName(request->name(), "jobs", "name");
   return new WatchReactor(context_, hub_, std::move(id),
                           request->after_sequence());
 }
@@ -252,10 +255,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobEvents(
     LORAPLEX_ASSIGN_OR_RETURN(
         std::string id, ParseResourceName(request->name(), "jobs", "name"));
     LORAPLEX_ASSIGN_OR_RETURN(int page_size, PageSize(request->page_size()));
-    if (request->after_sequence() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "after_sequence must be >= 0, got ", request->after_sequence()));
-    }
+    LORAPLEX_RETURN_IF_ERROR(CheckAfterSequence(request->after_sequence()));
     LORAPLEX_RETURN_IF_ERROR(context_->store->GetJob(tenant, id).status());
     int64_t after = request->after_sequence();
     if (!request->page_token().empty()) {
