@@ -27,6 +27,8 @@ absl::Status ValidateTrainingConfig(const TrainingConfig& config) {
   LORAPLEX_RETURN_IF_ERROR(CheckRange("epochs", config.epochs, 1, 1000000));
   LORAPLEX_RETURN_IF_ERROR(
       CheckRange("eval_interval", config.eval_interval, 0, int64_t{1} << 40));
+  LORAPLEX_RETURN_IF_ERROR(CheckRange(
+      "checkpoint_interval", config.checkpoint_interval, 0, int64_t{1} << 40));
   if (!IsFiniteNonNegative(config.grad_clip)) {
     return absl::InvalidArgumentError(
         absl::StrCat("training.grad_clip must be a finite number >= 0, got ",
@@ -59,6 +61,8 @@ absl::StatusOr<TrainingConfig> TrainingConfigFromJson(
   config.seed = static_cast<uint64_t>(seed);
   LORAPLEX_RETURN_IF_ERROR(
       fields.Integer("eval_interval", &config.eval_interval));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Integer("checkpoint_interval", &config.checkpoint_interval));
   LORAPLEX_RETURN_IF_ERROR(fields.RejectUnknown());
   LORAPLEX_RETURN_IF_ERROR(ValidateTrainingConfig(config));
   return config;
@@ -72,7 +76,8 @@ nlohmann::json TrainingConfigToJson(const TrainingConfig& config) {
           {"epochs", config.epochs},
           {"grad_clip", config.grad_clip},
           {"seed", config.seed},
-          {"eval_interval", config.eval_interval}};
+          {"eval_interval", config.eval_interval},
+          {"checkpoint_interval", config.checkpoint_interval}};
 }
 
 }  // namespace loraplex

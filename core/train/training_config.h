@@ -29,6 +29,9 @@ struct TrainingConfig {
   // Steps between validation-loss evaluations of a job that has validation
   // data; 0 evaluates only after the last step.
   int64_t eval_interval = 0;
+  // Steps between checkpoints of the job's slot; 0 leaves it to the
+  // service's default. Only the service checkpoints; the core ignores it.
+  int64_t checkpoint_interval = 0;
 };
 
 inline constexpr int64_t kMaxBatchSize = 4096;
