@@ -13,7 +13,10 @@ namespace loraplex {
 
 inline std::string FreshTestDir(const std::string& suffix = "") {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string name = std::string(info->test_suite_name()) + "." + info->name();
+  // No test runs during a suite's SetUpTestSuite.
+  std::string name = info == nullptr ? std::string("SetUpTestSuite")
+                                     : std::string(info->test_suite_name()) +
+                                           "." + info->name();
   if (!suffix.empty()) name += "-" + suffix;
   for (char& c : name) {
     if (c == '/') c = '_';  // Parameterized test names contain slashes.
