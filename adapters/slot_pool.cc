@@ -126,7 +126,11 @@ absl::Status SlotPool::Prepare(const SlotAttachRequest& request,
 absl::StatusOr<int> SlotPool::Attach(const SlotAttachRequest& request) {
   LORAPLEX_RETURN_IF_ERROR(CheckRequest(request));
   int free = -1;
-  for (int i = 0; i < capacity(); ++i) {
+  if (request.preferred_slot >= 0 && request.preferred_slot < capacity() &&
+      slots_[request.preferred_slot].state == SlotState::kFree) {
+    free = request.preferred_slot;
+  }
+  for (int i = 0; i < capacity() && free < 0; ++i) {
     if (slots_[i].state == SlotState::kFree) {
       free = i;
       break;

@@ -56,6 +56,10 @@ struct SlotAttachRequest {
   // Start from these weights (its config replaces `lora`) instead of
   // PEFT's initialisation seeded with training.seed.
   std::shared_ptr<const PeftAdapter> initial_weights;
+  // The slot to take when it is free, else the lowest free one (-1). A job
+  // resumed from a checkpoint goes back to its slot, so the rows of a
+  // co-batch keep their order.
+  int preferred_slot = -1;
 };
 
 class SlotPool {
@@ -64,7 +68,8 @@ class SlotPool {
   SlotPool(const SlotPool&) = delete;
   SlotPool& operator=(const SlotPool&) = delete;
 
-  // The lowest free slot. RESOURCE_EXHAUSTED when every slot is in use,
+  // The preferred slot when it is free, else the lowest free slot.
+  // RESOURCE_EXHAUSTED when every slot is in use,
   // INVALID_ARGUMENT naming the field for a bad config (e.g. a rank above
   // max_rank). On error no slot changes.
   absl::StatusOr<int> Attach(const SlotAttachRequest& request);

@@ -51,6 +51,8 @@ struct ServerFlags {
   int64_t token_budget = CoBatchOptions{}.token_budget;
   double throughput_log_seconds = 30.0;
   std::string ready_file;
+  int64_t checkpoint_interval = 100;
+  int keep_checkpoints = 3;
 };
 
 bool IsLoopback(absl::string_view address) {
@@ -175,6 +177,10 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   trainer_options.pool.device = *device;
   trainer_options.co_batch.token_budget = flags.token_budget;
   trainer_options.base_model_name = model_name;
+  trainer_options.checkpoint_root =
+      absl::StrCat(flags.state_dir, "/checkpoints");
+  trainer_options.checkpoint_interval = flags.checkpoint_interval;
+  trainer_options.keep_checkpoints = flags.keep_checkpoints;
   Trainer trainer(*std::move(model), trainer_options,
                   [&scheduler](TrainerReport report) {
                     scheduler.OnTrainerReport(std::move(report));
@@ -289,6 +295,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A file over RLIMIT_FSIZE is a write error to handle (a checkpoint that
+  // fails), not a reason to die.
+  signal(SIGXFSZ, SIG_IGN);
 
   loraplex::ServerFlags flags;
   CLI::App app{
@@ -339,6 +348,16 @@ int main(int argc, char** argv) {
   app.add_option("--throughput-log-seconds", flags.throughput_log_seconds,
                  "Seconds between throughput log lines (0: none)")
       ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  app.add_option("--checkpoint-interval", flags.checkpoint_interval,
+                 "Steps between checkpoints of jobs that do not set "
+                 "training.checkpoint_interval (0: only on pause, cancel "
+                 "and shutdown)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--keep-checkpoints", flags.keep_checkpoints,
+                 "Newest checkpoints kept per job")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   app.add_option("--ready-file", flags.ready_file,
                  "Once serving, write the bound address here");

@@ -9,11 +9,13 @@
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "server/common/clock.h"
+#include "server/engine/checkpoint.h"
 
 namespace loraplex {
 
 struct Trainer::Command {
-  enum class Kind { kAttach, kRetire, kExport };
+  enum class Kind { kAttach, kRetire, kPause, kExport };
   Kind kind = Kind::kAttach;
   AttachCommand attach;
   std::string job_id;
@@ -29,6 +31,9 @@ struct Trainer::SlotJob {
   std::shared_ptr<const SequenceSet> validation;
   std::string final_adapter_dir;
   int64_t eval_interval = 0;
+  int64_t checkpoint_interval = 0;
+  nlohmann::json job_spec;
+  std::optional<CheckpointMetrics> last_metrics;
   bool evaluate_only = false;
   int64_t tokens = 0;
   double tokens_per_second = 0.0;
@@ -67,6 +72,11 @@ Trainer::~Trainer() { Stop(); }
 void Trainer::Start() {
   std::lock_guard<std::mutex> lock(mu_);
   if (thread_.joinable() || stop_) return;
+  if (!options_.checkpoint_root.empty()) {
+    // Damaged: resume each job from its newest valid checkpoint instead.
+    pool_checkpoint_ = ReadPoolCheckpoint(options_.checkpoint_root)
+                           .value_or(std::map<std::string, int64_t>{});
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -86,41 +96,52 @@ void Trainer::Stop() {
   }
 }
 
-void Trainer::Attach(AttachCommand command) {
-  Command entry;
-  entry.kind = Command::Kind::kAttach;
-  entry.job_id = command.job_id;
-  entry.attach = std::move(command);
+void Trainer::Enqueue(std::vector<Command> commands) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    commands_.push_back(std::move(entry));
+    for (Command& command : commands) commands_.push_back(std::move(command));
   }
   wake_.notify_all();
 }
 
-void Trainer::Retire(const std::string& job_id) {
-  Command entry;
-  entry.kind = Command::Kind::kRetire;
-  entry.job_id = job_id;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    commands_.push_back(std::move(entry));
+void Trainer::Attach(AttachCommand command) {
+  std::vector<AttachCommand> one;
+  one.push_back(std::move(command));
+  AttachAll(std::move(one));
+}
+
+void Trainer::AttachAll(std::vector<AttachCommand> commands) {
+  std::vector<Command> entries(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    entries[i].kind = Command::Kind::kAttach;
+    entries[i].job_id = commands[i].job_id;
+    entries[i].attach = std::move(commands[i]);
   }
-  wake_.notify_all();
+  Enqueue(std::move(entries));
+}
+
+void Trainer::Retire(const std::string& job_id) {
+  std::vector<Command> entry(1);
+  entry[0].kind = Command::Kind::kRetire;
+  entry[0].job_id = job_id;
+  Enqueue(std::move(entry));
+}
+
+void Trainer::Pause(const std::string& job_id) {
+  std::vector<Command> entry(1);
+  entry[0].kind = Command::Kind::kPause;
+  entry[0].job_id = job_id;
+  Enqueue(std::move(entry));
 }
 
 void Trainer::Export(const std::string& job_id, const std::string& dir,
                      std::function<void(absl::Status)> done) {
-  Command entry;
-  entry.kind = Command::Kind::kExport;
-  entry.job_id = job_id;
-  entry.dir = dir;
-  entry.done = std::move(done);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    commands_.push_back(std::move(entry));
-  }
-  wake_.notify_all();
+  std::vector<Command> entry(1);
+  entry[0].kind = Command::Kind::kExport;
+  entry[0].job_id = job_id;
+  entry[0].dir = dir;
+  entry[0].done = std::move(done);
+  Enqueue(std::move(entry));
 }
 
 std::vector<SlotInfo> Trainer::Slots() const {
@@ -135,11 +156,17 @@ void Trainer::Run() {
       busy = busy || (job && job->evaluate_only && !job->quarantined);
     }
     std::deque<Command> batch;
+    bool stopping = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stop_ || busy || !commands_.empty(); });
-      if (stop_) return;
-      batch.swap(commands_);
+      stopping = stop_;
+      if (!stopping) batch.swap(commands_);
+    }
+    if (stopping) {
+      // Every job that trains keeps its progress across the restart.
+      CheckpointPool();
+      return;
     }
     for (Command& command : batch) Apply(command);
     for (int slot = 0; slot < pool_.capacity(); ++slot) {
@@ -153,7 +180,8 @@ void Trainer::Run() {
         EvaluateOnly(slot);
       }
     }
-    TrainStep();
+    const std::vector<int> stepped = TrainStep();
+    if (CheckpointDue(stepped)) CheckpointPool();
     PublishSlots();
   }
 }
@@ -170,14 +198,25 @@ void Trainer::Apply(Command& command) {
     case Command::Kind::kAttach:
       ApplyAttach(command.attach);
       return;
-    case Command::Kind::kRetire: {
-      if (slot < 0) return;
-      absl::Status status = RetireSlot(slot);
+    case Command::Kind::kRetire:
+      ApplyRetire(command, slot);
+      return;
+    case Command::Kind::kPause: {
       TrainerReport report;
-      report.kind = TrainerReport::Kind::kRetired;
+      report.kind = TrainerReport::Kind::kPaused;
       report.job_id = command.job_id;
       report.slot = slot;
-      report.status = status;
+      if (slot < 0 || pool_.slot(slot).done() ||
+          !pool_.slot(slot).trainable()) {
+        report.status = absl::FailedPreconditionError(absl::StrCat(
+            "job \"", command.job_id, "\" is not training in a slot"));
+      } else {
+        report.status = CheckpointSlot(slot);
+        report.step = pool_.slot(slot).counters.steps;
+        report.checkpoint_dir =
+            CheckpointDir(JobCheckpointDir(command.job_id), report.step);
+        if (report.status.ok()) report.status = RetireSlot(slot);
+      }
       sink_(std::move(report));
       return;
     }
@@ -192,20 +231,70 @@ void Trainer::Apply(Command& command) {
   }
 }
 
+void Trainer::ApplyRetire(Command& command, int slot) {
+  if (slot < 0) return;
+  // The job's state up to here stays available (export, a new job).
+  if (pool_.slot(slot).trainable() && !pool_.slot(slot).done()) {
+    CheckpointSlot(slot).IgnoreError();
+  }
+  TrainerReport report;
+  report.kind = TrainerReport::Kind::kRetired;
+  report.job_id = command.job_id;
+  report.slot = slot;
+  report.status = RetireSlot(slot);
+  sink_(std::move(report));
+}
+
+absl::StatusOr<int> Trainer::AttachOrResume(AttachCommand& command,
+                                            TrainerReport& report,
+                                            std::optional<int64_t>& tokens) {
+  std::optional<CheckpointEntry> latest;
+  std::optional<CheckpointInfo> info;
+  std::string weights_dir = command.initial_adapter_dir;
+  if (command.resume && !options_.checkpoint_root.empty()) {
+    auto pooled = pool_checkpoint_.find(command.job_id);
+    latest = LatestValidCheckpoint(
+        JobCheckpointDir(command.job_id), &report.rejected_checkpoints,
+        pooled == pool_checkpoint_.end() ? INT64_MAX : pooled->second);
+  }
+  if (latest) {
+    LORAPLEX_ASSIGN_OR_RETURN(info, ReadCheckpointInfo(latest->dir));
+    if (info->job_id != command.job_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", latest->dir, " belongs to job ", info->job_id));
+    }
+    weights_dir = latest->dir;
+    if (command.request.preferred_slot < 0) {
+      command.request.preferred_slot = info->slot;
+    }
+  }
+  if (!weights_dir.empty()) {
+    LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
+                              LoadPeftAdapter(weights_dir, model_->config()));
+    command.request.initial_weights =
+        std::make_shared<const PeftAdapter>(std::move(adapter));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(command.request));
+  if (!latest) return slot;
+  absl::Status restored =
+      RestoreCheckpoint(latest->dir, *info, pool_.slot(slot));
+  if (!restored.ok()) {
+    pool_.Retire(slot).IgnoreError();
+    return restored;
+  }
+  report.resumed_step = info->step();
+  tokens = info->tokens;
+  return slot;
+}
+
 void Trainer::ApplyAttach(AttachCommand& command) {
   TrainerReport report;
   report.kind = TrainerReport::Kind::kAttached;
   report.job_id = command.job_id;
   command.request.job_id = command.job_id;
+  std::optional<int64_t> tokens;
   absl::StatusOr<int> slot = CatchTorch("attach", [&]() -> absl::StatusOr<int> {
-    if (!command.initial_adapter_dir.empty()) {
-      LORAPLEX_ASSIGN_OR_RETURN(
-          PeftAdapter adapter,
-          LoadPeftAdapter(command.initial_adapter_dir, model_->config()));
-      command.request.initial_weights =
-          std::make_shared<const PeftAdapter>(std::move(adapter));
-    }
-    return pool_.Attach(command.request);
+    return AttachOrResume(command, report, tokens);
   });
   if (slot.ok()) {
     auto job = std::make_unique<SlotJob>();
@@ -214,6 +303,12 @@ void Trainer::ApplyAttach(AttachCommand& command) {
     job->validation = std::move(command.validation);
     job->final_adapter_dir = command.final_adapter_dir;
     job->eval_interval = command.request.training.eval_interval;
+    job->checkpoint_interval =
+        command.request.training.checkpoint_interval > 0
+            ? command.request.training.checkpoint_interval
+            : options_.checkpoint_interval;
+    job->job_spec = std::move(command.job_spec);
+    job->tokens = tokens.value_or(0);
     job->evaluate_only = command.request.data == nullptr;
     if (!job->evaluate_only) {
       job->family =
@@ -222,6 +317,8 @@ void Trainer::ApplyAttach(AttachCommand& command) {
     jobs_[*slot] = std::move(job);
     report.slot = *slot;
     report.total_steps = pool_.slot(*slot).total_steps;
+    report.step = pool_.slot(*slot).counters.steps;
+    report.tokens = jobs_[*slot]->tokens;
   } else {
     report.status = slot.status();
   }
@@ -241,6 +338,9 @@ absl::Status Trainer::RetireSlot(int slot) {
       CatchTorch("retire", [&] { return pool_.Retire(slot); });
   if (status.ok()) {
     if (jobs_[slot]->quarantined) --quarantined_;
+    // It left the pool: resumed later, it continues from its newest
+    // checkpoint.
+    if (pool_checkpoint_.erase(jobs_[slot]->job_id) > 0) SavePoolCheckpoint();
     jobs_[slot].reset();
   } else if (!jobs_[slot]->quarantined) {
     jobs_[slot]->quarantined = true;
@@ -249,9 +349,10 @@ absl::Status Trainer::RetireSlot(int slot) {
   return status;
 }
 
-void Trainer::TrainStep() {
+std::vector<int> Trainer::TrainStep() {
   const std::vector<int> ids = TrainableSlots();
-  if (ids.empty()) return;
+  std::vector<int> stepped;
+  if (ids.empty()) return stepped;
   std::vector<TrainingSlot*> slots;
   for (int slot : ids) slots.push_back(&pool_.slot(slot));
   const auto start = std::chrono::steady_clock::now();
@@ -263,7 +364,7 @@ void Trainer::TrainStep() {
           .count();
   if (!metrics.ok()) {
     for (int slot : ids) FinishJob(slot, metrics.status());
-    return;
+    return stepped;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     const int slot = ids[i];
@@ -271,6 +372,7 @@ void Trainer::TrainStep() {
     const TrainingSlot& training = pool_.slot(slot);
     const SlotStepMetrics& step = (*metrics)[i];
     job.tokens += step.tokens;
+    job.last_metrics = CheckpointMetrics{step.loss, step.lr, step.grad_norm};
     const double rate = seconds > 0 ? step.tokens / seconds : 0.0;
     // A short moving average: single steps are noisy on a shared machine.
     job.tokens_per_second = job.tokens_per_second == 0.0
@@ -289,10 +391,78 @@ void Trainer::TrainStep() {
         continue;
       }
       report.validation_loss = *loss;
+      job.last_metrics->validation_loss = *loss;
     }
     sink_(std::move(report));
-    if (training.done()) FinishJob(slot, absl::OkStatus());
+    if (training.done()) {
+      FinishJob(slot, absl::OkStatus());
+    } else {
+      stepped.push_back(slot);
+    }
   }
+  return stepped;
+}
+
+bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
+  if (options_.checkpoint_root.empty()) return false;
+  for (int slot : stepped) {
+    const int64_t interval = jobs_[slot]->checkpoint_interval;
+    if (interval > 0 && pool_.slot(slot).counters.steps % interval == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void Trainer::CheckpointPool() {
+  if (options_.checkpoint_root.empty()) return;
+  std::map<std::string, int64_t> group;
+  for (int slot : TrainableSlots()) {
+    if (CheckpointSlot(slot).ok()) {
+      group[jobs_[slot]->job_id] = pool_.slot(slot).counters.steps;
+    }
+  }
+  pool_checkpoint_ = std::move(group);
+  SavePoolCheckpoint();
+}
+
+void Trainer::SavePoolCheckpoint() {
+  // On failure the previous group stays on disk: still consistent, older.
+  CatchTorch("pool checkpoint", [&] {
+    return WritePoolCheckpoint(options_.checkpoint_root, pool_checkpoint_);
+  }).IgnoreError();
+}
+
+std::string Trainer::JobCheckpointDir(const std::string& job_id) const {
+  return absl::StrCat(options_.checkpoint_root, "/", job_id);
+}
+
+absl::Status Trainer::CheckpointSlot(int slot) {
+  if (options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError("checkpoints are disabled");
+  }
+  const SlotJob& job = *jobs_[slot];
+  const TrainingSlot& training = pool_.slot(slot);
+  CheckpointInfo info;
+  info.job_id = job.job_id;
+  info.time_ms = NowMillis();
+  info.slot = slot;
+  info.total_steps = training.total_steps;
+  info.counters = training.counters;
+  info.tokens = job.tokens;
+  info.cursor = training.cursor->state();
+  info.metrics = job.last_metrics;
+  info.job_spec = job.job_spec;
+  TrainerReport report = ProgressReport(TrainerReport::Kind::kCheckpoint, slot);
+  report.checkpoint_dir =
+      CheckpointDir(JobCheckpointDir(job.job_id), info.step());
+  report.status = CatchTorch("checkpoint", [&] {
+    return WriteCheckpoint(JobCheckpointDir(job.job_id), training, info,
+                           options_.base_model_name, options_.keep_checkpoints);
+  });
+  const absl::Status status = report.status;
+  sink_(std::move(report));
+  return status;
 }
 
 TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,

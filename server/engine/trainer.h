@@ -14,6 +14,13 @@
 // last step the trainer evaluates it, exports its adapter (PEFT files in
 // final_adapter_dir, written to a temporary directory and renamed into
 // place), retires the slot, and only then reports kFinished.
+//
+// Checkpoints (checkpoint.h) are pool-consistent: when a step completes a
+// multiple of any job's checkpoint interval, every training slot is
+// checkpointed at that same step boundary, so jobs resumed together after a
+// crash train in the same co-batches as before and replay bit-exactly. A
+// job is also checkpointed when it is paused or retired, and every job when
+// the trainer stops.
 #ifndef LORAPLEX_SERVER_ENGINE_TRAINER_H_
 #define LORAPLEX_SERVER_ENGINE_TRAINER_H_
 
@@ -22,8 +29,10 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -41,6 +50,13 @@ struct TrainerOptions {
   CoBatchOptions co_batch;
   // base_model_name_or_path written into exported adapter configs.
   std::string base_model_name;
+  // Checkpoints go to <checkpoint_root>/<job id>/; empty: none are taken.
+  std::string checkpoint_root;
+  // Steps between checkpoints of jobs whose config leaves it at 0; 0: only
+  // on pause, retire and stop.
+  int64_t checkpoint_interval = 0;
+  // Checkpoints kept per job (the newest).
+  int keep_checkpoints = 3;
 };
 
 // One job to put into a free slot.
@@ -55,6 +71,11 @@ struct AttachCommand {
   std::shared_ptr<const SequenceSet> validation;  // May be null.
   // Where the trained adapter goes; empty for an evaluation-only job.
   std::string final_adapter_dir;
+  // Continue from the job's newest checkpoint that verifies (its slot is
+  // request.preferred_slot when unset); start afresh when it has none.
+  bool resume = false;
+  // The job's configuration, recorded in its checkpoints.
+  nlohmann::json job_spec;
 };
 
 // A snapshot of one slot, published after every trainer iteration.
@@ -71,11 +92,16 @@ struct SlotInfo {
 
 struct TrainerReport {
   enum class Kind {
-    kAttached,  // `status` says whether the job got `slot`.
-    kStep,      // One step of the job (metrics).
-    kFinished,  // The job is done and its slot free; `status` is the
-                // outcome (an error is the job's failure).
-    kRetired,   // The job was retired on request; its slot is free.
+    kAttached,    // `status` says whether the job got `slot`.
+    kStep,        // One step of the job (metrics).
+    kFinished,    // The job is done and its slot free; `status` is the
+                  // outcome (an error is the job's failure).
+    kRetired,     // The job was retired on request; its slot is free.
+    kCheckpoint,  // A checkpoint of the job at `step` was written, or
+                  // writing it failed (`status`; the job trains on).
+    kPaused,      // `status` OK: checkpointed at `step` and retired; else
+                  // the job was not paused (it is not in a slot, or its
+                  // checkpoint failed and it trains on).
   };
   Kind kind = Kind::kStep;
   std::string job_id;
@@ -88,6 +114,10 @@ struct TrainerReport {
   int64_t skipped_steps = 0;
   double tokens_per_second = 0.0;  // kStep: this job's rows over the step.
   std::optional<double> validation_loss;
+  int64_t resumed_step = -1;  // kAttached: the checkpoint's step, or -1.
+  // kAttached: newer checkpoints that did not verify, and why.
+  std::vector<std::string> rejected_checkpoints;
+  std::string checkpoint_dir;  // kCheckpoint, kPaused.
 };
 
 class Trainer {
@@ -106,10 +136,14 @@ class Trainer {
   void Stop();
 
   void Attach(AttachCommand command);
+  // Attaches all of `commands` at the same step boundary, in order.
+  void AttachAll(std::vector<AttachCommand> commands);
   // Frees the job's slot (kRetired); a job not in a slot is ignored.
   // Commands run in order, so a Retire sent after an Attach of the same job
   // retires what that Attach put in a slot.
   void Retire(const std::string& job_id);
+  // Checkpoints the job and frees its slot (kPaused).
+  void Pause(const std::string& job_id);
   // Writes the job's current adapter as PEFT files into `dir` and calls
   // `done` (on the trainer thread). NOT_FOUND when no slot holds the job.
   void Export(const std::string& job_id, const std::string& dir,
@@ -127,18 +161,33 @@ class Trainer {
   struct SlotJob;
 
   void Run();
+  void Enqueue(std::vector<Command> commands);
+  void ApplyRetire(Command& command, int slot);
   void Apply(Command& command);
   void ApplyAttach(AttachCommand& command);
   std::vector<int> TrainableSlots() const;
   // Retires the slot; on failure it is quarantined (see SlotJob).
   absl::Status RetireSlot(int slot);
-  void TrainStep();
+  // The slots that trained a step and are still attached.
+  std::vector<int> TrainStep();
   // A report of `kind` with the slot's job, step and token counts.
   TrainerReport ProgressReport(TrainerReport::Kind kind, int slot) const;
   void EvaluateOnly(int slot);
   void FinishJob(int slot, absl::Status status);
   absl::StatusOr<double> Validate(int slot);
   absl::Status ExportSlot(int slot, const std::string& dir);
+  // Attach, restoring the job's newest valid checkpoint when resuming.
+  absl::StatusOr<int> AttachOrResume(AttachCommand& command,
+                                     TrainerReport& report,
+                                     std::optional<int64_t>& tokens);
+  bool CheckpointDue(const std::vector<int>& stepped) const;
+  // Writes the slot's checkpoint and reports kCheckpoint.
+  absl::Status CheckpointSlot(int slot);
+  // Checkpoints every training slot at this step boundary, then records
+  // the group as the pool's last complete checkpoint.
+  void CheckpointPool();
+  void SavePoolCheckpoint();
+  std::string JobCheckpointDir(const std::string& job_id) const;
   void PublishSlots();
 
   std::unique_ptr<LlamaModel> model_;
@@ -147,6 +196,11 @@ class Trainer {
   SlotPool pool_;                               // Trainer thread only.
   std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
   std::atomic<int> quarantined_{0};
+  // Trainer thread: the jobs of the pool's last complete checkpoint and
+  // their steps (pool.json). A job resumed after a crash continues from
+  // its step there, not from a newer checkpoint of a group the crash cut
+  // short, so it trains in the same co-batches as before.
+  std::map<std::string, int64_t> pool_checkpoint_;
 
   mutable std::mutex mu_;
   std::condition_variable wake_;

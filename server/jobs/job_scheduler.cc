@@ -1,5 +1,6 @@
 #include "server/jobs/job_scheduler.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <utility>
@@ -26,11 +27,24 @@ std::string JobScheduler::AdapterDir(const std::string& adapter_id) const {
   return absl::StrCat(options_.state_dir, "/adapters/", adapter_id);
 }
 
+std::string JobScheduler::CheckpointDir(const std::string& job_id) const {
+  return absl::StrCat(options_.state_dir, "/checkpoints/", job_id);
+}
+
 absl::Status JobScheduler::Start(Trainer* trainer) {
   LORAPLEX_ASSIGN_OR_RETURN(
       std::vector<JobRecord> unfinished,
-      store_->JobsWithStatus(
-          {JobStatus::kValidating, JobStatus::kQueued, JobStatus::kRunning}));
+      store_->JobsWithStatus({JobStatus::kValidating, JobStatus::kQueued,
+                              JobStatus::kRunning, JobStatus::kPaused}));
+  // Jobs that were running go first, in slot order, so they get their
+  // slots back and train in the same co-batches as before.
+  std::stable_sort(unfinished.begin(), unfinished.end(),
+                   [](const JobRecord& a, const JobRecord& b) {
+                     const bool a_ran = a.status == JobStatus::kRunning;
+                     const bool b_ran = b.status == JobStatus::kRunning;
+                     if (a_ran != b_ran) return a_ran;
+                     return a_ran && a.slot < b.slot;
+                   });
   std::lock_guard<std::mutex> lock(mu_);
   trainer_ = trainer;
   for (JobRecord& record : unfinished) {
@@ -40,13 +54,15 @@ absl::Status JobScheduler::Start(Trainer* trainer) {
     LiveJob& live = *job;
     const std::string id = live.record.id;
     live_[id] = std::move(job);
+    if (live.record.status == JobStatus::kPaused) continue;
     queue_.push_back(id);
     if (live.record.status != JobStatus::kQueued) {
-      // Without checkpoints a job that was training starts over.
+      live.resume_slot = live.record.slot;
+      live.record.status = JobStatus::kQueued;
       live.record.slot = -1;
-      live.record.metrics = JobMetricsRecord{};
       Commit(live, {StatusEvent(live.record, JobStatus::kQueued,
-                                "queued again: the server restarted")});
+                                "queued again: the server restarted; it "
+                                "continues from its latest checkpoint")});
     }
   }
   if (!unfinished.empty()) {
@@ -64,6 +80,12 @@ void JobScheduler::Stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, job] : live_) {
+    if (!job->pause_done) continue;
+    job->pause_done(absl::UnavailableError("the server is shutting down"));
+    job->pause_done = nullptr;
+  }
 }
 
 absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobData data) {
@@ -93,19 +115,8 @@ absl::StatusOr<JobRecord> JobScheduler::Cancel(const std::string& tenant,
                                                const std::string& job_id,
                                                const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(job_id);
-  if (it == live_.end() || IsTerminal(it->second->record.status) ||
-      (!tenant.empty() && it->second->record.tenant != tenant)) {
-    LORAPLEX_ASSIGN_OR_RETURN(JobRecord stored, store_->GetJob(tenant, job_id));
-    if (IsTerminal(stored.status)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job \"", job_id, "\" already finished as ",
-                       JobStatusName(stored.status)));
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat("job \"", job_id, "\" is not active"));
-  }
-  LiveJob& job = *it->second;
+  LORAPLEX_ASSIGN_OR_RETURN(LiveJob * active, ActiveJob(tenant, job_id));
+  LiveJob& job = *active;
   job.record.status = JobStatus::kCancelled;
   job.record.slot = -1;
   job.record.end_time_ms = NowMillis();
@@ -118,7 +129,83 @@ absl::StatusOr<JobRecord> JobScheduler::Cancel(const std::string& tenant,
   if (job.in_trainer) trainer_->Retire(job_id);
   Commit(job, {StatusEvent(job.record, JobStatus::kCancelled, reason)});
   JobRecord result = job.record;
-  if (!job.in_trainer) live_.erase(job_id);
+  if (!job.in_trainer) Forget(job_id);
+  return result;
+}
+
+absl::StatusOr<JobScheduler::LiveJob*> JobScheduler::ActiveJob(
+    const std::string& tenant, const std::string& job_id) {
+  auto it = live_.find(job_id);
+  if (it == live_.end() || IsTerminal(it->second->record.status) ||
+      (!tenant.empty() && it->second->record.tenant != tenant)) {
+    LORAPLEX_ASSIGN_OR_RETURN(JobRecord stored, store_->GetJob(tenant, job_id));
+    if (IsTerminal(stored.status)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job \"", job_id, "\" already finished as ",
+                       JobStatusName(stored.status)));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" is not active"));
+  }
+  return it->second.get();
+}
+
+void JobScheduler::Forget(const std::string& job_id) {
+  auto it = live_.find(job_id);
+  if (it == live_.end()) return;
+  if (it->second->pause_done) {
+    const JobRecord& record = it->second->record;
+    it->second->pause_done(absl::FailedPreconditionError(absl::StrCat(
+        "job \"", job_id, "\" finished as ", JobStatusName(record.status),
+        " before it could be paused")));
+  }
+  live_.erase(it);
+}
+
+void JobScheduler::Pause(const std::string& tenant, const std::string& job_id,
+                         std::function<void(absl::StatusOr<JobRecord>)> done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<LiveJob*> active = ActiveJob(tenant, job_id);
+  if (!active.ok()) return done(active.status());
+  LiveJob& job = **active;
+  if (job.record.status == JobStatus::kPaused) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" is already paused")));
+  }
+  if (job.pause_done) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" is already being paused")));
+  }
+  if (job.in_trainer) {
+    job.pause_done = std::move(done);
+    trainer_->Pause(job_id);
+    return;
+  }
+  queue_.erase(std::remove(queue_.begin(), queue_.end(), job_id), queue_.end());
+  job.record.status = JobStatus::kPaused;
+  Commit(job,
+         {StatusEvent(job.record, JobStatus::kPaused, "paused while queued")});
+  done(job.record);
+}
+
+absl::StatusOr<JobRecord> JobScheduler::Resume(const std::string& tenant,
+                                               const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LORAPLEX_ASSIGN_OR_RETURN(LiveJob * active, ActiveJob(tenant, job_id));
+  LiveJob& job = *active;
+  if (job.record.status != JobStatus::kPaused) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" is ",
+                     JobStatusName(job.record.status), ", not PAUSED"));
+  }
+  job.record.status = JobStatus::kQueued;
+  queue_.push_back(job_id);
+  Commit(job, {StatusEvent(job.record, JobStatus::kQueued,
+                           absl::StrCat("resumed: continues from step ",
+                                        job.record.metrics.step,
+                                        " when a slot is free"))});
+  JobRecord result = job.record;
+  if (trainer_ != nullptr) FillSlots();
   return result;
 }
 
@@ -217,17 +304,14 @@ void JobScheduler::HandleReports(std::deque<TrainerReport> reports) {
           Release(job);
           if (!cancelled) Fail(job, report.status);
         } else if (!cancelled) {
-          job.record.status = JobStatus::kRunning;
-          job.record.slot = report.slot;
-          if (job.record.start_time_ms == 0) {
-            job.record.start_time_ms = NowMillis();
-          }
-          const bool evaluating = job.record.training_dataset_id.empty();
-          Commit(job, {StatusEvent(
-                          job.record, JobStatus::kRunning,
-                          absl::StrCat(evaluating ? "evaluating" : "training",
-                                       " in slot ", report.slot))});
+          OnAttached(job, report);
         }
+        break;
+      case TrainerReport::Kind::kPaused:
+        OnPaused(job, report);
+        break;
+      case TrainerReport::Kind::kCheckpoint:
+        OnCheckpoint(job, report);
         break;
       case TrainerReport::Kind::kFinished: {
         Release(job);
@@ -294,7 +378,7 @@ void JobScheduler::HandleReports(std::deque<TrainerReport> reports) {
         break;
     }
     if (IsTerminal(job.record.status) && !job.in_trainer) {
-      live_.erase(report.job_id);
+      Forget(report.job_id);
     }
   }
   flush_steps();
@@ -302,6 +386,8 @@ void JobScheduler::HandleReports(std::deque<TrainerReport> reports) {
 
 void JobScheduler::FillSlots() {
   const int capacity = trainer_->capacity();
+  // Handed over together, so they start at the same step boundary.
+  std::vector<AttachCommand> commands;
   for (auto it = queue_.begin(); it != queue_.end() && reserved_ < capacity;) {
     LiveJob& job = *live_.at(*it);
     const std::string& tenant = job.record.tenant;
@@ -326,7 +412,7 @@ void JobScheduler::FillSlots() {
       const std::string id = *it;
       it = queue_.erase(it);
       Fail(job, spec.status());
-      live_.erase(id);
+      Forget(id);
       continue;
     }
     AttachCommand command;
@@ -338,6 +424,10 @@ void JobScheduler::FillSlots() {
     command.request.training = spec->training;
     command.request.data = job.data.training;
     command.validation = job.data.validation;
+    command.resume = true;  // From a checkpoint, if the job has one.
+    command.request.preferred_slot = job.resume_slot;
+    job.resume_slot = -1;
+    command.job_spec = job.record.spec;
     if (!job.record.initial_adapter_id.empty()) {
       command.initial_adapter_dir = AdapterDir(job.record.initial_adapter_id);
     }
@@ -349,8 +439,73 @@ void JobScheduler::FillSlots() {
     ++reserved_;
     ++reserved_by_tenant_[tenant];
     it = queue_.erase(it);
-    trainer_->Attach(std::move(command));
+    commands.push_back(std::move(command));
   }
+  if (!commands.empty()) trainer_->AttachAll(std::move(commands));
+}
+
+void JobScheduler::OnAttached(LiveJob& job, const TrainerReport& report) {
+  for (const std::string& rejected : report.rejected_checkpoints) {
+    logger_->Warning("job ", job.record.id,
+                     ": checkpoint rejected: ", rejected);
+  }
+  job.record.status = JobStatus::kRunning;
+  job.record.slot = report.slot;
+  if (job.record.start_time_ms == 0) job.record.start_time_ms = NowMillis();
+  std::string message = absl::StrCat(
+      job.record.training_dataset_id.empty() ? "evaluating" : "training",
+      " in slot ", report.slot);
+  if (report.resumed_step >= 0) {
+    job.record.metrics.step = report.resumed_step;
+    job.record.metrics.tokens = report.tokens;
+    absl::StrAppend(&message, ", resumed from the checkpoint at step ",
+                    report.resumed_step);
+  } else if (job.record.metrics.step > 0) {
+    job.record.metrics = JobMetricsRecord{};
+    absl::StrAppend(&message, ", from step 0: no checkpoint to resume from");
+  }
+  if (!report.rejected_checkpoints.empty()) {
+    absl::StrAppend(&message, " (", report.rejected_checkpoints.size(),
+                    " newer checkpoint(s) failed verification: ",
+                    report.rejected_checkpoints.front(), ")");
+  }
+  Commit(job, {StatusEvent(job.record, JobStatus::kRunning, message)});
+}
+
+void JobScheduler::OnPaused(LiveJob& job, const TrainerReport& report) {
+  auto done = std::move(job.pause_done);
+  job.pause_done = nullptr;
+  if (!report.status.ok()) {
+    if (done) done(report.status);
+    return;
+  }
+  Release(job);
+  if (job.record.status == JobStatus::kCancelled) {
+    if (done) {
+      done(absl::FailedPreconditionError(
+          absl::StrCat("job \"", job.record.id, "\" was cancelled")));
+    }
+    return;
+  }
+  job.record.status = JobStatus::kPaused;
+  job.record.slot = -1;
+  job.record.metrics.step = report.step;
+  Commit(job, {StatusEvent(job.record, JobStatus::kPaused,
+                           absl::StrCat("paused at step ", report.step,
+                                        " with a checkpoint"))});
+  if (done) done(job.record);
+}
+
+void JobScheduler::OnCheckpoint(const LiveJob& job,
+                                const TrainerReport& report) {
+  if (report.status.ok()) {
+    logger_->Info("job ", job.record.id, ": checkpoint at step ", report.step);
+    return;
+  }
+  logger_->Error("job ", job.record.id, ": checkpoint at step ", report.step,
+                 " failed; the job keeps its previous checkpoint and trains "
+                 "on: ",
+                 report.status.message());
 }
 
 void JobScheduler::Commit(LiveJob& job, std::vector<JobEventRecord> events) {

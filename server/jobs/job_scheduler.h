@@ -55,7 +55,10 @@ class JobScheduler {
   JobScheduler& operator=(const JobScheduler&) = delete;
 
   // Queues again the jobs a previous run left queued, validating or running
-  // (they start over), then starts scheduling onto `trainer`.
+  // (each continues from its newest valid checkpoint; those that were
+  // running go first, back into their slots, all at the same step
+  // boundary), keeps paused ones paused, then starts scheduling onto
+  // `trainer`.
   absl::Status Start(Trainer* trainer);
   // Stores what the trainer reported so far and stops scheduling; jobs keep
   // their stored status (running ones are queued again by the next Start).
@@ -70,6 +73,18 @@ class JobScheduler {
   absl::StatusOr<JobRecord> Cancel(const std::string& tenant,
                                    const std::string& job_id,
                                    const std::string& reason);
+  // Pauses a queued job at once, or has the trainer checkpoint and retire a
+  // running one; `done` gets the PAUSED record then (on the scheduler's
+  // thread), or the reason it was not paused. Errors: NOT_FOUND,
+  // FAILED_PRECONDITION (finished, already paused, a pause pending),
+  // UNAVAILABLE at shutdown, or the checkpoint's error (the job trains on).
+  void Pause(const std::string& tenant, const std::string& job_id,
+             std::function<void(absl::StatusOr<JobRecord>)> done);
+  // Queues a PAUSED job again. FAILED_PRECONDITION if it is not paused.
+  absl::StatusOr<JobRecord> Resume(const std::string& tenant,
+                                   const std::string& job_id);
+  // <state_dir>/checkpoints/<job_id>.
+  std::string CheckpointDir(const std::string& job_id) const;
   // Writes a running job's current adapter into `dir`; `done` runs on the
   // trainer thread. NOT_FOUND (through `done`) if it is not in a slot.
   void ExportRunning(const std::string& job_id, const std::string& dir,
@@ -88,6 +103,10 @@ class JobScheduler {
     bool data_ready = false;
     bool in_trainer = false;  // Attach sent; holds a slot reservation.
     std::string final_adapter_id;
+    // The slot it had when the server stopped, to go back into.
+    int resume_slot = -1;
+    // A PauseJob call waiting for the trainer.
+    std::function<void(absl::StatusOr<JobRecord>)> pause_done;
   };
 
   void Run();
@@ -100,6 +119,16 @@ class JobScheduler {
                              const std::string& message);
   void Release(LiveJob& job);
   void Fail(LiveJob& job, const absl::Status& status);
+  void OnAttached(LiveJob& job, const TrainerReport& report);
+  void OnPaused(LiveJob& job, const TrainerReport& report);
+  void OnCheckpoint(const LiveJob& job, const TrainerReport& report);
+  // The live job of `tenant` (any tenant when empty) that is not finished,
+  // else NOT_FOUND or FAILED_PRECONDITION from the store.
+  absl::StatusOr<LiveJob*> ActiveJob(const std::string& tenant,
+                                     const std::string& job_id);
+  // Drops a finished job that the trainer no longer holds, answering a
+  // pending pause.
+  void Forget(const std::string& job_id);
   void LogThroughput();
 
   JobStore* store_;

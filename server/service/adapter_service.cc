@@ -16,8 +16,10 @@
 #include "core/common/status_macros.h"
 #include "server/common/clock.h"
 #include "server/jobs/resource_id.h"
+#include "server/service/checkpoint_access.h"
 #include "server/service/job_creation.h"
 #include "server/service/proto_convert.h"
+#include "server/service/staged_adapter.h"
 
 namespace loraplex {
 namespace {
@@ -25,87 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kExportChunkBytes = size_t{1} << 20;
-
-// An uploaded adapter written to a staging directory and checked against
-// the base model; it becomes a stored adapter only with Publish().
-class StagedAdapter {
- public:
-  static absl::StatusOr<std::unique_ptr<StagedAdapter>> Create(
-      const ServiceContext& context, const std::string& tenant,
-      const v1::AttachAdapterRequest& request) {
-    const v1::PeftAdapterFiles& files = request.files();
-    const int64_t size =
-        static_cast<int64_t>(files.adapter_config_json().size() +
-                             files.adapter_model_safetensors().size());
-    if (size > context.limits.max_adapter_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "files: the adapter has ", size, " bytes, more than the limit of ",
-          context.limits.max_adapter_bytes));
-    }
-    std::unique_ptr<StagedAdapter> staged(new StagedAdapter(context));
-    AdapterRecord& record = staged->record_;
-    record.id = NewResourceId("adapter");
-    record.tenant = tenant;
-    record.display_name = request.display_name();
-    record.base_model = context.base_model_name;
-    record.create_time_ms = NowMillis();
-    staged->dir_ = context.scheduler->AdapterDir(record.id);
-    staged->staged_ = staged->dir_ + ".staged";
-    std::error_code error;
-    fs::create_directories(staged->staged_, error);
-    if (error) {
-      return absl::InternalError(absl::StrCat("cannot create ", staged->staged_,
-                                              ": ", error.message()));
-    }
-    LORAPLEX_RETURN_IF_ERROR(
-        WriteFileAtomically(absl::StrCat(staged->staged_, "/", kPeftConfigFile),
-                            files.adapter_config_json()));
-    LORAPLEX_RETURN_IF_ERROR(WriteFileAtomically(
-        absl::StrCat(staged->staged_, "/", kPeftWeightsFile),
-        files.adapter_model_safetensors()));
-    absl::StatusOr<PeftAdapter> adapter = [&]() -> absl::StatusOr<PeftAdapter> {
-      try {
-        return LoadPeftAdapter(staged->staged_, context.model);
-      } catch (const std::exception& e) {
-        return absl::InvalidArgumentError(e.what());
-      }
-    }();
-    if (!adapter.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("files: ", adapter.status().message()));
-    }
-    record.lora = LoraConfigToJson(adapter->config);
-    return staged;
-  }
-
-  // Removes the files unless Publish() succeeded.
-  ~StagedAdapter() {
-    std::error_code ignored;
-    fs::remove_all(staged_, ignored);
-    if (!published_) fs::remove_all(dir_, ignored);
-  }
-
-  const AdapterRecord& record() const { return record_; }
-
-  // Moves the files into place, then stores the record.
-  absl::Status Publish() {
-    LORAPLEX_RETURN_IF_ERROR(PublishDirectory(staged_, dir_));
-    LORAPLEX_RETURN_IF_ERROR(context_.store->InsertAdapter(record_));
-    published_ = true;
-    context_.logger->Info("adapter ", record_.id, " (tenant ", record_.tenant,
-                          "): uploaded");
-    return absl::OkStatus();
-  }
-
- private:
-  explicit StagedAdapter(const ServiceContext& context) : context_(context) {}
-
-  const ServiceContext& context_;
-  AdapterRecord record_;
-  std::string dir_;
-  std::string staged_;
-  bool published_ = false;
-};
 
 // Sends the files of an adapter directory, each in chunks. A temporary
 // directory (a running job's snapshot) is removed when the call ends.
@@ -248,7 +169,10 @@ absl::Status AdapterServiceImpl::Attach(const std::string& tenant,
   AdapterRecord adapter;
   if (request.has_files()) {
     LORAPLEX_ASSIGN_OR_RETURN(
-        upload, StagedAdapter::Create(*context_, tenant, request));
+        upload,
+        StagedAdapter::Create(*context_, tenant, request.display_name(),
+                              request.files().adapter_config_json(),
+                              request.files().adapter_model_safetensors()));
     adapter = upload->record();
   } else {
     LORAPLEX_ASSIGN_OR_RETURN(
@@ -300,9 +224,17 @@ AdapterServiceImpl::ExportAdapter(grpc::CallbackServerContext* call,
   auto* reactor = new ExportReactor();
   std::string dir;
   std::string running_job_id;  // Set when the export is a running snapshot.
+  bool checkpoint = false;
   absl::Status status = [&]() -> absl::Status {
     LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
                               Authenticate(*context_, call));
+    if (request->has_checkpoint()) {
+      LORAPLEX_ASSIGN_OR_RETURN(
+          dir, FindCheckpoint(*context_, tenant, request->checkpoint(),
+                              "checkpoint"));
+      checkpoint = true;
+      return absl::OkStatus();
+    }
     if (request->has_adapter()) {
       LORAPLEX_ASSIGN_OR_RETURN(
           std::string id,
@@ -314,7 +246,7 @@ AdapterServiceImpl::ExportAdapter(grpc::CallbackServerContext* call,
     }
     if (!request->has_job()) {
       return absl::InvalidArgumentError(
-          "source is required: set job or adapter");
+          "source is required: set job, adapter or checkpoint");
     }
     LORAPLEX_ASSIGN_OR_RETURN(std::string id,
                               ParseResourceName(request->job(), "jobs", "job"));
@@ -337,8 +269,12 @@ AdapterServiceImpl::ExportAdapter(grpc::CallbackServerContext* call,
   }();
   if (!status.ok() || running_job_id.empty()) {
     reactor->Retain();
-    context_->work->Post([reactor, status, dir] {
-      reactor->Begin(status, dir, /*temporary=*/false);
+    context_->work->Post([reactor, status, dir, checkpoint] {
+      // A checkpoint is exported only when all of it verifies.
+      reactor->Begin(status.ok() && checkpoint
+                         ? CheckCheckpoint(dir, "checkpoint")
+                         : status,
+                     dir, /*temporary=*/false);
       reactor->Release();
     });
     return reactor;

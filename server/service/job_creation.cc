@@ -4,9 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "server/engine/checkpoint.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/resource_id.h"
+#include "server/service/checkpoint_access.h"
 #include "server/service/proto_convert.h"
+#include "server/service/staged_adapter.h"
 
 namespace loraplex {
 namespace {
@@ -94,6 +97,33 @@ absl::StatusOr<PendingJob> ValidateCreateJob(
   record.display_name = request.display_name();
   record.base_model = context.base_model_name;
   return pending;
+}
+
+absl::StatusOr<JobRecord> CreateJobFromCheckpoint(
+    const ServiceContext& context, const std::string& tenant,
+    const v1::CreateJobRequest& request, const std::string& checkpoint_dir) {
+  constexpr absl::string_view kField = "initial_checkpoint";
+  LORAPLEX_RETURN_IF_ERROR(CheckCheckpoint(checkpoint_dir, kField));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      std::string config, ReadCheckpointFile(checkpoint_dir, kPeftConfigFile));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      std::string weights,
+      ReadCheckpointFile(checkpoint_dir, kPeftWeightsFile));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      CheckpointName source,
+      ParseCheckpointName(request.initial_checkpoint(), kField));
+  absl::StatusOr<std::unique_ptr<StagedAdapter>> staged = StagedAdapter::Create(
+      context, tenant,
+      absl::StrCat("step ", source.step, " of job ", source.job_id), config,
+      weights);
+  LORAPLEX_RETURN_IF_ERROR(Prefixed(kField, staged.status()));
+  AdapterRecord& adapter = (*staged)->record();
+  adapter.job_id = source.job_id;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      PendingJob pending,
+      ValidateCreateJob(context, tenant, request, &adapter));
+  LORAPLEX_RETURN_IF_ERROR((*staged)->Publish());
+  return SubmitJob(context, std::move(pending));
 }
 
 absl::StatusOr<JobRecord> SubmitJob(const ServiceContext& context,

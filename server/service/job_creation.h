@@ -34,6 +34,14 @@ absl::StatusOr<PendingJob> ValidateCreateJob(
     const v1::CreateJobRequest& request,
     const AdapterRecord* initial_adapter = nullptr);
 
+// CreateJob with request.initial_checkpoint (found at `checkpoint_dir`):
+// verifies the checkpoint, stores its adapter weights as a new adapter of
+// the tenant (only once the job validates; it is the job's
+// initial_adapter) and submits the job. Reads files: call on a worker.
+absl::StatusOr<JobRecord> CreateJobFromCheckpoint(
+    const ServiceContext& context, const std::string& tenant,
+    const v1::CreateJobRequest& request, const std::string& checkpoint_dir);
+
 // Builds the job's sequences (errors name the dataset field) and queues it.
 absl::StatusOr<JobRecord> SubmitJob(const ServiceContext& context,
                                     PendingJob pending);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "core/common/status_macros.h"
+#include "server/service/checkpoint_access.h"
 #include "server/service/job_creation.h"
 #include "server/service/proto_convert.h"
 
@@ -137,6 +138,9 @@ absl::Status CheckAfterSequence(int64_t after_sequence) {
 grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(
     grpc::CallbackServerContext* call, const v1::CreateJobRequest* request,
     v1::Job* response) {
+  if (!request->initial_checkpoint().empty()) {
+    return CreateJobFromCheckpoint(call, request, response);
+  }
   absl::StatusOr<PendingJob> pending = [&]() -> absl::StatusOr<PendingJob> {
     LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
                               Authenticate(*context_, call));
@@ -159,6 +163,96 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(
     reactor->Finish(ToGrpcStatus(status));
   });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CreateJobFromCheckpoint(
+    grpc::CallbackServerContext* call, const v1::CreateJobRequest* request,
+    v1::Job* response) {
+  std::string tenant;
+  std::string dir;
+  absl::Status status = [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(tenant, Authenticate(*context_, call));
+    if (!request->initial_adapter().empty()) {
+      return absl::InvalidArgumentError(
+          "initial_checkpoint: set either initial_adapter or "
+          "initial_checkpoint, not both");
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        dir, FindCheckpoint(*context_, tenant, request->initial_checkpoint(),
+                            "initial_checkpoint"));
+    return absl::OkStatus();
+  }();
+  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+  if (!status.ok()) {
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+  // Verifying the checkpoint reads every file: a worker does it.
+  context_->work->Post([this, reactor, request, response, tenant, dir] {
+    absl::Status status;
+    try {
+      absl::StatusOr<JobRecord> job =
+          loraplex::CreateJobFromCheckpoint(*context_, tenant, *request, dir);
+      status = job.ok() ? JobToProto(*job, response) : job.status();
+    } catch (const std::exception& error) {
+      status = absl::InternalError(error.what());
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::PauseJob(
+    grpc::CallbackServerContext* call, const v1::PauseJobRequest* request,
+    v1::Job* response) {
+  std::string tenant;
+  std::string id;
+  absl::Status status = [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(tenant, Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        id, ParseResourceName(request->name(), "jobs", "name"));
+    return absl::OkStatus();
+  }();
+  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+  if (!status.ok()) {
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+  // Answered once the trainer has checkpointed and retired the job.
+  context_->scheduler->Pause(
+      tenant, id, [reactor, response](absl::StatusOr<JobRecord> job) {
+        absl::Status status =
+            job.ok() ? JobToProto(*job, response) : job.status();
+        reactor->Finish(ToGrpcStatus(status));
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(
+    grpc::CallbackServerContext* call, const v1::ResumeJobRequest* request,
+    v1::Job* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string id, ParseResourceName(request->name(), "jobs", "name"));
+    LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
+                              context_->scheduler->Resume(tenant, id));
+    return JobToProto(job, response);
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(
+    grpc::CallbackServerContext* call,
+    const v1::ListCheckpointsRequest* request,
+    v1::ListCheckpointsResponse* response) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string id, ParseResourceName(request->name(), "jobs", "name"));
+    return ListJobCheckpoints(*context_, tenant, id, response);
+  });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(

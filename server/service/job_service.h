@@ -33,8 +33,22 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
       grpc::CallbackServerContext* call,
       const v1::ListJobEventsRequest* request,
       v1::ListJobEventsResponse* response) override;
+  grpc::ServerUnaryReactor* PauseJob(grpc::CallbackServerContext* call,
+                                     const v1::PauseJobRequest* request,
+                                     v1::Job* response) override;
+  grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* call,
+                                      const v1::ResumeJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(
+      grpc::CallbackServerContext* call,
+      const v1::ListCheckpointsRequest* request,
+      v1::ListCheckpointsResponse* response) override;
 
  private:
+  grpc::ServerUnaryReactor* CreateJobFromCheckpoint(
+      grpc::CallbackServerContext* call, const v1::CreateJobRequest* request,
+      v1::Job* response);
+
   const ServiceContext* context_;
   JobEventHub* hub_;
 };

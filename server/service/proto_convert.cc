@@ -12,6 +12,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -384,6 +385,34 @@ absl::StatusOr<std::string> ParseResourceName(absl::string_view name,
   return absl::InvalidArgumentError(
       absl::StrCat(field, " must be a name like \"", collection,
                    "/{id}\", got ", Quoted(name)));
+}
+
+std::string CheckpointResourceName(const std::string& job_id, int64_t step) {
+  return absl::StrCat("jobs/", job_id, "/checkpoints/", step);
+}
+
+absl::StatusOr<CheckpointName> ParseCheckpointName(absl::string_view name,
+                                                   absl::string_view field) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is required"));
+  }
+  absl::string_view rest = name;
+  CheckpointName parsed;
+  const size_t slash = rest.find('/', 5);
+  if (absl::ConsumePrefix(&rest, "jobs/") && slash != absl::string_view::npos) {
+    const absl::string_view id = rest.substr(0, slash - 5);
+    rest.remove_prefix(id.size());
+    if (IsResourceId(id) && absl::ConsumePrefix(&rest, "/checkpoints/") &&
+        !rest.empty() && rest.size() <= 18 &&
+        rest.find_first_not_of("0123456789") == absl::string_view::npos &&
+        absl::SimpleAtoi(rest, &parsed.step)) {
+      parsed.job_id = std::string(id);
+      return parsed;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " must be a name like \"jobs/{id}/checkpoints/{step}\", got ",
+      Quoted(name)));
 }
 
 void DatasetToProto(const DatasetRecord& record, v1::Dataset* dataset) {

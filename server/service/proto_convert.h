@@ -71,6 +71,16 @@ absl::StatusOr<std::string> ParseResourceName(absl::string_view name,
                                               absl::string_view collection,
                                               absl::string_view field);
 
+// "jobs/{job_id}/checkpoints/{step}".
+struct CheckpointName {
+  std::string job_id;
+  int64_t step = 0;
+};
+std::string CheckpointResourceName(const std::string& job_id, int64_t step);
+// INVALID_ARGUMENT naming `field` for an empty or malformed name.
+absl::StatusOr<CheckpointName> ParseCheckpointName(absl::string_view name,
+                                                   absl::string_view field);
+
 void DatasetToProto(const DatasetRecord& record, v1::Dataset* dataset);
 // INTERNAL when the stored spec no longer validates.
 absl::Status JobToProto(const JobRecord& record, v1::Job* job);

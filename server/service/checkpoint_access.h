@@ -1,0 +1,41 @@
+// Finding a tenant's checkpoint by resource name for the service's
+// ListCheckpoints, ExportAdapter and CreateJob(initial_checkpoint).
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(std::string dir,
+//       FindCheckpoint(context, tenant, request.checkpoint(), "checkpoint"));
+//   LORAPLEX_RETURN_IF_ERROR(CheckCheckpoint(dir, "checkpoint"));  // worker
+#ifndef LORAPLEX_SERVER_SERVICE_CHECKPOINT_ACCESS_H_
+#define LORAPLEX_SERVER_SERVICE_CHECKPOINT_ACCESS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "loraplex/v1/jobs.pb.h"
+#include "server/service/service_context.h"
+
+namespace loraplex {
+
+// The directory of the checkpoint `name` ("jobs/{job_id}/checkpoints/
+// {step}") of request field `field`. INVALID_ARGUMENT for a malformed name;
+// NOT_FOUND when the job is not the tenant's or that checkpoint is not on
+// disk (the server keeps the newest --keep-checkpoints of each job).
+absl::StatusOr<std::string> FindCheckpoint(const ServiceContext& context,
+                                           const std::string& tenant,
+                                           absl::string_view name,
+                                           absl::string_view field);
+
+// DATA_LOSS naming the field when the checkpoint in `dir` fails
+// verification against its manifest. Reads every file: call on a worker.
+absl::Status CheckCheckpoint(const std::string& dir, absl::string_view field);
+
+// The tenant's job's checkpoints, oldest first.
+absl::Status ListJobCheckpoints(const ServiceContext& context,
+                                const std::string& tenant,
+                                const std::string& job_id,
+                                v1::ListCheckpointsResponse* response);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_SERVICE_CHECKPOINT_ACCESS_H_

@@ -1,0 +1,397 @@
+// A killed server resumes every job from its checkpoint bit-exactly; a
+// damaged newest checkpoint falls back to the previous one; pause and
+// resume continue the run; checkpoints are listed, exported and continued
+// from. All through the real loraplex-server and client.
+//
+// Bit-exact means: the same co-batches as the uninterrupted run. A slot's
+// result depends on which slots share its steps (rows regroup, so float
+// rounding changes, by ~1e-6), so the jobs of these tests start together:
+// they are created on a server with one slot and checkpoints off, which is
+// killed at once (no checkpoint exists, nothing finished); every run then
+// starts from a copy of that state dir, where the recovery attaches all
+// three at the same step boundary, from step 0.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "tests/common/test_dir.h"
+#include "tests/server/service_fixture.h"
+
+namespace loraplex {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr int64_t kSteps = 36;
+constexpr int kInterval = 6;
+
+// Step -> loss of the job's last run (the metric events after its last
+// RUNNING event), and that event's message.
+struct RunLosses {
+  std::map<int64_t, double> loss;
+  std::string running_message;
+};
+
+RunLosses LastRun(LoraplexClient& client, const std::string& job) {
+  RunLosses run;
+  auto events = client.ListAllJobEvents(job);
+  EXPECT_TRUE(events.ok()) << events.status();
+  if (!events.ok()) return run;
+  for (const v1::JobEvent& event : *events) {
+    if (event.has_status_change() &&
+        event.status_change().status() == v1::JOB_STATUS_RUNNING) {
+      run.loss.clear();
+      run.running_message = event.status_change().message();
+    } else if (event.has_metrics() && event.metrics().step() > 0 &&
+               !event.metrics().has_validation_loss()) {
+      run.loss[event.metrics().step()] = event.metrics().loss();
+    }
+  }
+  return run;
+}
+
+// The job's adapter files, exported (name -> bytes).
+std::map<std::string, std::string> ExportedFiles(
+    LoraplexClient& client, v1::ExportAdapterRequest request) {
+  const std::string dir = FreshTestDir("export");
+  auto files = client.ExportAdapter(request, dir);
+  EXPECT_TRUE(files.ok()) << files.status();
+  std::map<std::string, std::string> bytes;
+  for (const char* name :
+       {"adapter_config.json", "adapter_model.safetensors"}) {
+    bytes[name] = ReadFileForTest(dir + "/" + name);
+  }
+  return bytes;
+}
+
+std::map<std::string, std::string> JobAdapter(LoraplexClient& client,
+                                              const std::string& job) {
+  v1::ExportAdapterRequest request;
+  request.set_job(job);
+  return ExportedFiles(client, request);
+}
+
+std::vector<std::string> ServerFlags() {
+  return {absl::StrCat("--checkpoint-interval=", kInterval), "--threads=2"};
+}
+
+// What an uninterrupted run produced, per job.
+struct Outcome {
+  std::map<std::string, RunLosses> runs;
+  std::map<std::string, std::map<std::string, std::string>> adapters;
+};
+
+class ServiceCheckpointTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    stage_ = new std::string(FreshTestDir("stage"));
+    jobs_ = new std::vector<std::string>();
+    {
+      auto server = StartServer(*stage_, /*slots=*/1,
+                                {"--checkpoint-interval=0", "--threads=2"});
+      ASSERT_NE(server, nullptr);
+      auto client = ClientFor(*server);
+      auto dataset = client->UploadDatasetContents(ReversalJsonl(40, 5), "d");
+      ASSERT_TRUE(dataset.ok()) << dataset.status();
+      std::vector<v1::CreateJobRequest> requests = {
+          JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 8, kSteps, 1),
+          JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 16, kSteps, 2),
+          JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAM, 4, kSteps, 3)};
+      requests[0].mutable_lora()->set_dropout(0.1);  // Replays its masks.
+      for (const v1::CreateJobRequest& request : requests) {
+        auto job = client->CreateJob(request);
+        ASSERT_TRUE(job.ok()) << job.status();
+        jobs_->push_back(job->name());
+      }
+      server->Kill();
+    }
+    const std::string dir = FreshTestDir("reference");
+    fs::copy(*stage_, dir, fs::copy_options::recursive);
+    auto server = StartServer(dir, 3, ServerFlags());
+    ASSERT_NE(server, nullptr);
+    auto client = ClientFor(*server);
+    reference_ = new Outcome(Collect(*client, *server));
+  }
+
+  static void TearDownTestSuite() {
+    delete stage_;
+    delete jobs_;
+    delete reference_;
+  }
+
+  // Waits for every job and gathers their last runs and adapters.
+  static Outcome Collect(LoraplexClient& client, const ServerProcess& server) {
+    Outcome outcome;
+    for (const std::string& job : *jobs_) {
+      auto done = WaitForJob(client, job);
+      EXPECT_TRUE(done.ok()) << done.status() << "\n" << server.Log();
+      if (!done.ok()) continue;
+      EXPECT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
+          << done->error().message() << "\n"
+          << server.Log();
+      outcome.runs[job] = LastRun(client, job);
+      outcome.adapters[job] = JobAdapter(client, job);
+    }
+    return outcome;
+  }
+
+  // A copy of the staged state dir.
+  static std::string FreshRun(const std::string& name) {
+    const std::string dir = FreshTestDir(name);
+    fs::copy(*stage_, dir, fs::copy_options::recursive);
+    return dir;
+  }
+
+  // Expects `run`'s resumed steps and adapters to equal the reference
+  // bit for bit; returns the step each job resumed from.
+  static void ExpectSameAsReference(const Outcome& run,
+                                    int64_t expected_resume_step) {
+    for (const std::string& job : *jobs_) {
+      const RunLosses& resumed = run.runs.at(job);
+      const RunLosses& reference = reference_->runs.at(job);
+      EXPECT_THAT(resumed.running_message,
+                  HasSubstr(absl::StrCat("resumed from the checkpoint at step ",
+                                         expected_resume_step)));
+      ASSERT_EQ(reference.loss.size(), static_cast<size_t>(kSteps)) << job;
+      ASSERT_EQ(resumed.loss.size(),
+                static_cast<size_t>(kSteps - expected_resume_step))
+          << job;
+      for (const auto& [step, loss] : resumed.loss) {
+        // Bit-identical, not merely close.
+        EXPECT_EQ(loss, reference.loss.at(step)) << job << " step " << step;
+      }
+      EXPECT_EQ(run.adapters.at(job), reference_->adapters.at(job)) << job;
+    }
+  }
+
+  // The step of the pool's last complete checkpoint, the same for every
+  // job (they train together).
+  static int64_t PoolStep(const std::string& dir) {
+    std::ifstream in(dir + "/checkpoints/pool.json");
+    const nlohmann::json pool = nlohmann::json::parse(in);
+    std::set<int64_t> steps;
+    for (const std::string& job : *jobs_) {
+      steps.insert(pool["jobs"].at(job.substr(5)).get<int64_t>());
+    }
+    EXPECT_EQ(steps.size(), 1u) << pool.dump();
+    return *steps.begin();
+  }
+
+  static std::string StepDir(const std::string& dir, const std::string& job,
+                             int64_t step) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "/step-%08lld",
+                  static_cast<long long>(step));
+    return dir + "/checkpoints/" + job.substr(5) + name;
+  }
+
+  static std::string* stage_;
+  static std::vector<std::string>* jobs_;
+  static Outcome* reference_;
+};
+
+std::string* ServiceCheckpointTest::stage_ = nullptr;
+std::vector<std::string>* ServiceCheckpointTest::jobs_ = nullptr;
+Outcome* ServiceCheckpointTest::reference_ = nullptr;
+
+// Kill points: LORAPLEX_KILL_POINTS (default 5; the `long` ctest label runs
+// more), at random steps after the first checkpoint.
+TEST_F(ServiceCheckpointTest, KilledServerResumesEveryJobBitExactly) {
+  ASSERT_NE(reference_, nullptr);
+  const char* env = std::getenv("LORAPLEX_KILL_POINTS");
+  const int points = env != nullptr ? std::atoi(env) : 5;
+  std::mt19937 rng(std::random_device{}());
+  for (int i = 0; i < points; ++i) {
+    const int64_t kill_step =
+        kInterval + 1 + static_cast<int64_t>(rng() % (kSteps - kInterval - 2));
+    SCOPED_TRACE(absl::StrCat("kill point ", i, " at step >= ", kill_step));
+    const std::string dir = FreshRun("killed");
+    int64_t killed_at = 0;
+    {
+      auto server = StartServer(dir, 3, ServerFlags());
+      ASSERT_NE(server, nullptr);
+      auto client = ClientFor(*server);
+      auto job = WaitUntil(*client, jobs_->front(), [&](const v1::Job& job) {
+        return job.metrics().step() >= kill_step;
+      });
+      ASSERT_TRUE(job.ok()) << job.status();
+      server->Kill();
+      killed_at = job->metrics().step();
+    }
+    auto server = StartServer(dir, 3, ServerFlags());
+    ASSERT_NE(server, nullptr);
+    auto client = ClientFor(*server);
+    Outcome run = Collect(*client, *server);
+    // Every job resumes from the same complete pool checkpoint, at least
+    // the one before the step seen (that step's own may have been cut
+    // short by the kill).
+    const RunLosses& first = run.runs.at(jobs_->front());
+    ASSERT_FALSE(first.loss.empty());
+    const int64_t resumed_from = first.loss.begin()->first - 1;
+    EXPECT_GE(resumed_from, ((killed_at - 1) / kInterval) * kInterval);
+    EXPECT_EQ(resumed_from % kInterval, 0);
+    ExpectSameAsReference(run, resumed_from);
+  }
+}
+
+TEST_F(ServiceCheckpointTest, DamagedNewestCheckpointFallsBackToThePrevious) {
+  ASSERT_NE(reference_, nullptr);
+  const std::string dir = FreshRun("damaged");
+  {
+    auto server = StartServer(dir, 3, ServerFlags());
+    ASSERT_NE(server, nullptr);
+    auto client = ClientFor(*server);
+    ASSERT_TRUE(WaitUntil(*client, jobs_->front(), [](const v1::Job& job) {
+                  return job.metrics().step() >= 2 * kInterval + 1;
+                }).ok());
+    server->Kill();
+  }
+  // Damage, each another way, the checkpoint every job would resume from:
+  // its step in the pool's last complete checkpoint.
+  const int64_t newest = PoolStep(dir);
+  ASSERT_GE(newest, 2 * kInterval);
+  for (size_t i = 0; i < jobs_->size(); ++i) {
+    const std::string victim = StepDir(dir, (*jobs_)[i], newest);
+    if (i == 0) {
+      std::fstream file(victim + "/training_state.pt",
+                        std::ios::in | std::ios::out | std::ios::binary);
+      file.seekg(64);
+      const char byte = static_cast<char>(file.get() ^ 0x01);
+      file.seekp(64);
+      file.put(byte);
+    } else if (i == 1) {
+      fs::resize_file(victim + "/adapter_model.safetensors", 100);
+    } else {
+      fs::remove(victim + "/manifest.json");
+    }
+  }
+  auto server = StartServer(dir, 3, ServerFlags());
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  Outcome run = Collect(*client, *server);
+  ExpectSameAsReference(run, newest - kInterval);
+  for (const std::string& job : *jobs_) {
+    EXPECT_THAT(run.runs.at(job).running_message,
+                HasSubstr("1 newer checkpoint(s) failed verification"));
+  }
+  EXPECT_TRUE(server->Stop().ok());
+  const std::string log = server->Log();
+  EXPECT_THAT(log, HasSubstr("training_state.pt has SHA-256"));
+  EXPECT_THAT(log, HasSubstr("adapter_model.safetensors has 100 bytes"));
+  EXPECT_THAT(log, HasSubstr("no readable manifest.json"));
+}
+
+// A crash between the checkpoints of one step boundary leaves some jobs
+// with a newer checkpoint than the others; they resume from the pool's last
+// complete checkpoint instead, so the co-batches stay the same.
+TEST_F(ServiceCheckpointTest, CheckpointsOfAnInterruptedGroupAreNotUsed) {
+  ASSERT_NE(reference_, nullptr);
+  const std::string dir = FreshRun("interrupted");
+  {
+    auto server = StartServer(dir, 3, ServerFlags());
+    ASSERT_NE(server, nullptr);
+    auto client = ClientFor(*server);
+    ASSERT_TRUE(WaitUntil(*client, jobs_->front(), [](const v1::Job& job) {
+                  return job.metrics().step() >= 2 * kInterval + 1;
+                }).ok());
+    server->Kill();
+  }
+  // As if the kill came after the first job's checkpoint of the newest
+  // group: the others lose theirs and pool.json names the group before.
+  const int64_t newest = PoolStep(dir);
+  for (size_t i = 1; i < jobs_->size(); ++i) {
+    fs::remove_all(StepDir(dir, (*jobs_)[i], newest));
+  }
+  nlohmann::json pool;
+  for (const std::string& job : *jobs_) {
+    pool["jobs"][job.substr(5)] = newest - kInterval;
+  }
+  std::ofstream(dir + "/checkpoints/pool.json") << pool.dump();
+  auto server = StartServer(dir, 3, ServerFlags());
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  ExpectSameAsReference(Collect(*client, *server), newest - kInterval);
+}
+
+TEST(ServiceShutdownTest, ShutdownCheckpointsAndPausedJobsStayPaused) {
+  const std::string dir = FreshTestDir("state");
+  std::string dataset, running, paused;
+  int64_t stopped_at = 0;
+  int64_t paused_step = 0;
+  {
+    // Checkpoints only on pause and shutdown.
+    auto server = StartServer(dir, 2, {"--checkpoint-interval=0"});
+    ASSERT_NE(server, nullptr);
+    auto client = ClientFor(*server);
+    auto data = client->UploadDatasetContents(ReversalJsonl(20, 2), "d");
+    ASSERT_TRUE(data.ok());
+    dataset = data->name();
+    auto job = client->CreateJob(
+        JobRequest(dataset, v1::OPTIMIZER_FAMILY_MUON, 8, 1000000, 4));
+    ASSERT_TRUE(job.ok());
+    running = job->name();
+    job = client->CreateJob(
+        JobRequest(dataset, v1::OPTIMIZER_FAMILY_ADAMW, 4, 30, 5));
+    ASSERT_TRUE(job.ok());
+    paused = job->name();
+    ASSERT_TRUE(WaitUntil(*client, paused, [](const v1::Job& job) {
+                  return job.metrics().step() >= 3;
+                }).ok());
+    job = client->PauseJob(paused);
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->status(), v1::JOB_STATUS_PAUSED);
+    EXPECT_EQ(job->slot(), -1);
+    paused_step = job->metrics().step();
+    EXPECT_GE(paused_step, 3);
+    auto before = client->GetJob(running);
+    ASSERT_TRUE(before.ok());
+    stopped_at = before->metrics().step();
+    ASSERT_TRUE(server->Stop().ok()) << server->Log();
+  }
+  auto server = StartServer(dir, 2, {"--checkpoint-interval=0"});
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  // The running job continues from its shutdown checkpoint.
+  auto again = WaitUntil(*client, running, [](const v1::Job& job) {
+    return job.status() == v1::JOB_STATUS_RUNNING;
+  });
+  ASSERT_TRUE(again.ok());
+  const std::string message = LastRun(*client, running).running_message;
+  EXPECT_THAT(message, HasSubstr("resumed from the checkpoint at step "));
+  int64_t resumed = -1;
+  auto checkpoints = client->ListCheckpoints(running);
+  ASSERT_TRUE(checkpoints.ok());
+  ASSERT_EQ(checkpoints->checkpoints_size(), 1);
+  resumed = checkpoints->checkpoints(0).step();
+  EXPECT_GE(resumed, stopped_at);
+  EXPECT_THAT(message, HasSubstr(absl::StrCat("step ", resumed)));
+  ASSERT_TRUE(client->CancelJob(running).ok());
+
+  auto still = client->GetJob(paused);
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->status(), v1::JOB_STATUS_PAUSED);
+  auto resumed_job = client->ResumeJob(paused);
+  ASSERT_TRUE(resumed_job.ok()) << resumed_job.status();
+  EXPECT_EQ(resumed_job->status(), v1::JOB_STATUS_QUEUED);
+  auto done = WaitForJob(*client, paused);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED);
+  const RunLosses last = LastRun(*client, paused);
+  EXPECT_THAT(last.running_message,
+              HasSubstr(absl::StrCat("resumed from the checkpoint at step ",
+                                     paused_step)));
+  ASSERT_FALSE(last.loss.empty());
+  EXPECT_EQ(last.loss.begin()->first, paused_step + 1);
+  EXPECT_EQ(last.loss.rbegin()->first, 30);
+}
+
+}  // namespace
+}  // namespace loraplex
