@@ -27,6 +27,7 @@ struct AdapterFlags {
   std::string adapter_name;
   bool wait = false;
   std::string id;
+  std::string checkpoint;  // export --checkpoint.
   std::string out_dir;
 };
 
@@ -115,15 +116,27 @@ int RunRetire(const CliContext& context, const AdapterFlags& flags) {
 }
 
 int RunExport(const CliContext& context, const AdapterFlags& flags) {
+  if (flags.id.empty() == flags.checkpoint.empty()) {
+    return context.UsageError(
+        "adapters export needs exactly one source: a job or adapter ID, or "
+        "--checkpoint jobs/ID/checkpoints/STEP");
+  }
   // A bare ID may be a job's or an adapter's: try the job first.
   const std::string collection = ResourceCollection(flags.id);
   std::vector<v1::ExportAdapterRequest> candidates;
-  if (collection.empty() || collection == kJobs) {
+  std::string source = flags.id;
+  if (!flags.checkpoint.empty()) {
+    absl::StatusOr<std::string> name = CheckpointName(flags.checkpoint);
+    if (!name.ok()) return context.UsageError(name.status().message());
+    candidates.emplace_back().set_checkpoint(*name);
+    source = *name;
+  } else if (collection.empty() || collection == kJobs) {
     absl::StatusOr<std::string> name = ResourceName(kJobs, flags.id);
     if (!name.ok()) return context.UsageError(name.status().message());
     candidates.emplace_back().set_job(*name);
   }
-  if (collection.empty() || collection == kAdapters) {
+  if (flags.checkpoint.empty() &&
+      (collection.empty() || collection == kAdapters)) {
     absl::StatusOr<std::string> name = ResourceName(kAdapters, flags.id);
     if (!name.ok()) return context.UsageError(name.status().message());
     candidates.emplace_back().set_adapter(*name);
@@ -164,7 +177,7 @@ int RunExport(const CliContext& context, const AdapterFlags& flags) {
                   << "\n";
     return kExitSuccess;
   }
-  context.out() << "Exported " << flags.id << " to " << flags.out_dir << " ("
+  context.out() << "Exported " << source << " to " << flags.out_dir << " ("
                 << absl::StrJoin(names, ", ") << "; "
                 << FormatBytes(total_bytes) << ")\n";
   return kExitSuccess;
@@ -215,6 +228,7 @@ void AddAdapterCommands(CLI::App& app, CliContext& context,
       ->required();
   JobFlagSet which;
   which.initial_adapter = false;
+  which.initial_checkpoint = false;
   AddJobFlags(attach, &flags->job, which);
   attach
       ->add_option("--evaluate", flags->evaluate,
@@ -241,12 +255,16 @@ void AddAdapterCommands(CLI::App& app, CliContext& context,
   CLI::App* export_command = adapters->add_subcommand(
       "export",
       "Write an adapter in the PEFT format (a running job's current "
-      "weights, a finished job's adapter, or a stored adapter)");
-  export_command
-      ->add_option("ID", flags->id,
-                   "Job ID, jobs/ID or adapters/ID (a bare ID is tried as a "
-                   "job, then as an adapter)")
-      ->required();
+      "weights, a finished job's adapter, a stored adapter, or a "
+      "checkpoint's weights); give exactly one of ID and --checkpoint");
+  export_command->add_option(
+      "ID", flags->id,
+      "Job ID, jobs/ID or adapters/ID (a bare ID is tried as a job, then as "
+      "an adapter)");
+  export_command->add_option(
+      "--checkpoint", flags->checkpoint,
+      "Export a checkpoint's adapter weights instead "
+      "(jobs/ID/checkpoints/STEP, as listed by jobs checkpoints)");
   export_command->add_option("--out", flags->out_dir, "Output directory")
       ->required();
   SetAction(export_command, action,

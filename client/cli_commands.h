@@ -17,7 +17,7 @@ void AddServerCommands(CLI::App& app, CliContext& context,
 // `datasets upload|list|get|rm`.
 void AddDatasetCommands(CLI::App& app, CliContext& context,
                         CommandAction* action);
-// `jobs create|list|get|cancel|watch|events`.
+// `jobs create|list|get|cancel|pause|resume|checkpoints|watch|events`.
 void AddJobCommands(CLI::App& app, CliContext& context, CommandAction* action);
 // `adapters attach|retire|export|list`.
 void AddAdapterCommands(CLI::App& app, CliContext& context,

@@ -14,7 +14,8 @@
 namespace loraplex {
 
 std::string CliHelpFooter() {
-  return "IDs may be given bare (abc) or as names (jobs/abc).\n"
+  return "IDs may be given bare (abc) or as names (jobs/abc); checkpoints as\n"
+         "jobs/ID/checkpoints/STEP or ID/checkpoints/STEP.\n"
          "\n"
          "Environment:\n"
          "  LORAPLEX_SERVER  default for --server\n"

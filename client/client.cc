@@ -321,6 +321,26 @@ absl::StatusOr<v1::Job> LoraplexClient::CancelJob(const std::string& name) {
   return CallUnary(job_stub_.get(), &v1::JobService::Stub::CancelJob, request);
 }
 
+absl::StatusOr<v1::Job> LoraplexClient::PauseJob(const std::string& name) {
+  v1::PauseJobRequest request;
+  request.set_name(name);
+  return CallUnary(job_stub_.get(), &v1::JobService::Stub::PauseJob, request);
+}
+
+absl::StatusOr<v1::Job> LoraplexClient::ResumeJob(const std::string& name) {
+  v1::ResumeJobRequest request;
+  request.set_name(name);
+  return CallUnary(job_stub_.get(), &v1::JobService::Stub::ResumeJob, request);
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> LoraplexClient::ListCheckpoints(
+    const std::string& name) {
+  v1::ListCheckpointsRequest request;
+  request.set_name(name);
+  return CallUnary(job_stub_.get(), &v1::JobService::Stub::ListCheckpoints,
+                   request);
+}
+
 absl::Status LoraplexClient::WatchJob(
     const std::string& name, int64_t after_sequence,
     const std::function<bool(const v1::JobEvent&)>& on_event,

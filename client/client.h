@@ -132,6 +132,15 @@ class LoraplexClient {
   absl::StatusOr<std::vector<v1::Job>> ListAllJobs(
       const std::vector<v1::JobStatus>& statuses = {});
   absl::StatusOr<v1::Job> CancelJob(const std::string& name);
+  // Returns the job PAUSED once its checkpoint is on disk (a queued job at
+  // once), or in the status it finished with first. A running job's pause
+  // waits for its current step, within options().timeout.
+  absl::StatusOr<v1::Job> PauseJob(const std::string& name);
+  // Queues a paused job again; it continues from its latest checkpoint.
+  absl::StatusOr<v1::Job> ResumeJob(const std::string& name);
+  // The job's checkpoints on disk, oldest first.
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
+      const std::string& name);
   // Streams the job's events after `after_sequence` to `on_event` until the
   // server ends the stream (after the job's final event) or `on_event`
   // returns false. OK in both cases; otherwise the stream's error, or
@@ -152,7 +161,8 @@ class LoraplexClient {
       const v1::AttachAdapterRequest& request);
   absl::StatusOr<v1::RetireAdapterResponse> RetireAdapter(
       const std::string& job);
-  // Receives the adapter's files into `out_dir` (created if missing). No
+  // Receives the adapter's files into `out_dir` (created if missing) from
+  // the request's source: a job, a stored adapter or a checkpoint. No
   // file is renamed into place until the stream ended OK and every file
   // is complete, so a failed export leaves `out_dir` as it was (and
   // removes it if this call created it). A file name that is empty,

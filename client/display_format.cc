@@ -139,7 +139,8 @@ std::string DescribeTraining(const v1::TrainingConfig& training) {
       ", pack ", YesNo(training.pack()), ", max_steps ", training.max_steps(),
       ", epochs ", training.epochs(), ", grad_clip ",
       FormatNumber(training.grad_clip()), ", seed ", training.seed(),
-      ", eval_interval ", training.eval_interval());
+      ", eval_interval ", training.eval_interval(), ", checkpoint_interval ",
+      training.checkpoint_interval());
 }
 
 std::string DescribeMetrics(const v1::JobMetrics& metrics) {

@@ -1,4 +1,5 @@
-// `loraplex jobs create|list|get|cancel|watch|events`.
+// `loraplex jobs create|list|get|cancel|pause|resume|checkpoints|watch|
+// events`.
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -31,9 +32,15 @@ std::string StepProgress(const v1::Job& job) {
   return absl::StrCat(job.metrics().step(), "/", job.total_steps());
 }
 
-std::string LossText(const v1::Job& job) {
-  if (job.metrics().step() <= 0) return "-";
-  return absl::StrFormat("%.4f", job.metrics().loss());
+// The loss of the last step of `metrics`; "-" before the first.
+std::string LossText(const v1::JobMetrics& metrics) {
+  if (metrics.step() <= 0) return "-";
+  return absl::StrFormat("%.4f", metrics.loss());
+}
+
+std::string LrText(const v1::JobMetrics& metrics) {
+  if (metrics.step() <= 0) return "-";
+  return absl::StrFormat("%.2e", metrics.lr());
 }
 
 void PrintEventLine(std::ostream& out, const v1::JobEvent& event) {
@@ -103,7 +110,7 @@ int RunList(const CliContext& context, const JobCommandFlags& flags) {
                   JobStatusName(job.status()),
                   OptimizerFamilyName(job.optimizer().family()),
                   absl::StrCat(job.lora().rank()), StepProgress(job),
-                  LossText(job), FormatTimestamp(job.create_time())});
+                  LossText(job.metrics()), FormatTimestamp(job.create_time())});
   }
   table.Print(context.out());
   return kExitSuccess;
@@ -131,6 +138,65 @@ int RunCancel(const CliContext& context, const JobCommandFlags& flags) {
   if (context.PrintJsonIfRequested(*job)) return kExitSuccess;
   context.out() << "Cancelled " << job->name() << " ("
                 << JobStatusName(job->status()) << ")\n";
+  return kExitSuccess;
+}
+
+int RunPause(const CliContext& context, const JobCommandFlags& flags) {
+  absl::StatusOr<std::string> name = ResourceName(kJobs, flags.id);
+  if (!name.ok()) return context.UsageError(name.status().message());
+  auto client = context.Connect();
+  if (!client.ok()) return context.UsageError(client.status().message());
+  absl::StatusOr<v1::Job> job = (*client)->PauseJob(*name);
+  if (!job.ok()) return context.ReportError(job.status());
+  if (context.PrintJsonIfRequested(*job)) return kExitSuccess;
+  // A job that finished before the pause took effect keeps its outcome.
+  if (job->status() != v1::JOB_STATUS_PAUSED) {
+    context.out() << job->name()
+                  << (IsTerminalJobStatus(job->status())
+                          ? " finished before the pause took effect ("
+                          : " was not paused (")
+                  << JobStatusName(job->status()) << ")\n";
+    return kExitSuccess;
+  }
+  context.out() << "Paused " << job->name() << " (PAUSED)\n"
+                << "Continue it with: loraplex jobs resume "
+                << ResourceId(job->name()) << "\n";
+  return kExitSuccess;
+}
+
+int RunResume(const CliContext& context, const JobCommandFlags& flags) {
+  absl::StatusOr<std::string> name = ResourceName(kJobs, flags.id);
+  if (!name.ok()) return context.UsageError(name.status().message());
+  auto client = context.Connect();
+  if (!client.ok()) return context.UsageError(client.status().message());
+  absl::StatusOr<v1::Job> job = (*client)->ResumeJob(*name);
+  if (!job.ok()) return context.ReportError(job.status());
+  if (context.PrintJsonIfRequested(*job)) return kExitSuccess;
+  context.out() << "Resumed " << job->name() << " ("
+                << JobStatusName(job->status()) << ")\n"
+                << "Follow it with: loraplex jobs watch "
+                << ResourceId(job->name()) << "\n";
+  return kExitSuccess;
+}
+
+int RunCheckpoints(const CliContext& context, const JobCommandFlags& flags) {
+  absl::StatusOr<std::string> name = ResourceName(kJobs, flags.id);
+  if (!name.ok()) return context.UsageError(name.status().message());
+  auto client = context.Connect();
+  if (!client.ok()) return context.UsageError(client.status().message());
+  absl::StatusOr<v1::ListCheckpointsResponse> checkpoints =
+      (*client)->ListCheckpoints(*name);
+  if (!checkpoints.ok()) return context.ReportError(checkpoints.status());
+  if (context.PrintJsonIfRequested(*checkpoints)) return kExitSuccess;
+  // The full name is what --initial-checkpoint and export --checkpoint take.
+  TextTable table({"CHECKPOINT", "STEP", "CREATED", "LOSS", "LR", "SIZE"});
+  for (const v1::Checkpoint& checkpoint : checkpoints->checkpoints()) {
+    table.AddRow({checkpoint.name(), absl::StrCat(checkpoint.step()),
+                  FormatTimestamp(checkpoint.create_time()),
+                  LossText(checkpoint.metrics()), LrText(checkpoint.metrics()),
+                  FormatBytes(checkpoint.size_bytes())});
+  }
+  table.Print(context.out());
   return kExitSuccess;
 }
 
@@ -289,8 +355,8 @@ int WatchJobToEnd(const CliContext& context, LoraplexClient& client,
 
 void AddJobCommands(CLI::App& app, CliContext& context, CommandAction* action) {
   auto flags = std::make_shared<JobCommandFlags>();
-  CLI::App* jobs =
-      app.add_subcommand("jobs", "Create and follow training jobs");
+  CLI::App* jobs = app.add_subcommand(
+      "jobs", "Create, follow, pause and resume training jobs");
   jobs->require_subcommand(1);
 
   CLI::App* create = jobs->add_subcommand(
@@ -319,6 +385,30 @@ void AddJobCommands(CLI::App& app, CliContext& context, CommandAction* action) {
   cancel->add_option("ID", flags->id, "Job ID or jobs/ID")->required();
   SetAction(cancel, action,
             [&context, flags] { return RunCancel(context, *flags); });
+
+  CLI::App* pause = jobs->add_subcommand(
+      "pause",
+      "Checkpoint a running job and free its slot (a queued job pauses at "
+      "once); the job stays PAUSED until resumed");
+  pause->add_option("ID", flags->id, "Job ID or jobs/ID")->required();
+  SetAction(pause, action,
+            [&context, flags] { return RunPause(context, *flags); });
+
+  CLI::App* resume = jobs->add_subcommand(
+      "resume",
+      "Queue a paused job again; it continues from its latest checkpoint");
+  resume->add_option("ID", flags->id, "Job ID or jobs/ID")->required();
+  SetAction(resume, action,
+            [&context, flags] { return RunResume(context, *flags); });
+
+  CLI::App* checkpoints = jobs->add_subcommand(
+      "checkpoints",
+      "List a job's checkpoints on disk, oldest first (start a job from one "
+      "with jobs create --initial-checkpoint, or export its adapter with "
+      "adapters export --checkpoint)");
+  checkpoints->add_option("ID", flags->id, "Job ID or jobs/ID")->required();
+  SetAction(checkpoints, action,
+            [&context, flags] { return RunCheckpoints(context, *flags); });
 
   CLI::App* watch = jobs->add_subcommand(
       "watch",

@@ -131,6 +131,12 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
                   &flags->initial_adapter,
                   "Continue training this adapter (ID or adapters/ID)");
   }
+  if (which.initial_checkpoint) {
+    AddFlagOption(command, flags, data, "--initial-checkpoint",
+                  &flags->initial_checkpoint,
+                  "Continue from a checkpoint's adapter weights "
+                  "(jobs/ID/checkpoints/STEP; not with --initial-adapter)");
+  }
   AddFlagOption(command, flags, data, "--name", &flags->display_name,
                 "Display name of the job");
 
@@ -220,6 +226,10 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
   AddFlagOption(command, flags, training, "--eval-interval",
                 &flags->eval_interval,
                 "Steps between validation evaluations; 0: at the end only");
+  AddFlagOption(command, flags, training, "--checkpoint-interval",
+                &flags->checkpoint_interval,
+                "Steps between checkpoints; 0: the server's "
+                "--checkpoint-interval (default 0)");
 }
 
 absl::Status ApplyJobFlags(const JobFlags& flags,
@@ -245,6 +255,16 @@ absl::Status ApplyJobFlags(const JobFlags& flags,
     LORAPLEX_ASSIGN_OR_RETURN(std::string name,
                               ResourceName(kAdapters, flags.initial_adapter));
     request->set_initial_adapter(name);
+  }
+  if (given("--initial-checkpoint")) {
+    if (given("--initial-adapter")) {
+      return absl::InvalidArgumentError(
+          "--initial-adapter and --initial-checkpoint are exclusive: a job "
+          "starts from one adapter or one checkpoint");
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(std::string name,
+                              CheckpointName(flags.initial_checkpoint));
+    request->set_initial_checkpoint(name);
   }
   if (given("--name")) request->set_display_name(flags.display_name);
 
@@ -369,6 +389,9 @@ absl::Status ApplyJobFlags(const JobFlags& flags,
   if (given("--seed")) training->set_seed(flags.seed);
   if (given("--eval-interval")) {
     training->set_eval_interval(flags.eval_interval);
+  }
+  if (given("--checkpoint-interval")) {
+    training->set_checkpoint_interval(flags.checkpoint_interval);
   }
 
   // Leave untouched sub-messages unset, so the request says only what the

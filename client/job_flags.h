@@ -29,6 +29,7 @@ struct JobFlags {
   std::string dataset;
   std::string validation_dataset;
   std::string initial_adapter;
+  std::string initial_checkpoint;  // "jobs/ID/checkpoints/STEP".
   std::string display_name;
 
   // LoRA.
@@ -71,6 +72,7 @@ struct JobFlags {
   double grad_clip = 0;
   uint64_t seed = 0;
   int64_t eval_interval = 0;
+  int64_t checkpoint_interval = 0;
 
   // Each option registered by AddJobFlags, to ask whether it was given.
   std::vector<CLI::Option*> options;
@@ -82,6 +84,8 @@ struct JobFlagSet {
   bool datasets = true;
   // --initial-adapter.
   bool initial_adapter = true;
+  // --initial-checkpoint.
+  bool initial_checkpoint = true;
 };
 
 // Registers the flags on `command`, storing into `flags` (which must
@@ -90,7 +94,8 @@ void AddJobFlags(CLI::App* command, JobFlags* flags,
                  const JobFlagSet& which = {});
 
 // Sets the request fields of the given flags. INVALID_ARGUMENT naming the
-// flag for a value that cannot be a field's (e.g. --betas 0.9).
+// flag for a value that cannot be a field's (e.g. --betas 0.9), and for
+// both --initial-adapter and --initial-checkpoint (one starting point).
 absl::Status ApplyJobFlags(const JobFlags& flags,
                            v1::CreateJobRequest* request);
 

@@ -3,6 +3,7 @@
 //   loraplex info
 //   loraplex datasets upload train.jsonl
 //   loraplex jobs create --dataset abc --optimizer muon --rank 16 --wait
+//   loraplex jobs pause abc && loraplex jobs resume abc
 //   loraplex quickstart
 //
 // Exit codes: 0 success, 1 server or connection error (or stdout could not

@@ -1,7 +1,13 @@
 #include "client/resource_names.h"
 
+#include <cstdint>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace loraplex {
 namespace {
@@ -34,6 +40,25 @@ absl::StatusOr<std::string> ResourceName(absl::string_view collection,
     return absl::InvalidArgumentError(expected);
   }
   return absl::StrCat(collection, "/", id);
+}
+
+absl::StatusOr<std::string> CheckpointName(absl::string_view name) {
+  const std::string expected = absl::StrCat(
+      "expected a checkpoint jobs/{id}/checkpoints/{step}, got \"", name, "\"");
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '/');
+  // Without the "jobs/" prefix, the name starts at the job ID.
+  if (parts.size() == 4 && parts[0] == kJobs) parts.erase(parts.begin());
+  if (parts.size() != 3 || parts[0].empty() || parts[1] != kCheckpoints) {
+    return absl::InvalidArgumentError(expected);
+  }
+  const absl::string_view step_text = parts[2];
+  int64_t step = 0;
+  bool digits = !step_text.empty();
+  for (char c : step_text) digits = digits && absl::ascii_isdigit(c);
+  if (!digits || !absl::SimpleAtoi(step_text, &step)) {
+    return absl::InvalidArgumentError(expected);
+  }
+  return absl::StrCat(kJobs, "/", parts[0], "/", kCheckpoints, "/", step);
 }
 
 std::string ResourceId(absl::string_view name) {

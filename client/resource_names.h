@@ -1,9 +1,11 @@
 // Resource names of the loraplex API ("datasets/{id}", "jobs/{id}",
-// "adapters/{id}") from what a user types: a bare ID or a full name.
+// "adapters/{id}", "jobs/{id}/checkpoints/{step}") from what a user types:
+// a bare ID or a full name.
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(std::string name,
 //                             ResourceName(kJobs, "abc"));  // "jobs/abc"
 //   ResourceId("jobs/abc");                                 // "abc"
+//   CheckpointName("abc/checkpoints/40");  // "jobs/abc/checkpoints/40"
 #ifndef LORAPLEX_CLIENT_RESOURCE_NAMES_H_
 #define LORAPLEX_CLIENT_RESOURCE_NAMES_H_
 
@@ -18,12 +20,19 @@ namespace loraplex {
 inline constexpr absl::string_view kDatasets = "datasets";
 inline constexpr absl::string_view kJobs = "jobs";
 inline constexpr absl::string_view kAdapters = "adapters";
+// A job's checkpoints: "jobs/{id}/checkpoints/{step}".
+inline constexpr absl::string_view kCheckpoints = "checkpoints";
 
 // "collection/id" for `id_or_name` given as "id" or "collection/id".
 // INVALID_ARGUMENT when it is empty, names another collection
 // ("datasets/x" where a job is wanted) or has an empty or nested ID.
 absl::StatusOr<std::string> ResourceName(absl::string_view collection,
                                          absl::string_view id_or_name);
+
+// "jobs/{id}/checkpoints/{step}" for `name` given as that or as
+// "{id}/checkpoints/{step}" (the job's bare ID). INVALID_ARGUMENT unless
+// the job ID is a valid one and the step a non-negative decimal integer.
+absl::StatusOr<std::string> CheckpointName(absl::string_view name);
 
 // The ID part of a resource name ("jobs/abc" -> "abc"); a string without
 // '/' is returned as is.

@@ -82,6 +82,10 @@ TEST_F(ClientTest, SendsBearerTokenOnEveryCall) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->version(), "9.9.9");
   ASSERT_TRUE(client->ListSlots().ok());
+  ASSERT_TRUE(client->PauseJob("jobs/j1").ok());
+  ASSERT_TRUE(client->ResumeJob("jobs/j1").ok());
+  ASSERT_TRUE(client->ListCheckpoints("jobs/j1").ok());
+  EXPECT_EQ(server_.state().authorizations.size(), 5u);
   EXPECT_THAT(server_.state().authorizations,
               Each(std::string("Bearer s3cret")));
 }
@@ -392,6 +396,82 @@ TEST_F(ClientTest, ExportPassesTheServersError) {
   ASSERT_FALSE(files.ok());
   EXPECT_EQ(files.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(files.status().message(), "job is queued");
+}
+
+TEST_F(ClientTest, ExportFromACheckpointSendsTheCheckpoint) {
+  server_.state().export_chunks = {Chunk("adapter_config.json", 2, "{}")};
+  const std::string out_dir = FreshTestDir() + "/out";
+  v1::ExportAdapterRequest request;
+  request.set_checkpoint("jobs/j1/checkpoints/40");
+  auto files = Connect()->ExportAdapter(request, out_dir);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(ReadFile(out_dir + "/adapter_config.json"), "{}");
+  ASSERT_EQ(server_.state().export_requests.size(), 1u);
+  EXPECT_EQ(server_.state().export_requests[0].checkpoint(),
+            "jobs/j1/checkpoints/40");
+  EXPECT_FALSE(server_.state().export_requests[0].has_job());
+}
+
+TEST_F(ClientTest, PauseAndResumeSendTheNameAndReturnTheJob) {
+  server_.state().job.set_name("jobs/j1");
+  auto client = Connect();
+  absl::StatusOr<v1::Job> paused = client->PauseJob("jobs/j1");
+  ASSERT_TRUE(paused.ok()) << paused.status();
+  EXPECT_EQ(paused->name(), "jobs/j1");
+  EXPECT_EQ(paused->status(), v1::JOB_STATUS_PAUSED);
+  absl::StatusOr<v1::Job> resumed = client->ResumeJob("jobs/j1");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->status(), v1::JOB_STATUS_QUEUED);
+  EXPECT_THAT(server_.state().paused_jobs, ElementsAre("jobs/j1"));
+  EXPECT_THAT(server_.state().resumed_jobs, ElementsAre("jobs/j1"));
+}
+
+TEST_F(ClientTest, PauseAndResumeKeepTheServersError) {
+  server_.state().pause_status = grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION, "jobs/j1 is SUCCEEDED");
+  server_.state().resume_status = grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION, "jobs/j1 is not paused");
+  auto client = Connect();
+  absl::StatusOr<v1::Job> paused = client->PauseJob("jobs/j1");
+  EXPECT_EQ(paused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(paused.status().message(), "jobs/j1 is SUCCEEDED");
+  absl::StatusOr<v1::Job> resumed = client->ResumeJob("jobs/j1");
+  EXPECT_EQ(resumed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(resumed.status().message(), "jobs/j1 is not paused");
+}
+
+TEST_F(ClientTest, ListCheckpointsReturnsThemInOrder) {
+  for (int step : {10, 20}) {
+    v1::Checkpoint& checkpoint = server_.state().checkpoints.emplace_back();
+    checkpoint.set_name("jobs/j1/checkpoints/" + std::to_string(step));
+    checkpoint.set_step(step);
+    checkpoint.set_size_bytes(1000 * step);
+  }
+  auto client = Connect();
+  auto checkpoints = client->ListCheckpoints("jobs/j1");
+  ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
+  ASSERT_EQ(checkpoints->checkpoints_size(), 2);
+  EXPECT_EQ(checkpoints->checkpoints(1).name(), "jobs/j1/checkpoints/20");
+  EXPECT_EQ(checkpoints->checkpoints(1).size_bytes(), 20000);
+  EXPECT_THAT(server_.state().list_checkpoints_names, ElementsAre("jobs/j1"));
+
+  server_.state().list_checkpoints_status =
+      grpc::Status(grpc::StatusCode::NOT_FOUND, "jobs/j2 not found");
+  EXPECT_EQ(client->ListCheckpoints("jobs/j2").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClientTest, CreateJobPassesTheCheckpointFields) {
+  v1::CreateJobRequest request;
+  request.set_training_dataset("datasets/d1");
+  request.set_initial_checkpoint("jobs/j0/checkpoints/30");
+  request.mutable_training()->set_checkpoint_interval(25);
+  ASSERT_TRUE(Connect()->CreateJob(request).ok());
+  ASSERT_EQ(server_.state().created_jobs.size(), 1u);
+  EXPECT_EQ(server_.state().created_jobs[0].initial_checkpoint(),
+            "jobs/j0/checkpoints/30");
+  EXPECT_EQ(server_.state().created_jobs[0].training().checkpoint_interval(),
+            25);
 }
 
 TEST_F(ClientTest, WatchWithProgressReportsLossesAndFinalJob) {

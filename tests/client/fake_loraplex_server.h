@@ -59,6 +59,19 @@ struct FakeServerState {
   v1::Job job;
   std::vector<v1::CreateJobRequest> created_jobs;
   std::vector<std::string> deleted_datasets;
+  // PauseJob answers with `job` in `pause_outcome` (PAUSED, or the status
+  // of a job that finished first), ResumeJob with `job` QUEUED, unless
+  // their status is set; the names they were sent are recorded.
+  std::vector<std::string> paused_jobs;
+  std::vector<std::string> resumed_jobs;
+  v1::JobStatus pause_outcome = v1::JOB_STATUS_PAUSED;
+  grpc::Status pause_status = grpc::Status::OK;
+  grpc::Status resume_status = grpc::Status::OK;
+  // ListCheckpoints answers with these unless `list_checkpoints_status` is
+  // set; the names it was sent are recorded.
+  std::vector<v1::Checkpoint> checkpoints;
+  std::vector<std::string> list_checkpoints_names;
+  grpc::Status list_checkpoints_status = grpc::Status::OK;
   // WatchJob sends these (after the requested sequence), `event_delay`
   // apart.
   std::vector<v1::JobEvent> events;
@@ -76,6 +89,8 @@ struct FakeServerState {
   std::vector<v1::ExportAdapterRequest> export_requests;
   // When not OK, ExportAdapter of a job fails with it.
   grpc::Status export_job_status = grpc::Status::OK;
+  // When not OK, ExportAdapter of a checkpoint fails with it.
+  grpc::Status export_checkpoint_status = grpc::Status::OK;
   std::vector<v1::AttachAdapterRequest> attach_requests;
   // AttachAdapter waits this long before answering.
   std::chrono::milliseconds attach_delay{0};
@@ -289,6 +304,45 @@ class FakeLoraplexServer {
       response->set_status(v1::JOB_STATUS_CANCELLED);
       return grpc::Status::OK;
     }
+    grpc::Status PauseJob(grpc::ServerContext* context,
+                          const v1::PauseJobRequest* request,
+                          v1::Job* response) override {
+      grpc::Status auth = CheckAuth(state_, context);
+      if (!auth.ok()) return auth;
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->paused_jobs.push_back(request->name());
+      if (!state_->pause_status.ok()) return state_->pause_status;
+      *response = state_->job;
+      response->set_status(state_->pause_outcome);
+      return grpc::Status::OK;
+    }
+    grpc::Status ResumeJob(grpc::ServerContext* context,
+                           const v1::ResumeJobRequest* request,
+                           v1::Job* response) override {
+      grpc::Status auth = CheckAuth(state_, context);
+      if (!auth.ok()) return auth;
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->resumed_jobs.push_back(request->name());
+      if (!state_->resume_status.ok()) return state_->resume_status;
+      *response = state_->job;
+      response->set_status(v1::JOB_STATUS_QUEUED);
+      return grpc::Status::OK;
+    }
+    grpc::Status ListCheckpoints(
+        grpc::ServerContext* context, const v1::ListCheckpointsRequest* request,
+        v1::ListCheckpointsResponse* response) override {
+      grpc::Status auth = CheckAuth(state_, context);
+      if (!auth.ok()) return auth;
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->list_checkpoints_names.push_back(request->name());
+      if (!state_->list_checkpoints_status.ok()) {
+        return state_->list_checkpoints_status;
+      }
+      for (const v1::Checkpoint& checkpoint : state_->checkpoints) {
+        *response->add_checkpoints() = checkpoint;
+      }
+      return grpc::Status::OK;
+    }
     grpc::Status WatchJob(grpc::ServerContext* context,
                           const v1::WatchJobRequest* request,
                           grpc::ServerWriter<v1::JobEvent>* writer) override {
@@ -387,6 +441,10 @@ class FakeLoraplexServer {
         state_->export_requests.push_back(*request);
         if (request->has_job() && !state_->export_job_status.ok()) {
           return state_->export_job_status;
+        }
+        if (request->has_checkpoint() &&
+            !state_->export_checkpoint_status.ok()) {
+          return state_->export_checkpoint_status;
         }
         chunks = state_->export_chunks;
       }

@@ -13,11 +13,13 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// Parses `args` as the flags of a `create` command into a request.
-absl::StatusOr<v1::CreateJobRequest> Parse(std::vector<std::string> args) {
+// Parses `args` as the flags of a `create` command (or of the command
+// `which` describes) into a request.
+absl::StatusOr<v1::CreateJobRequest> Parse(std::vector<std::string> args,
+                                           const JobFlagSet& which = {}) {
   CLI::App app("test");
   JobFlags flags;
-  AddJobFlags(&app, &flags);
+  AddJobFlags(&app, &flags, which);
   std::reverse(args.begin(), args.end());  // CLI11 takes them reversed.
   app.parse(args);
   v1::CreateJobRequest request;
@@ -174,6 +176,49 @@ TEST(JobFlagsTest, EveryFlag) {
   EXPECT_DOUBLE_EQ(training.grad_clip(), 0.5);
   EXPECT_EQ(training.seed(), 7u);
   EXPECT_EQ(training.eval_interval(), 10);
+}
+
+TEST(JobFlagsTest, CheckpointFlags) {
+  auto request = Parse({"--initial-checkpoint", "j0/checkpoints/30",
+                        "--checkpoint-interval", "25"});
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->initial_checkpoint(), "jobs/j0/checkpoints/30");
+  EXPECT_EQ(request->initial_adapter(), "");
+  EXPECT_TRUE(request->training().has_checkpoint_interval());
+  EXPECT_EQ(request->training().checkpoint_interval(), 25);
+  EXPECT_FALSE(request->training().has_eval_interval());
+
+  // 0 (the server's interval) is sent when given.
+  request = Parse({"--checkpoint-interval", "0"});
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_TRUE(request->training().has_checkpoint_interval());
+  EXPECT_EQ(request->initial_checkpoint(), "");
+}
+
+TEST(JobFlagsTest, InitialCheckpointMustBeACheckpointName) {
+  for (const char* bad : {"j0", "jobs/j0", "adapters/a1", "j0/checkpoints/x"}) {
+    auto request = Parse({"--initial-checkpoint", bad});
+    ASSERT_FALSE(request.ok()) << bad;
+    EXPECT_THAT(request.status().message(),
+                HasSubstr("jobs/{id}/checkpoints/{step}"));
+  }
+}
+
+TEST(JobFlagsTest, InitialAdapterAndInitialCheckpointAreExclusive) {
+  auto request = Parse({"--initial-adapter", "a1", "--initial-checkpoint",
+                        "jobs/j0/checkpoints/30"});
+  ASSERT_FALSE(request.ok());
+  EXPECT_EQ(request.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(request.status().message(), HasSubstr("--initial-adapter"));
+  EXPECT_THAT(request.status().message(), HasSubstr("--initial-checkpoint"));
+}
+
+TEST(JobFlagsTest, InitialCheckpointCanBeLeftOut) {
+  JobFlagSet which;
+  which.initial_checkpoint = false;
+  EXPECT_THROW(Parse({"--initial-checkpoint", "jobs/j0/checkpoints/1"}, which),
+               CLI::ParseError);
+  EXPECT_TRUE(Parse({"--initial-adapter", "a1"}, which).ok());
 }
 
 TEST(JobFlagsTest, BadBetasNameTheFlag) {

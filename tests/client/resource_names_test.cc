@@ -30,6 +30,33 @@ TEST(ResourceNameTest, RejectsOtherCollectionsAndEmptyIds) {
   }
 }
 
+TEST(CheckpointNameTest, AcceptsTheFullNameOrABareJobId) {
+  EXPECT_EQ(CheckpointName("jobs/abc/checkpoints/40").value(),
+            "jobs/abc/checkpoints/40");
+  EXPECT_EQ(CheckpointName("abc/checkpoints/0").value(),
+            "jobs/abc/checkpoints/0");
+  // The step in its canonical form, as the server names it.
+  EXPECT_EQ(CheckpointName("jobs/abc/checkpoints/007").value(),
+            "jobs/abc/checkpoints/7");
+}
+
+TEST(CheckpointNameTest, RejectsOtherNames) {
+  for (const char* bad :
+       {"", "jobs/abc", "abc", "jobs/abc/checkpoints", "jobs/abc/checkpoints/",
+        "jobs//checkpoints/4", "/checkpoints/4", "jobs/abc/checkpoint/4",
+        "datasets/abc/checkpoints/4", "jobs/abc/checkpoints/-1",
+        "jobs/abc/checkpoints/+1", "jobs/abc/checkpoints/1.5",
+        "jobs/abc/checkpoints/ 1", "jobs/abc/checkpoints/4/x",
+        "jobs/abc/checkpoints/99999999999999999999"}) {
+    absl::StatusOr<std::string> name = CheckpointName(bad);
+    ASSERT_FALSE(name.ok()) << bad << " -> " << *name;
+    EXPECT_EQ(name.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(name.status().message(),
+                HasSubstr("expected a checkpoint jobs/{id}/checkpoints/{step}"))
+        << bad;
+  }
+}
+
 TEST(ResourceIdTest, StripsTheCollection) {
   EXPECT_EQ(ResourceId("jobs/abc"), "abc");
   EXPECT_EQ(ResourceId("abc"), "abc");
