@@ -121,9 +121,20 @@ absl::Status WriteFiles(const std::string& dir, const TrainingSlot& slot,
                              manifest.dump(2));
 }
 
-// Deletes all but the newest `keep_last` checkpoints and every partial
-// directory. Errors are ignored: the next write tries again.
-void Prune(const std::string& job_dir, int keep_last) {
+// Removes a checkpoint directory: renamed to a partial one first, so a
+// crash part way never leaves a step directory with files missing.
+void RemoveCheckpointDir(const std::string& dir) {
+  std::error_code error;
+  const std::string doomed = dir + kPartialSuffix;
+  fs::remove_all(doomed, error);
+  fs::rename(dir, doomed, error);
+  fs::remove_all(error ? dir : doomed, error);
+}
+
+// Deletes all but the newest `keep_last` checkpoints (never the one of
+// step `keep_step`) and every partial directory. Errors are ignored: the
+// next write tries again.
+void Prune(const std::string& job_dir, int keep_last, int64_t keep_step) {
   std::error_code error;
   for (const fs::directory_entry& entry :
        fs::directory_iterator(job_dir, error)) {
@@ -133,130 +144,13 @@ void Prune(const std::string& job_dir, int keep_last) {
   }
   std::vector<CheckpointEntry> all = ListCheckpoints(job_dir);
   const int excess = static_cast<int>(all.size()) - std::max(keep_last, 1);
-  for (int i = 0; i < excess; ++i) fs::remove_all(all[i].dir, error);
+  for (int i = 0; i < excess; ++i) {
+    if (all[i].step != keep_step) RemoveCheckpointDir(all[i].dir);
+  }
 }
 
-}  // namespace
-
-nlohmann::json CheckpointInfoToJson(const CheckpointInfo& info) {
-  nlohmann::json json = {{"job_id", info.job_id},
-                         {"time_ms", info.time_ms},
-                         {"slot", info.slot},
-                         {"total_steps", info.total_steps},
-                         {"steps", info.counters.steps},
-                         {"skipped_steps", info.counters.skipped_steps},
-                         {"target_tokens", info.counters.target_tokens},
-                         {"tokens", info.tokens},
-                         {"cursor", DataCursorStateToJson(info.cursor)},
-                         {"job_spec", info.job_spec}};
-  if (info.metrics) {
-    json["metrics"] = {{"loss", info.metrics->loss},
-                       {"lr", info.metrics->lr},
-                       {"grad_norm", info.metrics->grad_norm}};
-    if (info.metrics->validation_loss) {
-      json["metrics"]["validation_loss"] = *info.metrics->validation_loss;
-    }
-  }
-  return json;
-}
-
-absl::StatusOr<CheckpointInfo> CheckpointInfoFromJson(
-    const nlohmann::json& json) {
-  CheckpointInfo info;
-  try {
-    info.job_id = json.at("job_id").get<std::string>();
-    info.time_ms = json.at("time_ms").get<int64_t>();
-    info.slot = json.at("slot").get<int>();
-    info.total_steps = json.at("total_steps").get<int64_t>();
-    info.counters.steps = json.at("steps").get<int64_t>();
-    info.counters.skipped_steps = json.at("skipped_steps").get<int64_t>();
-    info.counters.target_tokens = json.at("target_tokens").get<int64_t>();
-    info.tokens = json.at("tokens").get<int64_t>();
-    info.job_spec = json.at("job_spec");
-    if (json.contains("metrics")) {
-      const nlohmann::json& metrics = json.at("metrics");
-      CheckpointMetrics m;
-      m.loss = metrics.at("loss").get<double>();
-      m.lr = metrics.at("lr").get<double>();
-      m.grad_norm = metrics.at("grad_norm").get<double>();
-      if (metrics.contains("validation_loss")) {
-        m.validation_loss = metrics.at("validation_loss").get<double>();
-      }
-      info.metrics = m;
-    }
-  } catch (const nlohmann::json::exception& error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kCheckpointInfoFile, ": ", error.what()));
-  }
-  absl::StatusOr<DataCursorState> cursor =
-      DataCursorStateFromJson(json.at("cursor"));
-  if (!cursor.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kCheckpointInfoFile, ": ", cursor.status().message()));
-  }
-  info.cursor = *cursor;
-  if (info.counters.steps < 0 || info.counters.steps > info.total_steps ||
-      info.counters.skipped_steps < 0 ||
-      info.counters.skipped_steps > info.counters.steps) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kCheckpointInfoFile, ": inconsistent step counters"));
-  }
-  return info;
-}
-
-std::string CheckpointDir(const std::string& job_dir, int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "%s%08" PRId64, kStepPrefix, step);
-  return absl::StrCat(job_dir, "/", name);
-}
-
-absl::Status WriteCheckpoint(const std::string& job_dir,
-                             const TrainingSlot& slot,
-                             const CheckpointInfo& info,
-                             const std::string& base_model_name,
-                             int keep_last) {
-  if (!slot.trainable()) {
-    return absl::FailedPreconditionError(
-        "only a slot that trains can be checkpointed");
-  }
-  const std::string dir = CheckpointDir(job_dir, info.step());
-  std::error_code error;
-  if (fs::exists(absl::StrCat(dir, "/", kCheckpointManifestFile), error)) {
-    return absl::OkStatus();  // Same step, same state: already on disk.
-  }
-  const std::string partial = dir + kPartialSuffix;
-  fs::remove_all(partial, error);
-  fs::create_directories(partial, error);
-  if (error) {
-    return absl::InternalError(absl::StrCat(
-        "cannot create checkpoint directory ", partial, ": ", error.message()));
-  }
-  absl::Status status = WriteFiles(partial, slot, info, base_model_name);
-  if (status.ok()) status = PublishDirectory(partial, dir);
-  if (!status.ok()) {
-    fs::remove_all(partial, error);
-    return absl::Status(status.code(), absl::StrCat("writing checkpoint ", dir,
-                                                    ": ", status.message()));
-  }
-  Prune(job_dir, keep_last);
-  return absl::OkStatus();
-}
-
-std::vector<CheckpointEntry> ListCheckpoints(const std::string& job_dir) {
-  std::vector<CheckpointEntry> entries = StepDirs(job_dir);
-  std::error_code error;
-  entries.erase(std::remove_if(entries.begin(), entries.end(),
-                               [&](const CheckpointEntry& entry) {
-                                 return !fs::exists(
-                                     absl::StrCat(entry.dir, "/",
-                                                  kCheckpointManifestFile),
-                                     error);
-                               }),
-                entries.end());
-  return entries;
-}
-
-absl::Status VerifyCheckpoint(const std::string& dir) {
+// VerifyCheckpoint's work; nlohmann throws for fields of the wrong type.
+absl::Status VerifyFiles(const std::string& dir) {
   absl::StatusOr<std::string> text =
       ReadWholeFile(absl::StrCat(dir, "/", kCheckpointManifestFile));
   if (!text.ok()) {
@@ -303,6 +197,142 @@ absl::Status VerifyCheckpoint(const std::string& dir) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+nlohmann::json CheckpointInfoToJson(const CheckpointInfo& info) {
+  nlohmann::json json = {{"job_id", info.job_id},
+                         {"time_ms", info.time_ms},
+                         {"slot", info.slot},
+                         {"total_steps", info.total_steps},
+                         {"steps", info.counters.steps},
+                         {"skipped_steps", info.counters.skipped_steps},
+                         {"target_tokens", info.counters.target_tokens},
+                         {"tokens", info.tokens},
+                         {"cursor", DataCursorStateToJson(info.cursor)},
+                         {"job_spec", info.job_spec}};
+  if (info.metrics) {
+    json["metrics"] = {{"loss", info.metrics->loss},
+                       {"lr", info.metrics->lr},
+                       {"grad_norm", info.metrics->grad_norm}};
+    if (info.metrics->validation_loss) {
+      json["metrics"]["validation_loss"] = *info.metrics->validation_loss;
+    }
+  }
+  return json;
+}
+
+absl::StatusOr<CheckpointInfo> CheckpointInfoFromJson(
+    const nlohmann::json& json) {
+  CheckpointInfo info;
+  try {
+    info.job_id = json.at("job_id").get<std::string>();
+    info.time_ms = json.at("time_ms").get<int64_t>();
+    info.slot = json.at("slot").get<int>();
+    info.total_steps = json.at("total_steps").get<int64_t>();
+    info.counters.steps = json.at("steps").get<int64_t>();
+    info.counters.skipped_steps = json.at("skipped_steps").get<int64_t>();
+    info.counters.target_tokens = json.at("target_tokens").get<int64_t>();
+    info.tokens = json.at("tokens").get<int64_t>();
+    info.job_spec = json.at("job_spec");
+    absl::StatusOr<DataCursorState> cursor =
+        DataCursorStateFromJson(json.at("cursor"));
+    if (!cursor.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kCheckpointInfoFile, ": ", cursor.status().message()));
+    }
+    info.cursor = *cursor;
+    if (json.contains("metrics")) {
+      const nlohmann::json& metrics = json.at("metrics");
+      CheckpointMetrics m;
+      m.loss = metrics.at("loss").get<double>();
+      m.lr = metrics.at("lr").get<double>();
+      m.grad_norm = metrics.at("grad_norm").get<double>();
+      if (metrics.contains("validation_loss")) {
+        m.validation_loss = metrics.at("validation_loss").get<double>();
+      }
+      info.metrics = m;
+    }
+  } catch (const nlohmann::json::exception& error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kCheckpointInfoFile, ": ", error.what()));
+  }
+  if (info.counters.steps < 0 || info.counters.steps > info.total_steps ||
+      info.counters.skipped_steps < 0 ||
+      info.counters.skipped_steps > info.counters.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kCheckpointInfoFile, ": inconsistent step counters"));
+  }
+  return info;
+}
+
+std::string CheckpointDir(const std::string& job_dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%s%08" PRId64, kStepPrefix, step);
+  return absl::StrCat(job_dir, "/", name);
+}
+
+absl::Status WriteCheckpoint(const std::string& job_dir,
+                             const TrainingSlot& slot,
+                             const CheckpointInfo& info,
+                             const std::string& base_model_name, int keep_last,
+                             int64_t keep_step) {
+  if (!slot.trainable()) {
+    return absl::FailedPreconditionError(
+        "only a slot that trains can be checkpointed");
+  }
+  const std::string dir = CheckpointDir(job_dir, info.step());
+  std::error_code error;
+  if (fs::exists(absl::StrCat(dir, "/", kCheckpointManifestFile), error)) {
+    return absl::OkStatus();  // Same step, same state: already on disk.
+  }
+  const std::string partial = dir + kPartialSuffix;
+  fs::remove_all(partial, error);
+  const bool new_job_dir = !fs::exists(job_dir, error);
+  fs::create_directories(partial, error);
+  if (error) {
+    return absl::InternalError(absl::StrCat(
+        "cannot create checkpoint directory ", partial, ": ", error.message()));
+  }
+  if (new_job_dir) {
+    // Its entry (and the root's, if new too) must survive a power loss.
+    const fs::path parent = fs::path(job_dir).parent_path();
+    FsyncDirectory(parent.parent_path().string()).IgnoreError();
+    FsyncDirectory(parent.string()).IgnoreError();
+  }
+  absl::Status status = WriteFiles(partial, slot, info, base_model_name);
+  if (status.ok()) status = PublishDirectory(partial, dir);
+  if (!status.ok()) {
+    fs::remove_all(partial, error);
+    return absl::Status(status.code(), absl::StrCat("writing checkpoint ", dir,
+                                                    ": ", status.message()));
+  }
+  Prune(job_dir, keep_last, keep_step);
+  return absl::OkStatus();
+}
+
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& job_dir) {
+  std::vector<CheckpointEntry> entries = StepDirs(job_dir);
+  std::error_code error;
+  entries.erase(std::remove_if(entries.begin(), entries.end(),
+                               [&](const CheckpointEntry& entry) {
+                                 return !fs::exists(
+                                     absl::StrCat(entry.dir, "/",
+                                                  kCheckpointManifestFile),
+                                     error);
+                               }),
+                entries.end());
+  return entries;
+}
+
+absl::Status VerifyCheckpoint(const std::string& dir) {
+  try {
+    return VerifyFiles(dir);
+  } catch (const nlohmann::json::exception& error) {
+    return absl::DataLossError(
+        absl::StrCat(kCheckpointManifestFile, " is damaged: ", error.what()));
+  }
+}
+
 absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
   LORAPLEX_ASSIGN_OR_RETURN(
       std::string text,
@@ -345,6 +375,10 @@ std::optional<CheckpointEntry> LatestValidCheckpoint(
                                        ": ", status.message()));
     }
   }
+  // Better a newer checkpoint than none at all.
+  if (max_step != INT64_MAX) {
+    return LatestValidCheckpoint(job_dir, rejected, INT64_MAX);
+  }
   return std::nullopt;
 }
 
@@ -375,6 +409,12 @@ absl::Status WritePoolCheckpoint(const std::string& root,
   fs::create_directories(root, error);
   const nlohmann::json json = {{"jobs", jobs}};
   return WriteFileAtomically(absl::StrCat(root, "/pool.json"), json.dump(2));
+}
+
+void RemoveCheckpointsAfter(const std::string& job_dir, int64_t step) {
+  for (const CheckpointEntry& entry : StepDirs(job_dir)) {
+    if (entry.step > step) RemoveCheckpointDir(entry.dir);
+  }
 }
 
 absl::Status RestoreCheckpoint(const std::string& dir,

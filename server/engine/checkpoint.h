@@ -81,13 +81,15 @@ std::string CheckpointDir(const std::string& job_dir, int64_t step);
 
 // Writes `slot` (attached and trainable) as the checkpoint of
 // info.step() and then deletes all but the newest `keep_last` (>= 1)
-// checkpoints and any leftover partial directories. A checkpoint of that
-// step that is already committed is kept as it is. On error nothing
-// committed changes and the partial directory is removed.
+// checkpoints (keeping the one of `keep_step` too) and any leftover partial
+// directories. A checkpoint of that step that is already committed is kept
+// as it is. On error nothing committed changes and the partial directory
+// is removed.
 absl::Status WriteCheckpoint(const std::string& job_dir,
                              const TrainingSlot& slot,
                              const CheckpointInfo& info,
-                             const std::string& base_model_name, int keep_last);
+                             const std::string& base_model_name, int keep_last,
+                             int64_t keep_step = -1);
 
 // Committed checkpoints, oldest first; an unreadable or missing job_dir
 // has none.
@@ -111,10 +113,15 @@ int64_t CheckpointSizeBytes(const std::string& dir);
 // not (a damaged file, no manifest) is
 // skipped and described in `rejected` ("step-00000120: adapter_model.
 // safetensors has SHA-256 ..., the manifest says ...").
-// Checkpoints after `max_step` are not considered.
+// Checkpoints after `max_step` are considered only when none up to it
+// verifies.
 std::optional<CheckpointEntry> LatestValidCheckpoint(
     const std::string& job_dir, std::vector<std::string>* rejected,
     int64_t max_step = INT64_MAX);
+
+// Deletes the job's checkpoint directories of steps after `step`: those of
+// a run that was abandoned (by a crash) at an earlier checkpoint.
+void RemoveCheckpointsAfter(const std::string& job_dir, int64_t step);
 
 // The pool's last complete checkpoint: job id -> step of every job that
 // was checkpointed at that step boundary and still trains.

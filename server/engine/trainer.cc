@@ -215,7 +215,9 @@ void Trainer::Apply(Command& command) {
         report.step = pool_.slot(slot).counters.steps;
         report.checkpoint_dir =
             CheckpointDir(JobCheckpointDir(command.job_id), report.step);
-        if (report.status.ok()) report.status = RetireSlot(slot);
+        // Paused once its checkpoint is committed; a failed retire only
+        // quarantines the slot.
+        if (report.status.ok()) RetireSlot(slot).IgnoreError();
       }
       sink_(std::move(report));
       return;
@@ -232,15 +234,21 @@ void Trainer::Apply(Command& command) {
 }
 
 void Trainer::ApplyRetire(Command& command, int slot) {
-  if (slot < 0) return;
-  // The job's state up to here stays available (export, a new job).
-  if (pool_.slot(slot).trainable() && !pool_.slot(slot).done()) {
-    CheckpointSlot(slot).IgnoreError();
-  }
   TrainerReport report;
   report.kind = TrainerReport::Kind::kRetired;
   report.job_id = command.job_id;
   report.slot = slot;
+  if (slot < 0) {
+    // Reported all the same, so the scheduler lets go of the job.
+    report.status = absl::NotFoundError(
+        absl::StrCat("job \"", command.job_id, "\" is not in a slot"));
+    sink_(std::move(report));
+    return;
+  }
+  // The job's state up to here stays available (export, a new job).
+  if (pool_.slot(slot).trainable() && !pool_.slot(slot).done()) {
+    CheckpointSlot(slot).IgnoreError();
+  }
   report.status = RetireSlot(slot);
   sink_(std::move(report));
 }
@@ -252,10 +260,13 @@ absl::StatusOr<int> Trainer::AttachOrResume(AttachCommand& command,
   std::optional<CheckpointInfo> info;
   std::string weights_dir = command.initial_adapter_dir;
   if (command.resume && !options_.checkpoint_root.empty()) {
+    // After a crash, the pool's last complete checkpoint, not a newer one
+    // of a group the crash cut short.
     auto pooled = pool_checkpoint_.find(command.job_id);
     latest = LatestValidCheckpoint(
         JobCheckpointDir(command.job_id), &report.rejected_checkpoints,
-        pooled == pool_checkpoint_.end() ? INT64_MAX : pooled->second);
+        command.recovering && pooled != pool_checkpoint_.end() ? pooled->second
+                                                               : INT64_MAX);
   }
   if (latest) {
     LORAPLEX_ASSIGN_OR_RETURN(info, ReadCheckpointInfo(latest->dir));
@@ -275,11 +286,27 @@ absl::StatusOr<int> Trainer::AttachOrResume(AttachCommand& command,
         std::make_shared<const PeftAdapter>(std::move(adapter));
   }
   LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(command.request));
+  if (command.resume && !options_.checkpoint_root.empty()) {
+    // Later checkpoints belong to a run abandoned by a crash; the steps
+    // they hold are trained again.
+    RemoveCheckpointsAfter(JobCheckpointDir(command.job_id),
+                           latest ? latest->step : 0);
+  }
   if (!latest) return slot;
-  absl::Status restored =
-      RestoreCheckpoint(latest->dir, *info, pool_.slot(slot));
+  absl::Status restored = CatchTorch("restore", [&] {
+    return RestoreCheckpoint(latest->dir, *info, pool_.slot(slot));
+  });
   if (!restored.ok()) {
-    pool_.Retire(slot).IgnoreError();
+    absl::Status retired =
+        CatchTorch("retire", [&] { return pool_.Retire(slot); });
+    if (!retired.ok()) {
+      // Kept out of use and retired again each iteration.
+      auto stuck = std::make_unique<SlotJob>();
+      stuck->job_id = command.job_id;
+      stuck->quarantined = true;
+      jobs_[slot] = std::move(stuck);
+      ++quarantined_;
+    }
     return restored;
   }
   report.resumed_step = info->step();
@@ -416,7 +443,12 @@ bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
 
 void Trainer::CheckpointPool() {
   if (options_.checkpoint_root.empty()) return;
-  std::map<std::string, int64_t> group;
+  // Jobs of the previous group not in a slot now (recovered jobs waiting
+  // for one) keep their entries.
+  std::map<std::string, int64_t> group = pool_checkpoint_;
+  for (const auto& job : jobs_) {
+    if (job) group.erase(job->job_id);
+  }
   for (int slot : TrainableSlots()) {
     if (CheckpointSlot(slot).ok()) {
       group[jobs_[slot]->job_id] = pool_.slot(slot).counters.steps;
@@ -456,9 +488,14 @@ absl::Status Trainer::CheckpointSlot(int slot) {
   TrainerReport report = ProgressReport(TrainerReport::Kind::kCheckpoint, slot);
   report.checkpoint_dir =
       CheckpointDir(JobCheckpointDir(job.job_id), info.step());
+  // The step the pool would resume the job from is never pruned.
+  auto pooled = pool_checkpoint_.find(job.job_id);
+  const int64_t keep_step =
+      pooled == pool_checkpoint_.end() ? -1 : pooled->second;
   report.status = CatchTorch("checkpoint", [&] {
     return WriteCheckpoint(JobCheckpointDir(job.job_id), training, info,
-                           options_.base_model_name, options_.keep_checkpoints);
+                           options_.base_model_name, options_.keep_checkpoints,
+                           keep_step);
   });
   const absl::Status status = report.status;
   sink_(std::move(report));

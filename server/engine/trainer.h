@@ -74,6 +74,9 @@ struct AttachCommand {
   // Continue from the job's newest checkpoint that verifies (its slot is
   // request.preferred_slot when unset); start afresh when it has none.
   bool resume = false;
+  // Requeued by a restart: resume from the pool's last complete checkpoint
+  // (the same co-batches as before the crash).
+  bool recovering = false;
   // The job's configuration, recorded in its checkpoints.
   nlohmann::json job_spec;
 };

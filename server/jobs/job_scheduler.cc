@@ -56,6 +56,7 @@ absl::Status JobScheduler::Start(Trainer* trainer) {
     live_[id] = std::move(job);
     if (live.record.status == JobStatus::kPaused) continue;
     queue_.push_back(id);
+    live.recovering = true;
     if (live.record.status != JobStatus::kQueued) {
       live.resume_slot = live.record.slot;
       live.record.status = JobStatus::kQueued;
@@ -426,7 +427,9 @@ void JobScheduler::FillSlots() {
     command.validation = job.data.validation;
     command.resume = true;  // From a checkpoint, if the job has one.
     command.request.preferred_slot = job.resume_slot;
+    command.recovering = job.recovering;
     job.resume_slot = -1;
+    job.recovering = false;
     command.job_spec = job.record.spec;
     if (!job.record.initial_adapter_id.empty()) {
       command.initial_adapter_dir = AdapterDir(job.record.initial_adapter_id);
@@ -476,7 +479,12 @@ void JobScheduler::OnPaused(LiveJob& job, const TrainerReport& report) {
   auto done = std::move(job.pause_done);
   job.pause_done = nullptr;
   if (!report.status.ok()) {
-    if (done) done(report.status);
+    if (done) {
+      done(absl::Status(
+          report.status.code(),
+          absl::StrCat("job \"", job.record.id,
+                       "\" was not paused: ", report.status.message())));
+    }
     return;
   }
   Release(job);
@@ -490,6 +498,9 @@ void JobScheduler::OnPaused(LiveJob& job, const TrainerReport& report) {
   job.record.status = JobStatus::kPaused;
   job.record.slot = -1;
   job.record.metrics.step = report.step;
+  // Paused jobs may wait long: their data is prepared again on resume.
+  job.data = JobData{};
+  job.data_ready = false;
   Commit(job, {StatusEvent(job.record, JobStatus::kPaused,
                            absl::StrCat("paused at step ", report.step,
                                         " with a checkpoint"))});

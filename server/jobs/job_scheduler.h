@@ -105,6 +105,7 @@ class JobScheduler {
     std::string final_adapter_id;
     // The slot it had when the server stopped, to go back into.
     int resume_slot = -1;
+    bool recovering = false;  // Requeued by Start.
     // A PauseJob call waiting for the trainer.
     std::function<void(absl::StatusOr<JobRecord>)> pause_done;
   };

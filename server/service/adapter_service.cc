@@ -188,11 +188,13 @@ absl::Status AdapterServiceImpl::Attach(const std::string& tenant,
     return absl::Status(pending.status().code(),
                         absl::StrCat("job.", pending.status().message()));
   }
-  if (upload != nullptr) LORAPLEX_RETURN_IF_ERROR(upload->Publish());
   LORAPLEX_RETURN_IF_ERROR(
       AdapterToProto(adapter, response->mutable_adapter()));
-  LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
-                            SubmitJob(*context_, *std::move(pending)));
+  // An upload is stored only for a job that is queued.
+  LORAPLEX_ASSIGN_OR_RETURN(
+      JobRecord job, SubmitJob(*context_, *std::move(pending), [&] {
+        return upload != nullptr ? upload->Publish() : absl::OkStatus();
+      }));
   return JobToProto(job, response->mutable_job());
 }
 

@@ -42,6 +42,13 @@ absl::StatusOr<std::string> FindCheckpoint(const ServiceContext& context,
 absl::Status CheckCheckpoint(const std::string& dir, absl::string_view field) {
   absl::Status status = VerifyCheckpoint(dir);
   if (status.ok()) return status;
+  std::error_code error;
+  if (!std::filesystem::exists(dir, error)) {
+    return absl::NotFoundError(
+        absl::StrCat(field,
+                     ": the checkpoint was deleted meanwhile (only the newest "
+                     "--keep-checkpoints of a job are kept)"));
+  }
   return absl::DataLossError(
       absl::StrCat(field, ": the checkpoint is damaged: ", status.message()));
 }

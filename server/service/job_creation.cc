@@ -122,16 +122,19 @@ absl::StatusOr<JobRecord> CreateJobFromCheckpoint(
   LORAPLEX_ASSIGN_OR_RETURN(
       PendingJob pending,
       ValidateCreateJob(context, tenant, request, &adapter));
-  LORAPLEX_RETURN_IF_ERROR((*staged)->Publish());
-  return SubmitJob(context, std::move(pending));
+  // Stored only for a job that is queued.
+  return SubmitJob(context, std::move(pending),
+                   [&] { return (*staged)->Publish(); });
 }
 
-absl::StatusOr<JobRecord> SubmitJob(const ServiceContext& context,
-                                    PendingJob pending) {
+absl::StatusOr<JobRecord> SubmitJob(
+    const ServiceContext& context, PendingJob pending,
+    const std::function<absl::Status()>& before_queue) {
   LORAPLEX_ASSIGN_OR_RETURN(
       JobData data,
       PrepareJobData(*context.datasets, pending.record, &pending.spec));
   pending.record.spec = JobSpecToJson(pending.spec);
+  if (before_queue) LORAPLEX_RETURN_IF_ERROR(before_queue());
   return context.scheduler->Submit(std::move(pending.record), std::move(data));
 }
 

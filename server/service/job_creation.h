@@ -9,6 +9,7 @@
 #ifndef LORAPLEX_SERVER_SERVICE_JOB_CREATION_H_
 #define LORAPLEX_SERVER_SERVICE_JOB_CREATION_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -43,8 +44,11 @@ absl::StatusOr<JobRecord> CreateJobFromCheckpoint(
     const v1::CreateJobRequest& request, const std::string& checkpoint_dir);
 
 // Builds the job's sequences (errors name the dataset field) and queues it.
-absl::StatusOr<JobRecord> SubmitJob(const ServiceContext& context,
-                                    PendingJob pending);
+// `before_queue`, when set, runs once the data is ready and may veto the
+// job (e.g. storing the adapter it starts from).
+absl::StatusOr<JobRecord> SubmitJob(
+    const ServiceContext& context, PendingJob pending,
+    const std::function<absl::Status()>& before_queue = nullptr);
 
 }  // namespace loraplex
 

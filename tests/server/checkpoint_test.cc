@@ -267,6 +267,60 @@ TEST(CheckpointTest, KeepsTheNewestAndRemovesPartialDirectories) {
       2);
 }
 
+TEST(CheckpointTest, PruningSparesTheStepThePoolResumesFrom) {
+  const std::string job_dir = FreshTestDir("ckpt") + "/job-a";
+  SlotPool pool(TinyModel().config(), {.capacity = 1});
+  ASSERT_TRUE(pool.Attach(Request(OptimizerFamily::kAdamW, 4)).ok());
+  for (int step = 1; step <= 4; ++step) {
+    Train(pool, 1);
+    ASSERT_TRUE(WriteCheckpoint(job_dir, pool.slot(0), InfoOf(pool.slot(0), 0),
+                                "tiny", /*keep_last=*/1, /*keep_step=*/2)
+                    .ok());
+  }
+  std::vector<int64_t> steps;
+  for (const CheckpointEntry& entry : ListCheckpoints(job_dir)) {
+    steps.push_back(entry.step);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 4}));
+}
+
+TEST(CheckpointTest, ResumePointIsCappedUnlessNothingBelowVerifies) {
+  const std::string job_dir = FreshTestDir("ckpt") + "/job-a";
+  WriteAfter(job_dir, {2, 4, 6});
+  EXPECT_EQ(LatestValidCheckpoint(job_dir, nullptr, 5)->step, 4);
+  EXPECT_EQ(LatestValidCheckpoint(job_dir, nullptr, 4)->step, 4);
+  // Nothing up to step 1: a newer one beats starting over.
+  EXPECT_EQ(LatestValidCheckpoint(job_dir, nullptr, 1)->step, 6);
+  RemoveCheckpointsAfter(job_dir, 2);
+  ASSERT_EQ(ListCheckpoints(job_dir).size(), 1u);
+  EXPECT_EQ(ListCheckpoints(job_dir)[0].step, 2);
+}
+
+TEST(CheckpointTest, ManifestWithFieldsOfTheWrongTypeIsDataLoss) {
+  const std::string job_dir = FreshTestDir("ckpt") + "/job-a";
+  WriteAfter(job_dir, {2});
+  const std::string path = CheckpointDir(job_dir, 2) + "/manifest.json";
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(path));
+  manifest["files"]["checkpoint.json"]["size"] = "twelve";
+  std::ofstream(path) << manifest.dump();
+  absl::Status status = VerifyCheckpoint(CheckpointDir(job_dir, 2));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("manifest.json is damaged"));
+}
+
+TEST(CheckpointTest, PoolCheckpointRoundTrips) {
+  const std::string root = FreshTestDir("root") + "/checkpoints";
+  auto empty = ReadPoolCheckpoint(root);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+  const std::map<std::string, int64_t> jobs = {{"job-a", 12}, {"job-b", 7}};
+  ASSERT_TRUE(WritePoolCheckpoint(root, jobs).ok());
+  EXPECT_EQ(*ReadPoolCheckpoint(root), jobs);
+  std::ofstream(root + "/pool.json") << "{\"jobs\": {\"job-a\": \"x\"}}";
+  EXPECT_EQ(ReadPoolCheckpoint(root).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 TEST(CheckpointTest, UnwritableDirectoryFailsCleanly) {
   const std::string root = FreshTestDir("ckpt");
   std::ofstream(root + "/job-a") << "a file where the job's directory goes";

@@ -218,5 +218,40 @@ TEST(ServiceFlagsTest, RemoteListenWithoutTokensIsRefused) {
               HasSubstr("not a loopback address"));
 }
 
+TEST_F(ServiceErrorsTest, AnotherTenantsCheckpointsAreNotFound) {
+  auto job = alice_->CreateJob(
+      JobRequest(dataset_, v1::OPTIMIZER_FAMILY_ADAMW, 4, 1000000, 0));
+  ASSERT_TRUE(job.ok());
+  auto paused = alice_->PauseJob(job->name());
+  ASSERT_TRUE(paused.ok()) << paused.status();
+  const std::string checkpoint =
+      absl::StrCat(job->name(), "/checkpoints/", paused->metrics().step());
+  v1::ExportAdapterRequest export_request;
+  export_request.set_checkpoint(checkpoint);
+  EXPECT_TRUE(alice_->ExportAdapter(export_request, FreshTestDir("a")).ok());
+  EXPECT_EQ(alice_->ListCheckpoints(job->name())->checkpoints_size(), 1);
+
+  EXPECT_EQ(bob_->ListCheckpoints(job->name()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob_->ResumeJob(job->name()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob_->PauseJob(job->name()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      bob_->ExportAdapter(export_request, FreshTestDir("b")).status().code(),
+      absl::StatusCode::kNotFound);
+  v1::CreateJobRequest from =
+      JobRequest("", v1::OPTIMIZER_FAMILY_ADAMW, 4, 5, 0);
+  auto bob_dataset = bob_->UploadDatasetContents(ReversalJsonl(8, 2), "b");
+  ASSERT_TRUE(bob_dataset.ok());
+  from.set_training_dataset(bob_dataset->name());
+  from.set_initial_checkpoint(checkpoint);
+  auto stolen = bob_->CreateJob(from);
+  EXPECT_EQ(stolen.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(stolen.status().message(), HasSubstr("initial_checkpoint"));
+  EXPECT_EQ(alice_->ResumeJob(job->name())->status(), v1::JOB_STATUS_QUEUED);
+  ASSERT_TRUE(alice_->CancelJob(job->name()).ok());
+}
+
 }  // namespace
 }  // namespace loraplex
