@@ -52,6 +52,7 @@ struct ServerFlags {
   double throughput_log_seconds = 30.0;
   std::string ready_file;
   int64_t checkpoint_interval = 100;
+  int64_t min_checkpoint_interval = 10;
   int keep_checkpoints = 3;
 };
 
@@ -201,6 +202,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   context.version = LORAPLEX_VERSION;
   context.limits.max_dataset_bytes = flags.max_dataset_mb << 20;
   context.limits.max_rank = flags.max_rank;
+  context.limits.min_checkpoint_interval = flags.min_checkpoint_interval;
   context.limits.slot_capacity = flags.slots;
   context.limits.slots_per_tenant = slots_per_tenant;
 
@@ -354,6 +356,11 @@ int main(int argc, char** argv) {
                  "training.checkpoint_interval (0: only on pause, cancel "
                  "and shutdown)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--min-checkpoint-interval", flags.min_checkpoint_interval,
+                 "Smallest training.checkpoint_interval a job may ask for "
+                 "(a due job checkpoints every slot)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--keep-checkpoints", flags.keep_checkpoints,
                  "Newest checkpoints kept per job")

@@ -87,6 +87,13 @@ absl::StatusOr<PendingJob> ValidateCreateJob(
     LORAPLEX_RETURN_IF_ERROR(Prefixed("initial_adapter", lora.status()));
     pending.spec.lora = *lora;
   }
+  const int64_t interval = pending.spec.training.checkpoint_interval;
+  if (interval > 0 && interval < context.limits.min_checkpoint_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.checkpoint_interval must be 0 or at least ",
+        context.limits.min_checkpoint_interval,
+        " on this server (--min-checkpoint-interval), got ", interval));
+  }
   if (pending.spec.lora.rank > context.limits.max_rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lora.rank must be at most ", context.limits.max_rank,

@@ -32,6 +32,9 @@ struct ServiceLimits {
   int64_t max_dataset_bytes = int64_t{256} << 20;
   int64_t max_adapter_bytes = int64_t{256} << 20;
   int64_t max_rank = 256;
+  // Smallest training.checkpoint_interval a job may set (0 is always
+  // allowed): every due job checkpoints the whole pool.
+  int64_t min_checkpoint_interval = 1;
   int slot_capacity = 8;
   int slots_per_tenant = 8;
 };

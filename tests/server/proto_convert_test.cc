@@ -102,6 +102,7 @@ ConfigProtos FullySetProtos() {
   p.training.set_grad_clip(0.5);
   p.training.set_seed(1234);
   p.training.set_eval_interval(100);
+  p.training.set_checkpoint_interval(50);
   return p;
 }
 
@@ -182,7 +183,8 @@ TEST(JobSpecFromProtoTest, EveryKnobArrives) {
                             {"epochs", 3},
                             {"grad_clip", 0.5},
                             {"seed", 1234},
-                            {"eval_interval", 100}}));
+                            {"eval_interval", 100},
+                            {"checkpoint_interval", 50}}));
 }
 
 // Each non-zero value of each config enum is accepted, reaches a distinct
@@ -437,6 +439,30 @@ TEST(TimestampTest, FromMillis) {
   TimestampFromMillis(0, &timestamp);
   EXPECT_EQ(timestamp.seconds(), 0);
   EXPECT_EQ(timestamp.nanos(), 0);
+}
+
+TEST(ResourceNameTest, CheckpointNamesFormatAndParse) {
+  EXPECT_EQ(CheckpointResourceName("job-a1", 120),
+            "jobs/job-a1/checkpoints/120");
+  auto parsed =
+      ParseCheckpointName("jobs/job-a1/checkpoints/120", "checkpoint");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->job_id, "job-a1");
+  EXPECT_EQ(parsed->step, 120);
+  EXPECT_EQ(ParseCheckpointName("jobs/j/checkpoints/0", "c")->step, 0);
+  EXPECT_EQ(Error(ParseCheckpointName("", "initial_checkpoint").status()),
+            "initial_checkpoint is required");
+  for (const std::string& bad :
+       {"jobs/job-a1", "jobs/job-a1/checkpoints/", "jobs/job-a1/checkpoints/-1",
+        "jobs/job-a1/checkpoints/1x", "jobs/job-a1/steps/1",
+        "jobs//checkpoints/1", "jobs/A/checkpoints/1", "job-a1/checkpoints/1",
+        "jobs/job-a1/checkpoints/1/x",
+        "jobs/job-a1/checkpoints/1234567890123456789012"}) {
+    EXPECT_THAT(Error(ParseCheckpointName(bad, "checkpoint").status()),
+                HasSubstr("checkpoint must be a name like "
+                          "\"jobs/{id}/checkpoints/{step}\", got"))
+        << bad;
+  }
 }
 
 TEST(ResourceNameTest, FormatsAndParses) {

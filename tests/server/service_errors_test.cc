@@ -102,6 +102,14 @@ TEST_F(ServiceErrorsTest, EachInvalidCreateJobFieldIsNamed) {
               kInvalid, "training.grad_clip");
   ExpectError(Create([](R& r) { r.mutable_training()->set_epochs(0); }),
               kInvalid, "training.epochs");
+  ExpectError(
+      Create([](R& r) { r.mutable_training()->set_checkpoint_interval(-1); }),
+      kInvalid, "training.checkpoint_interval must be in [0, ");
+  ExpectError(
+      Create([](R& r) { r.mutable_training()->set_checkpoint_interval(3); }),
+      kInvalid,
+      "training.checkpoint_interval must be 0 or at least 10 on this server "
+      "(--min-checkpoint-interval), got 3");
   ExpectError(Create([](R& r) { r.clear_training_dataset(); }), kInvalid,
               "training_dataset is required");
   ExpectError(Create([](R& r) { r.set_training_dataset("my-data"); }), kInvalid,
