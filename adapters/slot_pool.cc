@@ -87,8 +87,14 @@ absl::Status SlotPool::CheckRequest(const SlotAttachRequest& request) const {
   return absl::OkStatus();
 }
 
-absl::Status SlotPool::Prepare(const SlotAttachRequest& request,
-                               TrainingSlot& slot) {
+void SlotPool::ReleaseClaims(int index) {
+  if (!slots_[index].claimed) return;
+  options_.claims->Release(index);
+  slots_[index].claimed = false;
+}
+
+absl::Status SlotPool::Prepare(const SlotAttachRequest& request, int index) {
+  TrainingSlot& slot = *slots_[index].training;
   const LoraConfig& lora =
       request.initial_weights ? request.initial_weights->config : request.lora;
   LORAPLEX_RETURN_IF_ERROR(slot.weights.Bind(lora).status());
@@ -103,9 +109,24 @@ absl::Status SlotPool::Prepare(const SlotAttachRequest& request,
   ForgetJob(slot);
   if (request.data == nullptr) return absl::OkStatus();
 
-  LORAPLEX_ASSIGN_OR_RETURN(
-      SlotOptimizer optimizer,
-      BuildSlotOptimizer(request.optimizer, slot.weights.parameters()));
+  std::vector<torch::Tensor> owned = slot.weights.parameters();
+  if (options_.claims != nullptr) {
+    const std::vector<bool> mine =
+        options_.claims->Claim(index, owned, request.optimizer.family);
+    slots_[index].claimed = true;
+    std::vector<torch::Tensor> all = std::move(owned);
+    owned.clear();
+    for (size_t i = 0; i < all.size() && i < mine.size(); ++i) {
+      if (mine[i]) owned.push_back(all[i]);
+    }
+  }
+  // A data-parallel rank may own none of the slot's parameters.
+  absl::StatusOr<SlotOptimizer> built =
+      owned.empty() && options_.claims != nullptr
+          ? EmptySlotOptimizer(request.optimizer)
+          : BuildSlotOptimizer(request.optimizer, owned);
+  LORAPLEX_RETURN_IF_ERROR(built.status());
+  SlotOptimizer optimizer = *std::move(built);
   LORAPLEX_ASSIGN_OR_RETURN(
       LrScheduler scheduler,
       LrScheduler::Create(request.schedule, request.optimizer.lr));
@@ -143,12 +164,13 @@ absl::StatusOr<int> SlotPool::Attach(const SlotAttachRequest& request) {
   Entry& entry = slots_[free];
   absl::Status status;
   try {
-    status = Prepare(request, *entry.training);
+    status = Prepare(request, free);
   } catch (const c10::Error& e) {
     status = absl::InternalError(absl::StrCat("attaching the adapter failed: ",
                                               e.what_without_backtrace()));
   }
   if (!status.ok()) {
+    ReleaseClaims(free);
     TrainingSlot& slot = *entry.training;
     slot.weights.Unbind();
     slot.optimizer.reset();
@@ -188,6 +210,7 @@ absl::Status SlotPool::Retire(int slot) {
   }
   training.weights.Unbind();
   ForgetJob(training);
+  ReleaseClaims(slot);
   entry.state = SlotState::kFree;
   entry.job_id.clear();
   return absl::OkStatus();

@@ -28,6 +28,7 @@
 #include "core/lora/lora_config.h"
 #include "core/optim/lr_scheduler.h"
 #include "core/optim/optimizer_config.h"
+#include "core/train/data_parallel.h"
 #include "core/train/training_config.h"
 #include "core/train/training_slot.h"
 
@@ -43,6 +44,10 @@ struct SlotPoolOptions {
   // Largest rank a slot accepts (at most kMaxLoraRank).
   int64_t max_rank = kMaxLoraRank;
   torch::Device device = torch::kCPU;
+  // Data parallel: which parameters of each training slot this process
+  // keeps optimizer state for and steps (the others' owners do). nullptr:
+  // all of them. Must outlive the pool.
+  ParamClaims* claims = nullptr;
 };
 
 struct SlotAttachRequest {
@@ -94,11 +99,13 @@ class SlotPool {
     SlotState state = SlotState::kFree;
     std::string job_id;
     std::unique_ptr<TrainingSlot> training;
+    bool claimed = false;  // options_.claims holds its parameters.
   };
 
   absl::Status CheckRequest(const SlotAttachRequest& request) const;
   absl::Status CheckSequence(const Sequence& sequence, size_t index) const;
-  absl::Status Prepare(const SlotAttachRequest& request, TrainingSlot& slot);
+  absl::Status Prepare(const SlotAttachRequest& request, int index);
+  void ReleaseClaims(int index);
 
   ModelConfig model_;
   SlotPoolOptions options_;

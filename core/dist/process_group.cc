@@ -286,24 +286,34 @@ absl::Status DistContext::Broadcast(std::string* bytes, int root) {
 
 absl::Status DistContext::AllReduceMean(std::vector<torch::Tensor>& tensors,
                                         int64_t bucket_bytes) {
+  return AllReduce(tensors, bucket_bytes, /*mean=*/true);
+}
+
+absl::Status DistContext::AllReduceSum(std::vector<torch::Tensor>& tensors,
+                                       int64_t bucket_bytes) {
+  return AllReduce(tensors, bucket_bytes, /*mean=*/false);
+}
+
+absl::Status DistContext::AllReduce(std::vector<torch::Tensor>& tensors,
+                                    int64_t bucket_bytes, bool mean) {
   LORAPLEX_RETURN_IF_ERROR(CheckTensors(tensors, "tensors"));
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!c10::isFloatingType(tensors[i].scalar_type())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensors[", i, "] must be floating point to average, got ",
+          "tensors[", i, "] must be floating point to reduce, got ",
           c10::toString(tensors[i].scalar_type())));
     }
   }
   LORAPLEX_ASSIGN_OR_RETURN(std::vector<std::vector<size_t>> buckets,
                             PlanBuckets(tensors, bucket_bytes));
   if (world_size_ == 1) return absl::OkStatus();
-  return Guarded("AllReduceMean", [&] {
+  return Guarded(mean ? "AllReduceMean" : "AllReduceSum", [&] {
     for (const std::vector<size_t>& bucket : buckets) {
       torch::Tensor flat = Flatten(tensors, bucket);
       comm_->AllReduceSum(flat);
       ++counters_.collectives;
       counters_.all_reduce_bytes += BufferBytes(tensors, bucket);
-      flat.div_(world_size_);
+      if (mean) flat.div_(world_size_);
       Unflatten(flat, tensors, bucket);
     }
   });

@@ -89,6 +89,9 @@ class DistContext {
   // bucket_bytes), one all-reduce per bucket.
   absl::Status AllReduceMean(std::vector<torch::Tensor>& tensors,
                              int64_t bucket_bytes);
+  // The same, summing instead of averaging.
+  absl::Status AllReduceSum(std::vector<torch::Tensor>& tensors,
+                            int64_t bucket_bytes);
 
   // After rank owner[i] has updated params[i], gives every rank its value.
   // Each owner's parameters are flattened into buckets and broadcast from
@@ -106,6 +109,8 @@ class DistContext {
 
   absl::Status CheckTensors(const std::vector<torch::Tensor>& tensors,
                             const char* what) const;
+  absl::Status AllReduce(std::vector<torch::Tensor>& tensors,
+                         int64_t bucket_bytes, bool mean);
   // Runs `op`, turning a LibTorch or Gloo exception into UNAVAILABLE.
   template <typename Op>
   absl::Status Guarded(const char* name, Op&& op);

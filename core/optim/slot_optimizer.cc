@@ -283,6 +283,7 @@ void SlotOptimizer::ZeroState() {
 }
 
 void SlotOptimizer::SetLr(double lr) {
+  empty_lr_ = lr;
   for (OptimizerChild& child : children_) {
     for (auto& group : child.optimizer->param_groups()) {
       group.options().set_lr(lr);
@@ -291,7 +292,14 @@ void SlotOptimizer::SetLr(double lr) {
 }
 
 double SlotOptimizer::lr() const {
+  if (children_.empty()) return empty_lr_;
   return children_.front().optimizer->param_groups().front().options().get_lr();
+}
+
+SlotOptimizer EmptySlotOptimizer(const OptimizerConfig& config) {
+  SlotOptimizer optimizer(config, {}, {});
+  optimizer.empty_lr_ = config.lr;
+  return optimizer;
 }
 
 void SlotOptimizer::Save(torch::serialize::OutputArchive& archive) const {

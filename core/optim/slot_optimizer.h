@@ -97,12 +97,14 @@ class SlotOptimizer {
  private:
   friend absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
       const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
+  friend SlotOptimizer EmptySlotOptimizer(const OptimizerConfig& config);
   SlotOptimizer(OptimizerConfig config, std::vector<torch::Tensor> parameters,
                 std::vector<OptimizerChild> children);
 
   OptimizerConfig config_;
   std::vector<torch::Tensor> parameters_;
   std::vector<OptimizerChild> children_;
+  double empty_lr_ = 0.0;  // lr() when there are no children.
 };
 
 // The factory. Family muon: Muon for 2-D parameters, AdamW (with the
@@ -113,6 +115,10 @@ class SlotOptimizer {
 // twice, or parameters on different devices.
 absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
     const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
+
+// An optimizer over no parameters (a data-parallel rank that owns none of
+// a slot's): Step and ZeroState do nothing; lr() is the last SetLr.
+SlotOptimizer EmptySlotOptimizer(const OptimizerConfig& config);
 
 }  // namespace loraplex
 

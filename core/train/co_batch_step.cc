@@ -244,6 +244,39 @@ absl::Status CheckAdapterFits(const LoraWeights& weights,
   return absl::OkStatus();
 }
 
+// Zeroes the gradients of all the slot's weights in place: a data-parallel
+// rank's optimizer holds only the parameters it owns.
+void ZeroGrads(TrainingSlot& slot) {
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& param : slot.weights.parameters()) {
+    if (param.grad().defined()) param.grad().zero_();
+  }
+}
+
+// Sums every slot's gradients (zeros where this rank had no rows of it)
+// and the loss sums over the ranks.
+absl::Status SumOverRanks(const StepSync& sync,
+                          const std::vector<TrainingSlot*>& slots,
+                          std::vector<double>& losses) {
+  std::vector<torch::Tensor> tensors;
+  for (TrainingSlot* slot : slots) {
+    for (torch::Tensor param : slot->weights.parameters()) {
+      if (!param.grad().defined()) {
+        param.mutable_grad() = torch::zeros_like(param);
+      }
+      tensors.push_back(param.grad());
+    }
+  }
+  torch::Tensor loss = torch::tensor(losses, torch::kDouble);
+  tensors.push_back(loss);
+  LORAPLEX_RETURN_IF_ERROR(sync.sum(tensors));
+  torch::Tensor summed = tensors.back();
+  for (size_t i = 0; i < losses.size(); ++i) {
+    losses[i] = summed[static_cast<int64_t>(i)].item<double>();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TorchError(absl::string_view what, const c10::Error& e) {
   return absl::InternalError(
       absl::StrCat(what, ": ", e.what_without_backtrace()));
@@ -289,21 +322,37 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
   }
   std::vector<int64_t> targets;
   std::vector<int64_t> tokens;
-  const std::vector<Row> rows = WeightedRows(batches, targets, tokens);
+  std::vector<Row> rows = WeightedRows(batches, targets, tokens);
+  const StepSync* sync = options.sync;
+  if (sync != nullptr && sync->world_size > 1) {
+    rows.erase(std::remove_if(rows.begin(), rows.end(),
+                              [&](const Row& row) {
+                                return row.row_id % sync->world_size !=
+                                       sync->rank;
+                              }),
+               rows.end());
+  }
   std::vector<double> losses(slots.size(), 0.0);
 
   auto restore = [&]() {
     for (size_t i = 0; i < slots.size(); ++i) {
-      slots[i]->optimizer->ZeroGrad();
+      ZeroGrads(*slots[i]);
       *slots[i]->cursor = cursors[i];
     }
   };
   try {
-    for (TrainingSlot* slot : slots) slot->optimizer->ZeroGrad();
+    for (TrainingSlot* slot : slots) ZeroGrads(*slot);
     for (const std::vector<Piece>& micro :
          PlanMicroBatches(rows, options.token_budget)) {
       absl::Status status = RunMicroBatch(model, micro, owners, seeds,
                                           /*backward=*/true, options, losses);
+      if (!status.ok()) {
+        restore();
+        return status;
+      }
+    }
+    if (sync != nullptr) {
+      absl::Status status = SumOverRanks(*sync, slots, losses);
       if (!status.ok()) {
         restore();
         return status;
@@ -353,11 +402,11 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
         slot.optimizer->Step();
         slot.scheduler->Step(*slot.optimizer);
       }
-      slot.optimizer->ZeroGrad();
+      ZeroGrads(slot);
     } catch (const c10::Error& e) {
       // Slots before i have stepped; slot i and later have not.
       for (size_t j = i; j < slots.size(); ++j) {
-        slots[j]->optimizer->ZeroGrad();
+        ZeroGrads(*slots[j]);
         *slots[j]->cursor = cursors[j];
       }
       return TorchError(absl::StrCat("optimizer step of slot ", i,
@@ -367,6 +416,9 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     if (metrics[i].skipped) ++slot.counters.skipped_steps;
     ++slot.counters.steps;
     slot.counters.target_tokens += targets[i];
+  }
+  if (sync != nullptr && sync->after_step) {
+    LORAPLEX_RETURN_IF_ERROR(sync->after_step(slots));
   }
   return metrics;
 }

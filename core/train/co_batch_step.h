@@ -27,6 +27,7 @@
 #include "core/data/sequences.h"
 #include "core/lora/lora_weights.h"
 #include "core/model/llama_model.h"
+#include "core/train/data_parallel.h"
 #include "core/train/training_slot.h"
 
 namespace loraplex {
@@ -41,6 +42,12 @@ struct CoBatchOptions {
   // Target tokens per chunk of LM head + cross-entropy (bounds the logits
   // held in memory: chunk × vocab floats).
   int64_t loss_chunk_tokens = 2048;
+  // Data parallel (data_parallel.h): this process trains the rows r of
+  // each slot's batch with r % world_size == rank, every slot's loss still
+  // normalised by the target tokens of its whole batch; gradients and
+  // losses are summed over the ranks before clipping, so each slot clips
+  // and steps on its full gradient. nullptr: one process.
+  const StepSync* sync = nullptr;
 };
 
 struct SlotStepMetrics {

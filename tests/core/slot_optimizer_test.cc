@@ -190,6 +190,23 @@ TEST(SlotOptimizerTest, AdamFamiliesUseOneChildForEverything) {
   EXPECT_EQ(Build(MuonConfig(), matrices).children().size(), 1u);
 }
 
+// A data-parallel rank that owns none of a slot's parameters.
+TEST(SlotOptimizerTest, EmptyOptimizerKeepsOnlyTheLearningRate) {
+  OptimizerConfig config;
+  config.family = OptimizerFamily::kMuon;
+  config.lr = 0.25;
+  SlotOptimizer optimizer = EmptySlotOptimizer(config);
+  EXPECT_TRUE(optimizer.children().empty());
+  EXPECT_TRUE(optimizer.parameters().empty());
+  EXPECT_EQ(optimizer.lr(), 0.25);
+  optimizer.SetLr(0.5);
+  EXPECT_EQ(optimizer.lr(), 0.5);
+  optimizer.Step();
+  optimizer.ZeroGrad();
+  optimizer.ZeroState();
+  EXPECT_EQ(optimizer.lr(), 0.25);  // Back to the config's, as ZeroState.
+}
+
 TEST(SlotOptimizerTest, StateExistsBeforeAnyStep) {
   for (OptimizerFamily family : kAllOptimizerFamilies) {
     OptimizerConfig config = MuonConfig();
