@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Starts N ranks of a loraplex program on this host, the way torchrun does:
+# each gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
+#
+#   deploy/launch_local.sh N PROGRAM [ARGS...]
+#   deploy/launch_local.sh 2 build/bin/loraplex-bench-dist --slots 4
+#
+# MASTER_PORT (default 29500) and MASTER_ADDR (default 127.0.0.1) may be
+# set. Rank 0's output is shown as is; the others' lines are prefixed with
+# their rank. When one rank fails, the others are stopped and the script
+# exits with that rank's status.
+set -uo pipefail
+
+if [[ $# -lt 2 || ! "$1" =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: $0 N PROGRAM [ARGS...]   (N >= 1 ranks on this host)" >&2
+  exit 2
+fi
+world=$1
+shift
+export MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+export MASTER_PORT=${MASTER_PORT:-29500}
+export WORLD_SIZE=$world
+
+pids=()
+stop_all() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
+}
+trap 'stop_all; exit 130' INT TERM
+
+for ((rank = 0; rank < world; rank++)); do
+  if ((rank == 0)); then
+    RANK=0 LOCAL_RANK=0 "$@" &
+  else
+    RANK=$rank LOCAL_RANK=$rank "$@" > >(sed -u "s/^/[rank $rank] /") 2>&1 &
+  fi
+  pids+=($!)
+done
+
+status=0
+alive=("${pids[@]}")
+while ((${#alive[@]} > 0)); do
+  still=()
+  for pid in "${alive[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then
+      still+=("$pid")
+      continue
+    fi
+    wait "$pid"
+    code=$?
+    if ((code != 0 && status == 0)); then
+      status=$code
+      echo "launch_local: a rank exited with status $code; stopping the others" >&2
+      stop_all
+    fi
+  done
+  alive=("${still[@]}")
+  ((${#alive[@]} > 0)) && sleep 0.2
+done
+exit $status
