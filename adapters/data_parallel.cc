@@ -1,10 +1,12 @@
 #include "adapters/data_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 #include "core/dist/layerwise_ownership.h"
 
 namespace loraplex {
@@ -54,6 +56,94 @@ void DataParallelSlots::Release(int slot) {
 std::vector<int> DataParallelSlots::owners(int slot) const {
   auto it = slots_.find(slot);
   return it == slots_.end() ? std::vector<int>{} : it->second.owner;
+}
+
+namespace {
+
+// Each parameter's optimizer state, by the parameter's storage.
+std::map<const void*, ParamStateRef> StatesByParam(
+    const SlotOptimizer& optimizer) {
+  std::map<const void*, ParamStateRef> states;
+  for (const OptimizerChild& child : optimizer.children()) {
+    std::vector<ParamStateRef> refs = child.states();
+    size_t next = 0;
+    for (const auto& group : child.optimizer->param_groups()) {
+      for (const torch::Tensor& param : group.params()) {
+        if (next < refs.size()) {
+          states[param.unsafeGetTensorImpl()] = refs[next];
+        }
+        ++next;
+      }
+    }
+  }
+  return states;
+}
+
+// Copies one parameter's state (same optimizer kind on both sides).
+absl::Status CopyState(const ParamStateRef& from, const ParamStateRef& to) {
+  if (from.step == nullptr || to.step == nullptr ||
+      from.tensors.size() != to.tensors.size()) {
+    return absl::InternalError("optimizer states of different kinds");
+  }
+  torch::NoGradGuard no_grad;
+  *to.step = *from.step;
+  for (size_t i = 0; i < from.tensors.size(); ++i) {
+    to.tensors[i].second.copy_(from.tensors[i].second);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DataParallelSlots::SaveOptimizerState(
+    const TrainingSlot& slot, torch::serialize::OutputArchive& archive) {
+  if (!slot.optimizer) {
+    return absl::FailedPreconditionError("the slot does not train");
+  }
+  const std::vector<torch::Tensor> params = slot.weights.parameters();
+  // The whole state, zero where another rank owns the parameter, then
+  // summed over the ranks.
+  LORAPLEX_ASSIGN_OR_RETURN(
+      SlotOptimizer full, BuildSlotOptimizer(slot.optimizer->config(), params));
+  const auto mine = StatesByParam(*slot.optimizer);
+  const auto all = StatesByParam(full);
+  std::vector<torch::Tensor> buffers;
+  std::vector<double> steps;
+  for (const torch::Tensor& param : params) {
+    const ParamStateRef& ref = all.at(param.unsafeGetTensorImpl());
+    auto owned = mine.find(param.unsafeGetTensorImpl());
+    if (owned != mine.end()) {
+      LORAPLEX_RETURN_IF_ERROR(CopyState(owned->second, ref));
+    }
+    for (const auto& [name, tensor] : ref.tensors) buffers.push_back(tensor);
+    steps.push_back(static_cast<double>(*ref.step));
+  }
+  buffers.push_back(torch::tensor(steps, torch::kDouble));
+  LORAPLEX_RETURN_IF_ERROR(dist_->AllReduceSum(buffers, bucket_bytes_));
+  const torch::Tensor summed = buffers.back();
+  for (size_t i = 0; i < params.size(); ++i) {
+    *all.at(params[i].unsafeGetTensorImpl()).step =
+        std::llround(summed[static_cast<int64_t>(i)].item<double>());
+  }
+  full.Save(archive);
+  return absl::OkStatus();
+}
+
+absl::Status DataParallelSlots::LoadOptimizerState(
+    TrainingSlot& slot, torch::serialize::InputArchive& archive) {
+  if (!slot.optimizer) {
+    return absl::FailedPreconditionError("the slot does not train");
+  }
+  const std::vector<torch::Tensor> params = slot.weights.parameters();
+  LORAPLEX_ASSIGN_OR_RETURN(
+      SlotOptimizer full, BuildSlotOptimizer(slot.optimizer->config(), params));
+  LORAPLEX_RETURN_IF_ERROR(full.Load(archive));
+  const auto mine = StatesByParam(*slot.optimizer);
+  const auto all = StatesByParam(full);
+  for (const auto& [param, ref] : mine) {
+    LORAPLEX_RETURN_IF_ERROR(CopyState(all.at(param), ref));
+  }
+  return absl::OkStatus();
 }
 
 StepSync DataParallelSlots::Sync(SlotPool& pool) {

@@ -35,6 +35,7 @@
 #include "adapters/slot_pool.h"
 #include "core/dist/process_group.h"
 #include "core/train/data_parallel.h"
+#include "core/train/training_slot.h"
 
 namespace loraplex {
 
@@ -50,6 +51,19 @@ class DataParallelSlots : public ParamClaims {
 
   // CoBatchOptions::sync for `pool`, whose claims must be this object.
   StepSync Sync(SlotPool& pool);
+
+  // A slot's optimizer state in the one-process format (SlotOptimizer::
+  // Save over all its parameters), each owner contributing the state of
+  // the parameters it owns, so a checkpoint written with any number of
+  // ranks loads with any other, 1 included. Collective: every rank calls
+  // it for the same slot, and every rank gets the whole archive.
+  absl::Status SaveOptimizerState(const TrainingSlot& slot,
+                                  torch::serialize::OutputArchive& archive);
+  // Loads such an archive (written by any number of ranks): this rank keeps
+  // the state of the parameters it owns. Not collective. INVALID_ARGUMENT
+  // (nothing changed) when the archive does not fit the slot.
+  absl::Status LoadOptimizerState(TrainingSlot& slot,
+                                  torch::serialize::InputArchive& archive);
 
   // The owner rank of each parameter of `slot` (empty when not claimed).
   std::vector<int> owners(int slot) const;

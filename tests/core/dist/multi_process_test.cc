@@ -18,6 +18,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -322,12 +324,15 @@ absl::StatusOr<Weights> TrainScenario(const LlamaModel& model,
   return weights;
 }
 
-absl::Status DataParallelTrainScenario(DistContext& dist) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadTinyModel() {
   const std::string dir =
       absl::StrCat(::testing::TempDir(), "/loraplex-dp-", getpid(), "/tiny");
   LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
-  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
-                            LlamaModel::Load(dir, {}));
+  return LlamaModel::Load(dir, {});
+}
+
+absl::Status DataParallelTrainScenario(DistContext& dist) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadTinyModel());
   std::string owners;
   DataParallelSlots dp(&dist, /*bucket_bytes=*/16 << 10);
   dist.ResetCounters();
@@ -382,6 +387,127 @@ absl::Status DataParallelTrainScenario(DistContext& dist) {
   return absl::OkStatus();
 }
 
+// Everything but the optimizer state: weights, schedule, data position and
+// counters, copied from one pool's slot into another's.
+absl::Status CopyTrainingState(const TrainingSlot& from, TrainingSlot& to) {
+  {
+    torch::NoGradGuard no_grad;
+    const std::vector<torch::Tensor> source = from.weights.parameters();
+    const std::vector<torch::Tensor> target = to.weights.parameters();
+    for (size_t i = 0; i < source.size(); ++i) target[i].copy_(source[i]);
+  }
+  torch::serialize::OutputArchive saved;
+  from.scheduler->Save(saved);
+  std::ostringstream bytes;
+  saved.save_to(bytes);
+  torch::serialize::InputArchive loaded;
+  std::istringstream in(bytes.str());
+  loaded.load_from(in);
+  LORAPLEX_RETURN_IF_ERROR(to.scheduler->Load(loaded));
+  to.scheduler->ApplyTo(*to.optimizer);
+  to.cursor = from.cursor;
+  to.counters = from.counters;
+  return absl::OkStatus();
+}
+
+// An archive's bytes read back as an input archive.
+void RoundTrip(torch::serialize::OutputArchive& archive,
+               torch::serialize::InputArchive& loaded) {
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  std::istringstream in(bytes.str());
+  loaded.load_from(in);
+}
+
+// A slot's optimizer state saved by W ranks continues in 1 process, and
+// one saved by 1 process continues on W ranks, as the run that was never
+// interrupted would (the checkpoint format is the one-process one).
+absl::Status PortableStateScenario(DistContext& dist) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadTinyModel());
+  auto data = Sequences(ReversalJsonl(12, 5), 16);
+  const std::vector<Projection> all = {
+      Projection::kQ,    Projection::kK,  Projection::kV,   Projection::kO,
+      Projection::kGate, Projection::kUp, Projection::kDown};
+  const std::vector<SlotAttachRequest> jobs = {
+      TrainRequest("adamw", OptimizerFamily::kAdamW, 8, all, data, 1),
+      TrainRequest("muon", OptimizerFamily::kMuon, 16, all, data, 2)};
+  DataParallelSlots dp(&dist, /*bucket_bytes=*/16 << 10);
+  SlotPool parallel(model->config(), {.capacity = 2, .claims = &dp});
+  SlotPool alone(model->config(), {.capacity = 2});
+  StepSync sync = dp.Sync(parallel);
+  CoBatchOptions dp_options;
+  dp_options.sync = &sync;
+  for (const SlotAttachRequest& job : jobs) {
+    LORAPLEX_RETURN_IF_ERROR(parallel.Attach(job).status());
+    LORAPLEX_RETURN_IF_ERROR(alone.Attach(job).status());
+  }
+  auto train = [&](SlotPool& pool, const CoBatchOptions& options,
+                   int steps) -> absl::Status {
+    for (int i = 0; i < steps; ++i) {
+      LORAPLEX_RETURN_IF_ERROR(
+          TrainCoBatchStep(*model, pool.ActiveSlots(), options).status());
+    }
+    return absl::OkStatus();
+  };
+  auto compare = [&](const std::string& what) -> absl::Status {
+    for (int slot : {0, 1}) {
+      const auto a = parallel.slot(slot).weights.parameters();
+      const auto b = alone.slot(slot).weights.parameters();
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double error =
+            (a[i] - b[i]).norm().item<double>() / b[i].norm().item<double>();
+        LORAPLEX_RETURN_IF_ERROR(Expect(
+            error <= 1e-5, absl::StrCat(what, ": slot ", slot, " tensor ", i,
+                                        " differs by ", error, " (L2)")));
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  // Fresh slots, zero optimizer state, before every load: what they hold
+  // then comes from the archive alone.
+  auto reattach = [&](SlotPool& pool) -> absl::Status {
+    for (int slot : {0, 1}) LORAPLEX_RETURN_IF_ERROR(pool.Retire(slot));
+    for (const SlotAttachRequest& job : jobs) {
+      LORAPLEX_RETURN_IF_ERROR(pool.Attach(job).status());
+    }
+    return absl::OkStatus();
+  };
+
+  // W ranks -> 1 process.
+  LORAPLEX_RETURN_IF_ERROR(train(parallel, dp_options, 3));
+  LORAPLEX_RETURN_IF_ERROR(reattach(alone));
+  for (int slot : {0, 1}) {
+    torch::serialize::OutputArchive archive;
+    LORAPLEX_RETURN_IF_ERROR(
+        dp.SaveOptimizerState(parallel.slot(slot), archive));
+    torch::serialize::InputArchive loaded;
+    RoundTrip(archive, loaded);
+    LORAPLEX_RETURN_IF_ERROR(alone.slot(slot).optimizer->Load(loaded));
+    LORAPLEX_RETURN_IF_ERROR(
+        CopyTrainingState(parallel.slot(slot), alone.slot(slot)));
+  }
+  LORAPLEX_RETURN_IF_ERROR(train(parallel, dp_options, 3));
+  LORAPLEX_RETURN_IF_ERROR(train(alone, CoBatchOptions{}, 3));
+  LORAPLEX_RETURN_IF_ERROR(compare("saved by the ranks, resumed alone"));
+
+  // 1 process -> W ranks.
+  LORAPLEX_RETURN_IF_ERROR(reattach(parallel));
+  for (int slot : {0, 1}) {
+    torch::serialize::OutputArchive archive;
+    alone.slot(slot).optimizer->Save(archive);
+    torch::serialize::InputArchive loaded;
+    RoundTrip(archive, loaded);
+    LORAPLEX_RETURN_IF_ERROR(
+        dp.LoadOptimizerState(parallel.slot(slot), loaded));
+    LORAPLEX_RETURN_IF_ERROR(
+        CopyTrainingState(alone.slot(slot), parallel.slot(slot)));
+  }
+  LORAPLEX_RETURN_IF_ERROR(train(parallel, dp_options, 3));
+  LORAPLEX_RETURN_IF_ERROR(train(alone, CoBatchOptions{}, 3));
+  return compare("saved alone, resumed by the ranks");
+}
+
 absl::Status RunWorker(const std::string& scenario) {
   LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
   if (scenario == "missing_rank") return ExpectJoinFails(env, false);
@@ -396,6 +522,8 @@ absl::Status RunWorker(const std::string& scenario) {
     LORAPLEX_RETURN_IF_ERROR(PlanScenario(dist));
   } else if (scenario == "train") {
     LORAPLEX_RETURN_IF_ERROR(DataParallelTrainScenario(dist));
+  } else if (scenario == "portable") {
+    LORAPLEX_RETURN_IF_ERROR(PortableStateScenario(dist));
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown scenario '", scenario, "'"));
@@ -574,6 +702,15 @@ TEST(MultiProcessTest, DataParallelTrainingEqualsOneRankTwoRanks) {
 }
 TEST(MultiProcessTest, DataParallelTrainingEqualsOneRankThreeRanks) {
   ExpectEveryRankPasses({"train", 3, {}, 30});
+}
+
+// Optimizer state saved by 2 or 3 ranks resumes in 1 process and vice
+// versa, each continuing as the uninterrupted run.
+TEST(MultiProcessTest, OptimizerStateMovesBetweenWorldSizesTwoRanks) {
+  ExpectEveryRankPasses({"portable", 2, {}, 30});
+}
+TEST(MultiProcessTest, OptimizerStateMovesBetweenWorldSizesThreeRanks) {
+  ExpectEveryRankPasses({"portable", 3, {}, 30});
 }
 
 TEST(MultiProcessTest, MissingRankFailsWithinTheTimeout) {
