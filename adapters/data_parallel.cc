@@ -118,9 +118,10 @@ absl::Status DataParallelSlots::SaveOptimizerState(
     for (const auto& [name, tensor] : ref.tensors) buffers.push_back(tensor);
     steps.push_back(static_cast<double>(*ref.step));
   }
-  buffers.push_back(torch::tensor(steps, torch::kDouble));
+  buffers.push_back(
+      torch::tensor(steps, torch::kDouble).to(params.front().device()));
   LORAPLEX_RETURN_IF_ERROR(dist_->AllReduceSum(buffers, bucket_bytes_));
-  const torch::Tensor summed = buffers.back();
+  const torch::Tensor summed = buffers.back().cpu();
   for (size_t i = 0; i < params.size(); ++i) {
     *all.at(params[i].unsafeGetTensorImpl()).step =
         std::llround(summed[static_cast<int64_t>(i)].item<double>());

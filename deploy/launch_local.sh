@@ -25,7 +25,14 @@ pids=()
 stop_all() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
 }
-trap 'stop_all; exit 130' INT TERM
+on_signal() {
+  stop_all
+  wait
+  exit $((128 + $1))
+}
+trap 'on_signal 2' INT
+trap 'on_signal 15' TERM
+trap 'on_signal 1' HUP
 
 for ((rank = 0; rank < world; rank++)); do
   if ((rank == 0)); then
@@ -36,24 +43,22 @@ for ((rank = 0; rank < world; rank++)); do
   pids+=($!)
 done
 
+# The first rank to fail decides the status; the others are stopped then.
 status=0
-alive=("${pids[@]}")
-while ((${#alive[@]} > 0)); do
-  still=()
-  for pid in "${alive[@]}"; do
-    if kill -0 "$pid" 2>/dev/null; then
-      still+=("$pid")
-      continue
-    fi
-    wait "$pid"
-    code=$?
-    if ((code != 0 && status == 0)); then
-      status=$code
-      echo "launch_local: a rank exited with status $code; stopping the others" >&2
-      stop_all
-    fi
+for ((left = world; left > 0; left--)); do
+  wait -n -p done_pid "${pids[@]}"
+  code=$?
+  running=()
+  for pid in "${pids[@]}"; do
+    [[ $pid != "$done_pid" ]] && running+=("$pid")
   done
-  alive=("${still[@]}")
-  ((${#alive[@]} > 0)) && sleep 0.2
+  pids=("${running[@]}")
+  if ((code != 0 && status == 0)); then
+    status=$code
+    echo "launch_local: a rank (pid $done_pid) exited with status $code;" \
+      "stopping the others" >&2
+    stop_all
+  fi
 done
+wait  # The output prefixers, so no line comes after the launcher exits.
 exit $status

@@ -253,24 +253,32 @@ void ZeroGrads(TrainingSlot& slot) {
   }
 }
 
-// Sums every slot's gradients (zeros where this rank had no rows of it)
-// and the loss sums over the ranks.
+// Sums every slot's gradients (zeros where this rank had no rows of it),
+// the loss sums and the ranks' failure flags over the ranks.
+// FAILED_PRECONDITION when any rank's part of the step failed.
 absl::Status SumOverRanks(const StepSync& sync,
                           const std::vector<TrainingSlot*>& slots,
-                          std::vector<double>& losses) {
+                          std::vector<double>& losses, bool failed_here) {
   std::vector<torch::Tensor> tensors;
+  torch::Device device = torch::kCPU;
   for (TrainingSlot* slot : slots) {
     for (torch::Tensor param : slot->weights.parameters()) {
       if (!param.grad().defined()) {
         param.mutable_grad() = torch::zeros_like(param);
       }
       tensors.push_back(param.grad());
+      device = param.device();
     }
   }
-  torch::Tensor loss = torch::tensor(losses, torch::kDouble);
-  tensors.push_back(loss);
+  std::vector<double> values = losses;
+  values.push_back(failed_here ? 1.0 : 0.0);
+  tensors.push_back(torch::tensor(values, torch::kDouble).to(device));
   LORAPLEX_RETURN_IF_ERROR(sync.sum(tensors));
-  torch::Tensor summed = tensors.back();
+  const torch::Tensor summed = tensors.back().cpu();
+  if (summed[static_cast<int64_t>(losses.size())].item<double>() > 0) {
+    return absl::FailedPreconditionError(
+        "the step failed on another rank; no slot changed");
+  }
   for (size_t i = 0; i < losses.size(); ++i) {
     losses[i] = summed[static_cast<int64_t>(i)].item<double>();
   }
@@ -325,9 +333,17 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
   std::vector<Row> rows = WeightedRows(batches, targets, tokens);
   const StepSync* sync = options.sync;
   if (sync != nullptr && sync->world_size > 1) {
+    // Row r of slot i goes to rank (rows of slots before i + r) % world:
+    // the ranks take turns across the whole co-batch, so leftover rows do
+    // not all land on rank 0.
+    std::vector<int64_t> offset(slots.size() + 1, 0);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      offset[i + 1] = offset[i] + static_cast<int64_t>(batches[i].size());
+    }
     rows.erase(std::remove_if(rows.begin(), rows.end(),
                               [&](const Row& row) {
-                                return row.row_id % sync->world_size !=
+                                return (offset[row.owner] + row.row_id) %
+                                           sync->world_size !=
                                        sync->rank;
                               }),
                rows.end());
@@ -340,27 +356,35 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
       *slots[i]->cursor = cursors[i];
     }
   };
+  absl::Status local;
   try {
     for (TrainingSlot* slot : slots) ZeroGrads(*slot);
     for (const std::vector<Piece>& micro :
          PlanMicroBatches(rows, options.token_budget)) {
-      absl::Status status = RunMicroBatch(model, micro, owners, seeds,
-                                          /*backward=*/true, options, losses);
-      if (!status.ok()) {
-        restore();
-        return status;
-      }
-    }
-    if (sync != nullptr) {
-      absl::Status status = SumOverRanks(*sync, slots, losses);
-      if (!status.ok()) {
-        restore();
-        return status;
-      }
+      local = RunMicroBatch(model, micro, owners, seeds,
+                            /*backward=*/true, options, losses);
+      if (!local.ok()) break;
     }
   } catch (const c10::Error& e) {
+    local = TorchError("training step failed", e);
+  }
+  if (sync != nullptr) {
+    // Every rank takes part in the sum even when its own part failed, and
+    // then all of them fail together: none is left waiting.
+    absl::Status summed;
+    try {
+      if (!local.ok()) {
+        for (TrainingSlot* slot : slots) ZeroGrads(*slot);
+      }
+      summed = SumOverRanks(*sync, slots, losses, !local.ok());
+    } catch (const c10::Error& e) {
+      summed = TorchError("summing over the ranks failed", e);
+    }
+    if (local.ok()) local = summed;
+  }
+  if (!local.ok()) {
     restore();
-    return TorchError("training step failed", e);
+    return local;
   }
 
   // Decide every slot's fate (and clip) before any optimizer steps, so a
@@ -418,7 +442,16 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     slot.counters.target_tokens += targets[i];
   }
   if (sync != nullptr && sync->after_step) {
-    LORAPLEX_RETURN_IF_ERROR(sync->after_step(slots));
+    // A failure here leaves the ranks' weights apart: the run must go back
+    // to a checkpoint.
+    absl::Status status = sync->after_step(slots);
+    if (!status.ok()) {
+      return absl::Status(
+          status.code(),
+          absl::StrCat("syncing the updated parameters over the ranks "
+                       "failed (resume from a checkpoint): ",
+                       status.message()));
+    }
   }
   return metrics;
 }

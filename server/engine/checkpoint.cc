@@ -411,6 +411,16 @@ absl::Status WritePoolCheckpoint(const std::string& root,
   return WriteFileAtomically(absl::StrCat(root, "/pool.json"), json.dump(2));
 }
 
+int CheckpointSlotHint(const std::string& job_dir, int64_t max_step) {
+  std::vector<CheckpointEntry> all = ListCheckpoints(job_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->step > max_step) continue;
+    absl::StatusOr<CheckpointInfo> info = ReadCheckpointInfo(it->dir);
+    if (info.ok()) return info->slot;
+  }
+  return -1;
+}
+
 void RemoveCheckpointsAfter(const std::string& job_dir, int64_t step) {
   for (const CheckpointEntry& entry : StepDirs(job_dir)) {
     if (entry.step > step) RemoveCheckpointDir(entry.dir);

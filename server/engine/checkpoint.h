@@ -119,6 +119,10 @@ std::optional<CheckpointEntry> LatestValidCheckpoint(
     const std::string& job_dir, std::vector<std::string>* rejected,
     int64_t max_step = INT64_MAX);
 
+// The slot recorded by the newest checkpoint up to `max_step` whose
+// checkpoint.json reads (not verified), or -1.
+int CheckpointSlotHint(const std::string& job_dir, int64_t max_step);
+
 // Deletes the job's checkpoint directories of steps after `step`: those of
 // a run that was abandoned (by a crash) at an earlier checkpoint.
 void RemoveCheckpointsAfter(const std::string& job_dir, int64_t step);

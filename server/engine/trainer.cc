@@ -1,5 +1,6 @@
 #include "server/engine/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -168,6 +169,7 @@ void Trainer::Run() {
       CheckpointPool();
       return;
     }
+    OrderAttaches(batch);
     for (Command& command : batch) Apply(command);
     for (int slot = 0; slot < pool_.capacity(); ++slot) {
       if (jobs_[slot] && jobs_[slot]->quarantined) {
@@ -253,6 +255,40 @@ void Trainer::ApplyRetire(Command& command, int slot) {
   sink_(std::move(report));
 }
 
+int64_t Trainer::ResumeCap(const AttachCommand& command) const {
+  auto pooled = pool_checkpoint_.find(command.job_id);
+  return command.recovering && pooled != pool_checkpoint_.end() ? pooled->second
+                                                                : INT64_MAX;
+}
+
+void Trainer::OrderAttaches(std::deque<Command>& batch) const {
+  if (options_.checkpoint_root.empty()) return;
+  for (Command& command : batch) {
+    AttachCommand& attach = command.attach;
+    if (command.kind != Command::Kind::kAttach || !attach.resume ||
+        attach.request.preferred_slot >= 0) {
+      continue;
+    }
+    attach.request.preferred_slot =
+        CheckpointSlotHint(JobCheckpointDir(attach.job_id), ResumeCap(attach));
+  }
+  // Within each run of attaches, those going back to a slot go first, so a
+  // job new to the pool does not take that slot before them.
+  auto begin = batch.begin();
+  while (begin != batch.end()) {
+    if (begin->kind != Command::Kind::kAttach) {
+      ++begin;
+      continue;
+    }
+    auto end = begin;
+    while (end != batch.end() && end->kind == Command::Kind::kAttach) ++end;
+    std::stable_partition(begin, end, [](const Command& command) {
+      return command.attach.request.preferred_slot >= 0;
+    });
+    begin = end;
+  }
+}
+
 absl::StatusOr<int> Trainer::AttachOrResume(AttachCommand& command,
                                             TrainerReport& report,
                                             std::optional<int64_t>& tokens) {
@@ -262,11 +298,9 @@ absl::StatusOr<int> Trainer::AttachOrResume(AttachCommand& command,
   if (command.resume && !options_.checkpoint_root.empty()) {
     // After a crash, the pool's last complete checkpoint, not a newer one
     // of a group the crash cut short.
-    auto pooled = pool_checkpoint_.find(command.job_id);
-    latest = LatestValidCheckpoint(
-        JobCheckpointDir(command.job_id), &report.rejected_checkpoints,
-        command.recovering && pooled != pool_checkpoint_.end() ? pooled->second
-                                                               : INT64_MAX);
+    latest =
+        LatestValidCheckpoint(JobCheckpointDir(command.job_id),
+                              &report.rejected_checkpoints, ResumeCap(command));
   }
   if (latest) {
     LORAPLEX_ASSIGN_OR_RETURN(info, ReadCheckpointInfo(latest->dir));

@@ -165,6 +165,11 @@ class Trainer {
 
   void Run();
   void Enqueue(std::vector<Command> commands);
+  // Gives attaches that resume the slot of their checkpoint and applies
+  // them before the other attaches next to them.
+  void OrderAttaches(std::deque<Command>& batch) const;
+  // The newest step `command`'s job may resume from.
+  int64_t ResumeCap(const AttachCommand& command) const;
   void ApplyRetire(Command& command, int slot);
   void Apply(Command& command);
   void ApplyAttach(AttachCommand& command);

@@ -246,11 +246,14 @@ absl::Status ExpectJoinFails(const DistEnv& env, bool store_host_missing) {
 // The same jobs attached and retired at the same steps, trained `steps`
 // steps at a time; returns every job's final weights by job id.
 using Weights = std::map<std::string, std::vector<torch::Tensor>>;
+// Per step, the loss and gradient norm of every slot that trained.
+using StepLog = std::vector<std::vector<std::pair<double, double>>>;
 
 absl::StatusOr<Weights> TrainScenario(const LlamaModel& model,
                                       DataParallelSlots* dp,
                                       std::string* report,
-                                      int64_t* param_bytes_stepped) {
+                                      int64_t* param_bytes_stepped,
+                                      StepLog* log) {
   SlotPool pool(model.config(), {.capacity = 4, .claims = dp});
   StepSync sync;
   CoBatchOptions options;
@@ -288,8 +291,13 @@ absl::StatusOr<Weights> TrainScenario(const LlamaModel& model,
           *param_bytes_stepped += p.numel() * p.element_size();
         }
       }
-      LORAPLEX_RETURN_IF_ERROR(
-          TrainCoBatchStep(model, pool.ActiveSlots(), options).status());
+      LORAPLEX_ASSIGN_OR_RETURN(
+          std::vector<SlotStepMetrics> metrics,
+          TrainCoBatchStep(model, pool.ActiveSlots(), options));
+      log->emplace_back();
+      for (const SlotStepMetrics& m : metrics) {
+        log->back().emplace_back(m.loss, m.grad_norm);
+      }
     }
     return absl::OkStatus();
   };
@@ -337,8 +345,10 @@ absl::Status DataParallelTrainScenario(DistContext& dist) {
   DataParallelSlots dp(&dist, /*bucket_bytes=*/16 << 10);
   dist.ResetCounters();
   int64_t param_bytes = 0;
-  LORAPLEX_ASSIGN_OR_RETURN(Weights parallel,
-                            TrainScenario(*model, &dp, &owners, &param_bytes));
+  StepLog parallel_log;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Weights parallel,
+      TrainScenario(*model, &dp, &owners, &param_bytes, &parallel_log));
   // Each parameter's bytes leave its owner once per step: the bytes all
   // ranks sent add up to the parameter bytes of the slots stepped.
   torch::Tensor sent =
@@ -352,8 +362,26 @@ absl::Status DataParallelTrainScenario(DistContext& dist) {
                    param_bytes, " parameter bytes stepped")));
   // The reference: the same run in this process alone.
   int64_t unused = 0;
-  LORAPLEX_ASSIGN_OR_RETURN(Weights alone,
-                            TrainScenario(*model, nullptr, nullptr, &unused));
+  StepLog alone_log;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Weights alone,
+      TrainScenario(*model, nullptr, nullptr, &unused, &alone_log));
+  // Every step's loss and gradient norm (before clipping) as well; some
+  // steps clip.
+  bool clipped = false;
+  for (size_t step = 0; step < alone_log.size(); ++step) {
+    for (size_t i = 0; i < alone_log[step].size(); ++i) {
+      const auto [loss, norm] = alone_log[step][i];
+      const auto [dp_loss, dp_norm] = parallel_log.at(step).at(i);
+      clipped = clipped || norm > 1.0;
+      LORAPLEX_RETURN_IF_ERROR(Expect(
+          std::abs(dp_loss - loss) <= 1e-5 * std::abs(loss) &&
+              std::abs(dp_norm - norm) <= 1e-5 * norm,
+          absl::StrCat("step ", step, " slot ", i, ": loss ", dp_loss, " vs ",
+                       loss, ", grad norm ", dp_norm, " vs ", norm)));
+    }
+  }
+  LORAPLEX_RETURN_IF_ERROR(Expect(clipped, "some step clips"));
   // Rows regroup across ranks and partial gradients are summed, so float
   // rounding differs: each tensor within 1e-5 in relative L2 norm (and
   // every element within 5e-5 of the tensor's largest value; Adam's
@@ -508,6 +536,57 @@ absl::Status PortableStateScenario(DistContext& dist) {
   return compare("saved alone, resumed by the ranks");
 }
 
+// A row only one rank holds fails the forward there (it is longer than
+// the model's positions): every rank fails the step, none waits for the
+// others, and no slot changes.
+absl::Status FailureScenario(DistContext& dist) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadTinyModel());
+  const int64_t too_long = model->config().max_position_embeddings + 8;
+  auto data = std::make_shared<SequenceSet>();
+  for (int64_t length : {int64_t{12}, too_long}) {
+    Sequence sequence;
+    sequence.input_ids.assign(length, 5);
+    sequence.loss_mask.assign(length, 1);
+    sequence.loss_mask[0] = 0;
+    data->sequences.push_back(sequence);
+  }
+  SlotAttachRequest job = TrainRequest("job", OptimizerFamily::kAdamW, 4,
+                                       {Projection::kQ}, data, 1);
+  job.training.batch_size = 2;
+  job.training.seq_len = too_long;
+  DataParallelSlots dp(&dist, 16 << 10);
+  SlotPool pool(model->config(), {.capacity = 1, .claims = &dp});
+  LORAPLEX_RETURN_IF_ERROR(pool.Attach(job).status());
+  StepSync sync = dp.Sync(pool);
+  CoBatchOptions options;
+  options.sync = &sync;
+  const std::vector<torch::Tensor> before = Snapshot(pool.slot(0).weights);
+  const DataCursorState cursor = pool.slot(0).cursor->state();
+  absl::StatusOr<std::vector<SlotStepMetrics>> step =
+      TrainCoBatchStep(*model, pool.ActiveSlots(), options);
+  LORAPLEX_RETURN_IF_ERROR(Expect(!step.ok(), "the step fails"));
+  const std::string message(step.status().message());
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(absl::StrContains(message, "max_position_embeddings") ||
+                 absl::StrContains(message, "failed on another rank"),
+             message));
+  const std::vector<torch::Tensor> after = Snapshot(pool.slot(0).weights);
+  for (size_t i = 0; i < before.size(); ++i) {
+    LORAPLEX_RETURN_IF_ERROR(
+        Expect(torch::equal(before[i], after[i]), "weights unchanged"));
+  }
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(pool.slot(0).counters.steps == 0 &&
+                 pool.slot(0).cursor->state().position == cursor.position,
+             "counters and data cursor unchanged"));
+  // Exactly one rank held the long row.
+  std::vector<torch::Tensor> held = {torch::tensor(
+      {absl::StrContains(message, "max_position_embeddings") ? 1.0 : 0.0},
+      torch::kDouble)};
+  LORAPLEX_RETURN_IF_ERROR(dist.AllReduceSum(held, 1 << 10));
+  return Expect(held[0].item<double>() == 1.0, "one rank held the long row");
+}
+
 absl::Status RunWorker(const std::string& scenario) {
   LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
   if (scenario == "missing_rank") return ExpectJoinFails(env, false);
@@ -522,6 +601,8 @@ absl::Status RunWorker(const std::string& scenario) {
     LORAPLEX_RETURN_IF_ERROR(PlanScenario(dist));
   } else if (scenario == "train") {
     LORAPLEX_RETURN_IF_ERROR(DataParallelTrainScenario(dist));
+  } else if (scenario == "failure") {
+    LORAPLEX_RETURN_IF_ERROR(FailureScenario(dist));
   } else if (scenario == "portable") {
     LORAPLEX_RETURN_IF_ERROR(PortableStateScenario(dist));
   } else {
@@ -711,6 +792,10 @@ TEST(MultiProcessTest, OptimizerStateMovesBetweenWorldSizesTwoRanks) {
 }
 TEST(MultiProcessTest, OptimizerStateMovesBetweenWorldSizesThreeRanks) {
   ExpectEveryRankPasses({"portable", 3, {}, 30});
+}
+
+TEST(MultiProcessTest, StepFailingOnOneRankFailsOnAllWithoutWaiting) {
+  ExpectEveryRankPasses({"failure", 2, {}, 30});
 }
 
 TEST(MultiProcessTest, MissingRankFailsWithinTheTimeout) {
