@@ -35,24 +35,6 @@
 namespace loraplex {
 namespace {
 
-std::shared_ptr<const SequenceSet> RandomSequences(int64_t count,
-                                                   int64_t seq_len,
-                                                   int64_t vocab) {
-  torch::manual_seed(1);  // The same data on every rank.
-  auto set = std::make_shared<SequenceSet>();
-  for (int64_t i = 0; i < count; ++i) {
-    torch::Tensor ids = torch::randint(0, vocab, {seq_len}, torch::kInt64);
-    Sequence seq;
-    seq.input_ids.assign(ids.data_ptr<int64_t>(),
-                         ids.data_ptr<int64_t>() + seq_len);
-    seq.loss_mask.assign(seq_len, 1);
-    seq.loss_mask[0] = 0;
-    set->num_target_tokens += seq_len - 1;
-    set->sequences.push_back(std::move(seq));
-  }
-  return set;
-}
-
 absl::Status Run(const std::string& preset, int slots, int steps) {
   LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
   LORAPLEX_ASSIGN_OR_RETURN(DistContext dist,
@@ -67,6 +49,7 @@ absl::Status Run(const std::string& preset, int slots, int steps) {
 
   DataParallelSlots dp(&dist);
   SlotPool pool(model->config(), {.capacity = slots, .claims = &dp});
+  torch::manual_seed(1);  // The same data on every rank.
   auto data = RandomSequences(64, 128, model->config().vocab_size);
   int64_t param_bytes = 0;
   for (int i = 0; i < slots; ++i) {

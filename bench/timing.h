@@ -1,6 +1,7 @@
 // Timing helpers shared by the benchmark programs: medians of alternating
 // rounds (so machine noise hits both contenders alike), peak GEMM
-// throughput, and the matmul FLOPs of a base-model forward.
+// throughput, the matmul FLOPs of a base-model forward, and random
+// training data.
 #ifndef LORAPLEX_BENCH_TIMING_H_
 #define LORAPLEX_BENCH_TIMING_H_
 
@@ -9,9 +10,11 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "core/data/sequences.h"
 #include "core/model/model_config.h"
 #include "core/model/model_weights.h"
 
@@ -87,6 +90,25 @@ inline double ForwardFlops(const ModelConfig& c, int64_t tokens, int64_t seq) {
   return (ProjectionFlopsPerToken(c) + AttentionFlopsPerToken(c, seq) +
           2.0 * c.hidden_size * c.vocab_size) *
          tokens;
+}
+
+// `count` sequences of `seq_len` uniform random tokens, every token but the
+// first a target (from torch's global generator).
+inline std::shared_ptr<const SequenceSet> RandomSequences(int64_t count,
+                                                          int64_t seq_len,
+                                                          int64_t vocab) {
+  auto set = std::make_shared<SequenceSet>();
+  for (int64_t i = 0; i < count; ++i) {
+    torch::Tensor ids = torch::randint(0, vocab, {seq_len}, torch::kInt64);
+    Sequence seq;
+    seq.input_ids.assign(ids.data_ptr<int64_t>(),
+                         ids.data_ptr<int64_t>() + seq_len);
+    seq.loss_mask.assign(seq_len, 1);
+    seq.loss_mask[0] = 0;
+    set->num_target_tokens += seq_len - 1;
+    set->sequences.push_back(std::move(seq));
+  }
+  return set;
 }
 
 }  // namespace loraplex

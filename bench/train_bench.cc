@@ -42,23 +42,6 @@ namespace {
 
 constexpr int64_t kRank = 16;
 
-std::shared_ptr<const SequenceSet> RandomSequences(int64_t count,
-                                                   int64_t seq_len,
-                                                   int64_t vocab) {
-  auto set = std::make_shared<SequenceSet>();
-  for (int64_t i = 0; i < count; ++i) {
-    torch::Tensor ids = torch::randint(0, vocab, {seq_len}, torch::kInt64);
-    Sequence seq;
-    seq.input_ids.assign(ids.data_ptr<int64_t>(),
-                         ids.data_ptr<int64_t>() + seq_len);
-    seq.loss_mask.assign(seq_len, 1);
-    seq.loss_mask[0] = 0;
-    set->num_target_tokens += seq_len - 1;
-    set->sequences.push_back(std::move(seq));
-  }
-  return set;
-}
-
 SlotAttachRequest Request(int index, int64_t batch_size, int64_t seq_len,
                           std::shared_ptr<const SequenceSet> data) {
   SlotAttachRequest request;

@@ -125,6 +125,22 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   bool terminal_sent_ = false;
 };
 
+// Runs `create` on a worker and finishes the call with the job it made.
+template <typename Create>
+void CreateOnWorker(WorkQueue* work, grpc::ServerUnaryReactor* reactor,
+                    v1::Job* response, Create create) {
+  work->Post([reactor, response, create = std::move(create)]() mutable {
+    absl::Status status;
+    try {
+      absl::StatusOr<JobRecord> job = create();
+      status = job.ok() ? JobToProto(*job, response) : job.status();
+    } catch (const std::exception& error) {
+      status = absl::InternalError(error.what());
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
+}
+
 constexpr absl::string_view kEventTokenPrefix = "events-after-";
 
 absl::Status CheckAfterSequence(int64_t after_sequence) {
@@ -151,17 +167,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(
     reactor->Finish(ToGrpcStatus(pending.status()));
     return reactor;
   }
-  context_->work->Post([this, reactor, response,
-                        pending = *std::move(pending)]() mutable {
-    absl::Status status;
-    try {
-      absl::StatusOr<JobRecord> job = SubmitJob(*context_, std::move(pending));
-      status = job.ok() ? JobToProto(*job, response) : job.status();
-    } catch (const std::exception& error) {
-      status = absl::InternalError(error.what());
-    }
-    reactor->Finish(ToGrpcStatus(status));
-  });
+  CreateOnWorker(context_->work, reactor, response,
+                 [this, pending = *std::move(pending)]() mutable {
+                   return SubmitJob(*context_, std::move(pending));
+                 });
   return reactor;
 }
 
@@ -188,17 +197,11 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJobFromCheckpoint(
     return reactor;
   }
   // Verifying the checkpoint reads every file: a worker does it.
-  context_->work->Post([this, reactor, request, response, tenant, dir] {
-    absl::Status status;
-    try {
-      absl::StatusOr<JobRecord> job =
-          loraplex::CreateJobFromCheckpoint(*context_, tenant, *request, dir);
-      status = job.ok() ? JobToProto(*job, response) : job.status();
-    } catch (const std::exception& error) {
-      status = absl::InternalError(error.what());
-    }
-    reactor->Finish(ToGrpcStatus(status));
-  });
+  CreateOnWorker(context_->work, reactor, response,
+                 [this, request, tenant, dir] {
+                   return loraplex::CreateJobFromCheckpoint(*context_, tenant,
+                                                            *request, dir);
+                 });
   return reactor;
 }
 

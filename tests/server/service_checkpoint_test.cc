@@ -33,31 +33,6 @@ using ::testing::HasSubstr;
 constexpr int64_t kSteps = 36;
 constexpr int kInterval = 6;
 
-// Step -> loss of the job's last run (the metric events after its last
-// RUNNING event), and that event's message.
-struct RunLosses {
-  std::map<int64_t, double> loss;
-  std::string running_message;
-};
-
-RunLosses LastRun(LoraplexClient& client, const std::string& job) {
-  RunLosses run;
-  auto events = client.ListAllJobEvents(job);
-  EXPECT_TRUE(events.ok()) << events.status();
-  if (!events.ok()) return run;
-  for (const v1::JobEvent& event : *events) {
-    if (event.has_status_change() &&
-        event.status_change().status() == v1::JOB_STATUS_RUNNING) {
-      run.loss.clear();
-      run.running_message = event.status_change().message();
-    } else if (event.has_metrics() && event.metrics().step() > 0 &&
-               !event.metrics().has_validation_loss()) {
-      run.loss[event.metrics().step()] = event.metrics().loss();
-    }
-  }
-  return run;
-}
-
 // The job's adapter files, exported (name -> bytes).
 std::map<std::string, std::string> ExportedFiles(
     LoraplexClient& client, v1::ExportAdapterRequest request) {
@@ -172,6 +147,20 @@ class ServiceCheckpointTest : public ::testing::Test {
     }
   }
 
+  // Runs the server on `dir` until the first job has trained `step` steps,
+  // then kills it (SIGKILL). Returns the step seen, 0 on failure.
+  static int64_t KillAtStep(const std::string& dir, int64_t step) {
+    auto server = StartServer(dir, 3, ServerFlags());
+    if (server == nullptr) return 0;
+    auto client = ClientFor(*server);
+    auto job = WaitUntil(*client, jobs_->front(), [&](const v1::Job& job) {
+      return job.metrics().step() >= step;
+    });
+    EXPECT_TRUE(job.ok()) << job.status();
+    server->Kill();
+    return job.ok() ? job->metrics().step() : 0;
+  }
+
   // The step of the pool's last complete checkpoint, the same for every
   // job (they train together).
   static int64_t PoolStep(const std::string& dir) {
@@ -214,18 +203,8 @@ TEST_F(ServiceCheckpointTest, KilledServerResumesEveryJobBitExactly) {
         kInterval + 1 + static_cast<int64_t>(rng() % (kSteps - kInterval - 2));
     SCOPED_TRACE(absl::StrCat("kill point ", i, " at step >= ", kill_step));
     const std::string dir = FreshRun("killed");
-    int64_t killed_at = 0;
-    {
-      auto server = StartServer(dir, 3, ServerFlags());
-      ASSERT_NE(server, nullptr);
-      auto client = ClientFor(*server);
-      auto job = WaitUntil(*client, jobs_->front(), [&](const v1::Job& job) {
-        return job.metrics().step() >= kill_step;
-      });
-      ASSERT_TRUE(job.ok()) << job.status();
-      server->Kill();
-      killed_at = job->metrics().step();
-    }
+    const int64_t killed_at = KillAtStep(dir, kill_step);
+    ASSERT_GE(killed_at, kill_step);
     auto server = StartServer(dir, 3, ServerFlags());
     ASSERT_NE(server, nullptr);
     auto client = ClientFor(*server);
@@ -245,15 +224,7 @@ TEST_F(ServiceCheckpointTest, KilledServerResumesEveryJobBitExactly) {
 TEST_F(ServiceCheckpointTest, DamagedNewestCheckpointFallsBackToThePrevious) {
   ASSERT_NE(reference_, nullptr);
   const std::string dir = FreshRun("damaged");
-  {
-    auto server = StartServer(dir, 3, ServerFlags());
-    ASSERT_NE(server, nullptr);
-    auto client = ClientFor(*server);
-    ASSERT_TRUE(WaitUntil(*client, jobs_->front(), [](const v1::Job& job) {
-                  return job.metrics().step() >= 2 * kInterval + 1;
-                }).ok());
-    server->Kill();
-  }
+  ASSERT_GT(KillAtStep(dir, 2 * kInterval + 1), 0);
   // Damage, each another way, the checkpoint every job would resume from:
   // its step in the pool's last complete checkpoint.
   const int64_t newest = PoolStep(dir);
@@ -295,15 +266,7 @@ TEST_F(ServiceCheckpointTest, DamagedNewestCheckpointFallsBackToThePrevious) {
 TEST_F(ServiceCheckpointTest, CheckpointsOfAnInterruptedGroupAreNotUsed) {
   ASSERT_NE(reference_, nullptr);
   const std::string dir = FreshRun("interrupted");
-  {
-    auto server = StartServer(dir, 3, ServerFlags());
-    ASSERT_NE(server, nullptr);
-    auto client = ClientFor(*server);
-    ASSERT_TRUE(WaitUntil(*client, jobs_->front(), [](const v1::Job& job) {
-                  return job.metrics().step() >= 2 * kInterval + 1;
-                }).ok());
-    server->Kill();
-  }
+  ASSERT_GT(KillAtStep(dir, 2 * kInterval + 1), 0);
   // As if the kill came after the first job's checkpoint of the newest
   // group: the others lose theirs and pool.json names the group before.
   const int64_t newest = PoolStep(dir);

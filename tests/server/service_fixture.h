@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -115,6 +116,31 @@ absl::StatusOr<v1::Job> WaitUntil(LoraplexClient& client,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+// Step -> loss of the job's last run (the metric events after its last
+// RUNNING event), and that event's message.
+struct RunLosses {
+  std::map<int64_t, double> loss;
+  std::string running_message;
+};
+
+inline RunLosses LastRun(LoraplexClient& client, const std::string& job) {
+  RunLosses run;
+  auto events = client.ListAllJobEvents(job);
+  EXPECT_TRUE(events.ok()) << events.status();
+  if (!events.ok()) return run;
+  for (const v1::JobEvent& event : *events) {
+    if (event.has_status_change() &&
+        event.status_change().status() == v1::JOB_STATUS_RUNNING) {
+      run.loss.clear();
+      run.running_message = event.status_change().message();
+    } else if (event.has_metrics() && event.metrics().step() > 0 &&
+               !event.metrics().has_validation_loss()) {
+      run.loss[event.metrics().step()] = event.metrics().loss();
+    }
+  }
+  return run;
 }
 
 // The A and B matrices of an adapter, in module order.

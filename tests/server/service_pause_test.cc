@@ -18,30 +18,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// Step -> loss of the job's last run (after its last RUNNING event), and
-// that event's message.
-struct RunLosses {
-  std::map<int64_t, double> loss;
-  std::string running_message;
-};
-
-RunLosses LastRun(LoraplexClient& client, const std::string& job) {
-  RunLosses run;
-  auto events = client.ListAllJobEvents(job);
-  EXPECT_TRUE(events.ok()) << events.status();
-  if (!events.ok()) return run;
-  for (const v1::JobEvent& event : *events) {
-    if (event.has_status_change() &&
-        event.status_change().status() == v1::JOB_STATUS_RUNNING) {
-      run.loss.clear();
-      run.running_message = event.status_change().message();
-    } else if (event.has_metrics() && event.metrics().step() > 0) {
-      run.loss[event.metrics().step()] = event.metrics().loss();
-    }
-  }
-  return run;
-}
-
 std::map<std::string, std::string> Export(LoraplexClient& client,
                                           v1::ExportAdapterRequest request) {
   const std::string dir = FreshTestDir("export");
