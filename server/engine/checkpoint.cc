@@ -18,6 +18,7 @@
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
 #include "server/common/sha256.h"
+#include "server/engine/catch_torch.h"
 
 namespace loraplex {
 namespace {
@@ -75,21 +76,12 @@ std::vector<CheckpointEntry> StepDirs(const std::string& job_dir) {
   return entries;
 }
 
-template <typename Fn>
-absl::Status CatchAll(absl::string_view what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& error) {
-    return absl::InternalError(absl::StrCat(what, ": ", error.what()));
-  }
-}
-
 absl::Status WriteFiles(const std::string& dir, const TrainingSlot& slot,
                         const CheckpointInfo& info,
                         const std::string& base_model_name) {
   LORAPLEX_RETURN_IF_ERROR(
       ExportPeftAdapter(slot.weights, base_model_name, dir));
-  LORAPLEX_RETURN_IF_ERROR(CatchAll("saving the optimizer state", [&] {
+  LORAPLEX_RETURN_IF_ERROR(CatchTorch("saving the optimizer state", [&] {
     torch::serialize::OutputArchive optimizer;
     slot.optimizer->Save(optimizer);
     torch::serialize::OutputArchive scheduler;
@@ -442,7 +434,7 @@ absl::Status RestoreCheckpoint(const std::string& dir,
   LORAPLEX_ASSIGN_OR_RETURN(
       DataCursor cursor,
       DataCursor::Create(slot.cursor->num_sequences(), info.cursor));
-  absl::Status loaded = CatchAll("loading the optimizer state", [&] {
+  absl::Status loaded = CatchTorch("loading the optimizer state", [&] {
     torch::serialize::InputArchive archive;
     archive.load_from(absl::StrCat(dir, "/", kCheckpointStateFile));
     torch::serialize::InputArchive optimizer;

@@ -11,6 +11,7 @@
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
 #include "server/common/clock.h"
+#include "server/engine/catch_torch.h"
 #include "server/engine/checkpoint.h"
 
 namespace loraplex {
@@ -43,21 +44,6 @@ struct Trainer::SlotJob {
   // slot is kept out of use and retired again each iteration.
   bool quarantined = false;
 };
-
-namespace {
-
-// LibTorch reports failures by throwing c10::Error (a std::exception); they
-// stop at the trainer boundary as a Status.
-template <typename Fn>
-auto CatchTorch(absl::string_view what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const std::exception& error) {
-    return absl::InternalError(absl::StrCat(what, ": ", error.what()));
-  }
-}
-
-}  // namespace
 
 Trainer::Trainer(std::unique_ptr<LlamaModel> model,
                  const TrainerOptions& options, ReportSink sink)
@@ -433,7 +419,10 @@ std::vector<int> Trainer::TrainStep() {
     const TrainingSlot& training = pool_.slot(slot);
     const SlotStepMetrics& step = (*metrics)[i];
     job.tokens += step.tokens;
-    job.last_metrics = CheckpointMetrics{step.loss, step.lr, step.grad_norm};
+    job.last_metrics.emplace();
+    job.last_metrics->loss = step.loss;
+    job.last_metrics->lr = step.lr;
+    job.last_metrics->grad_norm = step.grad_norm;
     const double rate = seconds > 0 ? step.tokens / seconds : 0.0;
     // A short moving average: single steps are noisy on a shared machine.
     job.tokens_per_second = job.tokens_per_second == 0.0

@@ -121,12 +121,7 @@ absl::StatusOr<JobRecord> JobScheduler::Cancel(const std::string& tenant,
   job.record.status = JobStatus::kCancelled;
   job.record.slot = -1;
   job.record.end_time_ms = NowMillis();
-  for (auto q = queue_.begin(); q != queue_.end(); ++q) {
-    if (*q == job_id) {
-      queue_.erase(q);
-      break;
-    }
-  }
+  Dequeue(job_id);
   if (job.in_trainer) trainer_->Retire(job_id);
   Commit(job, {StatusEvent(job.record, JobStatus::kCancelled, reason)});
   JobRecord result = job.record;
@@ -149,6 +144,10 @@ absl::StatusOr<JobScheduler::LiveJob*> JobScheduler::ActiveJob(
         absl::StrCat("job \"", job_id, "\" is not active"));
   }
   return it->second.get();
+}
+
+void JobScheduler::Dequeue(const std::string& job_id) {
+  queue_.erase(std::remove(queue_.begin(), queue_.end(), job_id), queue_.end());
 }
 
 void JobScheduler::Forget(const std::string& job_id) {
@@ -182,7 +181,7 @@ void JobScheduler::Pause(const std::string& tenant, const std::string& job_id,
     trainer_->Pause(job_id);
     return;
   }
-  queue_.erase(std::remove(queue_.begin(), queue_.end(), job_id), queue_.end());
+  Dequeue(job_id);
   job.record.status = JobStatus::kPaused;
   Commit(job,
          {StatusEvent(job.record, JobStatus::kPaused, "paused while queued")});

@@ -127,6 +127,8 @@ class JobScheduler {
   // else NOT_FOUND or FAILED_PRECONDITION from the store.
   absl::StatusOr<LiveJob*> ActiveJob(const std::string& tenant,
                                      const std::string& job_id);
+  // Takes the job out of the queue, if it is there.
+  void Dequeue(const std::string& job_id);
   // Drops a finished job that the trainer no longer holds, answering a
   // pending pause.
   void Forget(const std::string& job_id);

@@ -141,6 +141,22 @@ void CreateOnWorker(WorkQueue* work, grpc::ServerUnaryReactor* reactor,
   });
 }
 
+// The caller's tenant and the id of the job a request names ("jobs/{id}"
+// in field `name`).
+struct JobRef {
+  std::string tenant;
+  std::string id;
+};
+
+absl::StatusOr<JobRef> NamedJob(const ServiceContext& context,
+                                grpc::CallbackServerContext* call,
+                                const std::string& name) {
+  JobRef job;
+  LORAPLEX_ASSIGN_OR_RETURN(job.tenant, Authenticate(context, call));
+  LORAPLEX_ASSIGN_OR_RETURN(job.id, ParseResourceName(name, "jobs", "name"));
+  return job;
+}
+
 constexpr absl::string_view kEventTokenPrefix = "events-after-";
 
 absl::Status CheckAfterSequence(int64_t after_sequence) {
@@ -208,22 +224,15 @@ grpc::ServerUnaryReactor* JobServiceImpl::CreateJobFromCheckpoint(
 grpc::ServerUnaryReactor* JobServiceImpl::PauseJob(
     grpc::CallbackServerContext* call, const v1::PauseJobRequest* request,
     v1::Job* response) {
-  std::string tenant;
-  std::string id;
-  absl::Status status = [&]() -> absl::Status {
-    LORAPLEX_ASSIGN_OR_RETURN(tenant, Authenticate(*context_, call));
-    LORAPLEX_ASSIGN_OR_RETURN(
-        id, ParseResourceName(request->name(), "jobs", "name"));
-    return absl::OkStatus();
-  }();
+  absl::StatusOr<JobRef> job = NamedJob(*context_, call, request->name());
   grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
-  if (!status.ok()) {
-    reactor->Finish(ToGrpcStatus(status));
+  if (!job.ok()) {
+    reactor->Finish(ToGrpcStatus(job.status()));
     return reactor;
   }
   // Answered once the trainer has checkpointed and retired the job.
   context_->scheduler->Pause(
-      tenant, id, [reactor, response](absl::StatusOr<JobRecord> job) {
+      job->tenant, job->id, [reactor, response](absl::StatusOr<JobRecord> job) {
         absl::Status status =
             job.ok() ? JobToProto(*job, response) : job.status();
         reactor->Finish(ToGrpcStatus(status));
@@ -235,12 +244,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(
     grpc::CallbackServerContext* call, const v1::ResumeJobRequest* request,
     v1::Job* response) {
   return FinishUnary(call, [&]() -> absl::Status {
-    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
-                              Authenticate(*context_, call));
-    LORAPLEX_ASSIGN_OR_RETURN(
-        std::string id, ParseResourceName(request->name(), "jobs", "name"));
+    LORAPLEX_ASSIGN_OR_RETURN(JobRef ref,
+                              NamedJob(*context_, call, request->name()));
     LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
-                              context_->scheduler->Resume(tenant, id));
+                              context_->scheduler->Resume(ref.tenant, ref.id));
     return JobToProto(job, response);
   });
 }
@@ -250,11 +257,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(
     const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
   return FinishUnary(call, [&]() -> absl::Status {
-    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
-                              Authenticate(*context_, call));
-    LORAPLEX_ASSIGN_OR_RETURN(
-        std::string id, ParseResourceName(request->name(), "jobs", "name"));
-    return ListJobCheckpoints(*context_, tenant, id, response);
+    LORAPLEX_ASSIGN_OR_RETURN(JobRef ref,
+                              NamedJob(*context_, call, request->name()));
+    return ListJobCheckpoints(*context_, ref.tenant, ref.id, response);
   });
 }
 
@@ -262,12 +267,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
     grpc::CallbackServerContext* call, const v1::GetJobRequest* request,
     v1::Job* response) {
   return FinishUnary(call, [&]() -> absl::Status {
-    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
-                              Authenticate(*context_, call));
-    LORAPLEX_ASSIGN_OR_RETURN(
-        std::string id, ParseResourceName(request->name(), "jobs", "name"));
+    LORAPLEX_ASSIGN_OR_RETURN(JobRef ref,
+                              NamedJob(*context_, call, request->name()));
     LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
-                              context_->store->GetJob(tenant, id));
+                              context_->store->GetJob(ref.tenant, ref.id));
     return JobToProto(job, response);
   });
 }
@@ -308,13 +311,11 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
     grpc::CallbackServerContext* call, const v1::CancelJobRequest* request,
     v1::Job* response) {
   return FinishUnary(call, [&]() -> absl::Status {
-    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
-                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(JobRef ref,
+                              NamedJob(*context_, call, request->name()));
     LORAPLEX_ASSIGN_OR_RETURN(
-        std::string id, ParseResourceName(request->name(), "jobs", "name"));
-    LORAPLEX_ASSIGN_OR_RETURN(
-        JobRecord job,
-        context_->scheduler->Cancel(tenant, id, "cancelled by CancelJob"));
+        JobRecord job, context_->scheduler->Cancel(ref.tenant, ref.id,
+                                                   "cancelled by CancelJob"));
     return JobToProto(job, response);
   });
 }
@@ -323,12 +324,11 @@ grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* call, const v1::WatchJobRequest* request) {
   std::string id;
   absl::Status status = [&]() -> absl::Status {
-    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
-                              Authenticate(*context_, call));
-    LORAPLEX_ASSIGN_OR_RETURN(
-        id, ParseResourceName(request->name(), "jobs", "name"));
+    LORAPLEX_ASSIGN_OR_RETURN(JobRef job,
+                              NamedJob(*context_, call, request->name()));
+    id = job.id;
     LORAPLEX_RETURN_IF_ERROR(CheckAfterSequence(request->after_sequence()));
-    return context_->store->GetJob(tenant, id).status();
+    return context_->store->GetJob(job.tenant, id).status();
   }();
   if (!status.ok()) {
     // A reactor that only reports the error.
@@ -347,13 +347,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobEvents(
     grpc::CallbackServerContext* call, const v1::ListJobEventsRequest* request,
     v1::ListJobEventsResponse* response) {
   return FinishUnary(call, [&]() -> absl::Status {
-    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
-                              Authenticate(*context_, call));
-    LORAPLEX_ASSIGN_OR_RETURN(
-        std::string id, ParseResourceName(request->name(), "jobs", "name"));
+    LORAPLEX_ASSIGN_OR_RETURN(JobRef ref,
+                              NamedJob(*context_, call, request->name()));
     LORAPLEX_ASSIGN_OR_RETURN(int page_size, PageSize(request->page_size()));
     LORAPLEX_RETURN_IF_ERROR(CheckAfterSequence(request->after_sequence()));
-    LORAPLEX_RETURN_IF_ERROR(context_->store->GetJob(tenant, id).status());
+    LORAPLEX_RETURN_IF_ERROR(
+        context_->store->GetJob(ref.tenant, ref.id).status());
     int64_t after = request->after_sequence();
     if (!request->page_token().empty()) {
       absl::string_view token = request->page_token();
@@ -365,7 +364,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobEvents(
     }
     LORAPLEX_ASSIGN_OR_RETURN(
         std::vector<JobEventRecord> events,
-        context_->store->ListJobEvents(id, after, page_size + 1));
+        context_->store->ListJobEvents(ref.id, after, page_size + 1));
     const bool more = static_cast<int>(events.size()) > page_size;
     if (more) events.resize(page_size);
     for (const JobEventRecord& event : events) {

@@ -415,6 +415,15 @@ absl::Status DataParallelTrainScenario(DistContext& dist) {
   return absl::OkStatus();
 }
 
+// An archive's bytes read back as an input archive.
+void RoundTrip(torch::serialize::OutputArchive& archive,
+               torch::serialize::InputArchive& loaded) {
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  std::istringstream in(bytes.str());
+  loaded.load_from(in);
+}
+
 // Everything but the optimizer state: weights, schedule, data position and
 // counters, copied from one pool's slot into another's.
 absl::Status CopyTrainingState(const TrainingSlot& from, TrainingSlot& to) {
@@ -426,25 +435,13 @@ absl::Status CopyTrainingState(const TrainingSlot& from, TrainingSlot& to) {
   }
   torch::serialize::OutputArchive saved;
   from.scheduler->Save(saved);
-  std::ostringstream bytes;
-  saved.save_to(bytes);
   torch::serialize::InputArchive loaded;
-  std::istringstream in(bytes.str());
-  loaded.load_from(in);
+  RoundTrip(saved, loaded);
   LORAPLEX_RETURN_IF_ERROR(to.scheduler->Load(loaded));
   to.scheduler->ApplyTo(*to.optimizer);
   to.cursor = from.cursor;
   to.counters = from.counters;
   return absl::OkStatus();
-}
-
-// An archive's bytes read back as an input archive.
-void RoundTrip(torch::serialize::OutputArchive& archive,
-               torch::serialize::InputArchive& loaded) {
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  std::istringstream in(bytes.str());
-  loaded.load_from(in);
 }
 
 // A slot's optimizer state saved by W ranks continues in 1 process, and
