@@ -336,7 +336,20 @@ TEST(ServiceShutdownTest, ShutdownCheckpointsAndPausedJobsStayPaused) {
   resumed = checkpoints->checkpoints(0).step();
   EXPECT_GE(resumed, stopped_at);
   EXPECT_THAT(message, HasSubstr(absl::StrCat("step ", resumed)));
+  ASSERT_TRUE(WaitUntil(*client, running, [&](const v1::Job& job) {
+                return job.metrics().step() > resumed;
+              }).ok());
   ASSERT_TRUE(client->CancelJob(running).ok());
+  // Cancelling checkpoints the job where it stopped, for export.
+  bool cancel_checkpoint = false;
+  for (int i = 0; i < 500 && !cancel_checkpoint; ++i) {
+    auto after = client->ListCheckpoints(running);
+    ASSERT_TRUE(after.ok());
+    cancel_checkpoint = after->checkpoints_size() > 0 &&
+                        after->checkpoints().rbegin()->step() > resumed;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(cancel_checkpoint);
 
   auto still = client->GetJob(paused);
   ASSERT_TRUE(still.ok());
