@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <exception>
 #include <map>
 #include <thread>
@@ -209,9 +210,11 @@ absl::Status DistContext::Guarded(const char* name, Op&& op) {
     torch::NoGradGuard no_grad;
     op();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
+    absl::Status status = absl::UnavailableError(
         absl::StrCat(name, " failed on rank ", rank_, " of ", world_size_,
                      " (store at ", address_, "): ", ExceptionText(e)));
+    if (failure_.ok()) failure_ = status;
+    return status;
   }
   return absl::OkStatus();
 }
@@ -236,6 +239,15 @@ absl::Status DistContext::Barrier() {
   if (world_size_ == 1) return absl::OkStatus();
   ++counters_.collectives;
   return Guarded("Barrier", [&] { comm_->Barrier(); });
+}
+
+absl::StatusOr<int> DistContext::CountRanks(bool flag) {
+  if (world_size_ == 1) return flag ? 1 : 0;
+  std::vector<torch::Tensor> count = {
+      torch::full({1}, flag ? 1.0f : 0.0f,
+                  torch::TensorOptions().device(device_).dtype(torch::kFloat))};
+  LORAPLEX_RETURN_IF_ERROR(AllReduceSum(count, kDefaultBucketBytes));
+  return static_cast<int>(std::lround(count[0].cpu().item<float>()));
 }
 
 absl::Status DistContext::Broadcast(std::string* bytes, int root) {

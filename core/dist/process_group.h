@@ -76,9 +76,14 @@ class DistContext {
   int world_size() const { return world_size_; }
   bool is_root() const { return rank_ == 0; }
   const torch::Device& device() const { return device_; }
+  // How long a collective waits for a peer (DistEnv::timeout).
+  std::chrono::seconds timeout() const { return timeout_; }
 
   // Returns once every rank has called Barrier.
   absl::Status Barrier();
+
+  // How many ranks passed `flag` true; every rank gets the count.
+  absl::StatusOr<int> CountRanks(bool flag);
 
   // Replaces *bytes on every rank by root's *bytes: its length first, then
   // the bytes (two collectives).
@@ -100,6 +105,11 @@ class DistContext {
   absl::Status BroadcastFromOwners(std::vector<torch::Tensor>& params,
                                    const std::vector<int>& owner,
                                    int64_t bucket_bytes = kDefaultBucketBytes);
+
+  // OK until a collective fails; then that first failure. The ranks may
+  // then disagree on where they are, so the group is unusable: a run
+  // should stop (and restart from its checkpoints).
+  const absl::Status& failure() const { return failure_; }
 
   const CollectiveCounters& counters() const { return counters_; }
   void ResetCounters() { counters_ = CollectiveCounters(); }
@@ -124,6 +134,7 @@ class DistContext {
   std::unique_ptr<C10dStore> store_;
   std::unique_ptr<C10dCollectives> comm_;
   CollectiveCounters counters_;
+  absl::Status failure_;
 };
 
 }  // namespace loraplex
