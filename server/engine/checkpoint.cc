@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "adapters/data_parallel.h"
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
@@ -78,22 +79,12 @@ std::vector<CheckpointEntry> StepDirs(const std::string& job_dir) {
 
 absl::Status WriteFiles(const std::string& dir, const TrainingSlot& slot,
                         const CheckpointInfo& info,
-                        const std::string& base_model_name) {
+                        const std::string& base_model_name,
+                        const std::string& training_state) {
   LORAPLEX_RETURN_IF_ERROR(
       ExportPeftAdapter(slot.weights, base_model_name, dir));
-  LORAPLEX_RETURN_IF_ERROR(CatchTorch("saving the optimizer state", [&] {
-    torch::serialize::OutputArchive optimizer;
-    slot.optimizer->Save(optimizer);
-    torch::serialize::OutputArchive scheduler;
-    slot.scheduler->Save(scheduler);
-    torch::serialize::OutputArchive archive;
-    archive.write("optimizer", optimizer);
-    archive.write("scheduler", scheduler);
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    return WriteFileAtomically(absl::StrCat(dir, "/", kCheckpointStateFile),
-                               bytes.str());
-  }));
+  LORAPLEX_RETURN_IF_ERROR(WriteFileAtomically(
+      absl::StrCat(dir, "/", kCheckpointStateFile), training_state));
   LORAPLEX_RETURN_IF_ERROR(
       WriteFileAtomically(absl::StrCat(dir, "/", kCheckpointInfoFile),
                           CheckpointInfoToJson(info).dump(2)));
@@ -263,9 +254,50 @@ std::string CheckpointDir(const std::string& job_dir, int64_t step) {
   return absl::StrCat(job_dir, "/", name);
 }
 
+absl::StatusOr<std::string> SaveTrainingState(
+    const TrainingSlot& slot, DataParallelSlots* data_parallel) {
+  if (!slot.trainable()) {
+    return absl::FailedPreconditionError(
+        "only a slot that trains can be checkpointed");
+  }
+  std::string bytes;
+  LORAPLEX_RETURN_IF_ERROR(
+      CatchTorch("saving the optimizer state", [&]() -> absl::Status {
+        torch::serialize::OutputArchive optimizer;
+        if (data_parallel != nullptr) {
+          LORAPLEX_RETURN_IF_ERROR(
+              data_parallel->SaveOptimizerState(slot, optimizer));
+        } else {
+          slot.optimizer->Save(optimizer);
+        }
+        torch::serialize::OutputArchive scheduler;
+        slot.scheduler->Save(scheduler);
+        torch::serialize::OutputArchive archive;
+        archive.write("optimizer", optimizer);
+        archive.write("scheduler", scheduler);
+        std::ostringstream out;
+        archive.save_to(out);
+        bytes = out.str();
+        return absl::OkStatus();
+      }));
+  return bytes;
+}
+
 absl::Status WriteCheckpoint(const std::string& job_dir,
                              const TrainingSlot& slot,
                              const CheckpointInfo& info,
+                             const std::string& base_model_name, int keep_last,
+                             int64_t keep_step) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string training_state,
+                            SaveTrainingState(slot));
+  return WriteCheckpoint(job_dir, slot, info, training_state, base_model_name,
+                         keep_last, keep_step);
+}
+
+absl::Status WriteCheckpoint(const std::string& job_dir,
+                             const TrainingSlot& slot,
+                             const CheckpointInfo& info,
+                             const std::string& training_state,
                              const std::string& base_model_name, int keep_last,
                              int64_t keep_step) {
   if (!slot.trainable()) {
@@ -291,7 +323,8 @@ absl::Status WriteCheckpoint(const std::string& job_dir,
     FsyncDirectory(parent.parent_path().string()).IgnoreError();
     FsyncDirectory(parent.string()).IgnoreError();
   }
-  absl::Status status = WriteFiles(partial, slot, info, base_model_name);
+  absl::Status status =
+      WriteFiles(partial, slot, info, base_model_name, training_state);
   if (status.ok()) status = PublishDirectory(partial, dir);
   if (!status.ok()) {
     fs::remove_all(partial, error);
@@ -421,6 +454,18 @@ void RemoveCheckpointsAfter(const std::string& job_dir, int64_t step) {
 
 absl::Status RestoreCheckpoint(const std::string& dir,
                                const CheckpointInfo& info, TrainingSlot& slot) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string training_state,
+                            ReadCheckpointFile(dir, kCheckpointStateFile));
+  absl::Status status = RestoreTrainingState(info, training_state, slot);
+  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "checkpoint ", dir, " does not fit the job: ", status.message()));
+}
+
+absl::Status RestoreTrainingState(const CheckpointInfo& info,
+                                  const std::string& training_state,
+                                  TrainingSlot& slot,
+                                  DataParallelSlots* data_parallel) {
   if (!slot.trainable()) {
     return absl::FailedPreconditionError(
         "the slot must be attached for training before a restore");
@@ -435,8 +480,9 @@ absl::Status RestoreCheckpoint(const std::string& dir,
       DataCursor cursor,
       DataCursor::Create(slot.cursor->num_sequences(), info.cursor));
   absl::Status loaded = CatchTorch("loading the optimizer state", [&] {
+    std::istringstream bytes(training_state);
     torch::serialize::InputArchive archive;
-    archive.load_from(absl::StrCat(dir, "/", kCheckpointStateFile));
+    archive.load_from(bytes);
     torch::serialize::InputArchive optimizer;
     torch::serialize::InputArchive scheduler;
     if (!archive.try_read("optimizer", optimizer) ||
@@ -444,12 +490,14 @@ absl::Status RestoreCheckpoint(const std::string& dir,
       return absl::InvalidArgumentError(absl::StrCat(
           kCheckpointStateFile, " lacks the optimizer or scheduler state"));
     }
-    LORAPLEX_RETURN_IF_ERROR(slot.optimizer->Load(optimizer));
+    LORAPLEX_RETURN_IF_ERROR(
+        data_parallel != nullptr
+            ? data_parallel->LoadOptimizerState(slot, optimizer)
+            : slot.optimizer->Load(optimizer));
     return slot.scheduler->Load(scheduler);
   });
   if (!loaded.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", dir, " does not fit the job: ", loaded.message()));
+    return absl::InvalidArgumentError(loaded.message());
   }
   slot.scheduler->ApplyTo(*slot.optimizer);
   slot.cursor.emplace(std::move(cursor));

@@ -39,6 +39,8 @@
 
 namespace loraplex {
 
+class DataParallelSlots;
+
 inline constexpr char kCheckpointManifestFile[] = "manifest.json";
 inline constexpr char kCheckpointStateFile[] = "training_state.pt";
 inline constexpr char kCheckpointInfoFile[] = "checkpoint.json";
@@ -90,6 +92,20 @@ absl::Status WriteCheckpoint(const std::string& job_dir,
                              const CheckpointInfo& info,
                              const std::string& base_model_name, int keep_last,
                              int64_t keep_step = -1);
+// The same with training_state.pt's bytes made beforehand.
+absl::Status WriteCheckpoint(const std::string& job_dir,
+                             const TrainingSlot& slot,
+                             const CheckpointInfo& info,
+                             const std::string& training_state,
+                             const std::string& base_model_name, int keep_last,
+                             int64_t keep_step);
+
+// training_state.pt's bytes: the slot's optimizer state (every parameter's,
+// in the one-process format) and its LR schedule. With `data_parallel` the
+// owners' states are gathered: collective, every rank calls it for the
+// same slot.
+absl::StatusOr<std::string> SaveTrainingState(
+    const TrainingSlot& slot, DataParallelSlots* data_parallel = nullptr);
 
 // Committed checkpoints, oldest first; an unreadable or missing job_dir
 // has none.
@@ -143,6 +159,12 @@ absl::Status WritePoolCheckpoint(const std::string& root,
 // fit the slot; the slot is then unusable and should be retired.
 absl::Status RestoreCheckpoint(const std::string& dir,
                                const CheckpointInfo& info, TrainingSlot& slot);
+// The same from training_state.pt's bytes. With `data_parallel`, the slot
+// keeps the state of the parameters this rank owns (not collective).
+absl::Status RestoreTrainingState(const CheckpointInfo& info,
+                                  const std::string& training_state,
+                                  TrainingSlot& slot,
+                                  DataParallelSlots* data_parallel = nullptr);
 
 }  // namespace loraplex
 
