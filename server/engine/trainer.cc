@@ -13,6 +13,7 @@
 #include "server/common/clock.h"
 #include "server/engine/catch_torch.h"
 #include "server/engine/checkpoint.h"
+#include "server/engine/step_plan.h"
 
 namespace loraplex {
 
@@ -23,6 +24,14 @@ struct Trainer::Command {
   std::string job_id;
   std::string dir;
   std::function<void(absl::Status)> done;
+  // kAttach, read by rank 0 before the plan (PrepareAttach): an error
+  // fails the attach; the newer checkpoints that did not verify; the
+  // checkpoint to resume (its directory, counters and training state).
+  absl::Status prepared;
+  std::vector<std::string> rejected;
+  std::string restore_dir;
+  std::optional<CheckpointInfo> restore;
+  std::string training_state;
 };
 
 // What the trainer remembers about the job in a slot, beyond the slot.
@@ -45,20 +54,40 @@ struct Trainer::SlotJob {
   bool quarantined = false;
 };
 
+namespace {
+
+SlotPoolOptions PoolOptions(SlotPoolOptions pool, ParamClaims* claims) {
+  if (claims != nullptr) pool.claims = claims;
+  return pool;
+}
+
+}  // namespace
+
 Trainer::Trainer(std::unique_ptr<LlamaModel> model,
                  const TrainerOptions& options, ReportSink sink)
     : model_(std::move(model)),
       options_(options),
       sink_(std::move(sink)),
-      pool_(model_->config(), options.pool),
+      leader_(options.dist == nullptr || options.dist->is_root()),
+      checkpoints_(leader_ ? !options.checkpoint_root.empty()
+                           : options.leader_checkpoints),
+      data_parallel_(options.dist != nullptr && options.dist->world_size() > 1
+                         ? std::make_unique<DataParallelSlots>(options.dist)
+                         : nullptr),
+      pool_(model_->config(), PoolOptions(options.pool, data_parallel_.get())),
       jobs_(pool_.capacity()),
-      slots_(pool_.capacity()) {}
+      slots_(pool_.capacity()) {
+  if (data_parallel_) {
+    sync_ = data_parallel_->Sync(pool_);
+    options_.co_batch.sync = &sync_;
+  }
+}
 
 Trainer::~Trainer() { Stop(); }
 
 void Trainer::Start() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (thread_.joinable() || stop_) return;
+  if (thread_.joinable() || stop_ || !leader_) return;
   if (!options_.checkpoint_root.empty()) {
     // Damaged: resume each job from its newest valid checkpoint instead.
     pool_checkpoint_ = ReadPoolCheckpoint(options_.checkpoint_root)
@@ -138,40 +167,185 @@ std::vector<SlotInfo> Trainer::Slots() const {
 
 void Trainer::Run() {
   for (;;) {
-    bool busy = !TrainableSlots().empty();
-    for (const auto& job : jobs_) {
-      busy = busy || (job && job->evaluate_only && !job->quarantined);
-    }
     std::deque<Command> batch;
-    bool stopping = false;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || busy || !commands_.empty(); });
-      stopping = stop_;
-      if (!stopping) batch.swap(commands_);
-    }
-    if (stopping) {
-      // Every job that trains keeps its progress across the restart.
-      CheckpointPool();
-      return;
-    }
+    const bool stopping = !NextBatch(batch);
     OrderAttaches(batch);
-    for (Command& command : batch) Apply(command);
-    for (int slot = 0; slot < pool_.capacity(); ++slot) {
-      if (jobs_[slot] && jobs_[slot]->quarantined) {
-        RetireSlot(slot).IgnoreError();  // Still quarantined on error.
+    for (Command& command : batch) {
+      if (command.kind == Command::Kind::kAttach) {
+        command.prepared =
+            CatchTorch("attach", [&] { return PrepareAttach(command); });
       }
     }
-    for (int slot = 0; slot < pool_.capacity(); ++slot) {
-      if (jobs_[slot] && jobs_[slot]->evaluate_only &&
-          !jobs_[slot]->quarantined) {
-        EvaluateOnly(slot);
-      }
+    if (data_parallel_) {
+      absl::Status sent = SendPlan(batch, stopping);
+      if (!sent.ok() && fatal_.ok()) fatal_ = sent;
     }
-    const std::vector<int> stepped = TrainStep();
-    if (CheckpointDue(stepped)) CheckpointPool();
-    PublishSlots();
+    if (Broken() || !Iterate(batch, stopping, pending_checkpoint_)) break;
   }
+  if (!fatal_.ok() && options_.on_fatal) options_.on_fatal(fatal_);
+}
+
+bool Trainer::NextBatch(std::deque<Command>& batch) {
+  bool busy = pending_checkpoint_ || !TrainableSlots().empty();
+  for (const auto& job : jobs_) {
+    busy = busy || (job && job->evaluate_only && !job->quarantined);
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] { return stop_ || busy || !commands_.empty(); };
+  if (data_parallel_) {
+    // The other ranks wait for the next plan in a collective that times
+    // out, so an idle rank 0 sends them an empty one now and then.
+    const std::chrono::seconds heartbeat =
+        std::clamp(options_.dist->timeout() / 4, std::chrono::seconds(1),
+                   std::chrono::seconds(10));
+    wake_.wait_for(lock, heartbeat, ready);
+  } else {
+    wake_.wait(lock, ready);
+  }
+  if (stop_) return false;
+  batch.swap(commands_);
+  return true;
+}
+
+absl::Status Trainer::SendPlan(const std::deque<Command>& batch,
+                               bool stopping) {
+  StepPlan plan;
+  plan.stop = stopping;
+  plan.checkpoint = pending_checkpoint_;
+  for (int slot = 0; slot < pool_.capacity(); ++slot) {
+    if (jobs_[slot]) plan.active[slot] = HeldSlot(slot);
+  }
+  for (const Command& command : batch) {
+    StepPlan::Entry entry;
+    entry.job_id = command.job_id;
+    if (command.kind == Command::Kind::kRetire) {
+      entry.kind = StepPlan::Entry::Kind::kRetire;
+    } else if (command.kind == Command::Kind::kPause) {
+      entry.kind = StepPlan::Entry::Kind::kPause;
+    } else if (command.kind == Command::Kind::kAttach &&
+               command.prepared.ok()) {
+      entry.kind = StepPlan::Entry::Kind::kAttach;
+      entry.request = command.attach.request;
+      entry.request.initial_weights.reset();  // Broadcast after the attach.
+      entry.restore = command.restore;
+      entry.training_state = command.training_state;
+    } else {
+      continue;  // Exports and failed attaches are rank 0's alone.
+    }
+    plan.entries.push_back(std::move(entry));
+  }
+  std::string bytes = EncodeStepPlan(plan);
+  return options_.dist->Broadcast(&bytes, 0);
+}
+
+absl::Status Trainer::Follow() {
+  if (leader_ || !data_parallel_) {
+    return absl::FailedPreconditionError(
+        "only ranks other than 0 of a data-parallel run follow a plan");
+  }
+  for (;;) {
+    std::string bytes;
+    LORAPLEX_RETURN_IF_ERROR(options_.dist->Broadcast(&bytes, 0));
+    LORAPLEX_ASSIGN_OR_RETURN(StepPlan plan, DecodeStepPlan(bytes));
+    FollowActive(plan.active);
+    std::deque<Command> batch;
+    for (StepPlan::Entry& entry : plan.entries) {
+      Command command;
+      command.kind = entry.kind == StepPlan::Entry::Kind::kAttach
+                         ? Command::Kind::kAttach
+                     : entry.kind == StepPlan::Entry::Kind::kRetire
+                         ? Command::Kind::kRetire
+                         : Command::Kind::kPause;
+      command.job_id = entry.job_id;
+      command.attach.job_id = entry.job_id;
+      command.attach.request = std::move(entry.request);
+      command.restore = std::move(entry.restore);
+      command.training_state = std::move(entry.training_state);
+      batch.push_back(std::move(command));
+    }
+    if (Broken() || !Iterate(batch, plan.stop, plan.checkpoint)) break;
+  }
+  return fatal_;
+}
+
+bool Trainer::Iterate(std::deque<Command>& batch, bool stopping,
+                      bool checkpoint) {
+  pending_checkpoint_ = false;
+  // When stopping, every job that trains keeps its progress across the
+  // restart.
+  if (checkpoint || stopping) CheckpointPool();
+  if (stopping || Broken()) return false;
+  for (Command& command : batch) Apply(command);
+  for (int slot = 0; slot < pool_.capacity(); ++slot) {
+    if (jobs_[slot] && jobs_[slot]->quarantined) {
+      RetireSlot(slot).IgnoreError();  // Still quarantined on error.
+    }
+  }
+  for (int slot = 0; slot < pool_.capacity(); ++slot) {
+    if (jobs_[slot] && jobs_[slot]->evaluate_only &&
+        !jobs_[slot]->quarantined) {
+      EvaluateOnly(slot);
+    }
+  }
+  const std::vector<int> stepped = TrainStep();
+  pending_checkpoint_ = CheckpointDue(stepped);
+  PublishSlots();
+  return !Broken();
+}
+
+StepPlan::Active Trainer::HeldSlot(int slot) const {
+  StepPlan::Active held;
+  held.job_id = jobs_[slot]->job_id;
+  if (pool_.state(slot) != SlotState::kFree) {
+    const TrainingSlot& training = pool_.slot(slot);
+    held.step = training.counters.steps;
+    if (training.cursor) held.cursor = training.cursor->state();
+  }
+  return held;
+}
+
+void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
+  for (int slot = 0; slot < pool_.capacity(); ++slot) {
+    auto held = active.find(slot);
+    if (jobs_[slot] &&
+        (held == active.end() || held->second.job_id != jobs_[slot]->job_id)) {
+      RetireSlot(slot).IgnoreError();
+    }
+  }
+  for (const auto& [slot, expected] : active) {
+    if (!fatal_.ok()) return;
+    if (!jobs_.at(slot)) {
+      fatal_ = absl::InternalError(
+          absl::StrCat("rank ", options_.dist->rank(), " holds no job in slot ",
+                       slot, " where rank 0 holds job ", expected.job_id));
+      continue;
+    }
+    const StepPlan::Active mine = HeldSlot(slot);
+    const auto describe = [](const StepPlan::Active& held) {
+      return held.cursor ? absl::StrCat("step ", held.step, ", epoch ",
+                                        held.cursor->epoch, ", position ",
+                                        held.cursor->position)
+                         : absl::StrCat("step ", held.step);
+    };
+    if (describe(mine) != describe(expected) ||
+        (mine.cursor && mine.cursor->seed != expected.cursor->seed)) {
+      fatal_ = absl::InternalError(absl::StrCat(
+          "rank ", options_.dist->rank(), "'s slot ", slot, " (job ",
+          mine.job_id, ") is at ", describe(mine), ", rank 0's at ",
+          describe(expected), ": the ranks diverged"));
+    }
+  }
+}
+
+bool Trainer::Broken() {
+  if (fatal_.ok() && data_parallel_ && !options_.dist->failure().ok()) {
+    fatal_ = options_.dist->failure();
+  }
+  return !fatal_.ok();
+}
+
+void Trainer::Report(TrainerReport report) {
+  if (leader_ && !Broken()) sink_(std::move(report));
 }
 
 void Trainer::Apply(Command& command) {
@@ -184,7 +358,7 @@ void Trainer::Apply(Command& command) {
   }
   switch (command.kind) {
     case Command::Kind::kAttach:
-      ApplyAttach(command.attach);
+      ApplyAttach(command);
       return;
     case Command::Kind::kRetire:
       ApplyRetire(command, slot);
@@ -200,6 +374,16 @@ void Trainer::Apply(Command& command) {
             "job \"", command.job_id, "\" is not training in a slot"));
       } else {
         report.status = CheckpointSlot(slot);
+        if (data_parallel_) {
+          // Rank 0 alone writes the checkpoint: all pause or none does.
+          absl::StatusOr<int> failed =
+              options_.dist->CountRanks(!report.status.ok());
+          if (!failed.ok()) return;  // Broken.
+          if (*failed > 0 && report.status.ok()) {
+            report.status = absl::InternalError(
+                "its checkpoint failed on another rank (see its log)");
+          }
+        }
         report.step = pool_.slot(slot).counters.steps;
         report.checkpoint_dir =
             CheckpointDir(JobCheckpointDir(command.job_id), report.step);
@@ -207,7 +391,7 @@ void Trainer::Apply(Command& command) {
         // quarantines the slot.
         if (report.status.ok()) RetireSlot(slot).IgnoreError();
       }
-      sink_(std::move(report));
+      Report(std::move(report));
       return;
     }
     case Command::Kind::kExport: {
@@ -230,7 +414,7 @@ void Trainer::ApplyRetire(Command& command, int slot) {
     // Reported all the same, so the scheduler lets go of the job.
     report.status = absl::NotFoundError(
         absl::StrCat("job \"", command.job_id, "\" is not in a slot"));
-    sink_(std::move(report));
+    Report(std::move(report));
     return;
   }
   // The job's state up to here stays available (export, a new job).
@@ -238,7 +422,7 @@ void Trainer::ApplyRetire(Command& command, int slot) {
     CheckpointSlot(slot).IgnoreError();
   }
   report.status = RetireSlot(slot);
-  sink_(std::move(report));
+  Report(std::move(report));
 }
 
 int64_t Trainer::ResumeCap(const AttachCommand& command) const {
@@ -248,7 +432,7 @@ int64_t Trainer::ResumeCap(const AttachCommand& command) const {
 }
 
 void Trainer::OrderAttaches(std::deque<Command>& batch) const {
-  if (options_.checkpoint_root.empty()) return;
+  if (!checkpoints_) return;
   for (Command& command : batch) {
     AttachCommand& attach = command.attach;
     if (command.kind != Command::Kind::kAttach || !attach.resume ||
@@ -275,101 +459,137 @@ void Trainer::OrderAttaches(std::deque<Command>& batch) const {
   }
 }
 
-absl::StatusOr<int> Trainer::AttachOrResume(AttachCommand& command,
-                                            TrainerReport& report,
-                                            std::optional<int64_t>& tokens) {
+absl::Status Trainer::PrepareAttach(Command& command) {
+  AttachCommand& attach = command.attach;
+  attach.request.job_id = attach.job_id;
+  std::string weights_dir = attach.initial_adapter_dir;
   std::optional<CheckpointEntry> latest;
-  std::optional<CheckpointInfo> info;
-  std::string weights_dir = command.initial_adapter_dir;
-  if (command.resume && !options_.checkpoint_root.empty()) {
+  if (attach.resume && checkpoints_) {
     // After a crash, the pool's last complete checkpoint, not a newer one
     // of a group the crash cut short.
-    latest =
-        LatestValidCheckpoint(JobCheckpointDir(command.job_id),
-                              &report.rejected_checkpoints, ResumeCap(command));
+    latest = LatestValidCheckpoint(JobCheckpointDir(attach.job_id),
+                                   &command.rejected, ResumeCap(attach));
   }
   if (latest) {
-    LORAPLEX_ASSIGN_OR_RETURN(info, ReadCheckpointInfo(latest->dir));
-    if (info->job_id != command.job_id) {
+    LORAPLEX_ASSIGN_OR_RETURN(CheckpointInfo info,
+                              ReadCheckpointInfo(latest->dir));
+    if (info.job_id != attach.job_id) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint ", latest->dir, " belongs to job ", info->job_id));
+          "checkpoint ", latest->dir, " belongs to job ", info.job_id));
     }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        command.training_state,
+        ReadCheckpointFile(latest->dir, kCheckpointStateFile));
     weights_dir = latest->dir;
-    if (command.request.preferred_slot < 0) {
-      command.request.preferred_slot = info->slot;
+    if (attach.request.preferred_slot < 0) {
+      attach.request.preferred_slot = info.slot;
     }
+    command.restore_dir = latest->dir;
+    command.restore = std::move(info);
   }
   if (!weights_dir.empty()) {
     LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
                               LoadPeftAdapter(weights_dir, model_->config()));
-    command.request.initial_weights =
+    attach.request.lora = adapter.config;  // What the other ranks attach.
+    attach.request.initial_weights =
         std::make_shared<const PeftAdapter>(std::move(adapter));
   }
-  LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(command.request));
-  if (command.resume && !options_.checkpoint_root.empty()) {
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Trainer::AttachPrepared(Command& command,
+                                            std::optional<int64_t>& tokens) {
+  const AttachCommand& attach = command.attach;
+  LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(attach.request));
+  if (leader_ && attach.resume && checkpoints_) {
     // Later checkpoints belong to a run abandoned by a crash; the steps
     // they hold are trained again.
-    RemoveCheckpointsAfter(JobCheckpointDir(command.job_id),
-                           latest ? latest->step : 0);
+    RemoveCheckpointsAfter(JobCheckpointDir(attach.job_id),
+                           command.restore ? command.restore->step() : 0);
   }
-  if (!latest) return slot;
-  absl::Status restored = CatchTorch("restore", [&] {
-    return RestoreCheckpoint(latest->dir, *info, pool_.slot(slot));
+  if (!command.restore) return slot;
+  const absl::Status restored = CatchTorch("restore", [&] {
+    return RestoreTrainingState(*command.restore, command.training_state,
+                                pool_.slot(slot), data_parallel_.get());
   });
   if (!restored.ok()) {
-    absl::Status retired =
-        CatchTorch("retire", [&] { return pool_.Retire(slot); });
-    if (!retired.ok()) {
-      // Kept out of use and retired again each iteration.
-      auto stuck = std::make_unique<SlotJob>();
-      stuck->job_id = command.job_id;
-      stuck->quarantined = true;
-      jobs_[slot] = std::move(stuck);
-      ++quarantined_;
-    }
-    return restored;
+    FreeSlot(slot, attach.job_id);
+    return absl::Status(
+        restored.code(),
+        absl::StrCat("checkpoint ", command.restore_dir,
+                     " does not fit the job: ", restored.message()));
   }
-  report.resumed_step = info->step();
-  tokens = info->tokens;
+  tokens = command.restore->tokens;
   return slot;
 }
 
-void Trainer::ApplyAttach(AttachCommand& command) {
+absl::StatusOr<int> Trainer::AgreeOnAttach(absl::StatusOr<int> slot) {
+  LORAPLEX_ASSIGN_OR_RETURN(int failed, options_.dist->CountRanks(!slot.ok()));
+  if (failed > 0) {
+    if (!slot.ok()) return slot;
+    FreeSlot(*slot, pool_.job_id(*slot));
+    return absl::InternalError(absl::StrCat("the attach failed on ", failed,
+                                            " other rank(s); see their logs"));
+  }
+  // Rank 0's weights (an initial adapter's, a checkpoint's) are every
+  // rank's.
+  std::vector<torch::Tensor> params = pool_.slot(*slot).weights.parameters();
+  LORAPLEX_RETURN_IF_ERROR(options_.dist->BroadcastFromOwners(
+      params, std::vector<int>(params.size(), 0)));
+  return slot;
+}
+
+void Trainer::FreeSlot(int slot, const std::string& job_id) {
+  auto job = std::make_unique<SlotJob>();
+  job->job_id = job_id;
+  jobs_[slot] = std::move(job);
+  RetireSlot(slot).IgnoreError();  // Quarantined on error.
+}
+
+void Trainer::ApplyAttach(Command& command) {
+  AttachCommand& attach = command.attach;
   TrainerReport report;
   report.kind = TrainerReport::Kind::kAttached;
-  report.job_id = command.job_id;
-  command.request.job_id = command.job_id;
+  report.job_id = attach.job_id;
+  report.rejected_checkpoints = std::move(command.rejected);
+  if (!command.prepared.ok()) {  // Rank 0 only: not in the plan.
+    report.status = command.prepared;
+    Report(std::move(report));
+    return;
+  }
   std::optional<int64_t> tokens;
   absl::StatusOr<int> slot = CatchTorch("attach", [&]() -> absl::StatusOr<int> {
-    return AttachOrResume(command, report, tokens);
+    return AttachPrepared(command, tokens);
   });
+  if (data_parallel_) slot = AgreeOnAttach(std::move(slot));
+  if (Broken()) return;
   if (slot.ok()) {
     auto job = std::make_unique<SlotJob>();
-    job->job_id = command.job_id;
-    job->tenant = command.tenant;
-    job->validation = std::move(command.validation);
-    job->final_adapter_dir = command.final_adapter_dir;
-    job->eval_interval = command.request.training.eval_interval;
-    job->checkpoint_interval =
-        command.request.training.checkpoint_interval > 0
-            ? command.request.training.checkpoint_interval
-            : options_.checkpoint_interval;
-    job->job_spec = std::move(command.job_spec);
+    job->job_id = attach.job_id;
+    job->tenant = attach.tenant;
+    job->validation = std::move(attach.validation);
+    job->final_adapter_dir = attach.final_adapter_dir;
+    job->eval_interval = attach.request.training.eval_interval;
+    job->checkpoint_interval = attach.request.training.checkpoint_interval > 0
+                                   ? attach.request.training.checkpoint_interval
+                                   : options_.checkpoint_interval;
+    job->job_spec = std::move(attach.job_spec);
     job->tokens = tokens.value_or(0);
-    job->evaluate_only = command.request.data == nullptr;
+    job->evaluate_only = attach.request.data == nullptr;
     if (!job->evaluate_only) {
       job->family =
-          std::string(OptimizerFamilyName(command.request.optimizer.family));
+          std::string(OptimizerFamilyName(attach.request.optimizer.family));
     }
     jobs_[*slot] = std::move(job);
     report.slot = *slot;
     report.total_steps = pool_.slot(*slot).total_steps;
     report.step = pool_.slot(*slot).counters.steps;
     report.tokens = jobs_[*slot]->tokens;
+    if (command.restore) report.resumed_step = command.restore->step();
   } else {
     report.status = slot.status();
   }
-  sink_(std::move(report));
+  Report(std::move(report));
 }
 
 std::vector<int> Trainer::TrainableSlots() const {
@@ -389,9 +609,16 @@ absl::Status Trainer::RetireSlot(int slot) {
     // checkpoint.
     if (pool_checkpoint_.erase(jobs_[slot]->job_id) > 0) SavePoolCheckpoint();
     jobs_[slot].reset();
-  } else if (!jobs_[slot]->quarantined) {
-    jobs_[slot]->quarantined = true;
-    ++quarantined_;
+  } else {
+    if (data_parallel_ && fatal_.ok()) {
+      fatal_ = absl::InternalError(absl::StrCat(
+          "freeing slot ", slot, " failed on rank ", options_.dist->rank(),
+          " (", status.message(), "); the ranks' pools would differ"));
+    }
+    if (!jobs_[slot]->quarantined) {
+      jobs_[slot]->quarantined = true;
+      ++quarantined_;
+    }
   }
   return status;
 }
@@ -410,6 +637,9 @@ std::vector<int> Trainer::TrainStep() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
   if (!metrics.ok()) {
+    // The ranks failed, not the jobs: nothing is reported, and they resume
+    // from their checkpoints after a restart.
+    if (Broken()) return stepped;
     for (int slot : ids) FinishJob(slot, metrics.status());
     return stepped;
   }
@@ -431,8 +661,8 @@ std::vector<int> Trainer::TrainStep() {
     TrainerReport report = ProgressReport(TrainerReport::Kind::kStep, slot);
     report.metrics = step;
     report.tokens_per_second = job.tokens_per_second;
-    const bool interval_eval = job.validation && job.eval_interval > 0 &&
-                               !training.done() &&
+    const bool interval_eval = leader_ && job.validation &&
+                               job.eval_interval > 0 && !training.done() &&
                                training.counters.steps % job.eval_interval == 0;
     if (interval_eval) {
       absl::StatusOr<double> loss = Validate(slot);
@@ -443,7 +673,7 @@ std::vector<int> Trainer::TrainStep() {
       report.validation_loss = *loss;
       job.last_metrics->validation_loss = *loss;
     }
-    sink_(std::move(report));
+    Report(std::move(report));
     if (training.done()) {
       FinishJob(slot, absl::OkStatus());
     } else {
@@ -454,7 +684,7 @@ std::vector<int> Trainer::TrainStep() {
 }
 
 bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
-  if (options_.checkpoint_root.empty()) return false;
+  if (!checkpoints_) return false;
   for (int slot : stepped) {
     const int64_t interval = jobs_[slot]->checkpoint_interval;
     if (interval > 0 && pool_.slot(slot).counters.steps % interval == 0) {
@@ -465,7 +695,11 @@ bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
 }
 
 void Trainer::CheckpointPool() {
-  if (options_.checkpoint_root.empty()) return;
+  if (!checkpoints_) return;
+  if (!leader_) {  // Takes part in gathering the optimizer states.
+    for (int slot : TrainableSlots()) CheckpointSlot(slot).IgnoreError();
+    return;
+  }
   // Jobs of the previous group not in a slot now (recovered jobs waiting
   // for one) keep their entries.
   std::map<std::string, int64_t> group = pool_checkpoint_;
@@ -493,11 +727,15 @@ std::string Trainer::JobCheckpointDir(const std::string& job_id) const {
 }
 
 absl::Status Trainer::CheckpointSlot(int slot) {
-  if (options_.checkpoint_root.empty()) {
+  if (!checkpoints_) {
     return absl::FailedPreconditionError("checkpoints are disabled");
   }
-  const SlotJob& job = *jobs_[slot];
   const TrainingSlot& training = pool_.slot(slot);
+  // Collective when data parallel: every rank gathers the owners' states.
+  absl::StatusOr<std::string> state =
+      SaveTrainingState(training, data_parallel_.get());
+  if (!leader_) return state.status();
+  const SlotJob& job = *jobs_[slot];
   CheckpointInfo info;
   info.job_id = job.job_id;
   info.time_ms = NowMillis();
@@ -515,13 +753,13 @@ absl::Status Trainer::CheckpointSlot(int slot) {
   auto pooled = pool_checkpoint_.find(job.job_id);
   const int64_t keep_step =
       pooled == pool_checkpoint_.end() ? -1 : pooled->second;
-  report.status = CatchTorch("checkpoint", [&] {
-    return WriteCheckpoint(JobCheckpointDir(job.job_id), training, info,
+  report.status = !state.ok() ? state.status() : CatchTorch("checkpoint", [&] {
+    return WriteCheckpoint(JobCheckpointDir(job.job_id), training, info, *state,
                            options_.base_model_name, options_.keep_checkpoints,
                            keep_step);
   });
   const absl::Status status = report.status;
-  sink_(std::move(report));
+  Report(std::move(report));
   return status;
 }
 
@@ -541,6 +779,10 @@ TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,
 }
 
 void Trainer::EvaluateOnly(int slot) {
+  if (!leader_) {  // Rank 0 evaluates.
+    FinishJob(slot, absl::OkStatus());
+    return;
+  }
   absl::StatusOr<double> loss = Validate(slot);
   FinishJob(slot, loss.status());
 }
@@ -559,6 +801,10 @@ absl::StatusOr<double> Trainer::Validate(int slot) {
 }
 
 void Trainer::FinishJob(int slot, absl::Status status) {
+  if (!leader_) {  // Rank 0 validates, exports and reports.
+    RetireSlot(slot).IgnoreError();
+    return;
+  }
   SlotJob& job = *jobs_[slot];
   if (status.ok() && !job.evaluate_only && job.validation) {
     status = Validate(slot).status();
@@ -572,7 +818,7 @@ void Trainer::FinishJob(int slot, absl::Status status) {
   // The job's outcome stands even if zeroing its slot fails; the slot is
   // then quarantined until a retire succeeds.
   RetireSlot(slot).IgnoreError();
-  sink_(std::move(report));
+  Report(std::move(report));
 }
 
 absl::Status Trainer::ExportSlot(int slot, const std::string& dir) {

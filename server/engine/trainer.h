@@ -21,6 +21,14 @@
 // crash train in the same co-batches as before and replay bit-exactly. A
 // job is also checkpointed when it is paused or retired, and every job when
 // the trainer stops.
+//
+// Data parallel (DESIGN.md §6): with TrainerOptions::dist of more than one
+// rank, every rank runs a trainer over the same base model. Rank 0's takes
+// the commands and, before each iteration, broadcasts the plan of what
+// changes at that step boundary (step_plan.h); the others Follow() it, so
+// all ranks attach, retire and checkpoint the same slots at the same steps
+// and train their shares of every slot's rows together. Only rank 0 reads
+// and writes files and reports.
 #ifndef LORAPLEX_SERVER_ENGINE_TRAINER_H_
 #define LORAPLEX_SERVER_ENGINE_TRAINER_H_
 
@@ -39,9 +47,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "adapters/data_parallel.h"
 #include "adapters/slot_pool.h"
+#include "core/dist/process_group.h"
 #include "core/model/llama_model.h"
 #include "core/train/co_batch_step.h"
+#include "server/engine/step_plan.h"
 
 namespace loraplex {
 
@@ -57,6 +68,18 @@ struct TrainerOptions {
   int64_t checkpoint_interval = 0;
   // Checkpoints kept per job (the newest).
   int keep_checkpoints = 3;
+  // Trains data parallel over the ranks of `dist` when it has more than one
+  // (it must outlive the trainer): rank 0's trainer is Start()ed and takes
+  // the commands, every other rank's Follow()s it.
+  DistContext* dist = nullptr;
+  // Ranks other than 0: whether rank 0 writes checkpoints (the others take
+  // part in gathering the optimizer state).
+  bool leader_checkpoints = false;
+  // Called on the trainer thread when the ranks can no longer train together
+  // (a collective failed: a rank died or stopped answering). The thread then
+  // ends without reporting more; every rank should be restarted, and the
+  // jobs resume from their checkpoints.
+  std::function<void(const absl::Status&)> on_fatal;
 };
 
 // One job to put into a free slot.
@@ -134,6 +157,9 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   void Start();
+  // Ranks other than 0, instead of Start(): applies rank 0's plans on this
+  // thread until rank 0 stops (OK) or the ranks fail (the error).
+  absl::Status Follow();
   // Finishes the current step, drops pending commands and joins the
   // thread. Slots keep their jobs (nothing is reported for them).
   void Stop();
@@ -164,6 +190,22 @@ class Trainer {
   struct SlotJob;
 
   void Run();
+  // Rank 0: waits for commands (or, data parallel, a heartbeat's time) and
+  // takes them; false when stopping.
+  bool NextBatch(std::deque<Command>& batch);
+  // Sends the iteration's plan to the other ranks.
+  absl::Status SendPlan(const std::deque<Command>& batch, bool stopping);
+  // The iteration every rank runs alike; false when the loop ends.
+  bool Iterate(std::deque<Command>& batch, bool stopping, bool checkpoint);
+  // A slot rank 0 holds, as the plan describes it.
+  StepPlan::Active HeldSlot(int slot) const;
+  // Followers: frees the slots whose jobs rank 0 no longer has, and checks
+  // the others are where rank 0's are (else the ranks are broken).
+  void FollowActive(const std::map<int, StepPlan::Active>& active);
+  // Whether the ranks failed (fatal_); records a collective's failure.
+  bool Broken();
+  // Hands the report to the sink (rank 0, ranks not broken).
+  void Report(TrainerReport report);
   void Enqueue(std::vector<Command> commands);
   // Gives attaches that resume the slot of their checkpoint and applies
   // them before the other attaches next to them.
@@ -172,10 +214,13 @@ class Trainer {
   int64_t ResumeCap(const AttachCommand& command) const;
   void ApplyRetire(Command& command, int slot);
   void Apply(Command& command);
-  void ApplyAttach(AttachCommand& command);
+  void ApplyAttach(Command& command);
   std::vector<int> TrainableSlots() const;
-  // Retires the slot; on failure it is quarantined (see SlotJob).
+  // Retires the slot; on failure it is quarantined (see SlotJob), and
+  // when data parallel the ranks are broken (their pools would differ).
   absl::Status RetireSlot(int slot);
+  // Retires a slot attached for `job_id` that the trainer did not take.
+  void FreeSlot(int slot, const std::string& job_id);
   // The slots that trained a step and are still attached.
   std::vector<int> TrainStep();
   // A report of `kind` with the slot's job, step and token counts.
@@ -184,10 +229,15 @@ class Trainer {
   void FinishJob(int slot, absl::Status status);
   absl::StatusOr<double> Validate(int slot);
   absl::Status ExportSlot(int slot, const std::string& dir);
-  // Attach, restoring the job's newest valid checkpoint when resuming.
-  absl::StatusOr<int> AttachOrResume(AttachCommand& command,
-                                     TrainerReport& report,
+  // Rank 0, before the plan: reads the checkpoint to resume (the newest
+  // that verifies) or the initial adapter.
+  absl::Status PrepareAttach(Command& command);
+  // Attaches the prepared command, restoring its checkpoint.
+  absl::StatusOr<int> AttachPrepared(Command& command,
                                      std::optional<int64_t>& tokens);
+  // Data parallel: an attach stands only if it succeeded on every rank;
+  // then rank 0's weights become every rank's.
+  absl::StatusOr<int> AgreeOnAttach(absl::StatusOr<int> slot);
   bool CheckpointDue(const std::vector<int>& stepped) const;
   // Writes the slot's checkpoint and reports kCheckpoint.
   absl::Status CheckpointSlot(int slot);
@@ -201,7 +251,18 @@ class Trainer {
   std::unique_ptr<LlamaModel> model_;
   TrainerOptions options_;
   ReportSink sink_;
-  SlotPool pool_;                               // Trainer thread only.
+  // Rank 0, or the only process: takes commands, reads and writes files,
+  // reports.
+  bool leader_ = true;
+  bool checkpoints_ = false;  // Checkpoints are written (by rank 0).
+  std::unique_ptr<DataParallelSlots> data_parallel_;  // World size > 1.
+  SlotPool pool_;                                     // Trainer thread only.
+  StepSync sync_;                                     // Data parallel.
+  // Rank 0: the last step was a checkpoint step of some job; the pool is
+  // checkpointed at the start of the next iteration, on every rank.
+  bool pending_checkpoint_ = false;
+  // Set when the ranks can no longer work together (trainer thread).
+  absl::Status fatal_;
   std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
   std::atomic<int> quarantined_{0};
   // Trainer thread: the jobs of the pool's last complete checkpoint and

@@ -1,0 +1,180 @@
+// The step plan rank 0 sends the other ranks survives its encoding field
+// for field, garbage is refused, and the model fingerprint tells models
+// apart.
+#include "server/engine/step_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/model/model_presets.h"
+#include "core/optim/config_json.h"
+#include "server/engine/rank_setup.h"
+#include "tests/common/test_dir.h"
+
+namespace loraplex {
+namespace {
+
+using ::testing::HasSubstr;
+
+StepPlan SamplePlan() {
+  StepPlan plan;
+  plan.checkpoint = true;
+  plan.active[0] = {"job-a", 12, DataCursorState{5, 1, 3}};
+  plan.active[3] = {"job-b", 0, std::nullopt};  // Evaluation only.
+  StepPlan::Entry attach;
+  attach.kind = StepPlan::Entry::Kind::kAttach;
+  attach.job_id = "job-c";
+  attach.request.job_id = "job-c";
+  attach.request.lora.rank = 12;
+  attach.request.lora.alpha = 0.1 + 0.2;  // Not exact in decimal.
+  attach.request.lora.dropout = 0.05;
+  attach.request.lora.targets = {Projection::kQ, Projection::kDown};
+  attach.request.optimizer.family = OptimizerFamily::kMuon;
+  attach.request.optimizer.lr = 3e-2 / 7;
+  attach.request.schedule.kind = LrScheduleKind::kWsd;
+  attach.request.schedule.total_steps = 77;
+  attach.request.schedule.warmup_steps = 5;
+  attach.request.training.batch_size = 3;
+  attach.request.training.seq_len = 16;
+  attach.request.training.seed = 0x7eedfacecafebeefull;
+  attach.request.training.checkpoint_interval = 9;
+  attach.request.preferred_slot = 2;
+  auto data = std::make_shared<SequenceSet>();
+  data->sequences = {{{1, 2, 3, 40000}, {0, 1, 1, 1}},
+                     {{7}, {1}},
+                     {{9, 8, 7, 6, 5}, {0, 0, 1, 0, 1}}};
+  data->truncated_examples = 4;
+  data->dropped_examples = 1;
+  data->num_target_tokens = 7;
+  attach.request.data = data;
+  CheckpointInfo restore;
+  restore.job_id = "job-c";
+  restore.slot = 2;
+  restore.total_steps = 77;
+  restore.counters = {30, 2, 1234};
+  restore.tokens = 5678;
+  restore.cursor = {99, 1, 4};
+  attach.restore = restore;
+  attach.training_state = std::string("\0\x01state\xff", 8);
+  plan.entries.push_back(attach);
+  StepPlan::Entry evaluate;  // No data: evaluation only.
+  evaluate.kind = StepPlan::Entry::Kind::kAttach;
+  evaluate.job_id = "job-d";
+  plan.entries.push_back(evaluate);
+  StepPlan::Entry retire;
+  retire.kind = StepPlan::Entry::Kind::kRetire;
+  retire.job_id = "job-a";
+  plan.entries.push_back(retire);
+  StepPlan::Entry pause;
+  pause.kind = StepPlan::Entry::Kind::kPause;
+  pause.job_id = "job-b";
+  plan.entries.push_back(pause);
+  return plan;
+}
+
+TEST(StepPlanTest, EveryFieldSurvivesTheEncoding) {
+  const StepPlan sent = SamplePlan();
+  absl::StatusOr<StepPlan> got = DecodeStepPlan(EncodeStepPlan(sent));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->stop);
+  EXPECT_TRUE(got->checkpoint);
+  ASSERT_EQ(got->active.size(), 2u);
+  EXPECT_EQ(got->active.at(0).job_id, "job-a");
+  EXPECT_EQ(got->active.at(0).step, 12);
+  ASSERT_TRUE(got->active.at(0).cursor.has_value());
+  EXPECT_EQ(got->active.at(0).cursor->seed, 5u);
+  EXPECT_EQ(got->active.at(0).cursor->epoch, 1);
+  EXPECT_EQ(got->active.at(0).cursor->position, 3);
+  EXPECT_EQ(got->active.at(3).job_id, "job-b");
+  EXPECT_FALSE(got->active.at(3).cursor.has_value());
+  ASSERT_EQ(got->entries.size(), 4u);
+
+  const StepPlan::Entry& attach = got->entries[0];
+  const SlotAttachRequest& request = attach.request;
+  const SlotAttachRequest& expected = sent.entries[0].request;
+  EXPECT_EQ(attach.kind, StepPlan::Entry::Kind::kAttach);
+  EXPECT_EQ(attach.job_id, "job-c");
+  EXPECT_EQ(request.job_id, "job-c");
+  EXPECT_EQ(request.lora.rank, 12);
+  EXPECT_EQ(request.lora.alpha, expected.lora.alpha);  // Bit for bit.
+  EXPECT_EQ(request.lora.dropout, 0.05);
+  EXPECT_EQ(request.lora.targets, expected.lora.targets);
+  EXPECT_EQ(request.optimizer.family, OptimizerFamily::kMuon);
+  EXPECT_EQ(request.optimizer.lr, expected.optimizer.lr);
+  EXPECT_EQ(OptimizerConfigToJson(request.optimizer),
+            OptimizerConfigToJson(expected.optimizer));
+  EXPECT_EQ(request.schedule.kind, LrScheduleKind::kWsd);
+  EXPECT_EQ(request.schedule.total_steps, 77);
+  EXPECT_EQ(request.schedule.warmup_steps, 5);
+  EXPECT_EQ(request.training.batch_size, 3);
+  EXPECT_EQ(request.training.seq_len, 16);
+  EXPECT_EQ(request.training.seed, 0x7eedfacecafebeefull);
+  EXPECT_EQ(request.training.checkpoint_interval, 9);
+  EXPECT_EQ(request.preferred_slot, 2);
+  EXPECT_EQ(request.initial_weights, nullptr);
+  ASSERT_NE(request.data, nullptr);
+  ASSERT_EQ(request.data->sequences.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(request.data->sequences[i].input_ids,
+              expected.data->sequences[i].input_ids);
+    EXPECT_EQ(request.data->sequences[i].loss_mask,
+              expected.data->sequences[i].loss_mask);
+  }
+  EXPECT_EQ(request.data->truncated_examples, 4);
+  EXPECT_EQ(request.data->dropped_examples, 1);
+  EXPECT_EQ(request.data->num_target_tokens, 7);
+  ASSERT_TRUE(attach.restore.has_value());
+  EXPECT_EQ(attach.restore->step(), 30);
+  EXPECT_EQ(attach.restore->counters.skipped_steps, 2);
+  EXPECT_EQ(attach.restore->counters.target_tokens, 1234);
+  EXPECT_EQ(attach.restore->tokens, 5678);
+  EXPECT_EQ(attach.restore->total_steps, 77);
+  EXPECT_EQ(attach.restore->cursor.seed, 99u);
+  EXPECT_EQ(attach.restore->cursor.epoch, 1);
+  EXPECT_EQ(attach.restore->cursor.position, 4);
+  EXPECT_EQ(attach.training_state, sent.entries[0].training_state);
+
+  EXPECT_EQ(got->entries[1].request.data, nullptr);
+  EXPECT_FALSE(got->entries[1].restore.has_value());
+  EXPECT_EQ(got->entries[2].kind, StepPlan::Entry::Kind::kRetire);
+  EXPECT_EQ(got->entries[2].job_id, "job-a");
+  EXPECT_EQ(got->entries[3].kind, StepPlan::Entry::Kind::kPause);
+  EXPECT_EQ(got->entries[3].job_id, "job-b");
+
+  StepPlan stop;
+  stop.stop = true;
+  absl::StatusOr<StepPlan> stopped = DecodeStepPlan(EncodeStepPlan(stop));
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_TRUE(stopped->stop);
+  EXPECT_TRUE(stopped->entries.empty());
+}
+
+TEST(StepPlanTest, WhatIsNotAPlanIsRefused) {
+  const std::string bytes = EncodeStepPlan(SamplePlan());
+  for (const std::string& bad : {std::string(), std::string("not cbor at all"),
+                                 bytes.substr(0, bytes.size() / 2)}) {
+    absl::StatusOr<StepPlan> plan = DecodeStepPlan(bad);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(plan.status().message(), HasSubstr("not a step plan"));
+  }
+}
+
+TEST(RankSetupTest, FingerprintTellsModelsApart) {
+  const std::string dir = FreshTestDir("models");
+  ASSERT_TRUE(WritePresetModel("tiny", 0, dir + "/a").ok());
+  ASSERT_TRUE(WritePresetModel("tiny", 0, dir + "/same").ok());
+  ASSERT_TRUE(WritePresetModel("tiny", 1, dir + "/other").ok());
+  auto load = [&](const std::string& name) {
+    auto model = LlamaModel::Load(dir + "/" + name, {});
+    EXPECT_TRUE(model.ok()) << model.status();
+    return ModelFingerprint(**model);
+  };
+  const std::string a = load("a");
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(load("same"), a);
+  EXPECT_NE(load("other"), a);
+}
+
+}  // namespace
+}  // namespace loraplex
