@@ -22,17 +22,14 @@ export MASTER_PORT=${MASTER_PORT:-29500}
 export WORLD_SIZE=$world
 
 pids=()
-stop_all() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
+# A signal is passed on to every rank; the script then exits as they do (a
+# loraplex-server whose rank 0 shuts down cleanly exits 0).
+forward() {
+  for pid in "${pids[@]}"; do kill -s "$1" "$pid" 2>/dev/null; done
 }
-on_signal() {
-  stop_all
-  wait
-  exit $((128 + $1))
-}
-trap 'on_signal 2' INT
-trap 'on_signal 15' TERM
-trap 'on_signal 1' HUP
+trap 'forward INT' INT
+trap 'forward TERM' TERM
+trap 'forward HUP' HUP
 
 for ((rank = 0; rank < world; rank++)); do
   if ((rank == 0)); then
@@ -45,9 +42,13 @@ done
 
 # The first rank to fail decides the status; the others are stopped then.
 status=0
-for ((left = world; left > 0; left--)); do
+left=$world
+while ((left > 0)); do
+  done_pid=
   wait -n -p done_pid "${pids[@]}"
   code=$?
+  [[ -z $done_pid ]] && continue  # A signal interrupted the wait.
+  ((left--))
   running=()
   for pid in "${pids[@]}"; do
     [[ $pid != "$done_pid" ]] && running+=("$pid")
@@ -57,7 +58,7 @@ for ((left = world; left > 0; left--)); do
     status=$code
     echo "launch_local: a rank (pid $done_pid) exited with status $code;" \
       "stopping the others" >&2
-    stop_all
+    forward TERM
   fi
 done
 wait  # The output prefixers, so no line comes after the launcher exits.

@@ -4,12 +4,16 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -17,10 +21,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "core/dist/dist_env.h"
+#include "core/dist/process_group.h"
 #include "core/model/model_presets.h"
 #include "core/runtime/device.h"
 #include "core/tokenizer/load_tokenizer.h"
 #include "server/common/work_queue.h"
+#include "server/engine/rank_setup.h"
 #include "server/engine/trainer.h"
 #include "server/jobs/job_scheduler.h"
 #include "server/service/adapter_service.h"
@@ -84,6 +91,120 @@ absl::StatusOr<std::string> DefaultModelDir(const std::string& state_dir,
   return dir;
 }
 
+// The last SIGINT or SIGTERM (0: none yet). main() blocks both in this
+// program's threads and Serve waits for them, but threads that libraries
+// start before main (OpenBLAS's) may take one: this handler records it
+// there instead of the default action killing the process.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void RecordStopSignal(int number) { g_stop_signal.store(number); }
+
+void InstallStopSignalHandlers() {
+  struct sigaction action = {};
+  action.sa_handler = RecordStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+// Waits for SIGINT or SIGTERM (returns it) or for `failed` (returns 0).
+template <typename Failed>
+int WaitForStopSignal(Failed failed) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  const timespec tick = {0, 100 * 1000 * 1000};
+  for (;;) {
+    const int number = sigtimedwait(&signals, nullptr, &tick);
+    if (number > 0) return number;
+    if (g_stop_signal.load() != 0) return g_stop_signal.load();
+    if (failed()) return 0;
+  }
+}
+
+// --device, with a CUDA device of no index taken as the rank's LOCAL_RANK.
+absl::StatusOr<torch::Device> RankDevice(const std::string& flag,
+                                         const DistEnv& env) {
+  LORAPLEX_ASSIGN_OR_RETURN(torch::Device device, ParseDevice(flag));
+  if (device.is_cuda() && !device.has_index() && env.distributed()) {
+    return torch::Device(torch::kCUDA,
+                         static_cast<torch::DeviceIndex>(env.local_rank));
+  }
+  return device;
+}
+
+// Joins the process group of a multi-process run and agrees with the other
+// ranks on the setup (rank 0's) and the base model.
+absl::StatusOr<RankSetup> JoinRanks(const DistEnv& env, torch::Device device,
+                                    const LlamaModel& model, RankSetup mine,
+                                    std::optional<DistContext>& dist,
+                                    Logger& logger) {
+  logger.Info("rank ", env.rank, " of ", env.world_size,
+              ": waiting for the other ranks at ", env.master_addr, ":",
+              env.master_port, " (up to ", env.timeout.count(), " s)");
+  LORAPLEX_ASSIGN_OR_RETURN(DistContext joined,
+                            DistContext::Create(env, device));
+  dist.emplace(std::move(joined));
+  mine.model = ModelFingerprint(model);
+  return AgreeOnSetup(*dist, mine);
+}
+
+// A rank other than 0: no API, store or files; it trains its share of every
+// step as rank 0's plans say, until rank 0 stops.
+int FollowRankZero(const ServerFlags& flags, const DistEnv& env,
+                   Logger& logger) {
+  auto fail = [&](const absl::Status& status) {
+    logger.Error("rank ", env.rank, ": ", status.message());
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  absl::StatusOr<torch::Device> device = RankDevice(flags.device, env);
+  if (!device.ok()) return fail(device.status());
+  absl::StatusOr<int> threads = ConfigureThreads(flags.threads);
+  if (!threads.ok()) return fail(threads.status());
+  std::string model_dir = flags.model_dir;
+  std::string built_in;  // The built-in model, written for this rank alone.
+  if (model_dir.empty()) {
+    built_in = (fs::temp_directory_path() /
+                absl::StrCat("loraplex-rank", env.rank, "-", getpid()))
+                   .string();
+    if (absl::Status written = WritePresetModel("tiny", 0, built_in);
+        !written.ok()) {
+      return fail(written);
+    }
+    model_dir = built_in;
+  }
+  ModelLoadOptions load_options;
+  load_options.device = *device;
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      LlamaModel::Load(model_dir, load_options);
+  std::error_code error;
+  if (!built_in.empty()) fs::remove_all(built_in, error);
+  if (!model.ok()) return fail(model.status());
+  std::optional<DistContext> dist;
+  absl::StatusOr<RankSetup> setup =
+      JoinRanks(env, *device, **model, RankSetup(), dist, logger);
+  if (!setup.ok()) return fail(setup.status());
+  TrainerOptions options;
+  options.pool.capacity = setup->slots;
+  options.pool.max_rank = setup->max_rank;
+  options.pool.device = *device;
+  options.co_batch.token_budget = setup->token_budget;
+  options.leader_checkpoints = setup->checkpoints;
+  options.dist = &*dist;
+  Trainer trainer(*std::move(model), options, [](TrainerReport) {});
+  // SIGINT and SIGTERM are recorded, not acted on: this rank stops when
+  // rank 0 does.
+  logger.Info("rank ", env.rank, " of ", env.world_size,
+              ": training with rank 0 (", setup->slots, " slots)");
+  if (absl::Status followed = trainer.Follow(); !followed.ok()) {
+    return fail(followed);
+  }
+  logger.Info("rank ", env.rank, ": rank 0 stopped; stopped");
+  return 0;
+}
+
 absl::Status CheckFlags(const ServerFlags& flags,
                         const TenantAuthenticator& auth) {
   if (!IsLoopback(flags.listen) && !auth.requires_tokens() &&
@@ -106,6 +227,9 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     logger.Error(status.message());
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   };
+  absl::StatusOr<DistEnv> env = DistEnvFromProcess();
+  if (!env.ok()) return fail(env.status());
+  if (env->rank > 0) return FollowRankZero(flags, *env, logger);
   TenantAuthenticator auth = TenantAuthenticator::SingleTenant();
   if (!flags.tokens_file.empty()) {
     absl::StatusOr<TenantAuthenticator> loaded =
@@ -135,7 +259,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     if (!dir.ok()) return fail(dir.status());
     model_dir = *dir;
   }
-  absl::StatusOr<torch::Device> device = ParseDevice(flags.device);
+  absl::StatusOr<torch::Device> device = RankDevice(flags.device, *env);
   if (!device.ok()) return fail(device.status());
   absl::StatusOr<int> threads = ConfigureThreads(flags.threads);
   if (!threads.ok()) return fail(threads.status());
@@ -147,6 +271,17 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   absl::StatusOr<std::unique_ptr<LlamaModel>> model =
       LlamaModel::Load(model_dir, load_options);
   if (!model.ok()) return fail(model.status());
+  std::optional<DistContext> dist;
+  if (env->distributed()) {
+    RankSetup mine;
+    mine.slots = flags.slots;
+    mine.max_rank = flags.max_rank;
+    mine.token_budget = flags.token_budget;
+    mine.checkpoints = true;
+    absl::StatusOr<RankSetup> setup =
+        JoinRanks(*env, *device, **model, mine, dist, logger);
+    if (!setup.ok()) return fail(setup.status());
+  }
   const ModelConfig model_config = (*model)->config();
   const std::string model_name =
       fs::path(model_dir).lexically_normal().filename().string().empty()
@@ -182,6 +317,16 @@ int Serve(const ServerFlags& flags, Logger& logger) {
       absl::StrCat(flags.state_dir, "/checkpoints");
   trainer_options.checkpoint_interval = flags.checkpoint_interval;
   trainer_options.keep_checkpoints = flags.keep_checkpoints;
+  trainer_options.dist = dist ? &*dist : nullptr;
+  std::mutex fatal_mu;
+  absl::Status fatal;
+  trainer_options.on_fatal = [&](const absl::Status& status) {
+    logger.Error("training stopped: ", status.message(),
+                 ". Restart every rank; the jobs resume from their "
+                 "checkpoints.");
+    std::lock_guard<std::mutex> lock(fatal_mu);
+    fatal = status;  // Shuts the server down (below).
+  };
   Trainer trainer(*std::move(model), trainer_options,
                   [&scheduler](TrainerReport report) {
                     scheduler.OnTrainerReport(std::move(report));
@@ -257,7 +402,10 @@ int Serve(const ServerFlags& flags, Logger& logger) {
               " (", model_config.num_hidden_layers, " layers, hidden ",
               model_config.hidden_size, ") with ", flags.slots, " slots on ",
               address, auth.requires_tokens() ? " (tokens required)" : "",
-              flags.tls_cert.empty() ? "" : " (TLS)");
+              flags.tls_cert.empty() ? "" : " (TLS)",
+              env->distributed() ? absl::StrCat(", data parallel over ",
+                                                env->world_size, " ranks")
+                                 : "");
   if (!flags.ready_file.empty()) {
     if (absl::Status status =
             WriteFileAtomically(flags.ready_file, address + "\n");
@@ -266,15 +414,15 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     }
   }
 
-  // SIGINT/SIGTERM were blocked in every thread; wait for one here.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  logger.Info("received ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
-              ": shutting down");
+  // Until SIGINT/SIGTERM, or the ranks fail.
+  const int signal_number = WaitForStopSignal([&] {
+    std::lock_guard<std::mutex> lock(fatal_mu);
+    return !fatal.ok();
+  });
+  if (signal_number != 0) {
+    logger.Info("received ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
+                ": shutting down");
+  }
   // Calls still open after a second (watch streams, idle connections of
   // clients) are cancelled; clients resume watches from their last event.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -282,8 +430,9 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   // The trainer first, so the scheduler stores everything it reported.
   trainer.Stop();
   scheduler.Stop();
-  logger.Info("stopped");
-  return 0;
+  std::lock_guard<std::mutex> lock(fatal_mu);
+  logger.Info(fatal.ok() ? "stopped" : "stopped after a failure");
+  return fatal.ok() ? 0 : 1;
 }
 
 }  // namespace
@@ -291,7 +440,9 @@ int Serve(const ServerFlags& flags, Logger& logger) {
 
 int main(int argc, char** argv) {
   loraplex::ReexecWithPassiveOpenMpWait(argv);
-  // Blocked before any thread starts, so only sigwait in Serve sees them.
+  loraplex::InstallStopSignalHandlers();
+  // Blocked before this program starts threads; Serve waits for them. Ranks
+  // other than 0 never do: they stop when rank 0 does.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
