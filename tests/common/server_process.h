@@ -41,6 +41,8 @@ struct ServerProcessOptions {
   int slots = 4;
   // More flags, appended last.
   std::vector<std::string> extra_args;
+  // The program to run; empty: LORAPLEX_BIN_DIR/loraplex-server.
+  std::string binary;
 };
 
 class ServerProcess {
@@ -58,7 +60,9 @@ class ServerProcess {
       return absl::InvalidArgumentError("state_dir must be set");
     }
     LocalServerOptions local;
-    local.binary = std::string(LORAPLEX_BIN_DIR) + "/loraplex-server";
+    local.binary = options.binary.empty()
+                       ? std::string(LORAPLEX_BIN_DIR) + "/loraplex-server"
+                       : options.binary;
     local.state_dir = options.state_dir;
     local.ready_timeout = absl::Seconds(kReadySeconds);
     local.extra_args = {"--slots", std::to_string(options.slots)};

@@ -153,6 +153,19 @@ inline std::vector<torch::Tensor> AdapterTensors(const PeftAdapter& adapter) {
   return tensors;
 }
 
+// Each tensor within `bound` of the expected one in relative L2 norm.
+inline void ExpectRelativeL2Within(const std::vector<torch::Tensor>& actual,
+                                   const std::vector<torch::Tensor>& expected,
+                                   double bound, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  ASSERT_FALSE(expected.empty()) << what;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double norm = expected[i].norm().item<double>();
+    const double error = (actual[i] - expected[i]).norm().item<double>();
+    EXPECT_LE(error, bound * norm) << what << " tensor " << i;
+  }
+}
+
 // Trains the job `job` describes (its effective configs) alone in a fresh
 // slot pool of the engine, on the same data, and returns its weights.
 inline std::vector<torch::Tensor> TrainDirectly(const std::string& model_dir,

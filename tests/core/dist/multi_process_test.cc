@@ -5,12 +5,9 @@
 // named scenario, checks its own results against values it computes from
 // every rank's known inputs, and exits 0 when all of them hold; the parent
 // checks each rank's exit status and how long the run took.
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -34,6 +31,7 @@
 #include "core/model/llama_model.h"
 #include "core/model/model_presets.h"
 #include "core/train/co_batch_step.h"
+#include "tests/common/free_port.h"
 #include "tests/common/optim_fixture.h"
 #include "tests/common/train_fixture.h"
 
@@ -628,23 +626,6 @@ absl::Status RunWorker(const std::string& scenario) {
 }();
 
 // ---------------------------------------------------------------- launcher
-
-// A TCP port on 127.0.0.1 that nothing listens on right now.
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 struct Launch {
   std::string scenario;

@@ -1,0 +1,467 @@
+// The real loraplex-server run data parallel over two processes (Gloo on
+// 127.0.0.1): rank 0 serves the API and every rank trains. Jobs submitted
+// over gRPC train to the weights one process gives; checkpoints move
+// between 2 ranks and 1; a rank that dies, never comes or loads another
+// model stops the run with a clear error, and nothing stored is lost.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/model/model_config.h"
+#include "core/model/model_presets.h"
+#include "tests/common/free_port.h"
+#include "tests/common/test_dir.h"
+#include "tests/server/service_fixture.h"
+
+namespace loraplex {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 2;
+
+// A script that runs loraplex-server as `rank` of a run of kWorld ranks
+// whose rank 0 hosts the rendezvous on 127.0.0.1:port.
+std::string RankScript(const std::string& dir, int rank, int port,
+                       int timeout_seconds) {
+  const std::string path = absl::StrCat(dir, "/rank", rank, ".sh");
+  std::ofstream(path) << "#!/bin/sh\n"
+                      << "export RANK=" << rank << " LOCAL_RANK=" << rank
+                      << " WORLD_SIZE=" << kWorld
+                      << " MASTER_ADDR=127.0.0.1 MASTER_PORT=" << port
+                      << " LORAPLEX_DIST_TIMEOUT_SECONDS=" << timeout_seconds
+                      << "\nexec '" << LORAPLEX_BIN_DIR
+                      << "/loraplex-server' \"$@\"\n";
+  fs::permissions(path, fs::perms::owner_all);
+  return path;
+}
+
+// A rank other than 0, started directly so a test can kill it; killed when
+// destroyed (and when this test program dies).
+class FollowerProcess {
+ public:
+  FollowerProcess(const std::string& script, std::vector<std::string> args,
+                  const std::string& log_path)
+      : log_path_(log_path) {
+    args.insert(args.begin(), script);
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    const int log_fd =
+        ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::dup2(log_fd, STDOUT_FILENO);
+      ::dup2(log_fd, STDERR_FILENO);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(log_fd);
+  }
+  ~FollowerProcess() { Kill(); }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  // The exit status, or -1 if it still runs after `seconds`.
+  int Wait(int seconds) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (pid_ > 0 && std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+
+  std::string Log() const { return ReadFileForTest(log_path_); }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+};
+
+// Both ranks of a two-process server on `state`.
+struct TwoRanks {
+  std::unique_ptr<FollowerProcess> follower;
+  std::unique_ptr<ServerProcess> server;  // Rank 0.
+};
+
+std::vector<std::string> Flags(const std::string& checkpoint_interval) {
+  return {"--threads=1", "--checkpoint-interval=" + checkpoint_interval};
+}
+
+TwoRanks StartTwoRanks(const std::string& state, int slots,
+                       const std::vector<std::string>& flags,
+                       int timeout_seconds = 60,
+                       const std::string& follower_model = "") {
+  TwoRanks ranks;
+  const int port = FreePort();
+  EXPECT_GT(port, 0);
+  std::vector<std::string> follower_args = flags;
+  if (!follower_model.empty()) {
+    follower_args.push_back("--model");
+    follower_args.push_back(follower_model);
+  }
+  ranks.follower = std::make_unique<FollowerProcess>(
+      RankScript(state, 1, port, timeout_seconds), follower_args,
+      state + "/rank1.log");
+  ServerProcessOptions options;
+  options.state_dir = state;
+  options.slots = slots;
+  options.extra_args = flags;
+  options.extra_args.push_back("--log-level=debug");
+  options.binary = RankScript(state, 0, port, timeout_seconds);
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(options);
+  if (server.ok()) {
+    ranks.server = *std::move(server);
+  } else {
+    ADD_FAILURE() << server.status() << "\nrank 1:\n" << ranks.follower->Log();
+  }
+  return ranks;
+}
+
+// One job's outcome: its last run's losses and its adapter's tensors.
+struct JobOutcome {
+  RunLosses run;
+  std::vector<torch::Tensor> weights;
+};
+
+std::vector<torch::Tensor> ExportedTensors(LoraplexClient& client,
+                                           const std::string& job,
+                                           const std::string& state) {
+  const std::string dir = FreshTestDir("export");
+  v1::ExportAdapterRequest request;
+  request.set_job(job);
+  auto files = client.ExportAdapter(request, dir);
+  EXPECT_TRUE(files.ok()) << files.status();
+  auto config = LoadModelConfig(state + "/models/tiny");
+  EXPECT_TRUE(config.ok()) << config.status();
+  if (!files.ok() || !config.ok()) return {};
+  auto adapter = LoadPeftAdapter(dir, *config);
+  EXPECT_TRUE(adapter.ok()) << adapter.status();
+  return adapter.ok() ? AdapterTensors(*adapter) : std::vector<torch::Tensor>{};
+}
+
+class ServiceDistTest : public ::testing::Test {
+ protected:
+  // Three jobs created on a one-slot server with checkpoints off that is
+  // killed at once, so every run below starts them from step 0 as a
+  // restart recovers them. With two slots, the third attaches when the
+  // first (the shortest) is done: mid-run.
+  static void SetUpTestSuite() {
+    stage_ = new std::string(FreshTestDir("stage"));
+    jobs_ = new std::vector<std::string>();
+    auto server = StartServer(*stage_, /*slots=*/1,
+                              {"--checkpoint-interval=0", "--threads=1"});
+    ASSERT_NE(server, nullptr);
+    auto client = ClientFor(*server);
+    auto dataset = client->UploadDatasetContents(ReversalJsonl(40, 9), "d");
+    ASSERT_TRUE(dataset.ok()) << dataset.status();
+    dataset_ = new std::string(dataset->name());
+    std::vector<v1::CreateJobRequest> requests = {
+        JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 8, 12, 1),
+        JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 16, 30, 2),
+        JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAM, 4, 24, 3)};
+    requests[0].mutable_lora()->set_dropout(0.1);
+    for (const v1::CreateJobRequest& request : requests) {
+      auto job = client->CreateJob(request);
+      ASSERT_TRUE(job.ok()) << job.status();
+      jobs_->push_back(job->name());
+    }
+    server->Kill();
+    // The reference: one process.
+    const std::string dir = FreshRun("one-rank");
+    auto reference = StartServer(dir, 2, Flags("6"));
+    ASSERT_NE(reference, nullptr);
+    auto reference_client = ClientFor(*reference);
+    reference_ = new std::map<std::string, JobOutcome>(
+        Collect(*reference_client, dir, reference->Log()));
+    // The adapter the next runs evaluate and continue from.
+    adapter_dir_ = new std::string(FreshTestDir("adapter"));
+    v1::ExportAdapterRequest request;
+    request.set_job(jobs_->at(1));
+    ASSERT_TRUE(reference_client->ExportAdapter(request, *adapter_dir_).ok());
+    reference_continued_ = new Continued(Continue(*reference_client, dir));
+    EXPECT_TRUE(reference->Stop().ok());
+  }
+
+  static void TearDownTestSuite() {
+    delete stage_;
+    delete jobs_;
+    delete reference_;
+    delete dataset_;
+    delete adapter_dir_;
+    delete reference_continued_;
+  }
+
+  // An uploaded adapter evaluated, then continued by a new job (AdamW,
+  // 6 steps): both attach with rank 0's weights on every rank.
+  struct Continued {
+    double validation_loss = 0.0;
+    std::vector<torch::Tensor> weights;
+  };
+
+  static Continued Continue(LoraplexClient& client, const std::string& state) {
+    Continued continued;
+    v1::AttachAdapterRequest attach;
+    attach.mutable_files()->set_adapter_config_json(
+        ReadFileForTest(*adapter_dir_ + "/adapter_config.json"));
+    attach.mutable_files()->set_adapter_model_safetensors(
+        ReadFileForTest(*adapter_dir_ + "/adapter_model.safetensors"));
+    attach.mutable_job()->set_validation_dataset(*dataset_);
+    attach.mutable_job()->mutable_training()->set_seq_len(32);
+    auto evaluation = client.AttachAdapter(attach);
+    EXPECT_TRUE(evaluation.ok()) << evaluation.status();
+    if (!evaluation.ok()) return continued;
+    auto evaluated = WaitForJob(client, evaluation->job().name());
+    EXPECT_TRUE(evaluated.ok()) << evaluated.status();
+    if (!evaluated.ok()) return continued;
+    EXPECT_EQ(evaluated->status(), v1::JOB_STATUS_SUCCEEDED)
+        << evaluated->error().message();
+    continued.validation_loss = evaluated->metrics().validation_loss();
+
+    v1::AttachAdapterRequest more;
+    more.set_adapter(evaluation->adapter().name());
+    *more.mutable_job() =
+        JobRequest(*dataset_, v1::OPTIMIZER_FAMILY_ADAMW, 16, 6, 5);
+    auto job = client.AttachAdapter(more);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return continued;
+    auto done = WaitForJob(client, job->job().name());
+    EXPECT_TRUE(done.ok() && done->status() == v1::JOB_STATUS_SUCCEEDED);
+    continued.weights = ExportedTensors(client, job->job().name(), state);
+    return continued;
+  }
+
+  static std::string FreshRun(const std::string& name) {
+    const std::string dir = FreshTestDir(name);
+    fs::copy(*stage_, dir, fs::copy_options::recursive);
+    return dir;
+  }
+
+  static std::map<std::string, JobOutcome> Collect(LoraplexClient& client,
+                                                   const std::string& state,
+                                                   const std::string& log) {
+    std::map<std::string, JobOutcome> outcome;
+    for (const std::string& job : *jobs_) {
+      auto done = WaitForJob(client, job);
+      EXPECT_TRUE(done.ok()) << done.status() << "\n" << log;
+      if (!done.ok()) continue;
+      EXPECT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
+          << done->error().message();
+      outcome[job].run = LastRun(client, job);
+      outcome[job].weights = ExportedTensors(client, job, state);
+    }
+    return outcome;
+  }
+
+  // Each job's adapter equals the one-process run's: the ranks sum their
+  // shares of the gradients, so only rounding differs (relative L2 per
+  // tensor 1e-5; largest element 5e-5 of the tensor's largest, as in
+  // service_pause_test.cc), and so do the losses of the steps trained.
+  static void ExpectLikeOneRank(const std::map<std::string, JobOutcome>& run) {
+    for (const std::string& job : *jobs_) {
+      const JobOutcome& expected = reference_->at(job);
+      const JobOutcome& actual = run.at(job);
+      ExpectRelativeL2Within(actual.weights, expected.weights, 1e-5, job);
+      if (actual.weights.size() != expected.weights.size()) continue;
+      EXPECT_LE(MaxRelativeDiff(actual.weights, expected.weights), 5e-5) << job;
+      ASSERT_FALSE(actual.run.loss.empty()) << job;
+      for (const auto& [step, loss] : actual.run.loss) {
+        EXPECT_NEAR(loss, expected.run.loss.at(step), 1e-5 * loss)
+            << job << " step " << step;
+      }
+    }
+  }
+
+  // Waits until the second job has trained `step` steps.
+  static void WaitForStep(LoraplexClient& client, int64_t step) {
+    auto job = WaitUntil(client, jobs_->at(1), [&](const v1::Job& job) {
+      return job.metrics().step() >= step;
+    });
+    ASSERT_TRUE(job.ok()) << job.status();
+  }
+
+  static std::string* stage_;
+  static std::vector<std::string>* jobs_;
+  static std::map<std::string, JobOutcome>* reference_;
+  static std::string* dataset_;
+  static std::string* adapter_dir_;
+  static Continued* reference_continued_;
+};
+
+std::string* ServiceDistTest::stage_ = nullptr;
+std::vector<std::string>* ServiceDistTest::jobs_ = nullptr;
+std::map<std::string, JobOutcome>* ServiceDistTest::reference_ = nullptr;
+std::string* ServiceDistTest::dataset_ = nullptr;
+std::string* ServiceDistTest::adapter_dir_ = nullptr;
+ServiceDistTest::Continued* ServiceDistTest::reference_continued_ = nullptr;
+
+TEST_F(ServiceDistTest, JobsOverGrpcTrainOnTwoRanksAsOnOne) {
+  const std::string state = FreshRun("two-ranks");
+  TwoRanks ranks = StartTwoRanks(state, 2, Flags("6"));
+  ASSERT_NE(ranks.server, nullptr);
+  auto client = ClientFor(*ranks.server);
+  ExpectLikeOneRank(Collect(*client, state, ranks.server->Log()));
+  EXPECT_THAT(ranks.server->Log(), HasSubstr("data parallel over 2 ranks"));
+
+  // Rank 0 evaluates alone: the same weights give the same loss, bit for
+  // bit. Training from them needs them on every rank.
+  const Continued continued = Continue(*client, state);
+  EXPECT_EQ(continued.validation_loss, reference_continued_->validation_loss);
+  EXPECT_GT(continued.validation_loss, 0.0);
+  ExpectRelativeL2Within(continued.weights, reference_continued_->weights, 1e-5,
+                         "continued");
+  // A clean stop of rank 0 stops the other rank too.
+  EXPECT_TRUE(ranks.server->Stop().ok());
+  EXPECT_EQ(ranks.follower->Wait(30), 0) << ranks.follower->Log();
+  EXPECT_THAT(ranks.follower->Log(), HasSubstr("rank 0 stopped"));
+}
+
+// The second job is paused (a checkpoint gathered from the owners of its
+// optimizer state), the server stopped, and the job resumed on a server of
+// the other size.
+TEST_F(ServiceDistTest, CheckpointOfTwoRanksResumesOnOneAndBack) {
+  auto pause = [](LoraplexClient& client) {
+    WaitForStep(client, 7);
+    auto paused = client.PauseJob(jobs_->at(1));
+    EXPECT_TRUE(paused.ok()) << paused.status();
+    return paused.ok() ? paused->metrics().step() : -1;
+  };
+  auto resume = [](LoraplexClient& client, const std::string& state,
+                   const std::string& log, int64_t step) {
+    ASSERT_TRUE(client.ResumeJob(jobs_->at(1)).ok());
+    const std::map<std::string, JobOutcome> run = Collect(client, state, log);
+    EXPECT_THAT(
+        run.at(jobs_->at(1)).run.running_message,
+        HasSubstr(absl::StrCat("resumed from the checkpoint at step ", step)));
+    ExpectLikeOneRank(run);
+  };
+  const std::string state = FreshRun("two-then-one");
+  int64_t step = -1;
+  {
+    TwoRanks ranks = StartTwoRanks(state, 2, Flags("0"));
+    ASSERT_NE(ranks.server, nullptr);
+    step = pause(*ClientFor(*ranks.server));
+    ASSERT_TRUE(ranks.server->Stop().ok());
+    EXPECT_EQ(ranks.follower->Wait(30), 0) << ranks.follower->Log();
+  }
+  {
+    auto server = StartServer(state, 2, Flags("0"));
+    ASSERT_NE(server, nullptr);
+    resume(*ClientFor(*server), state, server->Log(), step);
+  }
+
+  const std::string back = FreshRun("one-then-two");
+  {
+    auto server = StartServer(back, 2, Flags("0"));
+    ASSERT_NE(server, nullptr);
+    step = pause(*ClientFor(*server));
+    ASSERT_TRUE(server->Stop().ok());
+  }
+  TwoRanks ranks = StartTwoRanks(back, 2, Flags("0"));
+  ASSERT_NE(ranks.server, nullptr);
+  resume(*ClientFor(*ranks.server), back, ranks.server->Log(), step);
+  EXPECT_TRUE(ranks.server->Stop().ok());
+}
+
+TEST_F(ServiceDistTest, DeadRankStopsRankZeroAndTheJobsResumeAfterARestart) {
+  const std::string state = FreshRun("dead-rank");
+  {
+    TwoRanks ranks = StartTwoRanks(state, 2, Flags("4"), /*timeout=*/20);
+    ASSERT_NE(ranks.server, nullptr);
+    auto client = ClientFor(*ranks.server);
+    WaitForStep(*client, 9);
+    ranks.follower->Kill();
+    // Rank 0 notices at its next collective, well within the timeout.
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(40);
+    while (client->ListSlots().ok() &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const absl::Status stopped = ranks.server->Stop();
+    EXPECT_THAT(std::string(stopped.message()), HasSubstr("status 1"));
+    const std::string log = ranks.server->Log();
+    EXPECT_THAT(log, HasSubstr("training stopped: "));
+    EXPECT_THAT(log, HasSubstr("Restart every rank"));
+    EXPECT_THAT(log, HasSubstr("stopped after a failure"));
+  }
+  // No job failed: a restart resumes them from their checkpoints.
+  auto server = StartServer(state, 2, Flags("4"));
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  const std::map<std::string, JobOutcome> run =
+      Collect(*client, state, server->Log());
+  EXPECT_THAT(run.at(jobs_->at(1)).run.running_message,
+              HasSubstr("resumed from the checkpoint at step"));
+  for (const auto& [job, outcome] : run) {
+    EXPECT_FALSE(outcome.weights.empty()) << job;
+  }
+}
+
+TEST(ServiceDistStartTest, RankThatNeverJoinsFailsTheStartWithinTheTimeout) {
+  const std::string state = FreshTestDir("alone");
+  ServerProcessOptions options;
+  options.state_dir = state;
+  options.binary = RankScript(state, 0, FreePort(), /*timeout_seconds=*/3);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  const std::string log = ReadFileForTest(state + "/server.log");
+  EXPECT_THAT(log, HasSubstr("rank 0 of 2: waiting for the other ranks"));
+  EXPECT_THAT(log, HasSubstr("1 of 2 ranks"));
+}
+
+TEST(ServiceDistStartTest, RankWithAnotherModelStopsEveryRank) {
+  const std::string state = FreshTestDir("models");
+  const std::string other = state + "/other-model";
+  ASSERT_TRUE(WritePresetModel("tiny", /*seed=*/1, other).ok());
+  TwoRanks ranks;
+  const int port = FreePort();
+  ranks.follower = std::make_unique<FollowerProcess>(
+      RankScript(state, 1, port, 30),
+      std::vector<std::string>{"--model", other}, state + "/rank1.log");
+  ServerProcessOptions options;
+  options.state_dir = state;
+  options.binary = RankScript(state, 0, port, 30);
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(ReadFileForTest(state + "/server.log"),
+              HasSubstr("1 rank(s) loaded another base model than rank 0"));
+  EXPECT_NE(ranks.follower->Wait(30), 0);
+  EXPECT_THAT(ranks.follower->Log(),
+              HasSubstr("rank 1 loaded another base model than rank 0"));
+}
+
+}  // namespace
+}  // namespace loraplex
