@@ -47,7 +47,7 @@ while ((left > 0)); do
   done_pid=
   wait -n -p done_pid "${pids[@]}"
   code=$?
-  [[ -z $done_pid ]] && continue  # A signal interrupted the wait.
+  [[ -z ${done_pid:-} ]] && continue  # A signal interrupted the wait.
   ((left--))
   running=()
   for pid in "${pids[@]}"; do
