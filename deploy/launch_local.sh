@@ -29,7 +29,7 @@ forward() {
 }
 trap 'forward INT' INT
 trap 'forward TERM' TERM
-trap 'forward HUP' HUP
+trap 'forward TERM' HUP  # A hang-up stops the run cleanly too.
 
 for ((rank = 0; rank < world; rank++)); do
   if ((rank == 0)); then
@@ -40,7 +40,12 @@ for ((rank = 0; rank < world; rank++)); do
   pids+=($!)
 done
 
-# The first rank to fail decides the status; the others are stopped then.
+# The first rank to fail decides the status; the others are stopped then:
+# SIGTERM, and SIGKILL for any still running after
+# LAUNCH_LOCAL_GRACE_SECONDS (default 30; e.g. ranks still waiting for a
+# rank 0 that is gone).
+grace=${LAUNCH_LOCAL_GRACE_SECONDS:-30}
+killer=
 status=0
 left=$world
 while ((left > 0)); do
@@ -59,7 +64,13 @@ while ((left > 0)); do
     echo "launch_local: a rank (pid $done_pid) exited with status $code;" \
       "stopping the others" >&2
     forward TERM
+    (
+      sleep "$grace"
+      for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+    ) >/dev/null 2>&1 &
+    killer=$!
   fi
 done
+[[ -n $killer ]] && kill "$killer" 2>/dev/null
 wait  # The output prefixers, so no line comes after the launcher exits.
 exit $status

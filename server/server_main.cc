@@ -199,7 +199,8 @@ int FollowRankZero(const ServerFlags& flags, const DistEnv& env,
   logger.Info("rank ", env.rank, " of ", env.world_size,
               ": training with rank 0 (", setup->slots, " slots)");
   if (absl::Status followed = trainer.Follow(); !followed.ok()) {
-    return fail(followed);
+    logger.Error("rank ", env.rank, ": ", followed.message());
+    return 1;
   }
   logger.Info("rank ", env.rank, ": rank 0 stopped; stopped");
   return 0;

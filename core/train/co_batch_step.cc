@@ -290,6 +290,15 @@ absl::Status TorchError(absl::string_view what, const c10::Error& e) {
       absl::StrCat(what, ": ", e.what_without_backtrace()));
 }
 
+// A failure of this rank after the sum over the ranks: the others go on to
+// the parameter sync without it.
+absl::Status AfterSum(const StepSync* sync, absl::Status status) {
+  if (sync == nullptr || sync->world_size <= 1) return status;
+  return absl::AbortedError(
+      absl::StrCat(status.message(), " on rank ", sync->rank,
+                   " after the gradient sum: the ranks' slots now differ"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
@@ -416,7 +425,7 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     }
   } catch (const c10::Error& e) {
     restore();
-    return TorchError("gradient clipping failed", e);
+    return AfterSum(sync, TorchError("gradient clipping failed", e));
   }
   for (size_t i = 0; i < slots.size(); ++i) {
     TrainingSlot& slot = *slots[i];
@@ -433,9 +442,11 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
         ZeroGrads(*slots[j]);
         *slots[j]->cursor = cursors[j];
       }
-      return TorchError(absl::StrCat("optimizer step of slot ", i,
-                                     " failed (earlier slots stepped)"),
-                        e);
+      return AfterSum(sync,
+                      TorchError(absl::StrCat("optimizer step of slot ", i,
+                                              " failed (earlier slots "
+                                              "stepped)"),
+                                 e));
     }
     if (metrics[i].skipped) ++slot.counters.skipped_steps;
     ++slot.counters.steps;

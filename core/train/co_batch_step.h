@@ -66,6 +66,11 @@ struct SlotStepMetrics {
 // leaves every slot's weights, state, data cursor and counters as they
 // were. Only a failure inside an optimizer step is partial: the slots
 // before it have stepped, and the message says which slot failed.
+// Data parallel, a rank's failure before the sum fails the step on every
+// rank (FAILED_PRECONDITION on the others); a failure on one rank after it
+// (clipping, an optimizer step) is ABORTED there: that rank skipped the
+// parameter sync the others wait in, so the run must stop and go back to
+// a checkpoint.
 absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
     const CoBatchOptions& options);

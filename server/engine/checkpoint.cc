@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -182,6 +183,17 @@ absl::Status VerifyFiles(const std::string& dir) {
 
 }  // namespace
 
+namespace {
+
+// JSON has no NaN or infinity: a metric that was not finite (a skipped
+// step's loss) is written as null and read back as NaN.
+double MetricFromJson(const nlohmann::json& json) {
+  return json.is_null() ? std::numeric_limits<double>::quiet_NaN()
+                        : json.get<double>();
+}
+
+}  // namespace
+
 nlohmann::json CheckpointInfoToJson(const CheckpointInfo& info) {
   nlohmann::json json = {{"job_id", info.job_id},
                          {"time_ms", info.time_ms},
@@ -227,11 +239,11 @@ absl::StatusOr<CheckpointInfo> CheckpointInfoFromJson(
     if (json.contains("metrics")) {
       const nlohmann::json& metrics = json.at("metrics");
       CheckpointMetrics m;
-      m.loss = metrics.at("loss").get<double>();
-      m.lr = metrics.at("lr").get<double>();
-      m.grad_norm = metrics.at("grad_norm").get<double>();
+      m.loss = MetricFromJson(metrics.at("loss"));
+      m.lr = MetricFromJson(metrics.at("lr"));
+      m.grad_norm = MetricFromJson(metrics.at("grad_norm"));
       if (metrics.contains("validation_loss")) {
-        m.validation_loss = metrics.at("validation_loss").get<double>();
+        m.validation_loss = MetricFromJson(metrics.at("validation_loss"));
       }
       info.metrics = m;
     }

@@ -43,6 +43,10 @@ std::string ModelFingerprint(const LlamaModel& model) {
   for (const LayerWeights& layer : weights.layers) {
     AddSample(layer.input_norm, digest);
     AddSample(layer.post_attention_norm, digest);
+    for (const LinearWeights& projection : layer.projections) {
+      AddSample(projection.weight, digest);
+      if (projection.bias.defined()) AddSample(projection.bias, digest);
+    }
   }
   AddSample(weights.final_norm, digest);
   AddSample(weights.lm_head, digest);

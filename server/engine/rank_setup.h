@@ -26,8 +26,9 @@ struct RankSetup {
 };
 
 // SHA-256 (hex) over the model's config and 1024 evenly spaced values of
-// its embeddings, norms and LM head: equal for the same checkpoint loaded
-// in the same dtype, different for another model or another fine-tune.
+// each of its tensors (embeddings, norms, projections, LM head): equal for
+// the same checkpoint loaded in the same dtype, different for another model
+// or another fine-tune.
 std::string ModelFingerprint(const LlamaModel& model);
 
 // Collective. Returns rank 0's setup on every rank. FAILED_PRECONDITION on

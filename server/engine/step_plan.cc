@@ -2,8 +2,10 @@
 
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,30 @@ namespace loraplex {
 namespace {
 
 using Json = nlohmann::json;
+
+// json as a T, or std::invalid_argument naming `what` (a float or an
+// integer out of T's range would be undefined behaviour to convert).
+template <typename T>
+T Integer(const Json& json, const char* what) {
+  if (json.is_number_unsigned()) {
+    const uint64_t value = json.get<uint64_t>();
+    if (value <= static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+      return static_cast<T>(value);
+    }
+  } else if (json.is_number_integer()) {
+    const int64_t value = json.get<int64_t>();
+    if (value >= 0 || std::numeric_limits<T>::is_signed) {
+      if (static_cast<int64_t>(std::numeric_limits<T>::min()) <= value &&
+          (value < 0 ||
+           static_cast<uint64_t>(value) <=
+               static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
+        return static_cast<T>(value);
+      }
+    }
+  }
+  throw std::invalid_argument(
+      absl::StrCat(what, " must be an integer in range, got ", json.dump()));
+}
 
 template <typename T>
 Json Bytes(const T* data, size_t count) {
@@ -77,9 +103,9 @@ SequenceSet SequencesFromJson(const Json& json) {
   if (at != ids.size()) {
     throw std::invalid_argument("token ids left over after the sequences");
   }
-  data.truncated_examples = json.at("truncated").get<int64_t>();
-  data.dropped_examples = json.at("dropped").get<int64_t>();
-  data.num_target_tokens = json.at("targets").get<int64_t>();
+  data.truncated_examples = Integer<int64_t>(json.at("truncated"), "truncated");
+  data.dropped_examples = Integer<int64_t>(json.at("dropped"), "dropped");
+  data.num_target_tokens = Integer<int64_t>(json.at("targets"), "targets");
   return data;
 }
 
@@ -105,7 +131,7 @@ Json EntryToJson(const StepPlan::Entry& entry) {
 // Throws for a malformed entry (caught by DecodeStepPlan).
 absl::StatusOr<StepPlan::Entry> EntryFromJson(const Json& json) {
   StepPlan::Entry entry;
-  const int kind = json.at("kind").get<int>();
+  const int kind = Integer<int>(json.at("kind"), "kind");
   if (kind < 0 || kind > static_cast<int>(StepPlan::Entry::Kind::kPause)) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown entry kind ", kind));
@@ -122,7 +148,8 @@ absl::StatusOr<StepPlan::Entry> EntryFromJson(const Json& json) {
                             LrScheduleConfigFromJson(json.at("schedule")));
   LORAPLEX_ASSIGN_OR_RETURN(request.training,
                             TrainingConfigFromJson(json.at("training")));
-  request.preferred_slot = json.at("preferred_slot").get<int>();
+  request.preferred_slot =
+      Integer<int>(json.at("preferred_slot"), "preferred_slot");
   if (!json.at("data").is_null()) {
     request.data =
         std::make_shared<const SequenceSet>(SequencesFromJson(json["data"]));
@@ -168,14 +195,16 @@ absl::StatusOr<StepPlan> DecodeStepPlan(const std::string& bytes) {
     plan.stop = json.at("stop").get<bool>();
     plan.checkpoint = json.at("checkpoint").get<bool>();
     for (const Json& entry : json.at("active")) {
-      StepPlan::Active& held = plan.active[entry.at("slot").get<int>()];
+      StepPlan::Active& held =
+          plan.active[Integer<int>(entry.at("slot"), "slot")];
       held.job_id = entry.at("job_id").get<std::string>();
-      held.step = entry.at("step").get<int64_t>();
+      held.step = Integer<int64_t>(entry.at("step"), "step");
       if (entry.contains("cursor")) {
         const Json& cursor = entry["cursor"];
-        held.cursor = DataCursorState{cursor.at(0).get<uint64_t>(),
-                                      cursor.at(1).get<int64_t>(),
-                                      cursor.at(2).get<int64_t>()};
+        held.cursor =
+            DataCursorState{Integer<uint64_t>(cursor.at(0), "cursor seed"),
+                            Integer<int64_t>(cursor.at(1), "cursor epoch"),
+                            Integer<int64_t>(cursor.at(2), "cursor position")};
       }
     }
     for (const Json& entry : json.at("entries")) {

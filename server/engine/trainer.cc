@@ -180,7 +180,14 @@ void Trainer::Run() {
       absl::Status sent = SendPlan(batch, stopping);
       if (!sent.ok() && fatal_.ok()) fatal_ = sent;
     }
-    if (Broken() || !Iterate(batch, stopping, pending_checkpoint_)) break;
+    if (Broken() || !Iterate(batch, stopping, pending_checkpoint_)) {
+      for (Command& command : batch) {
+        if (command.done) {
+          command.done(absl::UnavailableError("the trainer stopped"));
+        }
+      }
+      break;
+    }
   }
   if (!fatal_.ok() && options_.on_fatal) options_.on_fatal(fatal_);
 }
@@ -195,9 +202,11 @@ bool Trainer::NextBatch(std::deque<Command>& batch) {
   if (data_parallel_) {
     // The other ranks wait for the next plan in a collective that times
     // out, so an idle rank 0 sends them an empty one now and then.
-    const std::chrono::seconds heartbeat =
-        std::clamp(options_.dist->timeout() / 4, std::chrono::seconds(1),
-                   std::chrono::seconds(10));
+    const std::chrono::milliseconds heartbeat = std::clamp(
+        std::chrono::duration_cast<std::chrono::milliseconds>(
+            options_.dist->timeout()) /
+            4,
+        std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
     wake_.wait_for(lock, heartbeat, ready);
   } else {
     wake_.wait(lock, ready);
@@ -275,12 +284,17 @@ bool Trainer::Iterate(std::deque<Command>& batch, bool stopping,
   // restart.
   if (checkpoint || stopping) CheckpointPool();
   if (stopping || Broken()) return false;
-  for (Command& command : batch) Apply(command);
+  // A rank that broke stops at once: its pool may differ from the others'.
+  for (Command& command : batch) {
+    Apply(command);
+    if (Broken()) return false;
+  }
   for (int slot = 0; slot < pool_.capacity(); ++slot) {
     if (jobs_[slot] && jobs_[slot]->quarantined) {
       RetireSlot(slot).IgnoreError();  // Still quarantined on error.
     }
   }
+  if (Broken()) return false;
   for (int slot = 0; slot < pool_.capacity(); ++slot) {
     if (jobs_[slot] && jobs_[slot]->evaluate_only &&
         !jobs_[slot]->quarantined) {
@@ -314,7 +328,13 @@ void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
   }
   for (const auto& [slot, expected] : active) {
     if (!fatal_.ok()) return;
-    if (!jobs_.at(slot)) {
+    if (slot < 0 || slot >= pool_.capacity()) {
+      fatal_ = absl::InternalError(absl::StrCat(
+          "rank 0 holds slot ", slot, " but rank ", options_.dist->rank(),
+          " has ", pool_.capacity(), " slots"));
+      continue;
+    }
+    if (!jobs_[slot]) {
       fatal_ = absl::InternalError(
           absl::StrCat("rank ", options_.dist->rank(), " holds no job in slot ",
                        slot, " where rank 0 holds job ", expected.job_id));
@@ -399,7 +419,7 @@ void Trainer::Apply(Command& command) {
           slot < 0 ? absl::NotFoundError(absl::StrCat("job \"", command.job_id,
                                                       "\" is not in a slot"))
                    : ExportSlot(slot, command.dir);
-      command.done(status);
+      std::exchange(command.done, nullptr)(status);
       return;
     }
   }
@@ -561,6 +581,9 @@ void Trainer::ApplyAttach(Command& command) {
   absl::StatusOr<int> slot = CatchTorch("attach", [&]() -> absl::StatusOr<int> {
     return AttachPrepared(command, tokens);
   });
+  // A rank that broke here (its pool may now differ) leaves without the
+  // agreement; the others then fail in it, and nothing is reported.
+  if (Broken()) return;
   if (data_parallel_) slot = AgreeOnAttach(std::move(slot));
   if (Broken()) return;
   if (slot.ok()) {
@@ -639,6 +662,10 @@ std::vector<int> Trainer::TrainStep() {
   if (!metrics.ok()) {
     // The ranks failed, not the jobs: nothing is reported, and they resume
     // from their checkpoints after a restart.
+    if (data_parallel_ &&
+        metrics.status().code() == absl::StatusCode::kAborted && fatal_.ok()) {
+      fatal_ = metrics.status();  // This rank skipped the parameter sync.
+    }
     if (Broken()) return stepped;
     for (int slot : ids) FinishJob(slot, metrics.status());
     return stepped;
@@ -734,6 +761,10 @@ absl::Status Trainer::CheckpointSlot(int slot) {
   // Collective when data parallel: every rank gathers the owners' states.
   absl::StatusOr<std::string> state =
       SaveTrainingState(training, data_parallel_.get());
+  if (data_parallel_ && !state.ok() && fatal_.ok()) {
+    // It may have failed before its collective, which the others are in.
+    fatal_ = state.status();
+  }
   if (!leader_) return state.status();
   const SlotJob& job = *jobs_[slot];
   CheckpointInfo info;

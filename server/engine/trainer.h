@@ -160,8 +160,10 @@ class Trainer {
   // Ranks other than 0, instead of Start(): applies rank 0's plans on this
   // thread until rank 0 stops (OK) or the ranks fail (the error).
   absl::Status Follow();
-  // Finishes the current step, drops pending commands and joins the
-  // thread. Slots keep their jobs (nothing is reported for them).
+  // Finishes the current step, checkpoints every training slot (on every
+  // rank, when data parallel: the other ranks' Follow() then returns),
+  // drops pending commands and joins the thread. Slots keep their jobs
+  // (nothing is reported for them).
   void Stop();
 
   void Attach(AttachCommand command);

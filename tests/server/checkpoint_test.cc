@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -398,6 +400,27 @@ TEST(CheckpointTest, RestoreRefusesACheckpointOfAnotherShapeOfJob) {
   status = RestoreCheckpoint(dir, *info, pool.slot(0));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("run of 20 steps"));
+}
+
+TEST(CheckpointTest, InfoJsonKeepsMetricsThatWereNotFinite) {
+  CheckpointInfo info;
+  info.job_id = "job";
+  info.total_steps = 10;
+  info.counters.steps = 4;
+  info.counters.skipped_steps = 1;
+  info.metrics.emplace();
+  info.metrics->loss = std::numeric_limits<double>::quiet_NaN();
+  info.metrics->lr = 1e-3;
+  info.metrics->grad_norm = std::numeric_limits<double>::infinity();
+  // As written to and read from checkpoint.json.
+  const nlohmann::json written =
+      nlohmann::json::parse(CheckpointInfoToJson(info).dump());
+  absl::StatusOr<CheckpointInfo> read = CheckpointInfoFromJson(written);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(read->metrics.has_value());
+  EXPECT_TRUE(std::isnan(read->metrics->loss));
+  EXPECT_EQ(read->metrics->lr, 1e-3);
+  EXPECT_FALSE(std::isfinite(read->metrics->grad_norm));
 }
 
 TEST(CheckpointTest, InfoJsonRejectsInconsistentCounters) {

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/model/model_presets.h"
 #include "core/optim/config_json.h"
 #include "server/engine/rank_setup.h"
@@ -160,6 +162,29 @@ TEST(StepPlanTest, WhatIsNotAPlanIsRefused) {
   }
 }
 
+TEST(StepPlanTest, NumbersOfTheWrongKindAreRefused) {
+  StepPlan plan;
+  plan.active[1] = {"job", 3, std::nullopt};
+  const std::string bytes = EncodeStepPlan(plan);
+  auto json = nlohmann::json::from_cbor(bytes);
+  for (const nlohmann::json& slot :
+       {nlohmann::json(1e300), nlohmann::json(1.5), nlohmann::json(1ull << 40),
+        nlohmann::json("1")}) {
+    json["active"][0]["slot"] = slot;
+    const std::vector<uint8_t> cbor = nlohmann::json::to_cbor(json);
+    absl::StatusOr<StepPlan> decoded =
+        DecodeStepPlan(std::string(cbor.begin(), cbor.end()));
+    ASSERT_FALSE(decoded.ok()) << slot.dump();
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  json["active"][0]["slot"] = 2;
+  const std::vector<uint8_t> cbor = nlohmann::json::to_cbor(json);
+  absl::StatusOr<StepPlan> decoded =
+      DecodeStepPlan(std::string(cbor.begin(), cbor.end()));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->active.count(2), 1u);
+}
+
 TEST(RankSetupTest, FingerprintTellsModelsApart) {
   const std::string dir = FreshTestDir("models");
   ASSERT_TRUE(WritePresetModel("tiny", 0, dir + "/a").ok());
@@ -174,6 +199,16 @@ TEST(RankSetupTest, FingerprintTellsModelsApart) {
   EXPECT_EQ(a.size(), 64u);
   EXPECT_EQ(load("same"), a);
   EXPECT_NE(load("other"), a);
+
+  // Another fine-tune of the same base: only a projection differs.
+  auto base = LlamaModel::Load(dir + "/a", {});
+  ASSERT_TRUE(base.ok());
+  ModelWeights tuned = (*base)->weights();
+  LinearWeights& down = tuned.layers.back().projections.back();
+  down.weight = down.weight * 1.01;
+  const LlamaModel fine_tune((*base)->config(), tuned, (*base)->dtype(),
+                             (*base)->device());
+  EXPECT_NE(ModelFingerprint(fine_tune), a);
 }
 
 }  // namespace
