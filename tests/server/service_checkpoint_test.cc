@@ -69,27 +69,15 @@ class ServiceCheckpointTest : public ::testing::Test {
   static void SetUpTestSuite() {
     stage_ = new std::string(FreshTestDir("stage"));
     jobs_ = new std::vector<std::string>();
-    {
-      auto server = StartServer(*stage_, /*slots=*/1,
-                                {"--checkpoint-interval=0", "--threads=2"});
-      ASSERT_NE(server, nullptr);
-      auto client = ClientFor(*server);
-      auto dataset = client->UploadDatasetContents(ReversalJsonl(40, 5), "d");
-      ASSERT_TRUE(dataset.ok()) << dataset.status();
-      std::vector<v1::CreateJobRequest> requests = {
-          JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 8, kSteps, 1),
-          JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 16, kSteps, 2),
-          JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAM, 4, kSteps, 3)};
-      requests[0].mutable_lora()->set_dropout(0.1);  // Replays its masks.
-      for (const v1::CreateJobRequest& request : requests) {
-        auto job = client->CreateJob(request);
-        ASSERT_TRUE(job.ok()) << job.status();
-        jobs_->push_back(job->name());
-      }
-      server->Kill();
-    }
-    const std::string dir = FreshTestDir("reference");
-    fs::copy(*stage_, dir, fs::copy_options::recursive);
+    std::vector<v1::CreateJobRequest> requests = {
+        JobRequest("", v1::OPTIMIZER_FAMILY_ADAMW, 8, kSteps, 1),
+        JobRequest("", v1::OPTIMIZER_FAMILY_MUON, 16, kSteps, 2),
+        JobRequest("", v1::OPTIMIZER_FAMILY_ADAM, 4, kSteps, 3)};
+    requests[0].mutable_lora()->set_dropout(0.1);  // Replays its masks.
+    *jobs_ =
+        StageJobs(*stage_, ReversalJsonl(40, 5), requests, "--threads=2").jobs;
+    ASSERT_EQ(jobs_->size(), 3u);
+    const std::string dir = FreshRun("reference");
     auto server = StartServer(dir, 3, ServerFlags());
     ASSERT_NE(server, nullptr);
     auto client = ClientFor(*server);
@@ -120,9 +108,7 @@ class ServiceCheckpointTest : public ::testing::Test {
 
   // A copy of the staged state dir.
   static std::string FreshRun(const std::string& name) {
-    const std::string dir = FreshTestDir(name);
-    fs::copy(*stage_, dir, fs::copy_options::recursive);
-    return dir;
+    return CopyOfState(*stage_, name);
   }
 
   // Expects `run`'s resumed steps and adapters to equal the reference

@@ -177,24 +177,16 @@ class ServiceDistTest : public ::testing::Test {
   static void SetUpTestSuite() {
     stage_ = new std::string(FreshTestDir("stage"));
     jobs_ = new std::vector<std::string>();
-    auto server = StartServer(*stage_, /*slots=*/1,
-                              {"--checkpoint-interval=0", "--threads=1"});
-    ASSERT_NE(server, nullptr);
-    auto client = ClientFor(*server);
-    auto dataset = client->UploadDatasetContents(ReversalJsonl(40, 9), "d");
-    ASSERT_TRUE(dataset.ok()) << dataset.status();
-    dataset_ = new std::string(dataset->name());
     std::vector<v1::CreateJobRequest> requests = {
-        JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 8, 12, 1),
-        JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 16, 30, 2),
-        JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAM, 4, 24, 3)};
+        JobRequest("", v1::OPTIMIZER_FAMILY_ADAMW, 8, 12, 1),
+        JobRequest("", v1::OPTIMIZER_FAMILY_MUON, 16, 30, 2),
+        JobRequest("", v1::OPTIMIZER_FAMILY_ADAM, 4, 24, 3)};
     requests[0].mutable_lora()->set_dropout(0.1);
-    for (const v1::CreateJobRequest& request : requests) {
-      auto job = client->CreateJob(request);
-      ASSERT_TRUE(job.ok()) << job.status();
-      jobs_->push_back(job->name());
-    }
-    server->Kill();
+    const StagedJobs staged =
+        StageJobs(*stage_, ReversalJsonl(40, 9), requests, "--threads=1");
+    ASSERT_EQ(staged.jobs.size(), 3u);
+    *jobs_ = staged.jobs;
+    dataset_ = new std::string(staged.dataset);
     // The reference: one process.
     const std::string dir = FreshRun("one-rank");
     auto reference = StartServer(dir, 2, Flags("6"));
@@ -260,9 +252,7 @@ class ServiceDistTest : public ::testing::Test {
   }
 
   static std::string FreshRun(const std::string& name) {
-    const std::string dir = FreshTestDir(name);
-    fs::copy(*stage_, dir, fs::copy_options::recursive);
-    return dir;
+    return CopyOfState(*stage_, name);
   }
 
   static std::map<std::string, JobOutcome> Collect(LoraplexClient& client,

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "core/train/co_batch_step.h"
 #include "server/service/proto_convert.h"
 #include "tests/common/server_process.h"
+#include "tests/common/test_dir.h"
 #include "tests/common/train_fixture.h"
 
 namespace loraplex {
@@ -151,6 +153,47 @@ inline std::vector<torch::Tensor> AdapterTensors(const PeftAdapter& adapter) {
     tensors.push_back(m.b);
   }
   return tensors;
+}
+
+// Jobs created on a one-slot server with checkpoints off that is killed at
+// once, in `state`: every copy of that state dir starts the jobs (none has
+// finished, none has a checkpoint) from step 0, attached together at one
+// step boundary as a restart recovers them, so runs on copies are
+// comparable. The requests' training dataset is set to one of `jsonl`.
+struct StagedJobs {
+  std::string dataset;
+  std::vector<std::string> jobs;
+};
+
+inline StagedJobs StageJobs(const std::string& state, const std::string& jsonl,
+                            std::vector<v1::CreateJobRequest> requests,
+                            const std::string& threads_flag) {
+  StagedJobs staged;
+  auto server = StartServer(state, /*slots=*/1,
+                            {"--checkpoint-interval=0", threads_flag});
+  EXPECT_NE(server, nullptr);
+  if (server == nullptr) return staged;
+  auto client = ClientFor(*server);
+  auto dataset = client->UploadDatasetContents(jsonl, "d");
+  EXPECT_TRUE(dataset.ok()) << dataset.status();
+  if (!dataset.ok()) return staged;
+  staged.dataset = dataset->name();
+  for (v1::CreateJobRequest& request : requests) {
+    request.set_training_dataset(staged.dataset);
+    auto job = client->CreateJob(request);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (job.ok()) staged.jobs.push_back(job->name());
+  }
+  server->Kill();
+  return staged;
+}
+
+// A copy of the state dir `from`, in a fresh test directory.
+inline std::string CopyOfState(const std::string& from,
+                               const std::string& name) {
+  const std::string dir = FreshTestDir(name);
+  std::filesystem::copy(from, dir, std::filesystem::copy_options::recursive);
+  return dir;
 }
 
 // Each tensor within `bound` of the expected one in relative L2 norm.
