@@ -1,8 +1,9 @@
-// The real loraplex-server run data parallel over two processes (Gloo on
-// 127.0.0.1): rank 0 serves the API and every rank trains. Jobs submitted
-// over gRPC train to the weights one process gives; checkpoints move
-// between 2 ranks and 1; a rank that dies, never comes or loads another
-// model stops the run with a clear error, and nothing stored is lost.
+// The real loraplex-server run data parallel over two and three processes
+// (Gloo on 127.0.0.1): rank 0 serves the API and every rank trains. Jobs
+// submitted over gRPC train to the weights one process gives; checkpoints
+// move between 2 ranks and 1; a rank that dies, never comes or loads
+// another model stops the run with a clear error, and nothing stored is
+// lost.
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -33,16 +34,14 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-constexpr int kWorld = 2;
-
-// A script that runs loraplex-server as `rank` of a run of kWorld ranks
+// A script that runs loraplex-server as `rank` of a run of `world` ranks
 // whose rank 0 hosts the rendezvous on 127.0.0.1:port.
-std::string RankScript(const std::string& dir, int rank, int port,
+std::string RankScript(const std::string& dir, int rank, int world, int port,
                        int timeout_seconds) {
   const std::string path = absl::StrCat(dir, "/rank", rank, ".sh");
   std::ofstream(path) << "#!/bin/sh\n"
                       << "export RANK=" << rank << " LOCAL_RANK=" << rank
-                      << " WORLD_SIZE=" << kWorld
+                      << " WORLD_SIZE=" << world
                       << " MASTER_ADDR=127.0.0.1 MASTER_PORT=" << port
                       << " LORAPLEX_DIST_TIMEOUT_SECONDS=" << timeout_seconds
                       << "\nexec '" << LORAPLEX_BIN_DIR
@@ -105,43 +104,46 @@ class FollowerProcess {
   std::string log_path_;
 };
 
-// Both ranks of a two-process server on `state`.
-struct TwoRanks {
-  std::unique_ptr<FollowerProcess> follower;
-  std::unique_ptr<ServerProcess> server;  // Rank 0.
+// The ranks of a multi-process server on `state`.
+struct Ranks {
+  std::vector<std::unique_ptr<FollowerProcess>> followers;  // Ranks 1...
+  std::unique_ptr<ServerProcess> server;                    // Rank 0.
+
+  FollowerProcess& follower() { return *followers.front(); }
 };
 
 std::vector<std::string> Flags(const std::string& checkpoint_interval) {
   return {"--threads=1", "--checkpoint-interval=" + checkpoint_interval};
 }
 
-TwoRanks StartTwoRanks(const std::string& state, int slots,
-                       const std::vector<std::string>& flags,
-                       int timeout_seconds = 60,
-                       const std::string& follower_model = "") {
-  TwoRanks ranks;
+// Starts ranks 1..world-1 with `follower_args`, then rank 0 with `flags`
+// (and waits for it to serve when `expect_serving`).
+Ranks StartRanks(const std::string& state, int world, int slots,
+                 const std::vector<std::string>& flags,
+                 int timeout_seconds = 60,
+                 std::vector<std::string> follower_args = {},
+                 bool expect_serving = true) {
+  Ranks ranks;
   const int port = FreePort();
   EXPECT_GT(port, 0);
-  std::vector<std::string> follower_args = flags;
-  if (!follower_model.empty()) {
-    follower_args.push_back("--model");
-    follower_args.push_back(follower_model);
+  follower_args.insert(follower_args.begin(), flags.begin(), flags.end());
+  for (int rank = 1; rank < world; ++rank) {
+    ranks.followers.push_back(std::make_unique<FollowerProcess>(
+        RankScript(state, rank, world, port, timeout_seconds), follower_args,
+        absl::StrCat(state, "/rank", rank, ".log")));
   }
-  ranks.follower = std::make_unique<FollowerProcess>(
-      RankScript(state, 1, port, timeout_seconds), follower_args,
-      state + "/rank1.log");
   ServerProcessOptions options;
   options.state_dir = state;
   options.slots = slots;
   options.extra_args = flags;
   options.extra_args.push_back("--log-level=debug");
-  options.binary = RankScript(state, 0, port, timeout_seconds);
+  options.binary = RankScript(state, 0, world, port, timeout_seconds);
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start(options);
   if (server.ok()) {
     ranks.server = *std::move(server);
-  } else {
-    ADD_FAILURE() << server.status() << "\nrank 1:\n" << ranks.follower->Log();
+  } else if (expect_serving) {
+    ADD_FAILURE() << server.status() << "\nrank 1:\n" << ranks.follower().Log();
   }
   return ranks;
 }
@@ -313,25 +315,32 @@ std::string* ServiceDistTest::dataset_ = nullptr;
 std::string* ServiceDistTest::adapter_dir_ = nullptr;
 ServiceDistTest::Continued* ServiceDistTest::reference_continued_ = nullptr;
 
-TEST_F(ServiceDistTest, JobsOverGrpcTrainOnTwoRanksAsOnOne) {
-  const std::string state = FreshRun("two-ranks");
-  TwoRanks ranks = StartTwoRanks(state, 2, Flags("6"));
-  ASSERT_NE(ranks.server, nullptr);
-  auto client = ClientFor(*ranks.server);
-  ExpectLikeOneRank(Collect(*client, state, ranks.server->Log()));
-  EXPECT_THAT(ranks.server->Log(), HasSubstr("data parallel over 2 ranks"));
+TEST_F(ServiceDistTest, JobsOverGrpcTrainOnTwoAndThreeRanksAsOnOne) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat(world, " ranks"));
+    const std::string state = FreshRun(absl::StrCat(world, "-ranks"));
+    Ranks ranks = StartRanks(state, world, 2, Flags("6"));
+    ASSERT_NE(ranks.server, nullptr);
+    auto client = ClientFor(*ranks.server);
+    ExpectLikeOneRank(Collect(*client, state, ranks.server->Log()));
+    EXPECT_THAT(
+        ranks.server->Log(),
+        HasSubstr(absl::StrCat("data parallel over ", world, " ranks")));
 
-  // Rank 0 evaluates alone: the same weights give the same loss, bit for
-  // bit. Training from them needs them on every rank.
-  const Continued continued = Continue(*client, state);
-  EXPECT_EQ(continued.validation_loss, reference_continued_->validation_loss);
-  EXPECT_GT(continued.validation_loss, 0.0);
-  ExpectRelativeL2Within(continued.weights, reference_continued_->weights, 1e-5,
-                         "continued");
-  // A clean stop of rank 0 stops the other rank too.
-  EXPECT_TRUE(ranks.server->Stop().ok());
-  EXPECT_EQ(ranks.follower->Wait(30), 0) << ranks.follower->Log();
-  EXPECT_THAT(ranks.follower->Log(), HasSubstr("rank 0 stopped"));
+    // Rank 0 evaluates alone: the same weights give the same loss, bit for
+    // bit. Training from them needs them on every rank.
+    const Continued continued = Continue(*client, state);
+    EXPECT_EQ(continued.validation_loss, reference_continued_->validation_loss);
+    EXPECT_GT(continued.validation_loss, 0.0);
+    ExpectRelativeL2Within(continued.weights, reference_continued_->weights,
+                           1e-5, "continued");
+    // A clean stop of rank 0 stops the other ranks too.
+    EXPECT_TRUE(ranks.server->Stop().ok());
+    for (auto& follower : ranks.followers) {
+      EXPECT_EQ(follower->Wait(30), 0) << follower->Log();
+      EXPECT_THAT(follower->Log(), HasSubstr("rank 0 stopped"));
+    }
+  }
 }
 
 // The second job is paused (a checkpoint gathered from the owners of its
@@ -356,11 +365,11 @@ TEST_F(ServiceDistTest, CheckpointOfTwoRanksResumesOnOneAndBack) {
   const std::string state = FreshRun("two-then-one");
   int64_t step = -1;
   {
-    TwoRanks ranks = StartTwoRanks(state, 2, Flags("0"));
+    Ranks ranks = StartRanks(state, 2, 2, Flags("0"));
     ASSERT_NE(ranks.server, nullptr);
     step = pause(*ClientFor(*ranks.server));
     ASSERT_TRUE(ranks.server->Stop().ok());
-    EXPECT_EQ(ranks.follower->Wait(30), 0) << ranks.follower->Log();
+    EXPECT_EQ(ranks.follower().Wait(30), 0) << ranks.follower().Log();
   }
   {
     auto server = StartServer(state, 2, Flags("0"));
@@ -375,7 +384,7 @@ TEST_F(ServiceDistTest, CheckpointOfTwoRanksResumesOnOneAndBack) {
     step = pause(*ClientFor(*server));
     ASSERT_TRUE(server->Stop().ok());
   }
-  TwoRanks ranks = StartTwoRanks(back, 2, Flags("0"));
+  Ranks ranks = StartRanks(back, 2, 2, Flags("0"));
   ASSERT_NE(ranks.server, nullptr);
   resume(*ClientFor(*ranks.server), back, ranks.server->Log(), step);
   EXPECT_TRUE(ranks.server->Stop().ok());
@@ -384,11 +393,11 @@ TEST_F(ServiceDistTest, CheckpointOfTwoRanksResumesOnOneAndBack) {
 TEST_F(ServiceDistTest, DeadRankStopsRankZeroAndTheJobsResumeAfterARestart) {
   const std::string state = FreshRun("dead-rank");
   {
-    TwoRanks ranks = StartTwoRanks(state, 2, Flags("4"), /*timeout=*/20);
+    Ranks ranks = StartRanks(state, 2, 2, Flags("4"), /*timeout=*/20);
     ASSERT_NE(ranks.server, nullptr);
     auto client = ClientFor(*ranks.server);
     WaitForStep(*client, 9);
-    ranks.follower->Kill();
+    ranks.follower().Kill();
     // Rank 0 notices at its next collective, well within the timeout.
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::seconds(40);
@@ -420,7 +429,7 @@ TEST(ServiceDistStartTest, RankThatNeverJoinsFailsTheStartWithinTheTimeout) {
   const std::string state = FreshTestDir("alone");
   ServerProcessOptions options;
   options.state_dir = state;
-  options.binary = RankScript(state, 0, FreePort(), /*timeout_seconds=*/3);
+  options.binary = RankScript(state, 0, 2, FreePort(), /*timeout_seconds=*/3);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start(options);
@@ -435,21 +444,13 @@ TEST(ServiceDistStartTest, RankWithAnotherModelStopsEveryRank) {
   const std::string state = FreshTestDir("models");
   const std::string other = state + "/other-model";
   ASSERT_TRUE(WritePresetModel("tiny", /*seed=*/1, other).ok());
-  TwoRanks ranks;
-  const int port = FreePort();
-  ranks.follower = std::make_unique<FollowerProcess>(
-      RankScript(state, 1, port, 30),
-      std::vector<std::string>{"--model", other}, state + "/rank1.log");
-  ServerProcessOptions options;
-  options.state_dir = state;
-  options.binary = RankScript(state, 0, port, 30);
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(options);
-  ASSERT_FALSE(server.ok());
+  Ranks ranks = StartRanks(state, 2, 4, {}, 30, {"--model", other},
+                           /*expect_serving=*/false);
+  ASSERT_EQ(ranks.server, nullptr);
   EXPECT_THAT(ReadFileForTest(state + "/server.log"),
               HasSubstr("1 rank(s) loaded another base model than rank 0"));
-  EXPECT_NE(ranks.follower->Wait(30), 0);
-  EXPECT_THAT(ranks.follower->Log(),
+  EXPECT_NE(ranks.follower().Wait(30), 0);
+  EXPECT_THAT(ranks.follower().Log(),
               HasSubstr("rank 1 loaded another base model than rank 0"));
 }
 
