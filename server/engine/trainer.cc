@@ -301,6 +301,7 @@ bool Trainer::Iterate(std::deque<Command>& batch, bool stopping,
       EvaluateOnly(slot);
     }
   }
+  if (Broken()) return false;
   const std::vector<int> stepped = TrainStep();
   pending_checkpoint_ = CheckpointDue(stepped);
   PublishSlots();
