@@ -298,17 +298,6 @@ absl::StatusOr<std::string> SaveTrainingState(
 absl::Status WriteCheckpoint(const std::string& job_dir,
                              const TrainingSlot& slot,
                              const CheckpointInfo& info,
-                             const std::string& base_model_name, int keep_last,
-                             int64_t keep_step) {
-  LORAPLEX_ASSIGN_OR_RETURN(std::string training_state,
-                            SaveTrainingState(slot));
-  return WriteCheckpoint(job_dir, slot, info, training_state, base_model_name,
-                         keep_last, keep_step);
-}
-
-absl::Status WriteCheckpoint(const std::string& job_dir,
-                             const TrainingSlot& slot,
-                             const CheckpointInfo& info,
                              const std::string& training_state,
                              const std::string& base_model_name, int keep_last,
                              int64_t keep_step) {
@@ -464,20 +453,11 @@ void RemoveCheckpointsAfter(const std::string& job_dir, int64_t step) {
   }
 }
 
-absl::Status RestoreCheckpoint(const std::string& dir,
-                               const CheckpointInfo& info, TrainingSlot& slot) {
-  LORAPLEX_ASSIGN_OR_RETURN(std::string training_state,
-                            ReadCheckpointFile(dir, kCheckpointStateFile));
-  absl::Status status = RestoreTrainingState(info, training_state, slot);
-  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "checkpoint ", dir, " does not fit the job: ", status.message()));
-}
+namespace {
 
-absl::Status RestoreTrainingState(const CheckpointInfo& info,
-                                  const std::string& training_state,
-                                  TrainingSlot& slot,
-                                  DataParallelSlots* data_parallel) {
+absl::Status RestoreState(const CheckpointInfo& info,
+                          const std::string& training_state, TrainingSlot& slot,
+                          DataParallelSlots* data_parallel) {
   if (!slot.trainable()) {
     return absl::FailedPreconditionError(
         "the slot must be attached for training before a restore");
@@ -515,6 +495,22 @@ absl::Status RestoreTrainingState(const CheckpointInfo& info,
   slot.cursor.emplace(std::move(cursor));
   slot.counters = info.counters;
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RestoreCheckpoint(const std::string& dir,
+                               const CheckpointInfo& info,
+                               const std::string& training_state,
+                               TrainingSlot& slot,
+                               DataParallelSlots* data_parallel) {
+  const absl::Status status = CatchTorch("restore", [&] {
+    return RestoreState(info, training_state, slot, data_parallel);
+  });
+  if (status.ok()) return status;
+  return absl::Status(
+      status.code(), absl::StrCat("checkpoint ", dir,
+                                  " does not fit the job: ", status.message()));
 }
 
 }  // namespace loraplex

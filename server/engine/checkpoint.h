@@ -16,12 +16,16 @@
 // metadata last. A directory without a manifest that verifies is never
 // loaded.
 //
-//   LORAPLEX_RETURN_IF_ERROR(WriteCheckpoint(dir, slot, info, "base", 3));
-//   std::vector<std::string> rejected;
-//   std::optional<CheckpointEntry> latest =
+//   LORAPLEX_ASSIGN_OR_RETURN(std::string state, SaveTrainingState(slot));
+//   LORAPLEX_RETURN_IF_ERROR(WriteCheckpoint(dir, slot, info, state, "base",
+//   3)); std::vector<std::string> rejected; std::optional<CheckpointEntry>
+//   latest =
 //       LatestValidCheckpoint(dir, &rejected);
 //   ... attach the job with the weights in latest->dir, then ...
-//   LORAPLEX_RETURN_IF_ERROR(RestoreCheckpoint(latest->dir, info, slot));
+//   LORAPLEX_ASSIGN_OR_RETURN(std::string state,
+//       ReadCheckpointFile(latest->dir, kCheckpointStateFile));
+//   LORAPLEX_RETURN_IF_ERROR(RestoreCheckpoint(latest->dir, info, state,
+//   slot));
 #ifndef LORAPLEX_SERVER_ENGINE_CHECKPOINT_H_
 #define LORAPLEX_SERVER_ENGINE_CHECKPOINT_H_
 
@@ -81,24 +85,18 @@ struct CheckpointEntry {
 // <job_dir>/step-<step, 8 digits or more>.
 std::string CheckpointDir(const std::string& job_dir, int64_t step);
 
-// Writes `slot` (attached and trainable) as the checkpoint of
-// info.step() and then deletes all but the newest `keep_last` (>= 1)
-// checkpoints (keeping the one of `keep_step` too) and any leftover partial
-// directories. A checkpoint of that step that is already committed is kept
-// as it is. On error nothing committed changes and the partial directory
-// is removed.
-absl::Status WriteCheckpoint(const std::string& job_dir,
-                             const TrainingSlot& slot,
-                             const CheckpointInfo& info,
-                             const std::string& base_model_name, int keep_last,
-                             int64_t keep_step = -1);
-// The same with training_state.pt's bytes made beforehand.
+// Writes `slot` (attached and trainable), with `training_state` from
+// SaveTrainingState, as the checkpoint of info.step() and then deletes all
+// but the newest `keep_last` (>= 1) checkpoints (keeping the one of
+// `keep_step` too) and any leftover partial directories. A checkpoint of
+// that step that is already committed is kept as it is. On error nothing
+// committed changes and the partial directory is removed.
 absl::Status WriteCheckpoint(const std::string& job_dir,
                              const TrainingSlot& slot,
                              const CheckpointInfo& info,
                              const std::string& training_state,
                              const std::string& base_model_name, int keep_last,
-                             int64_t keep_step);
+                             int64_t keep_step = -1);
 
 // training_state.pt's bytes: the slot's optimizer state (every parameter's,
 // in the one-process format) and its LR schedule. With `data_parallel` the
@@ -152,19 +150,19 @@ absl::Status WritePoolCheckpoint(const std::string& root,
                                  const std::map<std::string, int64_t>& jobs);
 
 // Loads the optimizer state, schedule, data cursor and counters of the
-// checkpoint in `dir` (described by `info`) into `slot`. The slot must be
-// attached for training with the checkpoint's weights and the job's
-// configuration, so its optimizer state exists (eagerly, as after attach)
-// and is overwritten in place. INVALID_ARGUMENT when the checkpoint does not
-// fit the slot; the slot is then unusable and should be retired.
+// checkpoint in `dir` (described by `info`; `training_state` is its
+// training_state.pt) into `slot`. The slot must be attached for training
+// with the checkpoint's weights and the job's configuration, so its
+// optimizer state exists (eagerly, as after attach) and is overwritten in
+// place. With `data_parallel`, the slot keeps the state of the parameters
+// this rank owns (not collective). Errors say "checkpoint <dir> does not fit
+// the job: ..."; INVALID_ARGUMENT when the checkpoint does not fit the slot.
+// On error the slot is unusable and should be retired.
 absl::Status RestoreCheckpoint(const std::string& dir,
-                               const CheckpointInfo& info, TrainingSlot& slot);
-// The same from training_state.pt's bytes. With `data_parallel`, the slot
-// keeps the state of the parameters this rank owns (not collective).
-absl::Status RestoreTrainingState(const CheckpointInfo& info,
-                                  const std::string& training_state,
-                                  TrainingSlot& slot,
-                                  DataParallelSlots* data_parallel = nullptr);
+                               const CheckpointInfo& info,
+                               const std::string& training_state,
+                               TrainingSlot& slot,
+                               DataParallelSlots* data_parallel = nullptr);
 
 }  // namespace loraplex
 

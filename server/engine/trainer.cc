@@ -342,14 +342,19 @@ void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
       continue;
     }
     const StepPlan::Active mine = HeldSlot(slot);
-    const auto describe = [](const StepPlan::Active& held) {
-      return held.cursor ? absl::StrCat("step ", held.step, ", epoch ",
-                                        held.cursor->epoch, ", position ",
-                                        held.cursor->position)
-                         : absl::StrCat("step ", held.step);
-    };
-    if (describe(mine) != describe(expected) ||
-        (mine.cursor && mine.cursor->seed != expected.cursor->seed)) {
+    const bool same =
+        mine.step == expected.step &&
+        mine.cursor.has_value() == expected.cursor.has_value() &&
+        (!mine.cursor || (mine.cursor->seed == expected.cursor->seed &&
+                          mine.cursor->epoch == expected.cursor->epoch &&
+                          mine.cursor->position == expected.cursor->position));
+    if (!same) {
+      const auto describe = [](const StepPlan::Active& held) {
+        return held.cursor ? absl::StrCat("step ", held.step, ", epoch ",
+                                          held.cursor->epoch, ", position ",
+                                          held.cursor->position)
+                           : absl::StrCat("step ", held.step);
+      };
       fatal_ = absl::InternalError(absl::StrCat(
           "rank ", options_.dist->rank(), "'s slot ", slot, " (job ",
           mine.job_id, ") is at ", describe(mine), ", rank 0's at ",
@@ -529,16 +534,12 @@ absl::StatusOr<int> Trainer::AttachPrepared(Command& command,
                            command.restore ? command.restore->step() : 0);
   }
   if (!command.restore) return slot;
-  const absl::Status restored = CatchTorch("restore", [&] {
-    return RestoreTrainingState(*command.restore, command.training_state,
-                                pool_.slot(slot), data_parallel_.get());
-  });
+  const absl::Status restored = RestoreCheckpoint(
+      command.restore_dir, *command.restore, command.training_state,
+      pool_.slot(slot), data_parallel_.get());
   if (!restored.ok()) {
     FreeSlot(slot, attach.job_id);
-    return absl::Status(
-        restored.code(),
-        absl::StrCat("checkpoint ", command.restore_dir,
-                     " does not fit the job: ", restored.message()));
+    return restored;
   }
   tokens = command.restore->tokens;
   return slot;

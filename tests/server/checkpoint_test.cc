@@ -19,6 +19,7 @@
 
 #include "adapters/peft_adapter.h"
 #include "adapters/slot_pool.h"
+#include "core/common/status_macros.h"
 #include "core/train/co_batch_step.h"
 #include "tests/common/test_dir.h"
 #include "tests/common/tiny_model.h"
@@ -26,6 +27,17 @@
 
 namespace loraplex {
 namespace {
+
+// The slot's checkpoint with its training state, as the trainer writes it.
+absl::Status WriteSlotCheckpoint(const std::string& job_dir,
+                                 const TrainingSlot& slot,
+                                 const CheckpointInfo& info,
+                                 const std::string& base_model_name,
+                                 int keep_last, int64_t keep_step = -1) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string state, SaveTrainingState(slot));
+  return WriteCheckpoint(job_dir, slot, info, state, base_model_name, keep_last,
+                         keep_step);
+}
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
@@ -75,8 +87,8 @@ void WriteAfter(const std::string& job_dir, const std::vector<int>& steps,
   for (int step : steps) {
     Train(pool, step - done);
     done = step;
-    ASSERT_TRUE(WriteCheckpoint(job_dir, pool.slot(0), InfoOf(pool.slot(0), 0),
-                                "tiny", keep_last)
+    ASSERT_TRUE(WriteSlotCheckpoint(job_dir, pool.slot(0),
+                                    InfoOf(pool.slot(0), 0), "tiny", keep_last)
                     .ok());
   }
 }
@@ -112,7 +124,7 @@ TEST_P(CheckpointRoundTripTest, RestoredSlotEqualsSavedAndTrainsOnIdentically) {
   Train(original, 5);
   const TrainingSlot& saved = original.slot(1);
   ASSERT_TRUE(
-      WriteCheckpoint(job_dir, saved, InfoOf(saved, 1), "tiny", 3).ok());
+      WriteSlotCheckpoint(job_dir, saved, InfoOf(saved, 1), "tiny", 3).ok());
   const std::string dir = CheckpointDir(job_dir, 5);
   ASSERT_TRUE(VerifyCheckpoint(dir).ok());
   auto info = ReadCheckpointInfo(dir);
@@ -130,7 +142,9 @@ TEST_P(CheckpointRoundTripTest, RestoredSlotEqualsSavedAndTrainsOnIdentically) {
   request.preferred_slot = info->slot;
   ASSERT_EQ(*restored.Attach(request), 1);
   TrainingSlot& slot = restored.slot(1);
-  ASSERT_TRUE(RestoreCheckpoint(dir, *info, slot).ok());
+  auto state = ReadCheckpointFile(dir, kCheckpointStateFile);
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_TRUE(RestoreCheckpoint(dir, *info, *state, slot).ok());
 
   ExpectAllEqual(Snapshot(slot.weights), Snapshot(saved.weights));
   ExpectAllEqual(OptimizerStateTensors(*slot.optimizer),
@@ -275,8 +289,9 @@ TEST(CheckpointTest, PruningSparesTheStepThePoolResumesFrom) {
   ASSERT_TRUE(pool.Attach(Request(OptimizerFamily::kAdamW, 4)).ok());
   for (int step = 1; step <= 4; ++step) {
     Train(pool, 1);
-    ASSERT_TRUE(WriteCheckpoint(job_dir, pool.slot(0), InfoOf(pool.slot(0), 0),
-                                "tiny", /*keep_last=*/1, /*keep_step=*/2)
+    ASSERT_TRUE(WriteSlotCheckpoint(job_dir, pool.slot(0),
+                                    InfoOf(pool.slot(0), 0), "tiny",
+                                    /*keep_last=*/1, /*keep_step=*/2)
                     .ok());
   }
   std::vector<int64_t> steps;
@@ -329,8 +344,8 @@ TEST(CheckpointTest, UnwritableDirectoryFailsCleanly) {
   SlotPool pool(TinyModel().config(), {.capacity = 1});
   ASSERT_TRUE(pool.Attach(Request(OptimizerFamily::kAdamW, 4)).ok());
   Train(pool, 1);
-  absl::Status status = WriteCheckpoint(root + "/job-a", pool.slot(0),
-                                        InfoOf(pool.slot(0), 0), "tiny", 3);
+  absl::Status status = WriteSlotCheckpoint(root + "/job-a", pool.slot(0),
+                                            InfoOf(pool.slot(0), 0), "tiny", 3);
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(status.message(), HasSubstr("cannot create checkpoint"));
 }
@@ -342,9 +357,9 @@ TEST(CheckpointTest, DiskFullKeepsThePreviousCheckpoint) {
   SlotPool pool(TinyModel().config(), {.capacity = 1});
   ASSERT_TRUE(pool.Attach(Request(OptimizerFamily::kAdamW, 8)).ok());
   Train(pool, 2);
-  ASSERT_TRUE(
-      WriteCheckpoint(job_dir, pool.slot(0), InfoOf(pool.slot(0), 0), "tiny", 3)
-          .ok());
+  ASSERT_TRUE(WriteSlotCheckpoint(job_dir, pool.slot(0),
+                                  InfoOf(pool.slot(0), 0), "tiny", 3)
+                  .ok());
   Train(pool, 2);
   const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);
   rlimit saved{};
@@ -352,8 +367,8 @@ TEST(CheckpointTest, DiskFullKeepsThePreviousCheckpoint) {
   rlimit small = saved;
   small.rlim_cur = 16 * 1024;  // Less than the weights file.
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
-  absl::Status status = WriteCheckpoint(job_dir, pool.slot(0),
-                                        InfoOf(pool.slot(0), 0), "tiny", 3);
+  absl::Status status = WriteSlotCheckpoint(job_dir, pool.slot(0),
+                                            InfoOf(pool.slot(0), 0), "tiny", 3);
   setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, previous_handler);
   EXPECT_FALSE(status.ok());
@@ -367,9 +382,9 @@ TEST(CheckpointTest, DiskFullKeepsThePreviousCheckpoint) {
       std::distance(fs::directory_iterator(job_dir), fs::directory_iterator()),
       1);
   // With room again, the same step is written.
-  EXPECT_TRUE(
-      WriteCheckpoint(job_dir, pool.slot(0), InfoOf(pool.slot(0), 0), "tiny", 3)
-          .ok());
+  EXPECT_TRUE(WriteSlotCheckpoint(job_dir, pool.slot(0),
+                                  InfoOf(pool.slot(0), 0), "tiny", 3)
+                  .ok());
   EXPECT_TRUE(VerifyCheckpoint(CheckpointDir(job_dir, 4)).ok());
 }
 
@@ -387,7 +402,9 @@ TEST(CheckpointTest, RestoreRefusesACheckpointOfAnotherShapeOfJob) {
   SlotAttachRequest muon = Request(OptimizerFamily::kMuon, 4);
   muon.initial_weights = std::make_shared<const PeftAdapter>(*adapter);
   ASSERT_TRUE(pool.Attach(muon).ok());
-  absl::Status status = RestoreCheckpoint(dir, *info, pool.slot(0));
+  auto state = ReadCheckpointFile(dir, kCheckpointStateFile);
+  ASSERT_TRUE(state.ok()) << state.status();
+  absl::Status status = RestoreCheckpoint(dir, *info, *state, pool.slot(0));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("does not fit the job"));
   ASSERT_TRUE(pool.Retire(0).ok());
@@ -397,7 +414,7 @@ TEST(CheckpointTest, RestoreRefusesACheckpointOfAnotherShapeOfJob) {
   longer.training.max_steps = 30;
   longer.initial_weights = std::make_shared<const PeftAdapter>(*adapter);
   ASSERT_TRUE(pool.Attach(longer).ok());
-  status = RestoreCheckpoint(dir, *info, pool.slot(0));
+  status = RestoreCheckpoint(dir, *info, *state, pool.slot(0));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("run of 20 steps"));
 }
