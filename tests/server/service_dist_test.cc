@@ -425,6 +425,28 @@ TEST_F(ServiceDistTest, DeadRankStopsRankZeroAndTheJobsResumeAfterARestart) {
   }
 }
 
+// An idle rank 0 keeps the other ranks from timing out: with a 2 s
+// timeout, a server left idle for 5 s still trains a job.
+TEST(ServiceDistStartTest, IdleServerOutlivesTheCollectiveTimeout) {
+  const std::string state = FreshTestDir("idle");
+  Ranks ranks = StartRanks(state, 2, 1, Flags("0"), /*timeout_seconds=*/2);
+  ASSERT_NE(ranks.server, nullptr);
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  auto client = ClientFor(*ranks.server);
+  auto dataset = client->UploadDatasetContents(ReversalJsonl(10, 2), "d");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  auto job = client->CreateJob(
+      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAM, 4, 4, 1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto done = WaitForJob(*client, job->name(), 60);
+  ASSERT_TRUE(done.ok()) << done.status() << "\n" << ranks.server->Log();
+  EXPECT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
+      << ranks.server->Log() << "\nrank 1:\n"
+      << ranks.follower().Log();
+  EXPECT_TRUE(ranks.server->Stop().ok());
+  EXPECT_EQ(ranks.follower().Wait(30), 0) << ranks.follower().Log();
+}
+
 TEST(ServiceDistStartTest, RankThatNeverJoinsFailsTheStartWithinTheTimeout) {
   const std::string state = FreshTestDir("alone");
   ServerProcessOptions options;
