@@ -232,7 +232,13 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
               absl::StrCat(name, " is not a floating-point tensor"));
           continue;
         }
-        (lora_a ? module.a : module.b) = tensor.to(torch::kFloat32).clone();
+        // fp32, except fp64 stays fp64: an fp64 slot's checkpoint resumes
+        // exactly.
+        (lora_a ? module.a : module.b) =
+            tensor
+                .to(tensor.scalar_type() == torch::kFloat64 ? torch::kFloat64
+                                                            : torch::kFloat32)
+                .clone();
       }
       adapter.modules.push_back(std::move(module));
     }

@@ -31,8 +31,8 @@ inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
 struct PeftModuleTensors {
   int layer = 0;
   Projection projection = Projection::kQ;
-  torch::Tensor a;  // [r, in], fp32 on the CPU.
-  torch::Tensor b;  // [out, r], fp32 on the CPU.
+  torch::Tensor a;  // [r, in], fp32 (fp64 if stored so) on the CPU.
+  torch::Tensor b;  // [out, r], as a.
 };
 
 // An adapter read from disk and checked against a base model.

@@ -27,7 +27,8 @@ SlotPool::SlotPool(const ModelConfig& model, const SlotPoolOptions& options)
     : model_(model), options_(options) {
   slots_.resize(std::max(options.capacity, 0));
   for (Entry& entry : slots_) {
-    entry.training = std::make_unique<TrainingSlot>(model_, options_.device);
+    entry.training =
+        std::make_unique<TrainingSlot>(model_, options_.device, options_.dtype);
   }
 }
 

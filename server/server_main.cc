@@ -53,6 +53,7 @@ struct ServerFlags {
   bool insecure_allow_remote = false;
   std::string log_level = "info";
   std::string device = "cpu";
+  std::string dtype = "auto";
   int threads = 0;
   int64_t max_dataset_mb = 256;
   int64_t token_budget = CoBatchOptions{}.token_budget;
@@ -124,6 +125,14 @@ int WaitForStopSignal(Failed failed) {
   }
 }
 
+// --dtype: the base's compute dtype (unset: the checkpoint's).
+std::optional<torch::ScalarType> ComputeDtype(const std::string& flag) {
+  if (flag == "float32") return torch::kFloat32;
+  if (flag == "bfloat16") return torch::kBFloat16;
+  if (flag == "float64") return torch::kFloat64;
+  return std::nullopt;
+}
+
 // --device, with a CUDA device of no index taken as the rank's LOCAL_RANK.
 absl::StatusOr<torch::Device> RankDevice(const std::string& flag,
                                          const DistEnv& env) {
@@ -177,6 +186,7 @@ int FollowRankZero(const ServerFlags& flags, const DistEnv& env,
   }
   ModelLoadOptions load_options;
   load_options.device = *device;
+  load_options.dtype = ComputeDtype(flags.dtype);
   absl::StatusOr<std::unique_ptr<LlamaModel>> model =
       LlamaModel::Load(model_dir, load_options);
   std::error_code error;
@@ -269,6 +279,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   if (!tokenizer.ok()) return fail(tokenizer.status());
   ModelLoadOptions load_options;
   load_options.device = *device;
+  load_options.dtype = ComputeDtype(flags.dtype);
   absl::StatusOr<std::unique_ptr<LlamaModel>> model =
       LlamaModel::Load(model_dir, load_options);
   if (!model.ok()) return fail(model.status());
@@ -487,6 +498,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}))
       ->capture_default_str();
   app.add_option("--device", flags.device, "cpu, cuda or cuda:N")
+      ->capture_default_str();
+  app.add_option("--dtype", flags.dtype,
+                 "Compute dtype of the base model: auto (the checkpoint's; "
+                 "float16 computes in float32), float32, bfloat16, or "
+                 "float64 (LoRA in float64 too: slow, for checking results "
+                 "beyond float32 rounding)")
+      ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float64"}))
       ->capture_default_str();
   app.add_option("--threads", flags.threads,
                  "CPU threads for tensor work (0: one per core)")

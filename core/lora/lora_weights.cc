@@ -21,16 +21,21 @@ torch::Tensor LeafView(const torch::Tensor& flat, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-LoraWeights::LoraWeights(const ModelConfig& model, torch::Device device)
+torch::ScalarType LoraDtypeFor(torch::ScalarType base) {
+  return base == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+LoraWeights::LoraWeights(const ModelConfig& model, torch::Device device,
+                         torch::ScalarType dtype)
     : model_(model),
       device_(device),
+      dtype_(LoraDtypeFor(dtype)),
       module_index_(model.num_hidden_layers * kNumProjections, -1),
       storage_(model.num_hidden_layers * kNumProjections) {}
 
 absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& config) {
   LORAPLEX_RETURN_IF_ERROR(ValidateLoraConfig(config));
-  const auto fp32 =
-      torch::TensorOptions().dtype(torch::kFloat32).device(device_);
+  const auto options = torch::TensorOptions().dtype(dtype_).device(device_);
   const int64_t r = config.rank;
   // Built aside and committed at the end, so a failed allocation leaves
   // the previous binding intact.
@@ -45,8 +50,8 @@ absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& config) {
         const int index = layer * kNumProjections + static_cast<int>(p);
         Storage& block = storage[index];
         if (!block.a.defined() || block.a.numel() < r * in) {
-          block.a = torch::empty({r * in}, fp32);
-          block.b = torch::empty({out * r}, fp32);
+          block.a = torch::empty({r * in}, options);
+          block.b = torch::empty({out * r}, options);
           ++allocated;
         }
         module_index[index] = static_cast<int>(modules.size());
@@ -79,6 +84,8 @@ void LoraWeights::InitPeft(uint64_t seed) {
   torch::Generator generator = MakeCpuGenerator(seed);
   for (LoraModule& m : modules_) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(m.a.size(1)));
+    // Drawn in fp32 whatever the dtype, so an fp64 slot starts from the
+    // same values as an fp32 one.
     torch::Tensor a = torch::empty(m.a.sizes(), torch::kFloat32);
     a.uniform_(-bound, bound, generator);
     m.a.copy_(a);

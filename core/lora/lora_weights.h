@@ -1,5 +1,6 @@
 // One adapter's trainable tensors: for each adapted (layer, projection) an
-// A [rank, in] and a B [out, rank], fp32, leaves that require grad.
+// A [rank, in] and a B [out, rank], leaves that require grad, in fp32 (or
+// fp64 for a float64 base, see LoraDtypeFor).
 //
 // The tensors are views into storage that is kept across Bind() calls, so a
 // slot that is retired and attached again with a rank that fits reuses its
@@ -33,9 +34,16 @@ struct LoraModule {
   torch::Tensor b;  // [out, rank]
 };
 
+// The dtype of LoRA weights and math over a base computing in `base`:
+// fp32, whatever the base (DESIGN.md §2), except fp64 over an fp64 base,
+// which exists to check the engine's identities beyond fp32 rounding.
+torch::ScalarType LoraDtypeFor(torch::ScalarType base);
+
 class LoraWeights {
  public:
-  LoraWeights(const ModelConfig& model, torch::Device device);
+  // `dtype` is float32 or float64.
+  LoraWeights(const ModelConfig& model, torch::Device device,
+              torch::ScalarType dtype = torch::kFloat32);
 
   // Shapes the tensors for `config` (validated here), reusing the storage
   // of each (layer, projection) when it is large enough. Values are
@@ -57,6 +65,7 @@ class LoraWeights {
   double scale() const { return scale_; }
   const ModelConfig& model_config() const { return model_; }
   torch::Device device() const { return device_; }
+  torch::ScalarType dtype() const { return dtype_; }
 
   // Adapted modules, layer-major, projections in Projection order.
   const std::vector<LoraModule>& modules() const { return modules_; }
@@ -73,6 +82,7 @@ class LoraWeights {
 
   ModelConfig model_;
   torch::Device device_;
+  torch::ScalarType dtype_;
   std::optional<LoraConfig> config_;
   double scale_ = 0.0;
   std::vector<LoraModule> modules_;

@@ -43,7 +43,8 @@ torch::Tensor MultiLoraDelta::Dropout(const LoraSegment& segment,
     mask.narrow(0, 0, valid).bernoulli_(1.0 - p, generator);
     masks.push_back(mask);
   }
-  torch::Tensor mask = torch::stack(masks).to(x.device());
+  // Drawn in fp32 whatever x's dtype, so the masks are the same in fp64.
+  torch::Tensor mask = torch::stack(masks).to(x.device(), x.scalar_type());
   return x * mask.mul_(1.0 / (1.0 - p));
 }
 
@@ -69,9 +70,13 @@ void MultiLoraDelta::AddTo(int layer, const torch::Tensor& x,
   }
   if (!any) return;
 
-  // LoRA math is fp32 whatever the base dtype.
-  torch::Tensor x32 = x.to(torch::kFloat32);
-  std::vector<torch::Tensor> x_parts = x32.split_with_sizes(sizes_, 0);
+  // LoRA math is in the adapters' dtype (fp32 whatever the base dtype, or
+  // fp64 over an fp64 base).
+  torch::ScalarType dtype = torch::kFloat32;
+  for (const LoraSegment& segment : segments_) {
+    if (segment.weights != nullptr) dtype = segment.weights->dtype();
+  }
+  std::vector<torch::Tensor> x_parts = x.to(dtype).split_with_sizes(sizes_, 0);
   std::vector<std::vector<torch::Tensor>> y_parts(n);
   for (size_t j = 0; j < n; ++j) {
     if (adapted[j]) y_parts[j] = outputs[j].split_with_sizes(sizes_, 0);

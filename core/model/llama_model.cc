@@ -21,6 +21,11 @@ absl::Status TorchError(const c10::Error& e) {
       absl::StrCat("model forward failed: ", e.what_without_backtrace()));
 }
 
+// Norms, logits and losses are computed in fp32 at least.
+torch::ScalarType AtLeastFloat32(torch::ScalarType dtype) {
+  return dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
@@ -28,9 +33,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
   LORAPLEX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   torch::ScalarType dtype = options.dtype.value_or(
       config.dtype == torch::kFloat16 ? torch::kFloat32 : config.dtype);
-  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16) {
+  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 &&
+      dtype != torch::kFloat64) {
     return absl::InvalidArgumentError(
-        absl::StrCat("compute dtype must be float32 or bfloat16, got ",
+        absl::StrCat("compute dtype must be float32, bfloat16 or float64, got ",
                      c10::toString(dtype)));
   }
   try {
@@ -120,10 +126,10 @@ torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
 
 torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x,
                                   const torch::Tensor& weight) const {
-  torch::Tensor x32 = x.to(torch::kFloat32);
-  torch::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  x32 = x32 * torch::rsqrt(variance + config_.rms_norm_eps);
-  return weight * x32.to(x.scalar_type());
+  torch::Tensor wide = x.to(AtLeastFloat32(x.scalar_type()));
+  torch::Tensor variance = wide.pow(2).mean(-1, /*keepdim=*/true);
+  wide = wide * torch::rsqrt(variance + config_.rms_norm_eps);
+  return weight * wide.to(x.scalar_type());
 }
 
 std::vector<torch::Tensor> LlamaModel::Project(
@@ -210,7 +216,11 @@ absl::StatusOr<torch::Tensor> LlamaModel::ForwardHidden(
 
 torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {
   return torch::nn::functional::linear(hidden, weights_.lm_head)
-      .to(torch::kFloat32);
+      .to(logits_dtype());
+}
+
+torch::ScalarType LlamaModel::logits_dtype() const {
+  return AtLeastFloat32(dtype_);
 }
 
 absl::StatusOr<torch::Tensor> LlamaModel::Forward(

@@ -7,8 +7,10 @@
 //   LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor logits,
 //                             model->Forward(input_ids, lengths));
 //
-// RMSNorm is computed in fp32, attention softmax in fp32; weights stay in the
-// compute dtype (fp32 or bf16) and never require gradients.
+// RMSNorm is computed in fp32, attention softmax in fp32 (fp64 for an fp64
+// model); weights stay in the compute dtype and never require gradients.
+// The compute dtype is fp32 or bf16 for training; fp64 runs the same math
+// beyond fp32 rounding, for checks of the engine's identities.
 #ifndef LORAPLEX_CORE_MODEL_LLAMA_MODEL_H_
 #define LORAPLEX_CORE_MODEL_LLAMA_MODEL_H_
 
@@ -41,8 +43,8 @@ class ProjectionDelta {
 
 struct ModelLoadOptions {
   torch::Device device = torch::kCPU;
-  // Compute dtype (fp32 or bf16). Unset: the checkpoint's dtype, with fp16
-  // checkpoints computed in fp32.
+  // Compute dtype (fp32, bf16 or fp64). Unset: the checkpoint's dtype, with
+  // fp16 checkpoints computed in fp32.
   std::optional<torch::ScalarType> dtype;
 };
 
@@ -61,8 +63,8 @@ class LlamaModel {
 
   // input_ids: int64 [batch, seq], right-padded, every id in [0, vocab).
   // lengths: int64 [batch], each in [1, seq]: the valid prefix of each row.
-  // Returns fp32 logits [batch, seq, vocab]; rows past their length hold
-  // values that must be ignored.
+  // Returns logits [batch, seq, vocab] in logits_dtype(); rows past their
+  // length hold values that must be ignored.
   absl::StatusOr<torch::Tensor> Forward(const torch::Tensor& input_ids,
                                         const torch::Tensor& lengths) const;
 
@@ -77,8 +79,11 @@ class LlamaModel {
       const torch::Tensor& input_ids, const torch::Tensor& lengths,
       const ProjectionDelta* delta = nullptr) const;
 
-  // LM head applied to hidden states; fp32 logits.
+  // LM head applied to hidden states; logits in logits_dtype().
   torch::Tensor Logits(const torch::Tensor& hidden) const;
+  // fp32, or fp64 for an fp64 model: logits and losses are never computed
+  // in bf16.
+  torch::ScalarType logits_dtype() const;
 
  private:
   absl::Status ValidateBatch(const torch::Tensor& input_ids,

@@ -118,7 +118,8 @@ std::string NewtonSchulzOptionsError(const NewtonSchulzOptions& options) {
 
 namespace {
 
-// The iteration on a batch of wide ([k, m, n], m <= n) fp32 matrices.
+// The iteration on a batch of wide ([k, m, n], m <= n) fp32 (or fp64)
+// matrices; the result has the batch's dtype.
 torch::Tensor OrthogonalizeWide(const torch::Tensor& batch,
                                 const NewtonSchulzOptions& options) {
   const torch::Tensor norms =
@@ -142,7 +143,7 @@ torch::Tensor OrthogonalizeWide(const torch::Tensor& batch,
     poly.diagonal(0, 1, 2).add_(k.a);
     matrix = at::bmm(poly, matrix);
   }
-  return matrix.to(torch::kFloat32);
+  return matrix.to(batch.scalar_type());
 }
 
 // How many matrices one CPU batch holds: enough to amortise per-call
@@ -167,7 +168,9 @@ torch::Tensor NewtonSchulz(const torch::Tensor& x,
   at::NoGradGuard no_grad;
 
   torch::Tensor batch = x.dim() == 2 ? x.unsqueeze(0) : x;
-  batch = batch.to(torch::kFloat32);
+  // fp32, or fp64 for fp64 input (the engine's fp64 checks).
+  batch = batch.to(batch.scalar_type() == torch::kFloat64 ? torch::kFloat64
+                                                          : torch::kFloat32);
   // Work on the wide form so X Xᵀ is the smaller Gram matrix.
   const bool transposed = batch.size(1) > batch.size(2);
   if (transposed) batch = batch.transpose(1, 2);

@@ -81,8 +81,8 @@ std::optional<NsPrecision> ParseNsPrecision(absl::string_view name);
 std::string NewtonSchulzOptionsError(const NewtonSchulzOptions& options);
 
 // Orthogonalizes x ([m, n] or [k, m, n], any floating dtype) and returns an
-// fp32 tensor of the same shape. A zero matrix maps to zeros. Throws
-// c10::Error on invalid options or input rank.
+// fp32 tensor of the same shape (fp64 for fp64 x). A zero matrix maps to zeros.
+// Throws c10::Error on invalid options or input rank.
 torch::Tensor NewtonSchulz(const torch::Tensor& x,
                            const NewtonSchulzOptions& options);
 

@@ -81,12 +81,13 @@ struct MicroBatch {
   torch::Tensor lengths;         // [rows]
   torch::Tensor target_index;    // [targets] flat positions that predict
   torch::Tensor target_labels;   // [targets]
-  torch::Tensor target_weights;  // [targets] fp32
+  torch::Tensor target_weights;  // [targets] in the logits' dtype
   std::vector<size_t> target_owner;
 };
 
 MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces, int64_t pad_id,
-                           torch::Device device) {
+                           torch::Device device,
+                           torch::ScalarType weight_dtype) {
   int64_t rows = 0;
   int64_t longest = 0;
   for (const Piece& p : pieces) {
@@ -97,7 +98,7 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces, int64_t pad_id,
   std::vector<int64_t> lengths;
   std::vector<int64_t> index;
   std::vector<int64_t> labels;
-  std::vector<float> weights;
+  std::vector<double> weights;
   MicroBatch batch;
   int64_t r = 0;
   for (const Piece& p : pieces) {
@@ -112,7 +113,7 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces, int64_t pad_id,
         if (seq.loss_mask[t] == 0) continue;
         index.push_back(r * longest + t - 1);
         labels.push_back(seq.input_ids[t]);
-        weights.push_back(static_cast<float>(row.weight));
+        weights.push_back(row.weight);
         batch.target_owner.push_back(row.owner);
       }
       ++r;
@@ -128,7 +129,8 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces, int64_t pad_id,
   batch.lengths = to_device(lengths, torch::kInt64, {rows});
   batch.target_index = to_device(index, torch::kInt64, {targets});
   batch.target_labels = to_device(labels, torch::kInt64, {targets});
-  batch.target_weights = to_device(weights, torch::kFloat32, {targets});
+  batch.target_weights =
+      to_device(weights, torch::kFloat64, {targets}).to(weight_dtype);
   return batch;
 }
 
@@ -162,8 +164,8 @@ absl::Status RunMicroBatch(const LlamaModel& model,
                            const std::vector<uint64_t>& dropout_seeds,
                            bool backward, const CoBatchOptions& options,
                            std::vector<double>& losses) {
-  const MicroBatch batch =
-      BuildMicroBatch(pieces, /*pad_id=*/0, model.device());
+  const MicroBatch batch = BuildMicroBatch(pieces, /*pad_id=*/0, model.device(),
+                                           model.logits_dtype());
   const MultiLoraDelta delta(
       Segments(pieces, owners, dropout_seeds, /*training=*/backward));
   LORAPLEX_ASSIGN_OR_RETURN(

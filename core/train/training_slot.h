@@ -25,8 +25,9 @@ struct SlotCounters {
 };
 
 struct TrainingSlot {
-  TrainingSlot(const ModelConfig& model, torch::Device device)
-      : weights(model, device) {}
+  TrainingSlot(const ModelConfig& model, torch::Device device,
+               torch::ScalarType dtype = torch::kFloat32)
+      : weights(model, device, dtype) {}
 
   LoraWeights weights;
   // Unset for an adapter that is only evaluated.

@@ -38,6 +38,7 @@ std::string ModelFingerprint(const LlamaModel& model) {
   torch::NoGradGuard no_grad;
   Sha256 digest;
   digest.Update(ModelConfigToJson(model.config()));
+  digest.Update(c10::toString(model.dtype()));  // The compute dtype.
   const ModelWeights& weights = model.weights();
   AddSample(weights.embed_tokens, digest);
   for (const LayerWeights& layer : weights.layers) {

@@ -56,7 +56,9 @@ struct Trainer::SlotJob {
 
 namespace {
 
-SlotPoolOptions PoolOptions(SlotPoolOptions pool, ParamClaims* claims) {
+SlotPoolOptions PoolOptions(SlotPoolOptions pool, const LlamaModel& model,
+                            ParamClaims* claims) {
+  pool.dtype = LoraDtypeFor(model.dtype());
   if (claims != nullptr) pool.claims = claims;
   return pool;
 }
@@ -74,7 +76,8 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
       data_parallel_(options.dist != nullptr && options.dist->world_size() > 1
                          ? std::make_unique<DataParallelSlots>(options.dist)
                          : nullptr),
-      pool_(model_->config(), PoolOptions(options.pool, data_parallel_.get())),
+      pool_(model_->config(),
+            PoolOptions(options.pool, *model_, data_parallel_.get())),
       jobs_(pool_.capacity()),
       slots_(pool_.capacity()) {
   if (data_parallel_) {
