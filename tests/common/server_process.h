@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/local_server.h"
+#include "tests/common/test_threads.h"
 
 namespace loraplex {
 
@@ -72,6 +73,7 @@ class ServerProcess {
     }
     local.extra_args.insert(local.extra_args.end(), options.extra_args.begin(),
                             options.extra_args.end());
+    local.extra_args = WithTestThreads(local.extra_args);
     absl::StatusOr<std::unique_ptr<LocalServer>> server =
         LocalServer::Start(local);
     if (!server.ok()) return server.status();

@@ -37,6 +37,18 @@ inline const LlamaModel& TinyModel() {
   return *model;
 }
 
+// The same checkpoint computed in fp64 (LoRA slots over it train in fp64,
+// SlotPoolOptions::dtype): the equivalence tests check their identities
+// there, far below fp32 rounding, so their bounds hold on every CPU.
+inline const LlamaModel& TinyModel64() {
+  static const std::unique_ptr<LlamaModel> model = [] {
+    auto loaded = LlamaModel::Load(TinyModelDir(), {.dtype = torch::kFloat64});
+    if (!loaded.ok()) ADD_FAILURE() << loaded.status();
+    return std::move(loaded).value();
+  }();
+  return *model;
+}
+
 // Path of a committed fixture under tests/fixtures/.
 inline std::string FixturePath(const std::string& relative) {
   return std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/" + relative;

@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
+
+#include "absl/strings/match.h"
+
 namespace loraplex {
 namespace {
 
@@ -21,6 +25,19 @@ TEST(BlasInfoTest, LibTorchRunsOnOpenBlas) {
   EXPECT_TRUE(openblas) << "loaded BLAS libraries: "
                         << ::testing::PrintToString(blas.libraries);
   EXPECT_FALSE(blas.openblas_core.empty());
+}
+
+// .ci/run reruns the numerics tests under other OPENBLAS_CORETYPE values:
+// this checks those runs really use the kernels they name.
+TEST(BlasInfoTest, KernelsAreTheOnesOpenBlasCoretypeNames) {
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  if (coretype == nullptr || *coretype == '\0') {
+    GTEST_SKIP() << "OPENBLAS_CORETYPE is not set";
+  }
+  torch::mm(torch::ones({64, 64}), torch::ones({64, 64}));
+  EXPECT_TRUE(absl::EqualsIgnoreCase(InspectBlas().openblas_core, coretype))
+      << "OPENBLAS_CORETYPE=" << coretype << " but OpenBLAS runs "
+      << InspectBlas().openblas_core << " kernels";
 }
 
 TEST(BlasInfoTest, WarnsAboutReferenceBlas) {

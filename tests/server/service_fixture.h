@@ -196,32 +196,36 @@ inline std::string CopyOfState(const std::string& from,
   return dir;
 }
 
-// Each tensor within `bound` of the expected one in relative L2 norm.
-inline void ExpectRelativeL2Within(const std::vector<torch::Tensor>& actual,
-                                   const std::vector<torch::Tensor>& expected,
-                                   double bound, const std::string& what) {
+// Adapters trained in fp64 (--dtype=float64) by two runs that group the
+// same math differently: equal within kFp64IdentityBound, element by
+// element relative to each tensor's largest value.
+inline void ExpectFp64Identity(const std::vector<torch::Tensor>& actual,
+                               const std::vector<torch::Tensor>& expected,
+                               const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
   ASSERT_FALSE(expected.empty()) << what;
   for (size_t i = 0; i < expected.size(); ++i) {
-    const double norm = expected[i].norm().item<double>();
-    const double error = (actual[i] - expected[i]).norm().item<double>();
-    EXPECT_LE(error, bound * norm) << what << " tensor " << i;
+    ASSERT_EQ(actual[i].scalar_type(), torch::kFloat64) << what;
+    ASSERT_EQ(expected[i].scalar_type(), torch::kFloat64) << what;
+    EXPECT_LE(MaxRelativeDiff(actual[i], expected[i]), kFp64IdentityBound)
+        << what << " tensor " << i;
   }
 }
 
 // Trains the job `job` describes (its effective configs) alone in a fresh
-// slot pool of the engine, on the same data, and returns its weights.
+// slot pool of the engine in fp64, on the same data, and returns its
+// weights: the reference for a server run with --dtype=float64.
 inline std::vector<torch::Tensor> TrainDirectly(const std::string& model_dir,
                                                 const std::string& jsonl,
                                                 const v1::Job& job) {
-  auto model = LlamaModel::Load(model_dir, {});
+  auto model = LlamaModel::Load(model_dir, {.dtype = torch::kFloat64});
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return {};
   auto spec = JobSpecFromProto(job.lora(), job.optimizer(), job.schedule(),
                                job.training());
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (!spec.ok()) return {};
-  SlotPool pool((*model)->config(), {.capacity = 1});
+  SlotPool pool((*model)->config(), {.capacity = 1, .dtype = torch::kFloat64});
   SlotAttachRequest request;
   request.job_id = job.name();
   request.lora = spec->lora;

@@ -33,6 +33,7 @@
 #include "core/train/co_batch_step.h"
 #include "tests/common/free_port.h"
 #include "tests/common/optim_fixture.h"
+#include "tests/common/test_threads.h"
 #include "tests/common/train_fixture.h"
 
 namespace loraplex {
@@ -252,7 +253,9 @@ absl::StatusOr<Weights> TrainScenario(const LlamaModel& model,
                                       std::string* report,
                                       int64_t* param_bytes_stepped,
                                       StepLog* log) {
-  SlotPool pool(model.config(), {.capacity = 4, .claims = dp});
+  SlotPool pool(
+      model.config(),
+      {.capacity = 4, .dtype = LoraDtypeFor(model.dtype()), .claims = dp});
   StepSync sync;
   CoBatchOptions options;
   options.token_budget = 64;  // Several micro-batches per step.
@@ -330,15 +333,22 @@ absl::StatusOr<Weights> TrainScenario(const LlamaModel& model,
   return weights;
 }
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LoadTinyModel() {
+// The tiny model computed in `dtype`: the identities are checked in fp64,
+// where rows regrouped over the ranks change results by ~1e-13.
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadTinyModel(
+    torch::ScalarType dtype = torch::kFloat32) {
   const std::string dir =
       absl::StrCat(::testing::TempDir(), "/loraplex-dp-", getpid(), "/tiny");
   LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
-  return LlamaModel::Load(dir, {});
+  return LlamaModel::Load(dir, {.dtype = dtype});
 }
 
-absl::Status DataParallelTrainScenario(DistContext& dist) {
-  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadTinyModel());
+// `bound`: of every loss, gradient norm and weight tensor relative to the
+// one-process run (train_fixture.h).
+absl::Status DataParallelTrainScenario(DistContext& dist,
+                                       torch::ScalarType dtype, double bound) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                            LoadTinyModel(dtype));
   std::string owners;
   DataParallelSlots dp(&dist, /*bucket_bytes=*/16 << 10);
   dist.ResetCounters();
@@ -373,32 +383,24 @@ absl::Status DataParallelTrainScenario(DistContext& dist) {
       const auto [dp_loss, dp_norm] = parallel_log.at(step).at(i);
       clipped = clipped || norm > 1.0;
       LORAPLEX_RETURN_IF_ERROR(Expect(
-          std::abs(dp_loss - loss) <= 1e-5 * std::abs(loss) &&
-              std::abs(dp_norm - norm) <= 1e-5 * norm,
+          std::abs(dp_loss - loss) <= bound * std::abs(loss) &&
+              std::abs(dp_norm - norm) <= bound * norm,
           absl::StrCat("step ", step, " slot ", i, ": loss ", dp_loss, " vs ",
                        loss, ", grad norm ", dp_norm, " vs ", norm)));
     }
   }
   LORAPLEX_RETURN_IF_ERROR(Expect(clipped, "some step clips"));
-  // Rows regroup across ranks and partial gradients are summed, so float
-  // rounding differs: each tensor within 1e-5 in relative L2 norm (and
-  // every element within 5e-5 of the tensor's largest value; Adam's
-  // normalised first steps magnify rounding in tiny gradient entries).
+  // Rows regroup across ranks and partial gradients are summed, so the
+  // runs differ by rounding alone: every element within `bound` of its
+  // tensor's largest value.
   for (const auto& [job, tensors] : alone) {
     const std::vector<torch::Tensor>& got = parallel.at(job);
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const double error = (got[i] - tensors[i]).norm().item<double>() /
-                           tensors[i].norm().item<double>();
-      LORAPLEX_RETURN_IF_ERROR(
-          Expect(error <= 1e-5, absl::StrCat(job, " tensor ", i,
-                                             " differs from the "
-                                             "1-rank run by ",
-                                             error, " (L2)")));
-    }
     const double diff = MaxRelativeDiff(got, tensors);
     LORAPLEX_RETURN_IF_ERROR(Expect(
-        diff <= 5e-5, absl::StrCat(job, " differs from the 1-rank run by ",
-                                   diff, " (max element)")));
+        diff <= bound, absl::StrCat(job, " differs from the 1-rank run by ",
+                                    diff, " (max element)")));
+    std::fprintf(stderr, "[rank %d] %s: %g of the largest element\n",
+                 dist.rank(), job.c_str(), diff);
   }
   // Every rank computed the same owners.
   std::string root_owners = owners;
@@ -446,7 +448,8 @@ absl::Status CopyTrainingState(const TrainingSlot& from, TrainingSlot& to) {
 // one saved by 1 process continues on W ranks, as the run that was never
 // interrupted would (the checkpoint format is the one-process one).
 absl::Status PortableStateScenario(DistContext& dist) {
-  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadTinyModel());
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                            LoadTinyModel(torch::kFloat64));
   auto data = Sequences(ReversalJsonl(12, 5), 16);
   const std::vector<Projection> all = {
       Projection::kQ,    Projection::kK,  Projection::kV,   Projection::kO,
@@ -455,8 +458,9 @@ absl::Status PortableStateScenario(DistContext& dist) {
       TrainRequest("adamw", OptimizerFamily::kAdamW, 8, all, data, 1),
       TrainRequest("muon", OptimizerFamily::kMuon, 16, all, data, 2)};
   DataParallelSlots dp(&dist, /*bucket_bytes=*/16 << 10);
-  SlotPool parallel(model->config(), {.capacity = 2, .claims = &dp});
-  SlotPool alone(model->config(), {.capacity = 2});
+  SlotPool parallel(model->config(),
+                    {.capacity = 2, .dtype = torch::kFloat64, .claims = &dp});
+  SlotPool alone(model->config(), {.capacity = 2, .dtype = torch::kFloat64});
   StepSync sync = dp.Sync(parallel);
   CoBatchOptions dp_options;
   dp_options.sync = &sync;
@@ -474,15 +478,12 @@ absl::Status PortableStateScenario(DistContext& dist) {
   };
   auto compare = [&](const std::string& what) -> absl::Status {
     for (int slot : {0, 1}) {
-      const auto a = parallel.slot(slot).weights.parameters();
-      const auto b = alone.slot(slot).weights.parameters();
-      for (size_t i = 0; i < a.size(); ++i) {
-        const double error =
-            (a[i] - b[i]).norm().item<double>() / b[i].norm().item<double>();
-        LORAPLEX_RETURN_IF_ERROR(Expect(
-            error <= 1e-5, absl::StrCat(what, ": slot ", slot, " tensor ", i,
-                                        " differs by ", error, " (L2)")));
-      }
+      const double diff = MaxRelativeDiff(Snapshot(parallel.slot(slot).weights),
+                                          Snapshot(alone.slot(slot).weights));
+      LORAPLEX_RETURN_IF_ERROR(
+          Expect(diff <= kFp64IdentityBound,
+                 absl::StrCat(what, ": slot ", slot, " differs by ", diff,
+                              " of the largest element")));
     }
     return absl::OkStatus();
   };
@@ -595,7 +596,11 @@ absl::Status RunWorker(const std::string& scenario) {
   } else if (scenario == "plan") {
     LORAPLEX_RETURN_IF_ERROR(PlanScenario(dist));
   } else if (scenario == "train") {
-    LORAPLEX_RETURN_IF_ERROR(DataParallelTrainScenario(dist));
+    LORAPLEX_RETURN_IF_ERROR(
+        DataParallelTrainScenario(dist, torch::kFloat64, kFp64IdentityBound));
+  } else if (scenario == "train_fp32") {
+    LORAPLEX_RETURN_IF_ERROR(
+        DataParallelTrainScenario(dist, torch::kFloat32, kFp32SmokeBound));
   } else if (scenario == "failure") {
     LORAPLEX_RETURN_IF_ERROR(FailureScenario(dist));
   } else if (scenario == "portable") {
@@ -614,7 +619,7 @@ absl::Status RunWorker(const std::string& scenario) {
 [[maybe_unused]] const bool kRanAsWorker = [] {
   const char* scenario = std::getenv(kScenarioVar);
   if (scenario == nullptr) return false;
-  torch::set_num_threads(1);
+  torch::set_num_threads(TestThreadsOverride().value_or(1));
   absl::Status status = RunWorker(scenario);
   if (!status.ok()) {
     std::fprintf(stderr, "[rank %s] %s: %s\n", std::getenv("RANK"), scenario,
@@ -640,7 +645,7 @@ struct LaunchResult {
 };
 
 LaunchResult RunRanks(const Launch& launch) {
-  constexpr auto kKillAfter = std::chrono::seconds(60);
+  constexpr auto kKillAfter = std::chrono::seconds(180);
   const int port = FreePort();
   EXPECT_GT(port, 0);
   std::vector<int> ranks = launch.ranks;
@@ -727,10 +732,10 @@ LaunchResult RunRanks(const Launch& launch) {
 
 void ExpectEveryRankPasses(const Launch& launch) {
   LaunchResult result = RunRanks(launch);
+  // A rank that hangs is killed after kKillAfter (exit code -1).
   EXPECT_THAT(result.exit_codes, testing::Each(0))
       << launch.scenario << " with " << launch.world_size
       << " ranks (exit codes per rank; -1: killed, see stderr)";
-  EXPECT_LT(result.seconds, 30) << "took " << result.seconds << " s";
 }
 
 TEST(MultiProcessTest, AllReduceMeanTwoRanks) {
@@ -752,15 +757,19 @@ TEST(MultiProcessTest, BroadcastPlanThreeRanks) {
   ExpectEveryRankPasses({"plan", 3, {}, 20});
 }
 
-// 2 and 3 ranks train the same adapters as 1 rank (fp32, <= 1e-5
-// relative), for AdamW, Muon and Adam slots of several ranks, with a slot
-// attached, one retired and its slot reused in the middle of the run. Each
-// rank checks itself against the same run alone in its own process.
+// 2 and 3 ranks train the same adapters as 1 rank (fp64, within
+// kFp64IdentityBound), for AdamW, Muon and Adam slots of several ranks,
+// with a slot attached, one retired and its slot reused in the middle of
+// the run. Each rank checks itself against the same run alone in its own
+// process. In fp32 the same holds within the smoke bound.
 TEST(MultiProcessTest, DataParallelTrainingEqualsOneRankTwoRanks) {
   ExpectEveryRankPasses({"train", 2, {}, 30});
 }
 TEST(MultiProcessTest, DataParallelTrainingEqualsOneRankThreeRanks) {
   ExpectEveryRankPasses({"train", 3, {}, 30});
+}
+TEST(MultiProcessTest, DataParallelTrainingInFp32StaysNearOneRank) {
+  ExpectEveryRankPasses({"train_fp32", 2, {}, 30});
 }
 
 // Optimizer state saved by 2 or 3 ranks resumes in 1 process and vice
@@ -780,14 +789,16 @@ TEST(MultiProcessTest, MissingRankFailsWithinTheTimeout) {
   // Rank 2 of 3 never starts; ranks 0 and 1 give up after 3 s.
   LaunchResult result = RunRanks({"missing_rank", 3, {0, 1}, 3});
   EXPECT_THAT(result.exit_codes, testing::Each(0));
-  EXPECT_LT(result.seconds, 3 + 10) << "took " << result.seconds << " s";
+  // Well before the default timeout (300 s), with room for a loaded machine.
+  EXPECT_LT(result.seconds, 3 + 40) << "took " << result.seconds << " s";
 }
 
 TEST(MultiProcessTest, MissingStoreHostFailsWithinTheTimeout) {
   // Rank 0, which hosts the store, never starts; rank 1 gives up after 3 s.
   LaunchResult result = RunRanks({"missing_host", 2, {1}, 3});
   EXPECT_THAT(result.exit_codes, testing::Each(0));
-  EXPECT_LT(result.seconds, 3 + 10) << "took " << result.seconds << " s";
+  // Well before the default timeout (300 s), with room for a loaded machine.
+  EXPECT_LT(result.seconds, 3 + 40) << "took " << result.seconds << " s";
 }
 
 }  // namespace
