@@ -83,6 +83,12 @@ TEST_P(GoldenFp32Test, LogitsMatchTransformers) {
   ASSERT_EQ(logits.sizes(), golden.logits.at("logits").sizes());
   EXPECT_LE(MaxValidDiff(logits, golden.logits.at("logits"), golden.lengths),
             1e-4);
+  // The fp64 engine (the equivalence tests' mode) computes the same model.
+  torch::Tensor logits64 = RunModel(dir, golden, torch::kFloat64);
+  ASSERT_TRUE(logits64.defined());
+  EXPECT_EQ(logits64.scalar_type(), torch::kFloat64);
+  EXPECT_LE(MaxValidDiff(logits64, golden.logits.at("logits"), golden.lengths),
+            1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, GoldenFp32Test,

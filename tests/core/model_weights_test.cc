@@ -146,10 +146,31 @@ TEST_F(ModelWeightsTest, Bf16ComputeConvertsEveryWeight) {
 
 TEST_F(ModelWeightsTest, RejectsUnsupportedComputeDtype) {
   ModelLoadOptions options;
-  options.dtype = torch::kFloat64;
+  options.dtype = torch::kFloat16;
   auto model = LlamaModel::Load(dir_, options);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(model.status().message()),
-              HasSubstr("compute dtype must be float32 or bfloat16"));
+              HasSubstr("compute dtype must be float32, bfloat16 or float64"));
+}
+
+TEST_F(ModelWeightsTest, Float64ComputeGivesFloat64WeightsAndLogits) {
+  auto model = LlamaModel::Load(dir_, {.dtype = torch::kFloat64});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->dtype(), torch::kFloat64);
+  EXPECT_EQ((*model)->weights().embed_tokens.scalar_type(), torch::kFloat64);
+  auto logits = (*model)->Forward(torch::tensor({{1, 2, 3}}, torch::kInt64),
+                                  torch::tensor({3}, torch::kInt64));
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(logits->scalar_type(), torch::kFloat64);
+  // The same checkpoint in fp32 gives the same logits up to fp32 rounding.
+  auto fp32 = LlamaModel::Load(dir_, {});
+  ASSERT_TRUE(fp32.ok());
+  auto logits32 = (*fp32)->Forward(torch::tensor({{1, 2, 3}}, torch::kInt64),
+                                   torch::tensor({3}, torch::kInt64));
+  ASSERT_TRUE(logits32.ok());
+  EXPECT_EQ(logits32->scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(
+      torch::allclose(*logits, logits32->to(torch::kFloat64), 1e-4, 1e-5));
 }
 
 }  // namespace
