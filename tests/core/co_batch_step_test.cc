@@ -79,58 +79,66 @@ TEST_P(CoBatchIsolationTest, SlotsTrainedTogetherEqualSlotsTrainedAlone) {
   const LlamaModel& model = c.model();
   const int kSteps = 6;
   const std::vector<SlotAttachRequest> requests = MixedRequests();
-  // Together, with a neighbour whose loss is always NaN, and a token budget
-  // that cuts the co-batch into several micro-batches. Alone, each slot's
-  // rows fall into other micro-batches and other GEMMs, so the results
-  // differ by rounding only: ~1e-13 in fp64, where the identity is
-  // checked; ~1e-5 in fp32 (more on some CPUs' BLAS kernels), a smoke test.
-  SlotPool together(model.config(), {.capacity = 8, .dtype = c.dtype});
-  for (const SlotAttachRequest& request : requests) {
-    ASSERT_TRUE(together.Attach(request).ok());
-  }
-  auto poisoned =
-      together.Attach(TrainRequest("nan", OptimizerFamily::kAdamW, 16, kAll,
-                                   Sequences(ReversalJsonl(5, 4), 16), 104));
-  ASSERT_TRUE(poisoned.ok());
-  PoisonWeights(together.slot(*poisoned));
+  // Alone: each slot's batch cut into several micro-batches and loss chunks.
   CoBatchOptions small_budget;
   small_budget.token_budget = 40;
   small_budget.loss_chunk_tokens = 7;
-  for (int step = 0; step < kSteps; ++step) {
-    auto metrics =
-        TrainCoBatchStep(model, together.ActiveSlots(), small_budget);
-    ASSERT_TRUE(metrics.ok()) << metrics.status();
-    ASSERT_EQ(metrics->size(), 4u);
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_FALSE((*metrics)[i].skipped) << requests[i].job_id;
-      EXPECT_TRUE(std::isfinite((*metrics)[i].loss));
-    }
-    EXPECT_TRUE((*metrics)[3].skipped);
-    EXPECT_EQ((*metrics)[3].skip_reason, "loss is not finite");
-  }
-  EXPECT_EQ(together.slot(*poisoned).counters.skipped_steps, kSteps);
-  EXPECT_EQ(together.slot(*poisoned).scheduler->completed_steps(), 0);
-
-  for (size_t i = 0; i < requests.size(); ++i) {
+  std::vector<std::vector<torch::Tensor>> alone_weights;
+  for (const SlotAttachRequest& request : requests) {
     SlotPool alone(model.config(), {.capacity = 1, .dtype = c.dtype});
-    ASSERT_TRUE(alone.Attach(requests[i]).ok());
-    // Alone under the default budget: every row of the slot in one
-    // micro-batch, one loss chunk.
-    Train(alone, kSteps, {}, model);
-    const TrainingSlot& a = alone.slot(0);
-    const TrainingSlot& t = together.slot(static_cast<int>(i));
-    EXPECT_EQ(t.weights.dtype(), c.dtype);
-    EXPECT_EQ(t.counters.steps, kSteps);
-    EXPECT_EQ(t.counters.skipped_steps, 0);
-    EXPECT_EQ(t.scheduler->completed_steps(), kSteps);
-    EXPECT_EQ(t.counters.target_tokens, a.counters.target_tokens);
-    const double diff =
-        MaxRelativeDiff(Snapshot(t.weights), Snapshot(a.weights));
-    EXPECT_LE(diff, c.bound) << requests[i].job_id;
-    RecordProperty(requests[i].job_id + "_max_relative_diff",
-                   absl::StrCat(diff));
-    // And training moved the weights (B starts at zero).
-    EXPECT_GT(a.weights.modules()[0].b.abs().max().item<double>(), 0.0);
+    ASSERT_TRUE(alone.Attach(request).ok());
+    Train(alone, kSteps, small_budget, model);
+    alone_weights.push_back(Snapshot(alone.slot(0).weights));
+    // Training moved the weights (B starts at zero).
+    EXPECT_GT(alone.slot(0).weights.modules()[0].b.abs().max().item<double>(),
+              0.0);
+  }
+  // Together, with a neighbour whose loss is always NaN: under the same
+  // budget (micro-batches hold pieces of one or two slots), and with no
+  // budget (one micro-batch holds every slot's rows, one loss chunk). The
+  // slots' rows then share other GEMMs, so the results differ from alone by
+  // rounding only: ~1e-14 in fp64, where the identity is checked; ~1e-5 in
+  // fp32 (more on some CPUs' BLAS kernels), a smoke test.
+  CoBatchOptions no_budget;
+  no_budget.token_budget = 0;
+  for (const CoBatchOptions* options : {&small_budget, &no_budget}) {
+    SCOPED_TRACE(
+        absl::StrCat("together, token budget ", options->token_budget));
+    SlotPool together(model.config(), {.capacity = 8, .dtype = c.dtype});
+    for (const SlotAttachRequest& request : requests) {
+      ASSERT_TRUE(together.Attach(request).ok());
+    }
+    auto poisoned =
+        together.Attach(TrainRequest("nan", OptimizerFamily::kAdamW, 16, kAll,
+                                     Sequences(ReversalJsonl(5, 4), 16), 104));
+    ASSERT_TRUE(poisoned.ok());
+    PoisonWeights(together.slot(*poisoned));
+    for (int step = 0; step < kSteps; ++step) {
+      auto metrics = TrainCoBatchStep(model, together.ActiveSlots(), *options);
+      ASSERT_TRUE(metrics.ok()) << metrics.status();
+      ASSERT_EQ(metrics->size(), 4u);
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_FALSE((*metrics)[i].skipped) << requests[i].job_id;
+        EXPECT_TRUE(std::isfinite((*metrics)[i].loss));
+      }
+      EXPECT_TRUE((*metrics)[3].skipped);
+      EXPECT_EQ((*metrics)[3].skip_reason, "loss is not finite");
+    }
+    EXPECT_EQ(together.slot(*poisoned).counters.skipped_steps, kSteps);
+    EXPECT_EQ(together.slot(*poisoned).scheduler->completed_steps(), 0);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const TrainingSlot& t = together.slot(static_cast<int>(i));
+      EXPECT_EQ(t.weights.dtype(), c.dtype);
+      EXPECT_EQ(t.counters.steps, kSteps);
+      EXPECT_EQ(t.counters.skipped_steps, 0);
+      EXPECT_EQ(t.scheduler->completed_steps(), kSteps);
+      const double diff =
+          MaxRelativeDiff(Snapshot(t.weights), alone_weights[i]);
+      EXPECT_LE(diff, c.bound) << requests[i].job_id;
+      RecordProperty(absl::StrCat(requests[i].job_id, "_budget_",
+                                  options->token_budget, "_max_relative_diff"),
+                     absl::StrCat(diff));
+    }
   }
 }
 
