@@ -48,11 +48,15 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
   // mistake even where it is unused.
   const std::string error = MuonOptionsError(MuonOptionsFromConfig(config));
   if (!error.empty()) return invalid(error);
+  if (config.lr == 0.0) {
+    return invalid("lr must be > 0 (0 would train nothing), got 0");
+  }
+  // Named as the API and the JSON form spell them.
   if (!InUnitInterval(config.beta1)) {
-    return invalid("beta1 must be in [0, 1), got ", config.beta1);
+    return invalid("betas[0] must be in [0, 1), got ", config.beta1);
   }
   if (!InUnitInterval(config.beta2)) {
-    return invalid("beta2 must be in [0, 1), got ", config.beta2);
+    return invalid("betas[1] must be in [0, 1), got ", config.beta2);
   }
   if (!IsFinitePositive(config.eps)) {
     return invalid("eps must be a finite number > 0, got ", config.eps);

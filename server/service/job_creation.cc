@@ -43,9 +43,16 @@ absl::StatusOr<PendingJob> ValidateCreateJob(
       CheckDisplayName(request.display_name(), "display_name"));
   if (!request.base_model().empty() &&
       request.base_model() != context.base_model_name) {
+    // Echoed at most kEchoed bytes: a huge value must not make the error
+    // itself too large to deliver.
+    constexpr size_t kEchoed = 200;
+    const std::string& given = request.base_model();
     return absl::InvalidArgumentError(absl::StrCat(
         "base_model: this server trains adapters for \"",
-        context.base_model_name, "\", got \"", request.base_model(), "\""));
+        context.base_model_name, "\", got \"", given.substr(0, kEchoed),
+        given.size() > kEchoed
+            ? absl::StrCat("...\" (", given.size(), " bytes)")
+            : std::string("\"")));
   }
   const bool has_adapter =
       initial_adapter != nullptr || !request.initial_adapter().empty();
@@ -98,6 +105,15 @@ absl::StatusOr<PendingJob> ValidateCreateJob(
     return absl::InvalidArgumentError(absl::StrCat(
         "lora.rank must be at most ", context.limits.max_rank,
         " on this server (--max-rank), got ", pending.spec.lora.rank));
+  }
+  // Every sequence is cut or packed to seq_len: bounding it here keeps a
+  // job's data from ever failing the co-batched step of other jobs.
+  if (pending.spec.training.seq_len > context.model.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.seq_len must be at most the base model's "
+                     "max_position_embeddings (",
+                     context.model.max_position_embeddings, "), got ",
+                     pending.spec.training.seq_len));
   }
   record.id = NewResourceId("job");
   record.tenant = tenant;

@@ -468,7 +468,7 @@ TEST(SlotOptimizerTest, InvalidConfigsNameTheField) {
             "empty");
   c = MuonConfig();
   c.beta2 = 1.5;
-  EXPECT_EQ(message(c), "optimizer.beta2 must be in [0, 1), got 1.5");
+  EXPECT_EQ(message(c), "optimizer.betas[1] must be in [0, 1), got 1.5");
   c = MuonConfig();
   c.eps = 0;
   EXPECT_EQ(message(c), "optimizer.eps must be a finite number > 0, got 0");

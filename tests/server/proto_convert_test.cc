@@ -251,6 +251,13 @@ TEST(JobSpecFromProtoTest, BadValuesNameTheField) {
        "optimizer.lr must be a finite number >= 0, got -1"},
       {[](ConfigProtos& p) { p.optimizer.add_betas(0.9); },
        "optimizer.betas must be a list of 2 numbers"},
+      {[](ConfigProtos& p) { p.optimizer.set_lr(0); },
+       "optimizer.lr must be > 0 (0 would train nothing), got 0"},
+      {[](ConfigProtos& p) {
+         p.optimizer.add_betas(1.0);
+         p.optimizer.add_betas(0.999);
+       },
+       "optimizer.betas[0] must be in [0, 1), got 1"},
       {[](ConfigProtos& p) {
          p.optimizer.set_coefficient_set(v1::NS_COEFFICIENT_SET_CUSTOM);
        },
@@ -452,7 +459,7 @@ TEST(ResourceNameTest, CheckpointNamesFormatAndParse) {
   EXPECT_EQ(ParseCheckpointName("jobs/j/checkpoints/0", "c")->step, 0);
   EXPECT_EQ(Error(ParseCheckpointName("", "initial_checkpoint").status()),
             "initial_checkpoint is required");
-  for (const std::string& bad :
+  for (const char* bad :
        {"jobs/job-a1", "jobs/job-a1/checkpoints/", "jobs/job-a1/checkpoints/-1",
         "jobs/job-a1/checkpoints/1x", "jobs/job-a1/steps/1",
         "jobs//checkpoints/1", "jobs/A/checkpoints/1", "job-a1/checkpoints/1",

@@ -79,8 +79,15 @@ TEST_F(ServiceErrorsTest, EachInvalidCreateJobFieldIsNamed) {
       kInvalid, "lora.target_modules");
   ExpectError(Create([](R& r) { r.mutable_optimizer()->set_lr(-1); }), kInvalid,
               "optimizer.lr");
+  ExpectError(Create([](R& r) { r.mutable_optimizer()->set_lr(0); }), kInvalid,
+              "optimizer.lr must be > 0 (0 would train nothing), got 0");
   ExpectError(Create([](R& r) { r.mutable_optimizer()->add_betas(0.9); }),
               kInvalid, "optimizer.betas");
+  ExpectError(Create([](R& r) {
+                r.mutable_optimizer()->add_betas(0.9);
+                r.mutable_optimizer()->add_betas(1.5);
+              }),
+              kInvalid, "optimizer.betas[1] must be in [0, 1), got 1.5");
   ExpectError(Create([](R& r) { r.mutable_optimizer()->set_momentum(1.0); }),
               kInvalid, "optimizer.momentum");
   ExpectError(Create([](R& r) { r.mutable_optimizer()->set_ns_steps(0); }),
@@ -119,6 +126,15 @@ TEST_F(ServiceErrorsTest, EachInvalidCreateJobFieldIsNamed) {
       absl::StatusCode::kNotFound, "training_dataset");
   ExpectError(Create([](R& r) { r.set_base_model("llama-70b"); }), kInvalid,
               "base_model");
+  // A huge value is not echoed whole: the error still fits in a reply.
+  const absl::Status huge =
+      Create([](R& r) { r.set_base_model(std::string(20000, 'm')); });
+  ExpectError(huge, kInvalid, "...\" (20000 bytes)");
+  EXPECT_LT(huge.message().size(), 400u);
+  ExpectError(Create([](R& r) { r.mutable_training()->set_seq_len(4096); }),
+              kInvalid,
+              "training.seq_len must be at most the base model's "
+              "max_position_embeddings (2048), got 4096");
   ExpectError(Create([](R& r) { r.set_display_name(std::string(300, 'x')); }),
               kInvalid, "display_name must be at most 256 bytes");
   ExpectError(
@@ -145,6 +161,33 @@ TEST_F(ServiceErrorsTest, EachInvalidCreateJobFieldIsNamed) {
   auto jobs = alice_->ListAllJobs();
   ASSERT_TRUE(jobs.ok());
   EXPECT_TRUE(jobs->empty());
+}
+
+// One tenant's data can never fail another tenant's running job: a job
+// whose sequences could exceed the model's positions is refused when it is
+// created, and nothing of it reaches the co-batched step.
+TEST_F(ServiceErrorsTest, SequencesPastTheModelsPositionsAreRefusedAtCreate) {
+  v1::CreateJobRequest request =
+      JobRequest(dataset_, v1::OPTIMIZER_FAMILY_ADAMW, 4, 20, 1);
+  auto alice_job = alice_->CreateJob(request);
+  ASSERT_TRUE(alice_job.ok()) << alice_job.status();
+  auto long_text = bob_->UploadDatasetContents(
+      "{\"text\": \"" + std::string(3000, 'z') + "\"}\n", "long");
+  ASSERT_TRUE(long_text.ok()) << long_text.status();
+  v1::CreateJobRequest bobs =
+      JobRequest(long_text->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 5, 2);
+  bobs.mutable_training()->set_seq_len(4096);
+  ExpectError(bob_->CreateJob(bobs).status(),
+              absl::StatusCode::kInvalidArgument,
+              "training.seq_len must be at most the base model's "
+              "max_position_embeddings (2048), got 4096");
+  auto done = WaitForJob(*alice_, alice_job->name());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
+      << done->error().message();
+  auto bob_jobs = bob_->ListAllJobs();
+  ASSERT_TRUE(bob_jobs.ok());
+  EXPECT_TRUE(bob_jobs->empty());
 }
 
 TEST_F(ServiceErrorsTest, BadDatasetsAreRejectedWithLineNumbers) {
