@@ -14,6 +14,7 @@
 #include "core/common/json_fields.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
+#include "core/runtime/float_dtype.h"
 #include "core/safetensors/safetensors.h"
 
 namespace loraplex {
@@ -232,13 +233,10 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
               absl::StrCat(name, " is not a floating-point tensor"));
           continue;
         }
-        // fp32, except fp64 stays fp64: an fp64 slot's checkpoint resumes
+        // An fp64 slot's checkpoint keeps its fp64 weights: it resumes
         // exactly.
         (lora_a ? module.a : module.b) =
-            tensor
-                .to(tensor.scalar_type() == torch::kFloat64 ? torch::kFloat64
-                                                            : torch::kFloat32)
-                .clone();
+            tensor.to(Fp32OrFp64(tensor.scalar_type())).clone();
       }
       adapter.modules.push_back(std::move(module));
     }

@@ -44,7 +44,7 @@ struct SlotPoolOptions {
   // Largest rank a slot accepts (at most kMaxLoraRank).
   int64_t max_rank = kMaxLoraRank;
   torch::Device device = torch::kCPU;
-  // The LoRA weights' dtype: LoraDtypeFor(the base's compute dtype).
+  // The base's compute dtype; LoRA weights take Fp32OrFp64 of it.
   torch::ScalarType dtype = torch::kFloat32;
   // Data parallel: which parameters of each training slot this process
   // keeps optimizer state for and steps (the others' owners do). nullptr:

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/runtime/float_dtype.h"
 #include "core/runtime/torch_compat.h"
 
 namespace loraplex {
@@ -21,15 +22,11 @@ torch::Tensor LeafView(const torch::Tensor& flat, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-torch::ScalarType LoraDtypeFor(torch::ScalarType base) {
-  return base == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-}
-
 LoraWeights::LoraWeights(const ModelConfig& model, torch::Device device,
                          torch::ScalarType dtype)
     : model_(model),
       device_(device),
-      dtype_(LoraDtypeFor(dtype)),
+      dtype_(Fp32OrFp64(dtype)),
       module_index_(model.num_hidden_layers * kNumProjections, -1),
       storage_(model.num_hidden_layers * kNumProjections) {}
 

@@ -1,6 +1,6 @@
 // One adapter's trainable tensors: for each adapted (layer, projection) an
 // A [rank, in] and a B [out, rank], leaves that require grad, in fp32 (or
-// fp64 for a float64 base, see LoraDtypeFor).
+// fp64 for a float64 base, see core/runtime/float_dtype.h).
 //
 // The tensors are views into storage that is kept across Bind() calls, so a
 // slot that is retired and attached again with a rank that fits reuses its
@@ -34,14 +34,9 @@ struct LoraModule {
   torch::Tensor b;  // [out, rank]
 };
 
-// The dtype of LoRA weights and math over a base computing in `base`:
-// fp32, whatever the base (DESIGN.md §2), except fp64 over an fp64 base,
-// which exists to check the engine's identities beyond fp32 rounding.
-torch::ScalarType LoraDtypeFor(torch::ScalarType base);
-
 class LoraWeights {
  public:
-  // `dtype` is float32 or float64.
+  // `dtype`: the base's compute dtype; the weights take Fp32OrFp64 of it.
   LoraWeights(const ModelConfig& model, torch::Device device,
               torch::ScalarType dtype = torch::kFloat32);
 

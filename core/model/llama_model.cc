@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/runtime/float_dtype.h"
 #include "core/runtime/torch_compat.h"
 
 namespace loraplex {
@@ -19,11 +20,6 @@ torch::Tensor Linear(const torch::Tensor& x, const LinearWeights& linear) {
 absl::Status TorchError(const c10::Error& e) {
   return absl::InternalError(
       absl::StrCat("model forward failed: ", e.what_without_backtrace()));
-}
-
-// Norms, logits and losses are computed in fp32 at least.
-torch::ScalarType AtLeastFloat32(torch::ScalarType dtype) {
-  return dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
 }
 
 }  // namespace
@@ -126,7 +122,7 @@ torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
 
 torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x,
                                   const torch::Tensor& weight) const {
-  torch::Tensor wide = x.to(AtLeastFloat32(x.scalar_type()));
+  torch::Tensor wide = x.to(Fp32OrFp64(x.scalar_type()));
   torch::Tensor variance = wide.pow(2).mean(-1, /*keepdim=*/true);
   wide = wide * torch::rsqrt(variance + config_.rms_norm_eps);
   return weight * wide.to(x.scalar_type());
@@ -220,7 +216,7 @@ torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {
 }
 
 torch::ScalarType LlamaModel::logits_dtype() const {
-  return AtLeastFloat32(dtype_);
+  return Fp32OrFp64(dtype_);
 }
 
 absl::StatusOr<torch::Tensor> LlamaModel::Forward(

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/enum_names.h"
+#include "core/runtime/float_dtype.h"
 
 namespace loraplex {
 namespace {
@@ -168,9 +169,7 @@ torch::Tensor NewtonSchulz(const torch::Tensor& x,
   at::NoGradGuard no_grad;
 
   torch::Tensor batch = x.dim() == 2 ? x.unsqueeze(0) : x;
-  // fp32, or fp64 for fp64 input (the engine's fp64 checks).
-  batch = batch.to(batch.scalar_type() == torch::kFloat64 ? torch::kFloat64
-                                                          : torch::kFloat32);
+  batch = batch.to(Fp32OrFp64(batch.scalar_type()));
   // Work on the wide form so X Xᵀ is the smaller Gram matrix.
   const bool transposed = batch.size(1) > batch.size(2);
   if (transposed) batch = batch.transpose(1, 2);

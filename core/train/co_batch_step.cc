@@ -130,7 +130,8 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces, int64_t pad_id,
   batch.target_index = to_device(index, torch::kInt64, {targets});
   batch.target_labels = to_device(labels, torch::kInt64, {targets});
   batch.target_weights =
-      to_device(weights, torch::kFloat64, {targets}).to(weight_dtype);
+      torch::from_blob(weights.data(), {targets}, torch::kFloat64)
+          .to(device, weight_dtype, /*non_blocking=*/false, /*copy=*/true);
   return batch;
 }
 

@@ -58,7 +58,7 @@ namespace {
 
 SlotPoolOptions PoolOptions(SlotPoolOptions pool, const LlamaModel& model,
                             ParamClaims* claims) {
-  pool.dtype = LoraDtypeFor(model.dtype());
+  pool.dtype = model.dtype();
   if (claims != nullptr) pool.claims = claims;
   return pool;
 }

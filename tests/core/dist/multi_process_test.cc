@@ -253,9 +253,8 @@ absl::StatusOr<Weights> TrainScenario(const LlamaModel& model,
                                       std::string* report,
                                       int64_t* param_bytes_stepped,
                                       StepLog* log) {
-  SlotPool pool(
-      model.config(),
-      {.capacity = 4, .dtype = LoraDtypeFor(model.dtype()), .claims = dp});
+  SlotPool pool(model.config(),
+                {.capacity = 4, .dtype = model.dtype(), .claims = dp});
   StepSync sync;
   CoBatchOptions options;
   options.token_budget = 64;  // Several micro-batches per step.
