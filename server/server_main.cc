@@ -283,6 +283,13 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   absl::StatusOr<std::unique_ptr<LlamaModel>> model =
       LlamaModel::Load(model_dir, load_options);
   if (!model.ok()) return fail(model.status());
+  // Ids past the embedding would fail in the middle of training.
+  if ((*tokenizer)->vocab_size() > (*model)->config().vocab_size) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        model_dir, ": the tokenizer has ", (*tokenizer)->vocab_size(),
+        " tokens but the model's embedding only ",
+        (*model)->config().vocab_size, " rows")));
+  }
   std::optional<DistContext> dist;
   if (env->distributed()) {
     RankSetup mine;
@@ -310,7 +317,10 @@ int Serve(const ServerFlags& flags, Logger& logger) {
 
   const int slots_per_tenant =
       flags.slots_per_tenant > 0 ? flags.slots_per_tenant : flags.slots;
-  DatasetLoader datasets(flags.state_dir + "/datasets", tokenizer->get());
+  DatasetParseOptions parse_options;
+  parse_options.vocab_size = model_config.vocab_size;
+  DatasetLoader datasets(flags.state_dir + "/datasets", tokenizer->get(),
+                         /*cache_entries=*/4, parse_options);
   JobEventHub hub;
   SchedulerOptions scheduler_options;
   scheduler_options.state_dir = flags.state_dir;

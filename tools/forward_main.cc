@@ -54,7 +54,8 @@ std::string Describe(const Tokenizer* tokenizer, int64_t id) {
   if (tokenizer == nullptr) return std::to_string(id);
   if (id == tokenizer->bos_id()) return absl::StrCat(id, " <bos>");
   if (id == tokenizer->eos_id()) return absl::StrCat(id, " <eos>");
-  std::string piece = tokenizer->Decode({id});
+  absl::StatusOr<std::string> decoded = tokenizer->Decode({id});
+  const std::string piece = decoded.ok() ? *decoded : std::string("?");
   std::string shown;
   for (char c : piece) {
     const auto byte = static_cast<unsigned char>(c);
@@ -100,8 +101,11 @@ absl::Status Run(const std::string& model_dir, const std::string& adapter_dir,
       return absl::FailedPreconditionError(absl::StrCat(
           "--text needs a tokenizer: ", tokenizer_or.status().message()));
     }
-    std::vector<int64_t> ids = {tokenizer->bos_id()};
-    for (int64_t id : tokenizer->Encode(text)) ids.push_back(id);
+    std::vector<int64_t> ids;
+    if (std::optional<int64_t> bos = tokenizer->bos_id()) ids.push_back(*bos);
+    LORAPLEX_ASSIGN_OR_RETURN(std::vector<int64_t> text_ids,
+                              tokenizer->Encode(text));
+    ids.insert(ids.end(), text_ids.begin(), text_ids.end());
     rows.push_back(std::move(ids));
   }
   if (rows.empty()) {

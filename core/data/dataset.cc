@@ -114,16 +114,32 @@ std::string ShortParserReason(absl::string_view message) {
 // Appends tokens to an example, marking them as targets or context.
 class ExampleBuilder {
  public:
-  void Add(const std::vector<int64_t>& ids, bool target) {
-    for (int64_t id : ids) Add(id, target);
+  explicit ExampleBuilder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+
+  // BOS, where the model starts sequences with one.
+  void AddBos() {
+    if (std::optional<int64_t> bos = tokenizer_.bos_id()) Add(*bos, false);
   }
+  void AddEos(bool target) { Add(tokenizer_.eos_id(), target); }
+  absl::Status AddText(std::string_view text, bool target) {
+    absl::StatusOr<std::vector<int64_t>> ids = tokenizer_.Encode(text);
+    if (!ids.ok()) return Bad(ids.status().message());
+    for (int64_t id : *ids) Add(id, target);
+    return absl::OkStatus();
+  }
+  // The first token is never a target: nothing before it predicts it.
+  Example Take() {
+    if (!example_.loss_mask.empty()) example_.loss_mask[0] = 0;
+    return std::move(example_);
+  }
+
+ private:
   void Add(int64_t id, bool target) {
     example_.input_ids.push_back(id);
     example_.loss_mask.push_back(target ? 1 : 0);
   }
-  Example Take() { return std::move(example_); }
 
- private:
+  const Tokenizer& tokenizer_;
   Example example_;
 };
 
@@ -141,10 +157,11 @@ absl::StatusOr<Example> ParseText(const json& line,
   if (text.get_ref<const std::string&>().empty()) {
     return Bad("text must not be empty");
   }
-  ExampleBuilder builder;
-  builder.Add(tokenizer.bos_id(), false);
-  builder.Add(tokenizer.Encode(text.get_ref<const std::string&>()), true);
-  builder.Add(tokenizer.eos_id(), true);
+  ExampleBuilder builder(tokenizer);
+  builder.AddBos();
+  status = builder.AddText(text.get_ref<const std::string&>(), true);
+  if (!status.ok()) return status;
+  builder.AddEos(true);
   return builder.Take();
 }
 
@@ -158,11 +175,14 @@ absl::StatusOr<Example> ParsePromptCompletion(const json& line,
   if (completion.get_ref<const std::string&>().empty()) {
     return Bad("completion must not be empty");
   }
-  ExampleBuilder builder;
-  builder.Add(tokenizer.bos_id(), false);
-  builder.Add(tokenizer.Encode(prompt.get_ref<const std::string&>()), false);
-  builder.Add(tokenizer.Encode(completion.get_ref<const std::string&>()), true);
-  builder.Add(tokenizer.eos_id(), true);
+  ExampleBuilder builder(tokenizer);
+  builder.AddBos();
+  status = builder.AddText(prompt.get_ref<const std::string&>(), false);
+  if (status.ok()) {
+    status = builder.AddText(completion.get_ref<const std::string&>(), true);
+  }
+  if (!status.ok()) return status;
+  builder.AddEos(true);
   return builder.Take();
 }
 
@@ -227,15 +247,17 @@ absl::StatusOr<Example> ParseMessages(const json& line,
         "messages has no assistant turn with non-empty content, so nothing "
         "would be trained");
   }
-  ExampleBuilder builder;
-  builder.Add(tokenizer.bos_id(), false);
+  ExampleBuilder builder(tokenizer);
+  builder.AddBos();
   for (size_t i = 0; i < messages.size(); ++i) {
     const bool target = roles[i] == kChatRoleAssistant;
-    builder.Add(tokenizer.Encode(ChatRoleHeader(roles[i])), false);
-    builder.Add(
-        tokenizer.Encode(messages[i]["content"].get_ref<const std::string&>()),
-        target);
-    builder.Add(tokenizer.eos_id(), target);
+    absl::Status status = builder.AddText(ChatRoleHeader(roles[i]), false);
+    if (status.ok()) {
+      status = builder.AddText(
+          messages[i]["content"].get_ref<const std::string&>(), target);
+    }
+    if (!status.ok()) return status;
+    builder.AddEos(target);
   }
   return builder.Take();
 }
@@ -253,8 +275,7 @@ std::optional<int64_t> AsInt64(const json& value) {
   return value.get<int64_t>();
 }
 
-absl::StatusOr<Example> ParseTokens(const json& line,
-                                    const Tokenizer& tokenizer) {
+absl::StatusOr<Example> ParseTokens(const json& line, int64_t vocab_size) {
   const json& ids = line["input_ids"];
   const json& mask = line["loss_mask"];
   if (!ids.is_array() || ids.empty()) {
@@ -272,7 +293,6 @@ absl::StatusOr<Example> ParseTokens(const json& line,
   Example example;
   example.input_ids.reserve(ids.size());
   example.loss_mask.reserve(ids.size());
-  const int64_t vocab_size = tokenizer.vocab_size();
   for (size_t i = 0; i < ids.size(); ++i) {
     std::optional<int64_t> id = AsInt64(ids[i]);
     if (!id.has_value() || *id < 0 || *id >= vocab_size) {
@@ -342,7 +362,8 @@ absl::StatusOr<LineKind> ClassifyLine(const json& object) {
 }
 
 absl::StatusOr<Example> ParseLine(absl::string_view text,
-                                  const Tokenizer& tokenizer) {
+                                  const Tokenizer& tokenizer,
+                                  int64_t vocab_size) {
   JsonParseOptions parse_options;
   parse_options.max_depth = kMaxLineDepth;
   parse_options.reject_duplicate_top_level_keys = true;
@@ -372,7 +393,7 @@ absl::StatusOr<Example> ParseLine(absl::string_view text,
     case LineKind::kMessages:
       return ParseMessages(line, tokenizer);
     case LineKind::kTokens:
-      return ParseTokens(line, tokenizer);
+      return ParseTokens(line, vocab_size);
   }
   return Bad("has no recognised kind");
 }
@@ -410,7 +431,9 @@ absl::StatusOr<Dataset> ParseJsonlDataset(absl::string_view contents,
     ++line_number;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (IsBlank(line)) continue;
-    absl::StatusOr<Example> example = ParseLine(line, tokenizer);
+    absl::StatusOr<Example> example = ParseLine(
+        line, tokenizer,
+        options.vocab_size > 0 ? options.vocab_size : tokenizer.vocab_size());
     if (!example.ok()) {
       if (num_bad++ < max_reported) {
         problems.push_back(absl::StrCat("line ", line_number, ": ",

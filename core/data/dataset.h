@@ -10,7 +10,8 @@
 //
 // Line kinds (each line has the keys of exactly one kind, nothing else):
 //   {"text": "..."}
-//       [BOS] + Encode(text) + [EOS]; every token after BOS is a target.
+//       [BOS] + Encode(text) + [EOS]; every token after the first is a
+//       target. ([BOS] only where the tokenizer has one: Qwen2's has none.)
 //   {"prompt": "...", "completion": "..."}
 //       [BOS] + Encode(prompt) + Encode(completion) + [EOS]; the completion
 //       tokens and EOS are targets. The completion must not be empty.
@@ -18,7 +19,8 @@
 //       The chat template below; the content and closing EOS of assistant
 //       turns are targets. At least one assistant turn must have content.
 //   {"input_ids": [...], "loss_mask": [...]}
-//       Used as is: ids in [0, vocab_size), mask values 0 or 1, same length,
+//       Used as is: ids in [0, vocab_size) (the model's embedding rows when
+//       DatasetParseOptions::vocab_size says), mask values 0 or 1, same length,
 //       loss_mask[0] == 0 and at least one 1.
 #ifndef LORAPLEX_CORE_DATA_DATASET_H_
 #define LORAPLEX_CORE_DATA_DATASET_H_
@@ -67,6 +69,9 @@ struct DatasetParseOptions {
   // Bad lines listed in the error; further ones are only counted
   // ("... and 7 more bad lines"). Negative counts as 0.
   int max_reported_problems = 20;
+  // input_ids lines may use ids below this: the model's embedding rows,
+  // which can exceed the tokenizer's vocabulary. 0: the tokenizer's.
+  int64_t vocab_size = 0;
 };
 
 // Parses JSONL text. A dataset with any bad line is rejected with

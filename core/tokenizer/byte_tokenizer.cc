@@ -4,14 +4,16 @@
 
 namespace loraplex {
 
-std::vector<int64_t> ByteTokenizer::Encode(std::string_view text) const {
+absl::StatusOr<std::vector<int64_t>> ByteTokenizer::Encode(
+    std::string_view text) const {
   std::vector<int64_t> ids;
   ids.reserve(text.size());
   for (char c : text) ids.push_back(static_cast<unsigned char>(c));
   return ids;
 }
 
-std::string ByteTokenizer::Decode(const std::vector<int64_t>& ids) const {
+absl::StatusOr<std::string> ByteTokenizer::Decode(
+    const std::vector<int64_t>& ids) const {
   std::string text;
   text.reserve(ids.size());
   for (int64_t id : ids) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
+#include "core/tokenizer/hf_tokenizer.h"
 #include "core/tokenizer/sentencepiece_tokenizer.h"
 
 namespace loraplex {
@@ -38,6 +39,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadByteTokenizer(
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(
     const std::string& model_dir) {
   namespace fs = std::filesystem;
+  // transformers' order: tokenizer.json first.
+  if (fs::exists(fs::path(model_dir) / kHfTokenizerFile)) {
+    LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<HfTokenizer> tokenizer,
+                              LoadHfTokenizer(model_dir));
+    return std::unique_ptr<Tokenizer>(std::move(tokenizer));
+  }
   const fs::path sentencepiece = fs::path(model_dir) / "tokenizer.model";
   if (fs::exists(sentencepiece)) {
     return LoadSentencePieceTokenizer(sentencepiece.string());
@@ -45,7 +52,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(
   const fs::path bytes = fs::path(model_dir) / kByteTokenizerFile;
   if (fs::exists(bytes)) return LoadByteTokenizer(bytes.string());
   return absl::NotFoundError(absl::StrCat(
-      model_dir, ": no tokenizer found (expected tokenizer.model or ",
+      model_dir,
+      ": no tokenizer found (expected tokenizer.json, tokenizer.model or ",
       std::string(kByteTokenizerFile), ")"));
 }
 

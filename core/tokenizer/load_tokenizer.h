@@ -2,8 +2,9 @@
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(model_dir));
 //
-// A SentencePiece `tokenizer.model` wins; otherwise `loraplex_tokenizer.json`
-// (written next to the built-in models) selects the byte-level tokenizer.
+// As in transformers, `tokenizer.json` wins, then a SentencePiece
+// `tokenizer.model`; otherwise `loraplex_tokenizer.json` (written next to the
+// built-in models) selects the byte-level tokenizer.
 #ifndef LORAPLEX_CORE_TOKENIZER_LOAD_TOKENIZER_H_
 #define LORAPLEX_CORE_TOKENIZER_LOAD_TOKENIZER_H_
 

@@ -115,7 +115,8 @@ class SentencePieceTokenizer : public Tokenizer {
   }
   ~SentencePieceTokenizer() override { library_->close(model_); }
 
-  std::vector<int64_t> Encode(std::string_view text) const override {
+  absl::StatusOr<std::vector<int64_t>> Encode(
+      std::string_view text) const override {
     std::vector<int32_t> ids(text.size() + 8);
     size_t count = library_->encode(model_, text.data(), text.size(),
                                     ids.data(), ids.size());
@@ -127,7 +128,8 @@ class SentencePieceTokenizer : public Tokenizer {
     return std::vector<int64_t>(ids.begin(), ids.begin() + count);
   }
 
-  std::string Decode(const std::vector<int64_t>& ids) const override {
+  absl::StatusOr<std::string> Decode(
+      const std::vector<int64_t>& ids) const override {
     std::vector<int32_t> pieces;
     for (int64_t id : ids) {
       if (id >= 0 && id < vocab_size_ &&
@@ -148,7 +150,9 @@ class SentencePieceTokenizer : public Tokenizer {
   }
 
   int64_t vocab_size() const override { return vocab_size_; }
-  int64_t bos_id() const override { return bos_; }
+  std::optional<int64_t> bos_id() const override {
+    return bos_ >= 0 ? std::optional<int64_t>(bos_) : std::nullopt;
+  }
   int64_t eos_id() const override { return eos_; }
   int64_t pad_id() const override { return pad_ >= 0 ? pad_ : eos_; }
 

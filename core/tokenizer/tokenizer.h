@@ -1,17 +1,21 @@
 // Text <-> token id conversion for a base model.
 //
-// Implementations: SentencePiece (`tokenizer.model` in a checkpoint
-// directory) and the byte-level tokenizer of the built-in models. Use
-// LoadTokenizer() from load_tokenizer.h to pick one for a model directory.
-// Special ids (BOS/EOS/PAD) come with every tokenizer.
+// Implementations: Hugging Face `tokenizer.json` (hf_tokenizer.h),
+// SentencePiece (`tokenizer.model`) and the byte-level tokenizer of the
+// built-in models. Use LoadTokenizer() from load_tokenizer.h to pick one for
+// a model directory. EOS and PAD ids come with every tokenizer; BOS only
+// with those whose model starts sequences with one (Qwen2's does not).
 #ifndef LORAPLEX_CORE_TOKENIZER_TOKENIZER_H_
 #define LORAPLEX_CORE_TOKENIZER_TOKENIZER_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace loraplex {
 
@@ -24,12 +28,17 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // Token ids of `text`, without BOS/EOS (callers add them where wanted).
-  virtual std::vector<int64_t> Encode(std::string_view text) const = 0;
+  // INVALID_ARGUMENT for text that is not valid UTF-8 where the tokenizer
+  // needs it.
+  virtual absl::StatusOr<std::vector<int64_t>> Encode(
+      std::string_view text) const = 0;
   // Text of `ids`; special ids are skipped.
-  virtual std::string Decode(const std::vector<int64_t>& ids) const = 0;
+  virtual absl::StatusOr<std::string> Decode(
+      const std::vector<int64_t>& ids) const = 0;
 
+  // One past the largest id the tokenizer can produce.
   virtual int64_t vocab_size() const = 0;
-  virtual int64_t bos_id() const = 0;
+  virtual std::optional<int64_t> bos_id() const = 0;
   virtual int64_t eos_id() const = 0;
   // The id used to pad batches (EOS when the vocabulary has no PAD).
   virtual int64_t pad_id() const = 0;
@@ -43,10 +52,12 @@ class ByteTokenizer : public Tokenizer {
   static constexpr int64_t kPad = 258;
   static constexpr int64_t kVocabSize = 259;
 
-  std::vector<int64_t> Encode(std::string_view text) const override;
-  std::string Decode(const std::vector<int64_t>& ids) const override;
+  absl::StatusOr<std::vector<int64_t>> Encode(
+      std::string_view text) const override;
+  absl::StatusOr<std::string> Decode(
+      const std::vector<int64_t>& ids) const override;
   int64_t vocab_size() const override { return kVocabSize; }
-  int64_t bos_id() const override { return kBos; }
+  std::optional<int64_t> bos_id() const override { return kBos; }
   int64_t eos_id() const override { return kEos; }
   int64_t pad_id() const override { return kPad; }
 

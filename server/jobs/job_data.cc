@@ -16,10 +16,11 @@ absl::Status Prefixed(absl::string_view field, const absl::Status& status) {
 }  // namespace
 
 DatasetLoader::DatasetLoader(std::string dir, const Tokenizer* tokenizer,
-                             size_t cache_entries)
+                             size_t cache_entries, DatasetParseOptions options)
     : dir_(std::move(dir)),
       tokenizer_(tokenizer),
-      cache_entries_(cache_entries) {}
+      cache_entries_(cache_entries),
+      options_(options) {}
 
 std::string DatasetLoader::PathOf(const std::string& id) const {
   return absl::StrCat(dir_, "/", id, ".jsonl");
@@ -37,8 +38,8 @@ absl::StatusOr<std::shared_ptr<const Dataset>> DatasetLoader::Load(
   }
   // Parsed outside the lock: a large file takes a while and other datasets
   // need not wait for it.
-  LORAPLEX_ASSIGN_OR_RETURN(Dataset dataset,
-                            LoadJsonlDataset(PathOf(id), *tokenizer_));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Dataset dataset, LoadJsonlDataset(PathOf(id), *tokenizer_, options_));
   auto shared = std::make_shared<const Dataset>(std::move(dataset));
   std::lock_guard<std::mutex> lock(mu_);
   cache_.emplace_front(id, shared);

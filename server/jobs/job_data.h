@@ -28,20 +28,23 @@ namespace loraplex {
 
 class DatasetLoader {
  public:
-  // `tokenizer` must outlive the loader.
+  // `tokenizer` must outlive the loader. `options` are those every dataset
+  // is parsed with (vocab_size: the base model's embedding rows).
   DatasetLoader(std::string dir, const Tokenizer* tokenizer,
-                size_t cache_entries = 4);
+                size_t cache_entries = 4, DatasetParseOptions options = {});
 
   // Where the dataset's JSONL file is stored.
   std::string PathOf(const std::string& id) const;
   // Thread-safe.
   absl::StatusOr<std::shared_ptr<const Dataset>> Load(const std::string& id);
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const DatasetParseOptions& parse_options() const { return options_; }
 
  private:
   std::string dir_;
   const Tokenizer* tokenizer_;
   size_t cache_entries_;
+  DatasetParseOptions options_;
   std::mutex mu_;
   // Most recently used first.
   std::list<std::pair<std::string, std::shared_ptr<const Dataset>>> cache_;

@@ -100,7 +100,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
 
   absl::Status Store() {
     absl::StatusOr<Dataset> dataset =
-        ParseJsonlDataset(contents_, context_->datasets->tokenizer());
+        ParseJsonlDataset(contents_, context_->datasets->tokenizer(),
+                          context_->datasets->parse_options());
     if (!dataset.ok()) {
       return absl::Status(dataset.status().code(),
                           absl::StrCat("the dataset is not valid JSONL "

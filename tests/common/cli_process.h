@@ -1,5 +1,6 @@
-// Runs the built `loraplex` CLI (LORAPLEX_BIN_DIR/loraplex) as a child
-// process and captures its exit code, stdout and stderr.
+// Runs the built `loraplex` CLI (LORAPLEX_BIN_DIR/loraplex), or another of
+// the built programs, as a child process and captures its exit code, stdout and
+// stderr.
 //
 //   CliResult result = RunCli({"--server", address, "jobs", "list"});
 //   EXPECT_EQ(result.exit_code, 0) << result.Describe();
@@ -47,6 +48,8 @@ struct CliResult {
 };
 
 struct CliRunOptions {
+  // The program in LORAPLEX_BIN_DIR.
+  std::string program = "loraplex";
   // Extra environment variables (NAME, value) for the child.
   std::vector<std::pair<std::string, std::string>> env;
   // Killed (SIGKILL) after this long.
@@ -56,8 +59,8 @@ struct CliRunOptions {
 inline CliResult RunCli(const std::vector<std::string>& args,
                         const CliRunOptions& options = {}) {
   CliResult result;
-  std::vector<std::string> argv_strings = {std::string(LORAPLEX_BIN_DIR) +
-                                           "/loraplex"};
+  std::vector<std::string> argv_strings = {std::string(LORAPLEX_BIN_DIR) + "/" +
+                                           options.program};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& arg : argv_strings) argv.push_back(arg.data());

@@ -5,10 +5,12 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <vector>
 
+#include "core/model/model_presets.h"
 #include "tests/common/test_dir.h"
 #include "tests/server/service_fixture.h"
 
@@ -267,6 +269,31 @@ TEST(ServiceFlagsTest, RemoteListenWithoutTokensIsRefused) {
   EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_THAT(ReadFileForTest(state + "/err"),
               HasSubstr("not a loopback address"));
+}
+
+// A tokenizer that can produce ids past the embedding would fail jobs in the
+// middle of training; the server refuses it at start with both sizes.
+TEST(ServiceFlagsTest, TokenizerLargerThanTheEmbeddingIsRefused) {
+  const std::string state = FreshTestDir("state");
+  const std::string model = state + "/model";
+  ASSERT_TRUE(WritePresetModel("tiny", /*seed=*/1, model).ok());
+  const std::string fixture = std::string(LORAPLEX_SOURCE_DIR) +
+                              "/tests/fixtures/golden/tokenizers/llama3_like";
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(fixture + "/" + file, model + "/" + file);
+  }
+  const std::string command = std::string(LORAPLEX_BIN_DIR) +
+                              "/loraplex-server --state-dir " + state +
+                              " --model " + model + " 2> " + state + "/err";
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  const std::string log = ReadFileForTest(state + "/err") +
+                          (std::filesystem::exists(state + "/server.log")
+                               ? ReadFileForTest(state + "/server.log")
+                               : std::string());
+  EXPECT_THAT(log, HasSubstr("the tokenizer has 1511 tokens but the model's "
+                             "embedding only 259 rows"));
 }
 
 TEST_F(ServiceErrorsTest, AnotherTenantsCheckpointsAreNotFound) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "core/tokenizer/load_tokenizer.h"
 
 namespace loraplex {
 namespace {
@@ -291,6 +292,40 @@ TEST_F(DatasetTest, RejectsBadTokenLines) {
             "be predicted from");
   EXPECT_EQ(ReasonFor(R"({"input_ids": [1, 2], "loss_mask": [0, 0]})"),
             "loss_mask has no 1, so the line has no target tokens");
+}
+
+// Models often have more embedding rows than tokens (Qwen2.5: 151,936 vs
+// 151,665): pre-tokenized lines may use every row, and no more.
+TEST_F(DatasetTest, TokenLinesAreBoundedByTheModelsEmbedding) {
+  DatasetParseOptions options;
+  options.vocab_size = 300;
+  absl::StatusOr<Dataset> dataset =
+      Parse(R"({"input_ids": [1, 299], "loss_mask": [0, 1]})", options);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ(dataset->examples[0].input_ids, (std::vector<int64_t>{1, 299}));
+  dataset = Parse(R"({"input_ids": [1, 300], "loss_mask": [0, 1]})", options);
+  EXPECT_THAT(std::string(dataset.status().message()),
+              HasSubstr("input_ids[1] must be an integer in [0, 300), got "
+                        "300"));
+}
+
+// A tokenizer.json model without BOS (Qwen2 style): text starts with the
+// text's own first token, which is context, not a target.
+TEST(DatasetWithoutBosTest, TextStartsWithItsFirstToken) {
+  auto tokenizer =
+      LoadTokenizer(std::string(LORAPLEX_SOURCE_DIR) +
+                    "/tests/fixtures/golden/tokenizers/qwen2_like");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  ASSERT_FALSE((*tokenizer)->bos_id().has_value());
+  absl::StatusOr<Dataset> dataset =
+      ParseJsonlDataset(R"({"text": "hello world"})", **tokenizer);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  std::vector<int64_t> ids = (*tokenizer)->Encode("hello world").value();
+  ids.push_back((*tokenizer)->eos_id());
+  std::vector<uint8_t> mask(ids.size(), 1);
+  mask[0] = 0;
+  EXPECT_EQ(dataset->examples[0].input_ids, ids);
+  EXPECT_EQ(dataset->examples[0].loss_mask, mask);
 }
 
 TEST_F(DatasetTest, ListsEveryBadLineInOrder) {

@@ -1,0 +1,123 @@
+// loraplex-tokenize: shows what the server trains on. Tokenizes text with a
+// model directory's tokenizer (tokenizer.json, tokenizer.model or the
+// built-in byte tokenizer, picked as the server picks it), turns dataset
+// lines into the ids and loss mask training sees, and decodes ids.
+//
+//   loraplex-tokenize --model DIR --text "Hello"        {"ids":[...]}
+//   loraplex-tokenize --model DIR --input data.jsonl    one line per line
+//   loraplex-tokenize --model DIR --decode 9906,1917    the text
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/common/status_macros.h"
+#include "core/data/dataset.h"
+#include "core/tokenizer/load_tokenizer.h"
+
+namespace {
+
+using loraplex::Tokenizer;
+
+absl::Status PrintText(const Tokenizer& tokenizer, const std::string& text) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::vector<int64_t> ids, tokenizer.Encode(text));
+  std::cout << nlohmann::json({{"ids", ids}}).dump() << "\n";
+  return absl::OkStatus();
+}
+
+// Every line as training sees it: {"ids": [...], "mask": [...]}, or the
+// line's error.
+absl::Status PrintDataset(const Tokenizer& tokenizer, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read"));
+  std::string line;
+  int64_t number = 0;
+  int64_t bad = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    absl::StatusOr<loraplex::Dataset> parsed =
+        loraplex::ParseJsonlDataset(line, tokenizer);
+    if (!parsed.ok()) {
+      ++bad;
+      // The parser numbers its one line 1; report the file's number.
+      std::string message(parsed.status().message());
+      const size_t at = message.find("line 1: ");
+      if (at != std::string::npos) message = message.substr(at + 8);
+      std::cout << nlohmann::json({{"line", number}, {"error", message}}).dump()
+                << "\n";
+      continue;
+    }
+    const loraplex::Example& example = parsed->examples.front();
+    std::vector<int> mask(example.loss_mask.begin(), example.loss_mask.end());
+    std::cout
+        << nlohmann::json({{"ids", example.input_ids}, {"mask", mask}}).dump()
+        << "\n";
+  }
+  if (bad > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", bad, " of ", number, " lines are bad"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrintDecoded(const Tokenizer& tokenizer, const std::string& list) {
+  std::vector<int64_t> ids;
+  for (absl::string_view item : absl::StrSplit(list, ',')) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(item, &id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode: \"", item, "\" is not an integer"));
+    }
+    ids.push_back(id);
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(std::string text, tokenizer.Decode(ids));
+  std::cout << text << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Tokenize text or dataset lines with a model's tokenizer, or decode "
+      "ids."};
+  std::string model_dir, text, input, decode;
+  app.add_option("--model", model_dir, "Model directory")->required();
+  auto* text_option = app.add_option("--text", text, "Text to tokenize");
+  auto* input_option = app.add_option(
+      "--input", input,
+      "JSONL dataset: prints each line's ids and loss mask as training "
+      "sees them");
+  auto* decode_option =
+      app.add_option("--decode", decode, "Comma-separated ids to decode");
+  text_option->excludes(input_option)->excludes(decode_option);
+  input_option->excludes(decode_option);
+  CLI11_PARSE(app, argc, argv);
+  if (text_option->count() + input_option->count() + decode_option->count() ==
+      0) {
+    std::cerr << "loraplex-tokenize: give --text, --input or --decode\n";
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      loraplex::LoadTokenizer(model_dir);
+  absl::Status status = tokenizer.status();
+  if (status.ok()) {
+    status = text_option->count() > 0    ? PrintText(**tokenizer, text)
+             : input_option->count() > 0 ? PrintDataset(**tokenizer, input)
+                                         : PrintDecoded(**tokenizer, decode);
+  }
+  if (!status.ok()) {
+    std::cerr << "loraplex-tokenize: " << status.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
