@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/json_parse.h"
+#include "core/tokenizer/config_json.h"
 #include "core/tokenizer/unicode_text.h"
 
 namespace loraplex {
@@ -13,31 +14,17 @@ namespace {
 
 using nlohmann::json;
 
-absl::Status Bad(const std::string& where, absl::string_view reason) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", reason));
-}
-
 // An optional string option: absent and null both mean "none".
 absl::StatusOr<std::string> OptionalString(const json& model, const char* key,
                                            const std::string& where) {
   if (!model.contains(key) || model[key].is_null()) return std::string();
   if (!model[key].is_string()) {
-    return Bad(where, absl::StrCat("\"", key,
-                                   "\" must be a string or null, "
-                                   "got ",
-                                   DescribeJson(model[key])));
+    return ConfigError(where, absl::StrCat("\"", key,
+                                           "\" must be a string or null, "
+                                           "got ",
+                                           DescribeJson(model[key])));
   }
   return model[key].get<std::string>();
-}
-
-absl::StatusOr<bool> OptionalBool(const json& model, const char* key,
-                                  const std::string& where) {
-  if (!model.contains(key) || model[key].is_null()) return false;
-  if (!model[key].is_boolean()) {
-    return Bad(where, absl::StrCat("\"", key, "\" must be true or false, got ",
-                                   DescribeJson(model[key])));
-  }
-  return model[key].get<bool>();
 }
 
 struct Symbol {
@@ -64,14 +51,14 @@ struct QueuedMerge {
 absl::StatusOr<BpeModel> BpeModel::FromJson(const json& model,
                                             const std::string& where) {
   if (!model.is_object()) {
-    return Bad(where,
-               absl::StrCat("must be an object, got ", DescribeJson(model)));
+    return ConfigError(
+        where, absl::StrCat("must be an object, got ", DescribeJson(model)));
   }
   const std::string type = model.contains("type") && model["type"].is_string()
                                ? model["type"].get<std::string>()
                                : std::string();
   if (type != "BPE") {
-    return Bad(
+    return ConfigError(
         where,
         absl::StrCat("model type ",
                      type.empty() ? DescribeJson(model.value("type", json()))
@@ -81,9 +68,9 @@ absl::StatusOr<BpeModel> BpeModel::FromJson(const json& model,
   BpeModel bpe;
   if (model.contains("dropout") && !model["dropout"].is_null() &&
       !(model["dropout"].is_number() && model["dropout"].get<double>() == 0)) {
-    return Bad(where,
-               "BPE dropout is not supported (it makes encoding "
-               "random); set \"dropout\" to null");
+    return ConfigError(where,
+                       "BPE dropout is not supported (it makes encoding "
+                       "random); set \"dropout\" to null");
   }
   absl::StatusOr<std::string> text =
       OptionalString(model, "continuing_subword_prefix", where);
@@ -95,22 +82,23 @@ absl::StatusOr<BpeModel> BpeModel::FromJson(const json& model,
   for (auto [key, field] : {std::pair{"fuse_unk", &bpe.fuse_unk_},
                             std::pair{"byte_fallback", &bpe.byte_fallback_},
                             std::pair{"ignore_merges", &bpe.ignore_merges_}}) {
-    absl::StatusOr<bool> value = OptionalBool(model, key, where);
+    absl::StatusOr<bool> value = BoolField(model, key, false, where);
     if (!value.ok()) return value.status();
     *field = *value;
   }
 
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
-    return Bad(where, "\"vocab\" must be an object of token: id");
+    return ConfigError(where, "\"vocab\" must be an object of token: id");
   }
   const json& vocab = model["vocab"];
   bpe.vocab_.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_unsigned() ||
         it.value().get<uint64_t>() > 0x7FFFFFFF) {
-      return Bad(where, absl::StrCat("vocab[", DescribeJson(it.key()),
-                                     "] must be an id in [0, 2^31), got ",
-                                     DescribeJson(it.value())));
+      return ConfigError(where,
+                         absl::StrCat("vocab[", DescribeJson(it.key()),
+                                      "] must be an id in [0, 2^31), got ",
+                                      DescribeJson(it.value())));
     }
     const int32_t id = static_cast<int32_t>(it.value().get<uint64_t>());
     bpe.vocab_[it.key()] = id;
@@ -122,8 +110,8 @@ absl::StatusOr<BpeModel> BpeModel::FromJson(const json& model,
   if (!text->empty()) {
     std::optional<int32_t> unk = bpe.TokenToId(*text);
     if (!unk.has_value()) {
-      return Bad(where, absl::StrCat("unk_token \"", *text,
-                                     "\" is not in the vocabulary"));
+      return ConfigError(where, absl::StrCat("unk_token \"", *text,
+                                             "\" is not in the vocabulary"));
     }
     bpe.unk_id_ = unk;
   }
@@ -132,7 +120,7 @@ absl::StatusOr<BpeModel> BpeModel::FromJson(const json& model,
   }
 
   if (!model.contains("merges") || !model["merges"].is_array()) {
-    return Bad(where, "\"merges\" must be a list");
+    return ConfigError(where, "\"merges\" must be a list");
   }
   const json& merges = model["merges"];
   bpe.merges_.reserve(merges.size());
@@ -144,10 +132,10 @@ absl::StatusOr<BpeModel> BpeModel::FromJson(const json& model,
       const std::string& pair = merge.get_ref<const std::string&>();
       const size_t space = pair.find(' ');
       if (space == std::string::npos) {
-        return Bad(where, absl::StrCat("merges[", rank,
-                                       "] must be \"a b\", "
-                                       "got ",
-                                       DescribeJson(merge)));
+        return ConfigError(where, absl::StrCat("merges[", rank,
+                                               "] must be \"a b\", "
+                                               "got ",
+                                               DescribeJson(merge)));
       }
       left = pair.substr(0, space);
       right = pair.substr(space + 1);
@@ -156,10 +144,10 @@ absl::StatusOr<BpeModel> BpeModel::FromJson(const json& model,
       left = merge[0].get<std::string>();
       right = merge[1].get<std::string>();
     } else {
-      return Bad(where, absl::StrCat("merges[", rank,
-                                     "] must be \"a b\" or "
-                                     "[a, b], got ",
-                                     DescribeJson(merge)));
+      return ConfigError(where, absl::StrCat("merges[", rank,
+                                             "] must be \"a b\" or "
+                                             "[a, b], got ",
+                                             DescribeJson(merge)));
     }
     const std::optional<int32_t> left_id = bpe.TokenToId(left);
     const std::optional<int32_t> right_id = bpe.TokenToId(right);
@@ -169,8 +157,9 @@ absl::StatusOr<BpeModel> BpeModel::FromJson(const json& model,
     const std::optional<int32_t> merged_id = bpe.TokenToId(merged);
     if (!left_id || !right_id || !merged_id) {
       const std::string& missing = !left_id ? left : !right_id ? right : merged;
-      return Bad(where, absl::StrCat("merges[", rank, "] uses \"", missing,
-                                     "\", which is not in the vocabulary"));
+      return ConfigError(where,
+                         absl::StrCat("merges[", rank, "] uses \"", missing,
+                                      "\", which is not in the vocabulary"));
     }
     // As HF: a repeated pair keeps its last rank.
     bpe.merges_[PairKey(*left_id, *right_id)] =

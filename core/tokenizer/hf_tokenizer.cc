@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
+#include "core/tokenizer/config_json.h"
 #include "core/tokenizer/unicode_text.h"
 
 namespace loraplex {
@@ -17,10 +18,6 @@ using nlohmann::json;
 
 constexpr JsonParseOptions kTokenizerJsonOptions{.max_depth = 32};
 constexpr char32_t kByteLevelSpace = 0x120;  // 'Ġ', the ByteLevel space
-
-absl::Status Bad(const std::string& where, absl::string_view reason) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", reason));
-}
 
 // A piece on its way through encoding: text still to tokenize, or an added
 // token already found.
@@ -72,7 +69,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
       json root,
       ParseUntrustedJson(absl::string_view(json_text.data(), json_text.size()),
                          label, kTokenizerJsonOptions));
-  if (!root.is_object()) return Bad(label, "must be a JSON object");
+  if (!root.is_object()) return ConfigError(label, "must be a JSON object");
   std::unique_ptr<HfTokenizer> tokenizer(new HfTokenizer());
   const auto field = [&](const char* key) -> const json& {
     static const json* const kNull = new json(nullptr);
@@ -92,7 +89,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
                             BpeModel::FromJson(field("model"), where("model")));
   absl::StatusOr<AddedVocabulary> added =
       AddedVocabulary::FromJson(field("added_tokens"), tokenizer->normalizer_);
-  if (!added.ok()) return Bad(label, added.status().message());
+  if (!added.ok()) return ConfigError(label, added.status().message());
   tokenizer->added_ = *std::move(added);
   LORAPLEX_ASSIGN_OR_RETURN(
       tokenizer->decoder_,
@@ -122,10 +119,10 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
                             tokenizer->ResolveName(names.eos, "eos_token"));
   if (!eos.has_value()) eos = names.eos_id;
   if (!eos.has_value() || *eos < 0 || *eos >= tokenizer->vocab_size_) {
-    return Bad(label,
-               "no end-of-sequence token: tokenizer_config.json names "
-               "no eos_token and config.json has no eos_token_id in "
-               "the vocabulary");
+    return ConfigError(label,
+                       "no end-of-sequence token: tokenizer_config.json names "
+                       "no eos_token and config.json has no eos_token_id in "
+                       "the vocabulary");
   }
   tokenizer->eos_id_ = *eos;
   LORAPLEX_ASSIGN_OR_RETURN(std::optional<int64_t> pad,
@@ -137,19 +134,13 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
 absl::Status HfTokenizer::ParsePostProcessor(const json& config,
                                              const std::string& where,
                                              int depth) {
-  if (!config.is_object() || !config.contains("type") ||
-      !config["type"].is_string()) {
-    return Bad(where, "must be an object with a string \"type\"");
-  }
-  const std::string type = config["type"].get<std::string>();
-  if (type == "Sequence" && depth < 8 && config.contains("processors") &&
-      config["processors"].is_array()) {
-    const json& list = config["processors"];
-    for (size_t i = 0; i < list.size(); ++i) {
-      LORAPLEX_RETURN_IF_ERROR(ParsePostProcessor(
-          list[i], absl::StrCat(where, ".processors[", i, "]"), depth + 1));
-    }
-    return absl::OkStatus();
+  LORAPLEX_ASSIGN_OR_RETURN(std::string type, ComponentType(config, where));
+  if (type == "Sequence") {
+    return ForEachInSequence(
+        config, "processors", where, depth,
+        [this](const json& item, const std::string& item_where, int next) {
+          return ParsePostProcessor(item, item_where, next);
+        });
   }
   if (type == "ByteLevel") {
     trim_offsets_ = config.value("trim_offsets", true) == true;
@@ -157,17 +148,17 @@ absl::Status HfTokenizer::ParsePostProcessor(const json& config,
     return absl::OkStatus();
   }
   if (type != "TemplateProcessing") {
-    return Bad(where, absl::StrCat("post_processor type \"", type,
-                                   "\" is not supported (supported: "
-                                   "TemplateProcessing, ByteLevel, "
-                                   "Sequence)"));
+    return ConfigError(where, absl::StrCat("post_processor type \"", type,
+                                           "\" is not supported (supported: "
+                                           "TemplateProcessing, ByteLevel, "
+                                           "Sequence)"));
   }
   if (!config.contains("single") || !config["single"].is_array() ||
       !config.contains("special_tokens") ||
       !config["special_tokens"].is_object()) {
-    return Bad(where,
-               "TemplateProcessing needs \"single\" and "
-               "\"special_tokens\"");
+    return ConfigError(where,
+                       "TemplateProcessing needs \"single\" and "
+                       "\"special_tokens\"");
   }
   const json& specials = config["special_tokens"];
   template_.clear();
@@ -182,8 +173,9 @@ absl::Status HfTokenizer::ParsePostProcessor(const json& config,
     if (special == nullptr || !special->contains("id") ||
         !(*special)["id"].is_string() ||
         !specials.contains((*special)["id"].get<std::string>())) {
-      return Bad(where, absl::StrCat("template item ", DescribeJson(item),
-                                     " names no entry of special_tokens"));
+      return ConfigError(where,
+                         absl::StrCat("template item ", DescribeJson(item),
+                                      " names no entry of special_tokens"));
     }
     const json& entry = specials[(*special)["id"].get<std::string>()];
     std::vector<int64_t> ids;
@@ -194,9 +186,9 @@ absl::Status HfTokenizer::ParsePostProcessor(const json& config,
       }
     }
     if (ids.empty() || ids.size() != entry.value("ids", json::array()).size()) {
-      return Bad(where, absl::StrCat("special_tokens entry ",
-                                     DescribeJson((*special)["id"]),
-                                     " needs a list of ids"));
+      return ConfigError(where, absl::StrCat("special_tokens entry ",
+                                             DescribeJson((*special)["id"]),
+                                             " needs a list of ids"));
     }
     template_.push_back(std::move(ids));
   }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
+#include "core/tokenizer/config_json.h"
 #include "core/tokenizer/text_pipeline.h"
 #include "core/tokenizer/unicode_text.h"
 
@@ -15,10 +16,6 @@ namespace {
 using nlohmann::json;
 
 constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";
-
-absl::Status Bad(const std::string& where, absl::string_view reason) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", reason));
-}
 
 std::u32string CodePoints(std::string_view text) {
   std::u32string out;
@@ -78,28 +75,15 @@ absl::StatusOr<DecoderChain> DecoderChain::FromJson(const json& config,
 
 absl::Status DecoderChain::Add(const json& config, const std::string& where,
                                int depth) {
-  if (!config.is_object() || !config.contains("type") ||
-      !config["type"].is_string()) {
-    return Bad(where, absl::StrCat("must be an object with a string \"type\", "
-                                   "got ",
-                                   DescribeJson(config)));
-  }
-  const std::string type = config["type"].get<std::string>();
+  LORAPLEX_ASSIGN_OR_RETURN(std::string type, ComponentType(config, where));
   Step step;
   step.kind = Kind::kFuse;
   if (type == "Sequence") {
-    if (depth >= 8 || !config.contains("decoders") ||
-        !config["decoders"].is_array()) {
-      return Bad(where,
-                 "a Sequence needs a \"decoders\" list (nested at most "
-                 "8 deep)");
-    }
-    const json& list = config["decoders"];
-    for (size_t i = 0; i < list.size(); ++i) {
-      LORAPLEX_RETURN_IF_ERROR(
-          Add(list[i], absl::StrCat(where, ".decoders[", i, "]"), depth + 1));
-    }
-    return absl::OkStatus();
+    return ForEachInSequence(
+        config, "decoders", where, depth,
+        [this](const json& item, const std::string& item_where, int next) {
+          return Add(item, item_where, next);
+        });
   }
   if (type == "ByteLevel") {
     step.kind = Kind::kByteLevel;
@@ -117,7 +101,8 @@ absl::Status DecoderChain::Add(const json& config, const std::string& where,
       chars = CodePoints(value->get<std::string>());
     }
     if (chars.size() != 1) {
-      return Bad(where, absl::StrCat("\"", key, "\" must be one character"));
+      return ConfigError(where,
+                         absl::StrCat("\"", key, "\" must be one character"));
     }
     step.content = chars[0];
     if (type == "Metaspace") {
@@ -134,9 +119,9 @@ absl::Status DecoderChain::Add(const json& config, const std::string& where,
       for (auto [name, field] :
            {std::pair{"start", &step.start}, std::pair{"stop", &step.stop}}) {
         if (!config.contains(name) || !config[name].is_number_unsigned()) {
-          return Bad(where, absl::StrCat("\"", name,
-                                         "\" must be a "
-                                         "non-negative integer"));
+          return ConfigError(where, absl::StrCat("\"", name,
+                                                 "\" must be a "
+                                                 "non-negative integer"));
         }
         *field = config[name].get<size_t>();
       }
@@ -145,17 +130,19 @@ absl::Status DecoderChain::Add(const json& config, const std::string& where,
     step.kind = Kind::kReplace;
     if (!config.contains("pattern") || !config.contains("content") ||
         !config["content"].is_string()) {
-      return Bad(where, "Replace needs \"pattern\" and a string \"content\"");
+      return ConfigError(where,
+                         "Replace needs \"pattern\" and a string \"content\"");
     }
     LORAPLEX_ASSIGN_OR_RETURN(TextPattern pattern,
                               PatternFromJson(config["pattern"], where));
     step.pattern.push_back(std::move(pattern));
     step.replacement = config["content"].get<std::string>();
   } else {
-    return Bad(where, absl::StrCat("decoder type \"", type,
-                                   "\" is not supported (supported: "
-                                   "ByteLevel, ByteFallback, Metaspace, Fuse, "
-                                   "Strip, Replace, Sequence)"));
+    return ConfigError(where,
+                       absl::StrCat("decoder type \"", type,
+                                    "\" is not supported (supported: "
+                                    "ByteLevel, ByteFallback, Metaspace, Fuse, "
+                                    "Strip, Replace, Sequence)"));
   }
   steps_.push_back(std::move(step));
   return absl::OkStatus();

@@ -6,15 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
+#include "core/tokenizer/config_json.h"
 #include "core/tokenizer/unicode_text.h"
 
 namespace loraplex {
 namespace {
 
 using nlohmann::json;
-
-// Sequences nest; tokenizer.json files nest them two deep at most.
-constexpr int kMaxSequenceDepth = 8;
 
 // GPT-2's byte-level pre-tokenizer regex.
 constexpr std::string_view kByteLevelRegex =
@@ -26,37 +24,11 @@ constexpr std::string_view kWhitespaceRegex =
     "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]+|"
     "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}\\s]+";
 
-absl::Status Bad(const std::string& where, absl::string_view reason) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", reason));
-}
-
-absl::StatusOr<std::string> TypeOf(const json& config,
-                                   const std::string& where) {
-  if (!config.is_object() || !config.contains("type") ||
-      !config["type"].is_string()) {
-    return Bad(where, absl::StrCat("must be an object with a string \"type\", "
-                                   "got ",
-                                   DescribeJson(config)));
-  }
-  return config["type"].get<std::string>();
-}
-
-// `key` of `config`, or `fallback` when absent or null.
-absl::StatusOr<bool> BoolField(const json& config, const char* key,
-                               bool fallback, const std::string& where) {
-  if (!config.contains(key) || config[key].is_null()) return fallback;
-  if (!config[key].is_boolean()) {
-    return Bad(where, absl::StrCat("\"", key, "\" must be true or false, got ",
-                                   DescribeJson(config[key])));
-  }
-  return config[key].get<bool>();
-}
-
 absl::StatusOr<std::string> StringField(const json& config, const char* key,
                                         const std::string& where) {
   if (!config.contains(key) || !config[key].is_string()) {
-    return Bad(where,
-               absl::StrCat("\"", key, "\" must be a string, got ",
+    return ConfigError(
+        where, absl::StrCat("\"", key, "\" must be a string, got ",
                             config.contains(key) ? DescribeJson(config[key])
                                                  : std::string("nothing")));
   }
@@ -70,8 +42,9 @@ absl::StatusOr<char32_t> CharField(const json& config, const char* key,
   size_t pos = 0;
   if (text.empty() || !IsValidUtf8(text) ||
       (NextCodePoint(text, &pos), pos != text.size())) {
-    return Bad(where, absl::StrCat("\"", key, "\" must be one character, got ",
-                                   DescribeJson(config[key])));
+    return ConfigError(where,
+                       absl::StrCat("\"", key, "\" must be one character, got ",
+                                    DescribeJson(config[key])));
   }
   pos = 0;
   return NextCodePoint(text, &pos);
@@ -91,10 +64,10 @@ absl::StatusOr<SplitBehavior> BehaviorField(const json& config,
   for (const auto& [name, behavior] : kNames) {
     if (value.is_string() && value.get<std::string>() == name) return behavior;
   }
-  return Bad(where, absl::StrCat("\"behavior\" must be one of Removed, "
-                                 "Isolated, MergedWithPrevious, "
-                                 "MergedWithNext, Contiguous; got ",
-                                 DescribeJson(value)));
+  return ConfigError(where, absl::StrCat("\"behavior\" must be one of Removed, "
+                                         "Isolated, MergedWithPrevious, "
+                                         "MergedWithNext, Contiguous; got ",
+                                         DescribeJson(value)));
 }
 
 absl::StatusOr<PrependScheme> PrependField(const json& config,
@@ -104,9 +77,10 @@ absl::StatusOr<PrependScheme> PrependField(const json& config,
     if (value == "always") return PrependScheme::kAlways;
     if (value == "first") return PrependScheme::kFirst;
     if (value == "never") return PrependScheme::kNever;
-    return Bad(where, absl::StrCat("\"prepend_scheme\" must be \"always\", "
-                                   "\"first\" or \"never\", got ",
-                                   DescribeJson(value)));
+    return ConfigError(where,
+                       absl::StrCat("\"prepend_scheme\" must be \"always\", "
+                                    "\"first\" or \"never\", got ",
+                                    DescribeJson(value)));
   }
   // Files written before prepend_scheme existed.
   LORAPLEX_ASSIGN_OR_RETURN(bool add_prefix_space,
@@ -116,8 +90,8 @@ absl::StatusOr<PrependScheme> PrependField(const json& config,
 
 absl::Status Unsupported(const std::string& where, const std::string& kind,
                          const std::string& type, absl::string_view supported) {
-  return Bad(where,
-             absl::StrCat(kind, " type \"", type,
+  return ConfigError(
+      where, absl::StrCat(kind, " type \"", type,
                           "\" is not supported (supported: ", supported, ")"));
 }
 
@@ -159,13 +133,14 @@ absl::StatusOr<TextPattern> PatternFromJson(const json& config,
     if (config.contains("Regex") && config["Regex"].is_string()) {
       absl::StatusOr<TextPattern> pattern =
           TextPattern::Regex(config["Regex"].get<std::string>());
-      if (!pattern.ok()) return Bad(where, pattern.status().message());
+      if (!pattern.ok()) return ConfigError(where, pattern.status().message());
       return pattern;
     }
   }
-  return Bad(where, absl::StrCat("\"pattern\" must be {\"String\": ...} or "
-                                 "{\"Regex\": ...}, got ",
-                                 DescribeJson(config)));
+  return ConfigError(where,
+                     absl::StrCat("\"pattern\" must be {\"String\": ...} or "
+                                  "{\"Regex\": ...}, got ",
+                                  DescribeJson(config)));
 }
 
 // ---------------------------------------------------------------------------
@@ -182,22 +157,15 @@ absl::StatusOr<NormalizerChain> NormalizerChain::FromJson(
 
 absl::Status NormalizerChain::Add(const json& config, const std::string& where,
                                   int depth) {
-  LORAPLEX_ASSIGN_OR_RETURN(std::string type, TypeOf(config, where));
+  LORAPLEX_ASSIGN_OR_RETURN(std::string type, ComponentType(config, where));
   Step step;
   step.kind = Kind::kUnicode;
   if (type == "Sequence") {
-    if (depth >= kMaxSequenceDepth || !config.contains("normalizers") ||
-        !config["normalizers"].is_array()) {
-      return Bad(where,
-                 "a Sequence needs a \"normalizers\" list (nested at "
-                 "most 8 deep)");
-    }
-    const json& list = config["normalizers"];
-    for (size_t i = 0; i < list.size(); ++i) {
-      LORAPLEX_RETURN_IF_ERROR(Add(
-          list[i], absl::StrCat(where, ".normalizers[", i, "]"), depth + 1));
-    }
-    return absl::OkStatus();
+    return ForEachInSequence(
+        config, "normalizers", where, depth,
+        [this](const json& item, const std::string& item_where, int next) {
+          return Add(item, item_where, next);
+        });
   }
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     step.form = type == "NFC"    ? UnicodeForm::kNfc
@@ -215,7 +183,7 @@ absl::Status NormalizerChain::Add(const json& config, const std::string& where,
   } else if (type == "Replace") {
     step.kind = Kind::kReplace;
     if (!config.contains("pattern"))
-      return Bad(where, "Replace has no pattern");
+      return ConfigError(where, "Replace has no pattern");
     LORAPLEX_ASSIGN_OR_RETURN(TextPattern pattern,
                               PatternFromJson(config["pattern"], where));
     step.pattern.push_back(std::move(pattern));
@@ -271,22 +239,15 @@ absl::StatusOr<PreTokenizerChain> PreTokenizerChain::FromJson(
 
 absl::Status PreTokenizerChain::Add(const json& config,
                                     const std::string& where, int depth) {
-  LORAPLEX_ASSIGN_OR_RETURN(std::string type, TypeOf(config, where));
+  LORAPLEX_ASSIGN_OR_RETURN(std::string type, ComponentType(config, where));
   Step step;
   step.kind = Kind::kSplit;
   if (type == "Sequence") {
-    if (depth >= kMaxSequenceDepth || !config.contains("pretokenizers") ||
-        !config["pretokenizers"].is_array()) {
-      return Bad(where,
-                 "a Sequence needs a \"pretokenizers\" list (nested at "
-                 "most 8 deep)");
-    }
-    const json& list = config["pretokenizers"];
-    for (size_t i = 0; i < list.size(); ++i) {
-      LORAPLEX_RETURN_IF_ERROR(Add(
-          list[i], absl::StrCat(where, ".pretokenizers[", i, "]"), depth + 1));
-    }
-    return absl::OkStatus();
+    return ForEachInSequence(
+        config, "pretokenizers", where, depth,
+        [this](const json& item, const std::string& item_where, int next) {
+          return Add(item, item_where, next);
+        });
   }
   if (type == "ByteLevel") {
     step.kind = Kind::kByteLevel;
@@ -301,7 +262,8 @@ absl::Status PreTokenizerChain::Add(const json& config,
       step.pattern.push_back(std::move(pattern));
     }
   } else if (type == "Split") {
-    if (!config.contains("pattern")) return Bad(where, "Split has no pattern");
+    if (!config.contains("pattern"))
+      return ConfigError(where, "Split has no pattern");
     LORAPLEX_ASSIGN_OR_RETURN(TextPattern pattern,
                               PatternFromJson(config["pattern"], where));
     LORAPLEX_ASSIGN_OR_RETURN(bool invert,
@@ -310,7 +272,7 @@ absl::Status PreTokenizerChain::Add(const json& config,
     LORAPLEX_ASSIGN_OR_RETURN(
         step.behavior, BehaviorField(config, where, SplitBehavior::kIsolated));
     if (!config.contains("behavior")) {
-      return Bad(where, "Split has no \"behavior\"");
+      return ConfigError(where, "Split has no \"behavior\"");
     }
   } else if (type == "Digits") {
     LORAPLEX_ASSIGN_OR_RETURN(
