@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
   if (items.size() >= 2 && items[0].has_value() && items[0]->size() == 1 &&
       !items[1].has_value()) {
     tokenizer->bos_id_ = (*items[0])[0];
-  } else if (items.empty() && names.bos.has_value()) {
+  } else if (items.empty() && names.add_bos && names.bos.has_value()) {
     LORAPLEX_ASSIGN_OR_RETURN(tokenizer->bos_id_,
                               tokenizer->ResolveName(names.bos, "bos_token"));
   }
@@ -370,6 +370,9 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(
       if (config.is_object() && config.contains(key)) {
         *field = TokenName(config, key);
       }
+    }
+    if (config.is_object() && config.contains("add_bos_token")) {
+      names.add_bos = config["add_bos_token"] == true;
     }
   }
   for (const char* file : {"generation_config.json", "config.json"}) {

@@ -41,6 +41,10 @@ struct TokenizerEncoding {
 // The special tokens a tokenizer.json does not name itself.
 struct SpecialTokenNames {
   std::optional<std::string> bos, eos, pad;
+  // tokenizer_config.json's add_bos_token: BOS is `bos` when the
+  // tokenizer.json has no template to add one (GPT-2 names a bos_token it
+  // never adds).
+  bool add_bos = false;
   std::optional<int64_t> eos_id;  // config.json's, when eos is not named
 };
 

@@ -212,6 +212,24 @@ TEST(HfTokenizerTest, BosComesFromTheTemplateAndEosFromTheConfig) {
   EXPECT_EQ((*qwen2)->eos_id(), (*qwen2)->TokenToId("<|im_end|>"));
   EXPECT_EQ((*qwen2)->pad_id(), (*qwen2)->TokenToId("<|endoftext|>"));
   EXPECT_EQ((*qwen2)->vocab_size(), 1406);
+  // GPT-2 names a bos_token but never adds it.
+  auto gpt2 = LoadHfTokenizer((kFixtures / "gpt2").string());
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  EXPECT_FALSE((*gpt2)->bos_id().has_value());
+}
+
+TEST(HfTokenizerTest, AddBosTokenWithoutATemplateAddsTheNamedBos) {
+  json config = SubwordTokenizer();
+  SpecialTokenNames names;
+  names.eos = "[UNK]";
+  names.bos = "a";
+  auto without = HfTokenizer::FromJson(config.dump(), "test", names);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_FALSE((*without)->bos_id().has_value());
+  names.add_bos = true;
+  auto with = HfTokenizer::FromJson(config.dump(), "test", names);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ((*with)->bos_id(), 1);
 }
 
 TEST(HfTokenizerTest, TokenizerJsonWinsOverTokenizerModel) {
