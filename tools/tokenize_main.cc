@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/common/status_macros.h"
 #include "core/data/dataset.h"
 #include "core/tokenizer/load_tokenizer.h"
@@ -43,20 +44,20 @@ absl::Status PrintDataset(const Tokenizer& tokenizer, const std::string& path) {
   int64_t bad = 0;
   while (std::getline(in, line)) {
     ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    absl::StatusOr<loraplex::Dataset> parsed =
-        loraplex::ParseJsonlDataset(line, tokenizer);
+    absl::string_view text = line;
+    if (number == 1) absl::ConsumePrefix(&text, "\xEF\xBB\xBF");  // BOM
+    if (text.find_first_not_of(" \t\r") == absl::string_view::npos) continue;
+    absl::StatusOr<loraplex::Example> parsed =
+        loraplex::ParseJsonlLine(text, tokenizer);
     if (!parsed.ok()) {
       ++bad;
-      // The parser numbers its one line 1; report the file's number.
-      std::string message(parsed.status().message());
-      const size_t at = message.find("line 1: ");
-      if (at != std::string::npos) message = message.substr(at + 8);
-      std::cout << nlohmann::json({{"line", number}, {"error", message}}).dump()
+      std::cout << nlohmann::json(
+                       {{"line", number}, {"error", parsed.status().message()}})
+                       .dump()
                 << "\n";
       continue;
     }
-    const loraplex::Example& example = parsed->examples.front();
+    const loraplex::Example& example = *parsed;
     std::vector<int> mask(example.loss_mask.begin(), example.loss_mask.end());
     std::cout
         << nlohmann::json({{"ids", example.input_ids}, {"mask", mask}}).dump()

@@ -411,6 +411,15 @@ std::string ChatRoleHeader(absl::string_view role) {
   return absl::StrCat(kChatRoleOpen, role, kChatRoleClose);
 }
 
+absl::StatusOr<Example> ParseJsonlLine(absl::string_view line,
+                                       const Tokenizer& tokenizer,
+                                       const DatasetParseOptions& options) {
+  absl::ConsumeSuffix(&line, "\r");
+  return ParseLine(
+      line, tokenizer,
+      options.vocab_size > 0 ? options.vocab_size : tokenizer.vocab_size());
+}
+
 absl::StatusOr<Dataset> ParseJsonlDataset(absl::string_view contents,
                                           const Tokenizer& tokenizer,
                                           const DatasetParseOptions& options) {
@@ -429,11 +438,8 @@ absl::StatusOr<Dataset> ParseJsonlDataset(absl::string_view contents,
     absl::string_view line = contents.substr(begin, end - begin);
     begin = end + 1;
     ++line_number;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (IsBlank(line)) continue;
-    absl::StatusOr<Example> example = ParseLine(
-        line, tokenizer,
-        options.vocab_size > 0 ? options.vocab_size : tokenizer.vocab_size());
+    absl::StatusOr<Example> example = ParseJsonlLine(line, tokenizer, options);
     if (!example.ok()) {
       if (num_bad++ < max_reported) {
         problems.push_back(absl::StrCat("line ", line_number, ": ",

@@ -74,6 +74,13 @@ struct DatasetParseOptions {
   int64_t vocab_size = 0;
 };
 
+// One line of a JSONL dataset (a trailing '\r' is ignored), as training
+// sees it; INVALID_ARGUMENT with the reason, without a line number, when it
+// is bad. Not for blank lines, which datasets skip.
+absl::StatusOr<Example> ParseJsonlLine(absl::string_view line,
+                                       const Tokenizer& tokenizer,
+                                       const DatasetParseOptions& options = {});
+
 // Parses JSONL text. A dataset with any bad line is rejected with
 // INVALID_ARGUMENT whose message has a summary line and then "line N: reason"
 // for each bad line (up to the cap), one per line. Blank or whitespace-only

@@ -38,7 +38,7 @@ absl::StatusOr<AddedVocabulary> AddedVocabulary::FromJson(
   AddedVocabulary vocabulary;
   LORAPLEX_ASSIGN_OR_RETURN(TextPattern word,
                             TextPattern::Regex(kWordCharacter));
-  vocabulary.word_character_.push_back(std::move(word));
+  vocabulary.word_character_ = std::move(word);
   if (tokens.is_null()) return vocabulary;
   if (!tokens.is_array()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -110,7 +110,7 @@ void AddedVocabulary::Build(MatchingSet* set, bool normalized,
 bool AddedVocabulary::IsWordAt(std::string_view text, size_t start,
                                size_t end) const {
   absl::StatusOr<std::vector<PatternPiece>> pieces =
-      word_character_[0].FindMatches(text.substr(start, end - start));
+      word_character_->FindMatches(text.substr(start, end - start));
   return pieces.ok() && !pieces->empty() && (*pieces)[0].is_match;
 }
 

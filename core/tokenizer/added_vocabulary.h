@@ -72,7 +72,7 @@ class AddedVocabulary {
   absl::flat_hash_map<std::string, size_t> by_content_;
   MatchingSet raw_;
   MatchingSet normalized_;
-  std::vector<TextPattern> word_character_;  // one pattern
+  std::optional<TextPattern> word_character_;  // set by FromJson
 };
 
 }  // namespace loraplex

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
+#include "core/tokenizer/unicode_text.h"
 
 namespace loraplex {
 
@@ -52,6 +53,48 @@ absl::StatusOr<bool> BoolField(const nlohmann::json& config, const char* key,
                                     DescribeJson(config[key])));
   }
   return config[key].get<bool>();
+}
+
+absl::StatusOr<std::string> StringField(const nlohmann::json& config,
+                                        const char* key,
+                                        const std::string& where) {
+  if (!config.contains(key) || !config[key].is_string()) {
+    return ConfigError(
+        where, absl::StrCat("\"", key, "\" must be a string, got ",
+                            config.contains(key) ? DescribeJson(config[key])
+                                                 : std::string("nothing")));
+  }
+  return config[key].get<std::string>();
+}
+
+// A string of exactly one code point.
+absl::StatusOr<char32_t> CharField(const nlohmann::json& config,
+                                   const char* key, const std::string& where) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string text, StringField(config, key, where));
+  size_t pos = 0;
+  if (text.empty() || !IsValidUtf8(text) ||
+      (NextCodePoint(text, &pos), pos != text.size())) {
+    return ConfigError(where,
+                       absl::StrCat("\"", key, "\" must be one character, got ",
+                                    DescribeJson(config[key])));
+  }
+  pos = 0;
+  return NextCodePoint(text, &pos);
+}
+
+absl::StatusOr<size_t> CountField(const nlohmann::json& config, const char* key,
+                                  const std::string& where) {
+  if (!config.contains(key) || !config[key].is_number_integer() ||
+      (!config[key].is_number_unsigned() && config[key].get<int64_t>() < 0)) {
+    return ConfigError(
+        where,
+        absl::StrCat("\"", key, "\" must be a non-negative integer, got ",
+                     config.contains(key) ? DescribeJson(config[key])
+                                          : std::string("nothing")));
+  }
+  return config[key].is_number_unsigned()
+             ? config[key].get<size_t>()
+             : static_cast<size_t>(config[key].get<int64_t>());
 }
 
 }  // namespace loraplex

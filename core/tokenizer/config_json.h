@@ -31,6 +31,17 @@ absl::StatusOr<std::string> ComponentType(const nlohmann::json& config,
 absl::StatusOr<bool> BoolField(const nlohmann::json& config, const char* key,
                                bool fallback, const std::string& where);
 
+// A string `key`.
+absl::StatusOr<std::string> StringField(const nlohmann::json& config,
+                                        const char* key,
+                                        const std::string& where);
+// A string `key` of exactly one code point.
+absl::StatusOr<char32_t> CharField(const nlohmann::json& config,
+                                   const char* key, const std::string& where);
+// A non-negative integer `key`.
+absl::StatusOr<size_t> CountField(const nlohmann::json& config, const char* key,
+                                  const std::string& where);
+
 // Calls `add(item, where_of_item, depth + 1)` for each element of the
 // Sequence's list `key` ("normalizers", "pretokenizers", ...), which may
 // nest at most 8 deep.

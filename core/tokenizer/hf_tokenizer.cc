@@ -1,8 +1,6 @@
 #include "core/tokenizer/hf_tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -63,17 +61,13 @@ size_t CountSpaces(const std::u32string& chars, bool from_end) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(
-    std::string_view json_text, const std::string& label,
+    const json& root, const std::string& label,
     const SpecialTokenNames& names) {
-  LORAPLEX_ASSIGN_OR_RETURN(
-      json root,
-      ParseUntrustedJson(absl::string_view(json_text.data(), json_text.size()),
-                         label, kTokenizerJsonOptions));
   if (!root.is_object()) return ConfigError(label, "must be a JSON object");
   std::unique_ptr<HfTokenizer> tokenizer(new HfTokenizer());
+  const json absent;  // null: the component is not configured
   const auto field = [&](const char* key) -> const json& {
-    static const json* const kNull = new json(nullptr);
-    return root.contains(key) ? root[key] : *kNull;
+    return root.contains(key) ? root[key] : absent;
   };
   const auto where = [&](const char* key) {
     return absl::StrCat(label, ": ", key);
@@ -143,8 +137,11 @@ absl::Status HfTokenizer::ParsePostProcessor(const json& config,
         });
   }
   if (type == "ByteLevel") {
-    trim_offsets_ = config.value("trim_offsets", true) == true;
-    trim_add_prefix_space_ = config.value("add_prefix_space", true) == true;
+    LORAPLEX_ASSIGN_OR_RETURN(trim_offsets_,
+                              BoolField(config, "trim_offsets", true, where));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        trim_add_prefix_space_,
+        BoolField(config, "add_prefix_space", true, where));
     return absl::OkStatus();
   }
   if (type != "TemplateProcessing") {
@@ -348,13 +345,9 @@ absl::StatusOr<std::string> HfTokenizer::Decode(
 absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(
     const std::string& model_dir) {
   namespace fs = std::filesystem;
-  const fs::path path = fs::path(model_dir) / kHfTokenizerFile;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path.string(), ": cannot read"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string path = (fs::path(model_dir) / kHfTokenizerFile).string();
+  LORAPLEX_ASSIGN_OR_RETURN(json root,
+                            ReadUntrustedJsonFile(path, kTokenizerJsonOptions));
   SpecialTokenNames names;
   // tokenizer_config.json wins over special_tokens_map.json, as in
   // transformers; config.json's eos_token_id is the last resort.
@@ -381,7 +374,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(
     absl::StatusOr<json> config = ReadUntrustedJsonFile(config_path.string());
     if (config.ok()) names.eos_id = FirstId(*config, "eos_token_id");
   }
-  return HfTokenizer::FromJson(text.str(), path.string(), names);
+  return HfTokenizer::FromJson(root, path, names);
 }
 
 }  // namespace loraplex

@@ -14,6 +14,7 @@
 #define LORAPLEX_CORE_TOKENIZER_HF_TOKENIZER_H_
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,9 +51,9 @@ struct SpecialTokenNames {
 
 class HfTokenizer : public Tokenizer {
  public:
-  // `json_text` is the tokenizer.json; `label` names it in errors.
+  // `root` is the parsed tokenizer.json; `label` names it in errors.
   static absl::StatusOr<std::unique_ptr<HfTokenizer>> FromJson(
-      std::string_view json_text, const std::string& label,
+      const nlohmann::json& root, const std::string& label,
       const SpecialTokenNames& names);
 
   absl::StatusOr<TokenizerEncoding> EncodeWithOffsets(

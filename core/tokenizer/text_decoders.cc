@@ -93,50 +93,21 @@ absl::Status DecoderChain::Add(const json& config, const std::string& where,
     step.kind = Kind::kFuse;
   } else if (type == "Metaspace" || type == "Strip") {
     step.kind = type == "Metaspace" ? Kind::kMetaspace : Kind::kStrip;
-    const char* key = type == "Metaspace" ? "replacement" : "content";
-    const json* value = config.contains(key) ? &config[key] : nullptr;
-    std::u32string chars;
-    if (value != nullptr && value->is_string() &&
-        IsValidUtf8(value->get<std::string>())) {
-      chars = CodePoints(value->get<std::string>());
-    }
-    if (chars.size() != 1) {
-      return ConfigError(where,
-                         absl::StrCat("\"", key, "\" must be one character"));
-    }
-    step.content = chars[0];
+    LORAPLEX_ASSIGN_OR_RETURN(
+        step.content,
+        CharField(config, type == "Metaspace" ? "replacement" : "content",
+                  where));
     if (type == "Metaspace") {
-      step.prepend = PrependScheme::kAlways;
-      if (config.contains("prepend_scheme")) {
-        const json& scheme = config["prepend_scheme"];
-        if (scheme == "first") step.prepend = PrependScheme::kFirst;
-        if (scheme == "never") step.prepend = PrependScheme::kNever;
-      } else if (config.contains("add_prefix_space") &&
-                 config["add_prefix_space"] == false) {
-        step.prepend = PrependScheme::kNever;
-      }
+      LORAPLEX_ASSIGN_OR_RETURN(step.prepend,
+                                PrependSchemeFromJson(config, where));
     } else {
-      for (auto [name, field] :
-           {std::pair{"start", &step.start}, std::pair{"stop", &step.stop}}) {
-        if (!config.contains(name) || !config[name].is_number_unsigned()) {
-          return ConfigError(where, absl::StrCat("\"", name,
-                                                 "\" must be a "
-                                                 "non-negative integer"));
-        }
-        *field = config[name].get<size_t>();
-      }
+      LORAPLEX_ASSIGN_OR_RETURN(step.start, CountField(config, "start", where));
+      LORAPLEX_ASSIGN_OR_RETURN(step.stop, CountField(config, "stop", where));
     }
   } else if (type == "Replace") {
     step.kind = Kind::kReplace;
-    if (!config.contains("pattern") || !config.contains("content") ||
-        !config["content"].is_string()) {
-      return ConfigError(where,
-                         "Replace needs \"pattern\" and a string \"content\"");
-    }
-    LORAPLEX_ASSIGN_OR_RETURN(TextPattern pattern,
-                              PatternFromJson(config["pattern"], where));
-    step.pattern.push_back(std::move(pattern));
-    step.replacement = config["content"].get<std::string>();
+    LORAPLEX_RETURN_IF_ERROR(
+        ReplaceFromJson(config, where, &step.pattern, &step.replacement));
   } else {
     return ConfigError(where,
                        absl::StrCat("decoder type \"", type,

@@ -24,32 +24,6 @@ constexpr std::string_view kWhitespaceRegex =
     "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]+|"
     "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}\\s]+";
 
-absl::StatusOr<std::string> StringField(const json& config, const char* key,
-                                        const std::string& where) {
-  if (!config.contains(key) || !config[key].is_string()) {
-    return ConfigError(
-        where, absl::StrCat("\"", key, "\" must be a string, got ",
-                            config.contains(key) ? DescribeJson(config[key])
-                                                 : std::string("nothing")));
-  }
-  return config[key].get<std::string>();
-}
-
-// A string of exactly one code point.
-absl::StatusOr<char32_t> CharField(const json& config, const char* key,
-                                   const std::string& where) {
-  LORAPLEX_ASSIGN_OR_RETURN(std::string text, StringField(config, key, where));
-  size_t pos = 0;
-  if (text.empty() || !IsValidUtf8(text) ||
-      (NextCodePoint(text, &pos), pos != text.size())) {
-    return ConfigError(where,
-                       absl::StrCat("\"", key, "\" must be one character, got ",
-                                    DescribeJson(config[key])));
-  }
-  pos = 0;
-  return NextCodePoint(text, &pos);
-}
-
 absl::StatusOr<SplitBehavior> BehaviorField(const json& config,
                                             const std::string& where,
                                             SplitBehavior fallback) {
@@ -68,24 +42,6 @@ absl::StatusOr<SplitBehavior> BehaviorField(const json& config,
                                          "Isolated, MergedWithPrevious, "
                                          "MergedWithNext, Contiguous; got ",
                                          DescribeJson(value)));
-}
-
-absl::StatusOr<PrependScheme> PrependField(const json& config,
-                                           const std::string& where) {
-  if (config.contains("prepend_scheme")) {
-    const json& value = config["prepend_scheme"];
-    if (value == "always") return PrependScheme::kAlways;
-    if (value == "first") return PrependScheme::kFirst;
-    if (value == "never") return PrependScheme::kNever;
-    return ConfigError(where,
-                       absl::StrCat("\"prepend_scheme\" must be \"always\", "
-                                    "\"first\" or \"never\", got ",
-                                    DescribeJson(value)));
-  }
-  // Files written before prepend_scheme existed.
-  LORAPLEX_ASSIGN_OR_RETURN(bool add_prefix_space,
-                            BoolField(config, "add_prefix_space", true, where));
-  return add_prefix_space ? PrependScheme::kAlways : PrependScheme::kNever;
 }
 
 absl::Status Unsupported(const std::string& where, const std::string& kind,
@@ -124,6 +80,24 @@ int ByteLevelByte(char32_t c) {
   return c < Tables().byte_of.size() ? Tables().byte_of[c] : -1;
 }
 
+absl::StatusOr<PrependScheme> PrependSchemeFromJson(const json& config,
+                                                    const std::string& where) {
+  if (config.contains("prepend_scheme")) {
+    const json& value = config["prepend_scheme"];
+    if (value == "always") return PrependScheme::kAlways;
+    if (value == "first") return PrependScheme::kFirst;
+    if (value == "never") return PrependScheme::kNever;
+    return ConfigError(where,
+                       absl::StrCat("\"prepend_scheme\" must be \"always\", "
+                                    "\"first\" or \"never\", got ",
+                                    DescribeJson(value)));
+  }
+  // Files written before prepend_scheme existed.
+  LORAPLEX_ASSIGN_OR_RETURN(bool add_prefix_space,
+                            BoolField(config, "add_prefix_space", true, where));
+  return add_prefix_space ? PrependScheme::kAlways : PrependScheme::kNever;
+}
+
 absl::StatusOr<TextPattern> PatternFromJson(const json& config,
                                             const std::string& where) {
   if (config.is_object() && config.size() == 1) {
@@ -141,6 +115,19 @@ absl::StatusOr<TextPattern> PatternFromJson(const json& config,
                      absl::StrCat("\"pattern\" must be {\"String\": ...} or "
                                   "{\"Regex\": ...}, got ",
                                   DescribeJson(config)));
+}
+
+absl::Status ReplaceFromJson(const json& config, const std::string& where,
+                             std::vector<TextPattern>* pattern,
+                             std::string* content) {
+  if (!config.contains("pattern")) {
+    return ConfigError(where, "Replace has no pattern");
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(TextPattern parsed,
+                            PatternFromJson(config["pattern"], where));
+  LORAPLEX_ASSIGN_OR_RETURN(*content, StringField(config, "content", where));
+  pattern->push_back(std::move(parsed));
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------
@@ -182,13 +169,8 @@ absl::Status NormalizerChain::Add(const json& config, const std::string& where,
                               BoolField(config, "strip_right", true, where));
   } else if (type == "Replace") {
     step.kind = Kind::kReplace;
-    if (!config.contains("pattern"))
-      return ConfigError(where, "Replace has no pattern");
-    LORAPLEX_ASSIGN_OR_RETURN(TextPattern pattern,
-                              PatternFromJson(config["pattern"], where));
-    step.pattern.push_back(std::move(pattern));
-    LORAPLEX_ASSIGN_OR_RETURN(step.content,
-                              StringField(config, "content", where));
+    LORAPLEX_RETURN_IF_ERROR(
+        ReplaceFromJson(config, where, &step.pattern, &step.content));
   } else if (type == "Prepend") {
     step.kind = Kind::kPrepend;
     LORAPLEX_ASSIGN_OR_RETURN(step.content,
@@ -285,7 +267,8 @@ absl::Status PreTokenizerChain::Add(const json& config,
     LORAPLEX_ASSIGN_OR_RETURN(char32_t replacement,
                               CharField(config, "replacement", where));
     AppendUtf8(replacement, &step.replacement);
-    LORAPLEX_ASSIGN_OR_RETURN(step.prepend, PrependField(config, where));
+    LORAPLEX_ASSIGN_OR_RETURN(step.prepend,
+                              PrependSchemeFromJson(config, where));
     LORAPLEX_ASSIGN_OR_RETURN(step.split,
                               BoolField(config, "split", true, where));
     LORAPLEX_ASSIGN_OR_RETURN(TextPattern space, TextPattern::Literal(" "));

@@ -57,6 +57,11 @@ class NormalizerChain {
 
 enum class PrependScheme { kAlways, kFirst, kNever };
 
+// Metaspace's "prepend_scheme", or for older files its "add_prefix_space"
+// (true: always, false: never).
+absl::StatusOr<PrependScheme> PrependSchemeFromJson(
+    const nlohmann::json& config, const std::string& where);
+
 class PreTokenizerChain {
  public:
   static absl::StatusOr<PreTokenizerChain> FromJson(
@@ -115,6 +120,13 @@ class DecoderChain {
 // A {"String": s} or {"Regex": r} pattern of a Split, Replace, ... step.
 absl::StatusOr<TextPattern> PatternFromJson(const nlohmann::json& config,
                                             const std::string& where);
+
+// A Replace step (normalizer or decoder): appends its pattern to `pattern`
+// and sets its "content".
+absl::Status ReplaceFromJson(const nlohmann::json& config,
+                             const std::string& where,
+                             std::vector<TextPattern>* pattern,
+                             std::string* content);
 
 }  // namespace loraplex
 

@@ -167,8 +167,7 @@ json SubwordTokenizer() {
 TEST(HfTokenizerTest, SubwordPrefixSuffixAndFusedUnknowns) {
   SpecialTokenNames names;
   names.eos = "[UNK]";
-  auto tokenizer =
-      HfTokenizer::FromJson(SubwordTokenizer().dump(), "test", names);
+  auto tokenizer = HfTokenizer::FromJson(SubwordTokenizer(), "test", names);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   // "  ABC c XYZ " -> lowercase, strip -> words "abc", "c", "xyz".
   const TokenizerEncoding encoding =
@@ -193,7 +192,7 @@ TEST(HfTokenizerTest, IgnoreMergesTakesWholeWordsFromTheVocabulary) {
   names.eos = "a";
   for (bool ignore : {false, true}) {
     config["model"]["ignore_merges"] = ignore;
-    auto tokenizer = HfTokenizer::FromJson(config.dump(), "test", names);
+    auto tokenizer = HfTokenizer::FromJson(config, "test", names);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     const std::vector<int64_t> want =
         ignore ? std::vector<int64_t>{4} : std::vector<int64_t>{0, 3};
@@ -223,11 +222,11 @@ TEST(HfTokenizerTest, AddBosTokenWithoutATemplateAddsTheNamedBos) {
   SpecialTokenNames names;
   names.eos = "[UNK]";
   names.bos = "a";
-  auto without = HfTokenizer::FromJson(config.dump(), "test", names);
+  auto without = HfTokenizer::FromJson(config, "test", names);
   ASSERT_TRUE(without.ok()) << without.status();
   EXPECT_FALSE((*without)->bos_id().has_value());
   names.add_bos = true;
-  auto with = HfTokenizer::FromJson(config.dump(), "test", names);
+  auto with = HfTokenizer::FromJson(config, "test", names);
   ASSERT_TRUE(with.ok()) << with.status();
   EXPECT_EQ((*with)->bos_id(), 1);
 }
@@ -270,6 +269,15 @@ TEST(HfTokenizerTest, UnsupportedComponentsAreNamedWithTheirPlace) {
        "pre_tokenizer.pretokenizers[1]: pre_tokenizer type "
        "\"BertPreTokenizer\""},
       {"/decoder", {{"type", "WordPiece"}}, "decoder type \"WordPiece\""},
+      {"/decoder",
+       {{"type", "Metaspace"},
+        {"replacement", "\xe2\x96\x81"},
+        {"prepend_scheme", "sometimes"}},
+       "decoder: \"prepend_scheme\" must be \"always\", \"first\" or "
+       "\"never\""},
+      {"/decoder",
+       {{"type", "Strip"}, {"content", " "}, {"start", 1}},
+       "\"stop\" must be a non-negative integer, got nothing"},
       {"/post_processor",
        {{"type", "RobertaProcessing"}},
        "post_processor type \"RobertaProcessing\""},
@@ -288,18 +296,18 @@ TEST(HfTokenizerTest, UnsupportedComponentsAreNamedWithTheirPlace) {
   for (const Case& c : cases) {
     json config = SubwordTokenizer();
     config[json::json_pointer(c.pointer)] = c.value;
-    auto tokenizer = HfTokenizer::FromJson(config.dump(), "tok.json", names);
+    auto tokenizer = HfTokenizer::FromJson(config, "tok.json", names);
     ASSERT_FALSE(tokenizer.ok()) << c.pointer;
     EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(tokenizer.status().message()), HasSubstr(c.message))
         << c.pointer;
   }
   names.eos = "<|missing|>";
-  EXPECT_THAT(std::string(HfTokenizer::FromJson(SubwordTokenizer().dump(),
-                                                "tok.json", names)
-                              .status()
-                              .message()),
-              HasSubstr("eos_token \"<|missing|>\" is not a token"));
+  EXPECT_THAT(
+      std::string(HfTokenizer::FromJson(SubwordTokenizer(), "tok.json", names)
+                      .status()
+                      .message()),
+      HasSubstr("eos_token \"<|missing|>\" is not a token"));
 }
 
 }  // namespace
