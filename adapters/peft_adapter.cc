@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/atomic_file.h"
@@ -39,7 +40,106 @@ absl::Status CheckNeutral(const nlohmann::json& config, const char* key,
                    " is not supported (only plain LoRA adapters are)"));
 }
 
+// PEFT's matching rule for target_modules and exclude_modules entries: a
+// module is named when its full name equals the entry or ends with "." +
+// the entry ("q_proj", "self_attn.q_proj", "model.layers.0.self_attn.q_proj").
+bool PeftEntryNames(absl::string_view module, absl::string_view entry) {
+  return module == entry ||
+         (module.size() > entry.size() && absl::EndsWith(module, entry) &&
+          module[module.size() - entry.size() - 1] == '.');
+}
+
+std::string PeftModuleName(int layer, Projection projection) {
+  return absl::StrCat("model.layers.", layer, ".",
+                      ProjectionModule(projection));
+}
+
+// The (layer, projection) modules a list of entries names; `key` is the
+// field read. Each entry must name at least one of them.
+absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
+    const nlohmann::json& entries, const char* key, int num_layers,
+    const std::string& label) {
+  std::set<std::pair<Projection, int>> named;
+  for (const nlohmann::json& entry : entries) {
+    bool any = false;
+    if (entry.is_string()) {
+      const std::string& text = entry.get_ref<const std::string&>();
+      for (Projection p : kAllProjections) {
+        for (int layer = 0; layer < num_layers; ++layer) {
+          if (PeftEntryNames(PeftModuleName(layer, p), text)) {
+            named.insert({p, layer});
+            any = true;
+          }
+        }
+      }
+    }
+    if (!any) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": ", key, " names an unsupported module ",
+          DescribeJson(entry),
+          "; supported: ", EnumNameList(kAllProjections, &ProjectionName),
+          " of layers 0-", num_layers - 1,
+          ", by name, suffix (\"mlp.up_proj\") or full path "
+          "(\"model.layers.0.mlp.up_proj\")"));
+    }
+  }
+  return named;
+}
+
+// target_modules minus exclude_modules, as projections that cover every
+// layer. An adapter on some layers only cannot be held by a slot, so it is
+// refused rather than imported as something else.
+absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
+    const nlohmann::json& json, int num_layers, const std::string& label) {
+  auto targets = json.find("target_modules");
+  if (targets != json.end() && *targets == "all-linear") {
+    return std::vector<Projection>(kAllProjections.begin(),
+                                   kAllProjections.end());
+  }
+  if (targets == json.end() || !targets->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": target_modules ",
+        targets != json.end() && targets->is_string()
+            ? "as a regular expression is not supported; list the modules"
+            : "must be a list of module names"));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      auto named, NamedModules(*targets, "target_modules", num_layers, label));
+  if (auto exclude = json.find("exclude_modules");
+      exclude != json.end() && !exclude->is_null()) {
+    if (!exclude->is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label,
+                       ": exclude_modules must be a list of module names (a "
+                       "regular expression is not supported)"));
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        auto excluded,
+        NamedModules(*exclude, "exclude_modules", num_layers, label));
+    for (const auto& module : excluded) named.erase(module);
+  }
+  std::vector<Projection> projections;
+  for (Projection p : kAllProjections) {
+    std::vector<int> layers;
+    for (int layer = 0; layer < num_layers; ++layer) {
+      if (named.count({p, layer}) > 0) layers.push_back(layer);
+    }
+    if (layers.empty()) continue;
+    if (static_cast<int>(layers.size()) != num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": target_modules covers ", ProjectionName(p), " on ",
+          layers.size(), " of the base model's ", num_layers, " layers (",
+          absl::StrJoin(layers, ", "),
+          "); adapters on some layers only are not supported: cover every "
+          "layer"));
+    }
+    projections.push_back(p);
+  }
+  return projections;
+}
+
 absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
+                                           int num_layers,
                                            const std::string& label,
                                            std::string* base_model) {
   if (!json.is_object()) {
@@ -93,23 +193,8 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
   LORAPLEX_RETURN_IF_ERROR(fields.Number("lora_alpha", &config.alpha));
   LORAPLEX_RETURN_IF_ERROR(fields.Number("lora_dropout", &config.dropout));
   LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_rslora", &config.use_rslora));
-  auto targets = json.find("target_modules");
-  if (targets == json.end() || !targets->is_array()) {
-    return fields.Invalid(
-        "target_modules",
-        targets != json.end() && targets->is_string()
-            ? "as a regular expression is not supported; list the modules"
-            : "must be a list of module names");
-  }
-  auto parsed = ParseTargetModules(*targets, "target_modules");
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(label, ": ", parsed.status().message()));
-  }
-  config.targets = std::move(parsed).value();
-  config.targets.erase(
-      std::unique(config.targets.begin(), config.targets.end()),
-      config.targets.end());
+  LORAPLEX_ASSIGN_OR_RETURN(config.targets,
+                            ParsePeftTargets(json, num_layers, label));
   if (absl::Status s = ValidateLoraConfig(config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": ", s.message()));
   }
@@ -193,7 +278,8 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
                             ReadUntrustedJsonFile(config_path));
   LORAPLEX_ASSIGN_OR_RETURN(
       adapter.config,
-      ParsePeftConfig(json, config_path, &adapter.base_model_name_or_path));
+      ParsePeftConfig(json, model.num_hidden_layers, config_path,
+                      &adapter.base_model_name_or_path));
   if (!std::filesystem::exists(weights_path)) {
     return absl::InvalidArgumentError(
         absl::StrCat(dir, ": no ", kPeftWeightsFile,

@@ -42,6 +42,7 @@ namespace fs = std::filesystem;
 
 struct ServerFlags {
   std::string model_dir;
+  std::string model_name;
   std::string state_dir = "./loraplex-state";
   std::string listen = "127.0.0.1:50051";
   int slots = 8;
@@ -63,6 +64,28 @@ struct ServerFlags {
   int64_t min_checkpoint_interval = 10;
   int keep_checkpoints = 3;
 };
+
+// The last component of `dir` ("models/qwen/" -> "qwen").
+std::string DirectoryName(const std::string& dir) {
+  const fs::path path = fs::path(dir).lexically_normal();
+  return path.filename().empty() ? path.parent_path().filename().string()
+                                 : path.filename().string();
+}
+
+// base_model_name_or_path of exported adapters: what PEFT, vLLM and
+// transformers resolve the base with. A Hub id (--model-name, else the
+// checkpoint's own `_name_or_path`) or, failing both, the directory itself.
+std::string ExportedBaseModel(const std::string& model_name,
+                              const ModelConfig& config,
+                              const std::string& model_dir) {
+  if (!model_name.empty()) return model_name;
+  if (!config.name_or_path.empty()) return config.name_or_path;
+  std::error_code error;
+  std::string path = fs::absolute(model_dir, error).lexically_normal().string();
+  if (error) return model_dir;
+  if (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
 
 bool IsLoopback(absl::string_view address) {
   return absl::StartsWith(address, "127.") ||
@@ -303,13 +326,9 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   }
   const ModelConfig model_config = (*model)->config();
   const std::string model_name =
-      fs::path(model_dir).lexically_normal().filename().string().empty()
-          ? fs::path(model_dir)
-                .lexically_normal()
-                .parent_path()
-                .filename()
-                .string()
-          : fs::path(model_dir).lexically_normal().filename().string();
+      flags.model_name.empty() ? DirectoryName(model_dir) : flags.model_name;
+  const std::string export_name =
+      ExportedBaseModel(flags.model_name, model_config, model_dir);
 
   absl::StatusOr<std::unique_ptr<JobStore>> store =
       JobStore::Open(flags.state_dir + "/loraplex.db");
@@ -325,7 +344,6 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   SchedulerOptions scheduler_options;
   scheduler_options.state_dir = flags.state_dir;
   scheduler_options.slots_per_tenant = slots_per_tenant;
-  scheduler_options.base_model_name = model_name;
   scheduler_options.throughput_log_seconds = flags.throughput_log_seconds;
   JobScheduler scheduler(store->get(), &datasets, &hub, &logger,
                          scheduler_options);
@@ -334,7 +352,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   trainer_options.pool.max_rank = flags.max_rank;
   trainer_options.pool.device = *device;
   trainer_options.co_batch.token_budget = flags.token_budget;
-  trainer_options.base_model_name = model_name;
+  trainer_options.base_model_name = export_name;
   trainer_options.checkpoint_root =
       absl::StrCat(flags.state_dir, "/checkpoints");
   trainer_options.checkpoint_interval = flags.checkpoint_interval;
@@ -482,6 +500,11 @@ int main(int argc, char** argv) {
   app.add_option("--model", flags.model_dir,
                  "Base model directory (config.json + safetensors); default: "
                  "the built-in tiny model, written to the state dir");
+  app.add_option("--model-name", flags.model_name,
+                 "The base model's name: clients' jobs name it, and exported "
+                 "adapters write it as base_model_name_or_path (default: "
+                 "the directory's name; exports then write config.json's "
+                 "_name_or_path, else the directory's absolute path)");
   app.add_option("--state-dir", flags.state_dir,
                  "Where datasets, adapters and the job database live")
       ->capture_default_str();

@@ -317,6 +317,10 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const json& root,
   ConfigReader reader(root, label);
   ModelConfig config;
   LORAPLEX_RETURN_IF_ERROR(ParseFamily(reader, config));
+  if (auto it = root.find("_name_or_path");
+      it != root.end() && it->is_string()) {
+    config.name_or_path = it->get<std::string>();
+  }
   LORAPLEX_ASSIGN_OR_RETURN(config.vocab_size,
                             reader.PositiveInt("vocab_size"));
   LORAPLEX_ASSIGN_OR_RETURN(config.hidden_size,

@@ -66,6 +66,9 @@ struct ModelConfig {
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> eos_token_id;
   std::optional<int64_t> pad_token_id;
+  // `_name_or_path`: the Hub id (or path) transformers saved the checkpoint
+  // from; empty when config.json has none.
+  std::string name_or_path;
 };
 
 // Parses config.json text. `label` names the source in error messages.

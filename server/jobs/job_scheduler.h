@@ -41,7 +41,6 @@ struct SchedulerOptions {
   std::string state_dir;
   // Slots one tenant's jobs may hold at once.
   int slots_per_tenant = 1 << 30;
-  std::string base_model_name;
   // Seconds between throughput lines in the log; 0: none.
   double throughput_log_seconds = 30.0;
 };

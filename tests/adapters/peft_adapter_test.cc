@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/common/json_parse.h"
 #include "core/lora/multi_lora.h"
 #include "core/model/llama_model.h"
@@ -204,6 +205,75 @@ TEST_F(BadPeftAdapterTest, UnsupportedModule) {
   WriteConfig();
   EXPECT_THAT(Error(), HasSubstr("target_modules names an unsupported module "
                                  "\"embed_tokens\""));
+}
+
+// PEFT names modules by full path or by suffix (its `target_modules=
+// "all-linear"` adapters list full paths); each matches when the module's
+// name equals it or ends with "." + it.
+TEST_F(BadPeftAdapterTest, FullPathsAndSuffixesCoveringEveryLayerLoad) {
+  const int layers = GqaConfig().num_hidden_layers;
+  ASSERT_GE(layers, 2);
+  nlohmann::json targets = nlohmann::json::array();
+  for (int layer = 0; layer < layers; ++layer) {
+    targets.push_back(
+        absl::StrCat("model.layers.", layer, ".self_attn.q_proj"));
+  }
+  targets.push_back("self_attn.v_proj");
+  config_["target_modules"] = targets;
+  WriteConfig();
+  auto adapter = LoadPeftAdapter(dir_, GqaConfig());
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ(adapter->config.targets,
+            (std::vector<Projection>{Projection::kQ, Projection::kV}));
+  EXPECT_EQ(adapter->modules.size(), static_cast<size_t>(2 * layers));
+
+  // exclude_modules takes modules away by the same rule.
+  config_["target_modules"] = {"q_proj", "k_proj", "v_proj"};
+  config_["exclude_modules"] = {"self_attn.k_proj"};
+  WriteConfig();
+  adapter = LoadPeftAdapter(dir_, GqaConfig());
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ(adapter->config.targets,
+            (std::vector<Projection>{Projection::kQ, Projection::kV}));
+}
+
+TEST_F(BadPeftAdapterTest, AllLinearStringTargetsEveryProjection) {
+  const std::string source = FixturePath("golden/peft/all_r8_rslora");
+  for (const char* name :
+       {"adapter_config.json", "adapter_model.safetensors"}) {
+    std::filesystem::copy_file(
+        source + "/" + name, dir_ + "/" + name,
+        std::filesystem::copy_options::overwrite_existing);
+  }
+  config_ = ReadJson(dir_ + "/adapter_config.json");
+  config_["target_modules"] = "all-linear";
+  WriteConfig();
+  auto adapter = LoadPeftAdapter(dir_, GqaConfig());
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ(adapter->config.targets.size(), kAllProjections.size());
+}
+
+TEST_F(BadPeftAdapterTest, PathsCoveringSomeLayersOnlyAreRefused) {
+  config_["target_modules"] = {"model.layers.0.self_attn.q_proj", "v_proj"};
+  WriteConfig();
+  EXPECT_THAT(Error(),
+              HasSubstr(absl::StrCat(
+                  "target_modules covers q_proj on 1 of the base model's ",
+                  GqaConfig().num_hidden_layers,
+                  " layers (0); adapters on some layers only are not "
+                  "supported")));
+  // A layer the base does not have, and a path that is no projection.
+  config_["target_modules"] = {"model.layers.99.self_attn.q_proj"};
+  WriteConfig();
+  EXPECT_THAT(Error(), HasSubstr("target_modules names an unsupported module "
+                                 "\"model.layers.99.self_attn.q_proj\""));
+  config_["target_modules"] = {"q_proj", "model.layers.0.mlp"};
+  WriteConfig();
+  EXPECT_THAT(Error(), HasSubstr("\"model.layers.0.mlp\""));
+  config_["target_modules"] = {"q_proj", "v_proj"};
+  config_["exclude_modules"] = ".*";
+  WriteConfig();
+  EXPECT_THAT(Error(), HasSubstr("exclude_modules must be a list"));
 }
 
 TEST_F(BadPeftAdapterTest, RegexTargets) {

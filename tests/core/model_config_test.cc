@@ -43,6 +43,15 @@ TEST(ModelConfigTest, ParsesLlamaWithDefaults) {
   EXPECT_FALSE(config->sliding_window.has_value());
 }
 
+TEST(ModelConfigTest, KeepsTheNameOrPathTransformersSaved) {
+  EXPECT_EQ(Parse(BaseLlama())->name_or_path, "");
+  json config = BaseLlama();
+  config["_name_or_path"] = "Qwen/Qwen2.5-0.5B-Instruct";
+  auto parsed = Parse(config);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->name_or_path, "Qwen/Qwen2.5-0.5B-Instruct");
+}
+
 TEST(ModelConfigTest, KeyValueHeadsDefaultToAttentionHeads) {
   json raw = BaseLlama();
   raw.erase("num_key_value_heads");

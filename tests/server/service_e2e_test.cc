@@ -18,14 +18,15 @@ TEST(ServiceEndToEndTest, JobsTrainTogetherAndExportTheEngineWeights) {
   const std::string state = FreshTestDir("state");
   // In fp64, so the server's co-batched results and the engine's solo ones
   // agree far below fp32 rounding.
-  auto server = StartServer(state, /*slots=*/4, {"--dtype=float64"});
+  auto server = StartServer(state, /*slots=*/4,
+                            {"--dtype=float64", "--model-name=acme/tiny-base"});
   ASSERT_NE(server, nullptr);
   auto client = ClientFor(*server);
   ASSERT_NE(client, nullptr);
 
   auto info = client->GetServerInfo();
   ASSERT_TRUE(info.ok()) << info.status();
-  EXPECT_EQ(info->base_model().name(), "tiny");
+  EXPECT_EQ(info->base_model().name(), "acme/tiny-base");
   EXPECT_EQ(info->slot_capacity(), 4);
   EXPECT_EQ(info->tenant(), "default");
 
@@ -110,6 +111,7 @@ TEST(ServiceEndToEndTest, JobsTrainTogetherAndExportTheEngineWeights) {
     auto exported = LoadPeftAdapter(out, *model_config);
     ASSERT_TRUE(exported.ok()) << exported.status();
     EXPECT_EQ(exported->config.rank, job->lora().rank());
+    EXPECT_EQ(exported->base_model_name_or_path, "acme/tiny-base");
 
     const std::vector<torch::Tensor> expected =
         TrainDirectly(model_dir, jsonl, *job);
@@ -153,7 +155,14 @@ TEST(ServiceEndToEndTest, ExportsARunningJobAndContinuesFromAnAdapter) {
   ASSERT_TRUE(files.ok()) << files.status();
   auto model_config = LoadModelConfig(state + "/models/tiny");
   ASSERT_TRUE(model_config.ok());
-  ASSERT_TRUE(LoadPeftAdapter(snapshot, *model_config).ok());
+  auto snapshot_adapter = LoadPeftAdapter(snapshot, *model_config);
+  ASSERT_TRUE(snapshot_adapter.ok()) << snapshot_adapter.status();
+  // With neither --model-name nor a _name_or_path in config.json, exports
+  // point at the base's directory, which PEFT and vLLM load from.
+  EXPECT_EQ(snapshot_adapter->base_model_name_or_path,
+            std::filesystem::absolute(state + "/models/tiny")
+                .lexically_normal()
+                .string());
   ASSERT_TRUE(client->CancelJob(long_job->name()).ok());
 
   // Upload the snapshot as an adapter and evaluate it; then continue
