@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "core/common/json_parse.h"
+#include "core/common/status_macros.h"
+#include "core/data/chat_example.h"
 
 namespace loraplex {
 namespace {
@@ -27,6 +29,10 @@ constexpr int kMaxLineDepth = 8;
 // Keeps one bad line from flooding the error (e.g. a huge unterminated
 // string echoed back by the parser).
 constexpr size_t kMaxParserReasonChars = 160;
+
+// An optional key of "messages" and of conversational prompt/completion
+// lines: the tool definitions the chat template renders.
+constexpr absl::string_view kToolsKey = "tools";
 
 constexpr absl::string_view kExpectedKinds =
     "\"text\", \"prompt\" and \"completion\", \"messages\", or \"input_ids\" "
@@ -165,93 +171,141 @@ absl::StatusOr<Example> ParseText(const json& line,
   return builder.Take();
 }
 
-absl::StatusOr<Example> ParsePromptCompletion(const json& line,
-                                              const Tokenizer& tokenizer) {
-  const json& prompt = line["prompt"];
-  const json& completion = line["completion"];
-  absl::Status status = RequireString(prompt, "prompt");
-  if (status.ok()) status = RequireString(completion, "completion");
-  if (!status.ok()) return status;
-  if (completion.get_ref<const std::string&>().empty()) {
-    return Bad("completion must not be empty");
-  }
-  ExampleBuilder builder(tokenizer);
-  builder.AddBos();
-  status = builder.AddText(prompt.get_ref<const std::string&>(), false);
-  if (status.ok()) {
-    status = builder.AddText(completion.get_ref<const std::string&>(), true);
-  }
-  if (!status.ok()) return status;
-  builder.AddEos(true);
-  return builder.Take();
+// What a chat line's messages say once checked: the role of each and
+// whether it is a trained assistant turn (an empty one still learns to end
+// its turn), and whether any trained turn has text.
+struct CheckedMessages {
+  std::vector<std::string> roles;
+  std::vector<bool> trained;
+  bool any_trained_text = false;
+};
+
+// Message keys the model's own template may read (OpenAI's fine-tuning
+// format, tool calls, reasoning); loraplex's built-in format has only
+// role, content and weight.
+constexpr absl::string_view kTemplateMessageKeys[] = {
+    "role",     "content",    "weight",
+    "name",     "tool_calls", "tool_call_id",
+    "thinking", "reasoning",  "reasoning_content"};
+
+bool IsTemplateMessageKey(absl::string_view key) {
+  return std::find(std::begin(kTemplateMessageKeys),
+                   std::end(kTemplateMessageKeys),
+                   key) != std::end(kTemplateMessageKeys);
 }
 
-// Checks one element of "messages" and returns its role, or an error naming
-// messages[index].
-absl::StatusOr<std::string> CheckMessage(const json& message, size_t index) {
-  const std::string name = absl::StrCat("messages[", index, "]");
-  if (!message.is_object()) {
-    return Bad(absl::StrCat(name, " must be an object with \"role\" and ",
-                            "\"content\", got ", DescribeJson(message)));
-  }
-  for (auto it = message.begin(); it != message.end(); ++it) {
-    if (it.key() != "role" && it.key() != "content") {
-      return Bad(absl::StrCat(name, " has unknown key ", QuoteKey(it.key()),
-                              " (a message has only \"role\" and ",
-                              "\"content\")"));
-    }
-  }
-  for (const char* key : {"role", "content"}) {
-    if (!message.contains(key)) {
-      return Bad(absl::StrCat(name, " has no \"", key, "\""));
-    }
-  }
-  const json& role = message["role"];
-  const absl::string_view role_name =
-      role.is_string() ? absl::string_view(role.get_ref<const std::string&>())
-                       : absl::string_view();
-  if (role_name != kChatRoleSystem && role_name != kChatRoleUser &&
-      role_name != kChatRoleAssistant) {
-    return Bad(absl::StrCat(name, ".role must be one of \"", kChatRoleSystem,
-                            "\", \"", kChatRoleUser, "\", \"",
-                            kChatRoleAssistant, "\"; got ",
-                            DescribeJson(role)));
-  }
-  absl::Status status =
-      RequireString(message["content"], absl::StrCat(name, ".content"));
-  if (!status.ok()) return status;
-  return std::string(role_name);
-}
-
-absl::StatusOr<Example> ParseMessages(const json& line,
-                                      const Tokenizer& tokenizer) {
-  const json& messages = line["messages"];
+// Checks the messages of `field` ("messages", "prompt", "completion").
+// With a template any role goes (the template decides) and content may be
+// null beside tool calls; the built-in format has system, user and
+// assistant turns with string content. weight (OpenAI's format) is 0 or 1
+// on assistant messages: 0 keeps the turn as context only.
+absl::StatusOr<CheckedMessages> CheckMessages(const json& messages,
+                                              absl::string_view field,
+                                              bool templated) {
   if (!messages.is_array() || messages.empty()) {
     return Bad(
-        absl::StrCat("messages must be a non-empty list, got ",
+        absl::StrCat(field, " must be a non-empty list, got ",
                      messages.is_array() ? "[]" : DescribeJson(messages)));
   }
-  std::vector<std::string> roles;
-  bool any_answer = false;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    absl::StatusOr<std::string> role = CheckMessage(messages[i], i);
-    if (!role.ok()) return role.status();
-    if (*role == kChatRoleAssistant &&
-        !messages[i]["content"].get_ref<const std::string&>().empty()) {
-      any_answer = true;
+  CheckedMessages checked;
+  for (size_t index = 0; index < messages.size(); ++index) {
+    const json& message = messages[index];
+    const std::string name = absl::StrCat(field, "[", index, "]");
+    if (!message.is_object()) {
+      return Bad(absl::StrCat(name, " must be an object with \"role\" and ",
+                              "\"content\", got ", DescribeJson(message)));
     }
-    roles.push_back(*std::move(role));
+    for (auto it = message.begin(); it != message.end(); ++it) {
+      if (templated ? !IsTemplateMessageKey(it.key())
+                    : it.key() != "role" && it.key() != "content" &&
+                          it.key() != "weight") {
+        return Bad(absl::StrCat(
+            name, " has unknown key ", QuoteKey(it.key()),
+            templated
+                ? " (a message has role, content, weight, name, "
+                  "tool_calls, tool_call_id and reasoning_content)"
+                : " (a message has only \"role\", \"content\" and "
+                  "\"weight\" when the base model has no chat template)"));
+      }
+    }
+    if (!message.contains("role")) {
+      return Bad(absl::StrCat(name, " has no \"role\""));
+    }
+    const json& role = message["role"];
+    const std::string role_name =
+        role.is_string() ? role.get<std::string>() : std::string();
+    if (templated
+            ? role_name.empty()
+            : role_name != kChatRoleSystem && role_name != kChatRoleUser &&
+                  role_name != kChatRoleAssistant) {
+      return Bad(absl::StrCat(
+          name, ".role must be ",
+          templated
+              ? std::string("a non-empty string")
+              : absl::StrCat("one of \"", kChatRoleSystem, "\", \"",
+                             kChatRoleUser, "\", \"", kChatRoleAssistant, "\""),
+          "; got ", DescribeJson(role)));
+    }
+    const bool calls = message.contains("tool_calls");
+    auto content = message.find("content");
+    if (content == message.end() && !calls) {
+      return Bad(absl::StrCat(name, " has no \"content\""));
+    }
+    if (content != message.end() && !content->is_string() &&
+        !(templated && content->is_null())) {
+      return Bad(absl::StrCat(name, ".content must be a string",
+                              templated ? " or null" : "", ", got ",
+                              DescribeJson(*content)));
+    }
+    if (calls && !message["tool_calls"].is_array()) {
+      return Bad(absl::StrCat(name, ".tool_calls must be a list, got ",
+                              DescribeJson(message["tool_calls"])));
+    }
+    bool trained = role_name == kChatRoleAssistant;
+    if (auto weight = message.find("weight"); weight != message.end()) {
+      if (role_name != kChatRoleAssistant) {
+        return Bad(absl::StrCat(name,
+                                ".weight: only assistant messages have "
+                                "a weight"));
+      }
+      if (!weight->is_number_integer() || (*weight != 0 && *weight != 1)) {
+        return Bad(absl::StrCat(name, ".weight must be 0 or 1, got ",
+                                DescribeJson(*weight)));
+      }
+      trained = *weight == 1;
+    }
+    const bool has_text = (content != message.end() && content->is_string() &&
+                           !content->get_ref<const std::string&>().empty()) ||
+                          (calls && !message["tool_calls"].empty());
+    checked.trained.push_back(trained);
+    checked.any_trained_text =
+        checked.any_trained_text || (trained && has_text);
+    checked.roles.push_back(role_name);
   }
-  if (!any_answer) {
+  return checked;
+}
+
+// A line as `parsed`, but with its keys in the order the user wrote them:
+// chat templates show that order (tojson, items()), as Python's dicts do.
+absl::StatusOr<nlohmann::ordered_json> InWrittenOrder(absl::string_view text) {
+  try {
+    return nlohmann::ordered_json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::exception& e) {
     return Bad(
-        "messages has no assistant turn with non-empty content, so nothing "
-        "would be trained");
+        absl::StrCat("not valid JSON (", ShortParserReason(e.what()), ")"));
   }
+}
+
+// The built-in chat format (dataset.h).
+absl::StatusOr<Example> BuiltinChatExample(const json& messages,
+                                           const CheckedMessages& checked,
+                                           const Tokenizer& tokenizer) {
   ExampleBuilder builder(tokenizer);
   builder.AddBos();
   for (size_t i = 0; i < messages.size(); ++i) {
-    const bool target = roles[i] == kChatRoleAssistant;
-    absl::Status status = builder.AddText(ChatRoleHeader(roles[i]), false);
+    const bool target = checked.trained[i];
+    absl::Status status =
+        builder.AddText(ChatRoleHeader(checked.roles[i]), false);
     if (status.ok()) {
       status = builder.AddText(
           messages[i]["content"].get_ref<const std::string&>(), target);
@@ -260,6 +314,133 @@ absl::StatusOr<Example> ParseMessages(const json& line,
     builder.AddEos(target);
   }
   return builder.Take();
+}
+
+constexpr absl::string_view kNothingTrained =
+    " has no assistant turn with content and weight 1, so nothing would be "
+    "trained";
+
+struct ParsedLine {
+  Example example;
+  // A chat line in the built-in format (the base model has no template).
+  bool builtin_chat = false;
+};
+
+bool Templated(const DatasetParseOptions& options) {
+  return options.chat_template != nullptr || !options.chat_template_error.ok();
+}
+
+absl::StatusOr<ParsedLine> ParseMessages(const json& line,
+                                         absl::string_view text,
+                                         const Tokenizer& tokenizer,
+                                         const DatasetParseOptions& options) {
+  const bool templated = Templated(options);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      CheckedMessages checked,
+      CheckMessages(line["messages"], "messages", templated));
+  if (!checked.any_trained_text) {
+    return Bad(absl::StrCat("messages", kNothingTrained));
+  }
+  if (!options.chat_template_error.ok()) {
+    return Bad(options.chat_template_error.message());
+  }
+  if (options.chat_template == nullptr) {
+    if (line.contains(std::string(kToolsKey))) {
+      return Bad("tools need the base model's chat template, and it has none");
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        Example example,
+        BuiltinChatExample(line["messages"], checked, tokenizer));
+    return ParsedLine{std::move(example), true};
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(nlohmann::ordered_json ordered,
+                            InWrittenOrder(text));
+  const nlohmann::ordered_json tools = ordered.contains(kToolsKey)
+                                           ? ordered[std::string(kToolsKey)]
+                                           : nlohmann::ordered_json();
+  if (!tools.is_null() && !tools.is_array()) {
+    return Bad(absl::StrCat("tools must be a list of tool definitions, got ",
+                            DescribeJson(line[std::string(kToolsKey)])));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Example example,
+      TemplateChatExample(*options.chat_template, tokenizer,
+                          ordered["messages"], tools, checked.trained));
+  return ParsedLine{std::move(example), false};
+}
+
+// {"prompt": str, "completion": str} tokenized as one text, or TRL's
+// conversational form with lists of messages.
+absl::StatusOr<ParsedLine> ParsePromptCompletion(
+    const json& line, absl::string_view text, const Tokenizer& tokenizer,
+    const DatasetParseOptions& options) {
+  const json& prompt = line["prompt"];
+  const json& completion = line["completion"];
+  if (prompt.is_string() && completion.is_string()) {
+    if (completion.get_ref<const std::string&>().empty()) {
+      return Bad("completion must not be empty");
+    }
+    if (line.contains(std::string(kToolsKey))) {
+      return Bad(
+          "tools go with conversational prompt/completion (lists of "
+          "messages), not with text");
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        Example example, JointPromptCompletionExample(
+                             tokenizer, prompt.get_ref<const std::string&>(),
+                             completion.get_ref<const std::string&>()));
+    return ParsedLine{std::move(example), false};
+  }
+  if (!prompt.is_array() || !completion.is_array()) {
+    for (const auto& [field, value] :
+         {std::pair{"prompt", &prompt}, std::pair{"completion", &completion}}) {
+      if (!value->is_string() && !value->is_array()) {
+        return Bad(absl::StrCat(field,
+                                " must be a string or a list of messages, got ",
+                                DescribeJson(*value)));
+      }
+    }
+    return Bad(absl::StrCat(
+        "prompt and completion must be both strings or both lists of "
+        "messages, got ",
+        prompt.is_string() ? "a string and a list" : "a list and a string"));
+  }
+  const bool templated = Templated(options);
+  LORAPLEX_ASSIGN_OR_RETURN(CheckedMessages prompt_checked,
+                            CheckMessages(prompt, "prompt", templated));
+  LORAPLEX_ASSIGN_OR_RETURN(CheckedMessages completion_checked,
+                            CheckMessages(completion, "completion", templated));
+  if (!completion_checked.any_trained_text) {
+    return Bad(absl::StrCat("completion", kNothingTrained));
+  }
+  if (!options.chat_template_error.ok()) {
+    return Bad(options.chat_template_error.message());
+  }
+  if (options.chat_template == nullptr) {
+    if (line.contains(std::string(kToolsKey))) {
+      return Bad("tools need the base model's chat template, and it has none");
+    }
+    // The built-in format: the conversation, trained on the completion.
+    json messages = prompt;
+    CheckedMessages checked = completion_checked;
+    checked.roles.insert(checked.roles.begin(), prompt_checked.roles.begin(),
+                         prompt_checked.roles.end());
+    checked.trained.insert(checked.trained.begin(), prompt.size(), false);
+    for (const json& message : completion) messages.push_back(message);
+    LORAPLEX_ASSIGN_OR_RETURN(Example example,
+                              BuiltinChatExample(messages, checked, tokenizer));
+    return ParsedLine{std::move(example), true};
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(nlohmann::ordered_json ordered,
+                            InWrittenOrder(text));
+  const nlohmann::ordered_json tools = ordered.contains(kToolsKey)
+                                           ? ordered[std::string(kToolsKey)]
+                                           : nlohmann::ordered_json();
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Example example, TemplatePromptCompletionExample(
+                           *options.chat_template, tokenizer, ordered["prompt"],
+                           ordered["completion"], tools));
+  return ParsedLine{std::move(example), false};
 }
 
 // An integer in int64 range, else nullopt.
@@ -328,7 +509,12 @@ absl::StatusOr<LineKind> ClassifyLine(const json& object) {
   std::optional<LineKind> kind;
   std::string first_key;
   std::vector<std::string> unknown;
+  bool has_tools = false;
   for (auto it = object.begin(); it != object.end(); ++it) {
+    if (it.key() == kToolsKey) {
+      has_tools = true;
+      continue;
+    }
     std::optional<LineKind> key_kind = KindOfKey(it.key());
     if (!key_kind.has_value()) {
       unknown.push_back(QuoteKey(it.key()));
@@ -347,6 +533,10 @@ absl::StatusOr<LineKind> ClassifyLine(const json& object) {
         unknown.empty() ? "an empty object" : absl::StrJoin(unknown, ", ")));
   }
   const std::vector<absl::string_view> keys = KeysOf(*kind);
+  if (has_tools && *kind != LineKind::kMessages &&
+      *kind != LineKind::kPromptCompletion) {
+    unknown.push_back(QuoteKey(std::string(kToolsKey)));
+  }
   if (!unknown.empty()) {
     return Bad(absl::StrCat("has unknown key", unknown.size() > 1 ? "s " : " ",
                             absl::StrJoin(unknown, ", "), " (a line with \"",
@@ -361,9 +551,11 @@ absl::StatusOr<LineKind> ClassifyLine(const json& object) {
   return *kind;
 }
 
-absl::StatusOr<Example> ParseLine(absl::string_view text,
-                                  const Tokenizer& tokenizer,
-                                  int64_t vocab_size) {
+absl::StatusOr<ParsedLine> ParseLine(absl::string_view text,
+                                     const Tokenizer& tokenizer,
+                                     const DatasetParseOptions& options) {
+  const int64_t vocab_size =
+      options.vocab_size > 0 ? options.vocab_size : tokenizer.vocab_size();
   JsonParseOptions parse_options;
   parse_options.max_depth = kMaxLineDepth;
   parse_options.reject_duplicate_top_level_keys = true;
@@ -385,16 +577,21 @@ absl::StatusOr<Example> ParseLine(absl::string_view text,
   }
   absl::StatusOr<LineKind> kind = ClassifyLine(line);
   if (!kind.ok()) return kind.status();
+  absl::StatusOr<Example> example;
   switch (*kind) {
     case LineKind::kText:
-      return ParseText(line, tokenizer);
+      example = ParseText(line, tokenizer);
+      break;
     case LineKind::kPromptCompletion:
-      return ParsePromptCompletion(line, tokenizer);
+      return ParsePromptCompletion(line, text, tokenizer, options);
     case LineKind::kMessages:
-      return ParseMessages(line, tokenizer);
+      return ParseMessages(line, text, tokenizer, options);
     case LineKind::kTokens:
-      return ParseTokens(line, vocab_size);
+      example = ParseTokens(line, vocab_size);
+      break;
   }
+  if (!example.ok()) return example.status();
+  return ParsedLine{*std::move(example), false};
   return Bad("has no recognised kind");
 }
 
@@ -415,9 +612,9 @@ absl::StatusOr<Example> ParseJsonlLine(absl::string_view line,
                                        const Tokenizer& tokenizer,
                                        const DatasetParseOptions& options) {
   absl::ConsumeSuffix(&line, "\r");
-  return ParseLine(
-      line, tokenizer,
-      options.vocab_size > 0 ? options.vocab_size : tokenizer.vocab_size());
+  LORAPLEX_ASSIGN_OR_RETURN(ParsedLine parsed,
+                            ParseLine(line, tokenizer, options));
+  return std::move(parsed.example);
 }
 
 absl::StatusOr<Dataset> ParseJsonlDataset(absl::string_view contents,
@@ -439,16 +636,19 @@ absl::StatusOr<Dataset> ParseJsonlDataset(absl::string_view contents,
     begin = end + 1;
     ++line_number;
     if (IsBlank(line)) continue;
-    absl::StatusOr<Example> example = ParseJsonlLine(line, tokenizer, options);
-    if (!example.ok()) {
+    absl::ConsumeSuffix(&line, "\r");
+    absl::StatusOr<ParsedLine> parsed = ParseLine(line, tokenizer, options);
+    if (!parsed.ok()) {
       if (num_bad++ < max_reported) {
         problems.push_back(absl::StrCat("line ", line_number, ": ",
-                                        example.status().message()));
+                                        parsed.status().message()));
       }
       continue;
     }
     // Once a line is bad nothing is returned, so stop keeping examples.
     if (num_bad > 0) continue;
+    if (parsed->builtin_chat) ++dataset.num_builtin_chat_lines;
+    Example* example = &parsed->example;
     dataset.num_tokens += static_cast<int64_t>(example->input_ids.size());
     for (uint8_t target : example->loss_mask) {
       dataset.num_target_tokens += target;

@@ -13,11 +13,20 @@
 //       [BOS] + Encode(text) + [EOS]; every token after the first is a
 //       target. ([BOS] only where the tokenizer has one: Qwen2's has none.)
 //   {"prompt": "...", "completion": "..."}
-//       [BOS] + Encode(prompt) + Encode(completion) + [EOS]; the completion
-//       tokens and EOS are targets. The completion must not be empty.
-//   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}]}
-//       The chat template below; the content and closing EOS of assistant
-//       turns are targets. At least one assistant turn must have content.
+//       [BOS] + Encode(prompt + completion) + [EOS], tokenized as one text;
+//       the tokens holding completion characters, and EOS, are targets.
+//       The completion must not be empty.
+//   {"messages": [{"role": ..., "content": ..., "weight": 0|1}, ...],
+//    "tools": [...]}
+//       With the model's chat template (chat_example.h): the text it
+//       renders, trained on the assistant messages; weight 0 (OpenAI's
+//       fine-tuning format) keeps a turn as context. Messages may then carry
+//       tool_calls, tool_call_id, name and reasoning_content, and any role.
+//       Without a template: the built-in format below (roles system, user,
+//       assistant; no tools).
+//   {"prompt": [messages], "completion": [messages], "tools": [...]}
+//       TRL's conversational prompt/completion: rendered with the template,
+//       trained on what the completion adds (built-in format without one).
 //   {"input_ids": [...], "loss_mask": [...]}
 //       Used as is: ids in [0, vocab_size) (the model's embedding rows when
 //       DatasetParseOptions::vocab_size says), mask values 0 or 1, same length,
@@ -31,11 +40,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/chat/chat_template.h"
 #include "core/tokenizer/tokenizer.h"
 
 namespace loraplex {
 
-// Chat template. A "messages" line becomes
+// The built-in chat format, for base models without a chat template. A
+// "messages" line becomes
 //   [BOS]
 //   + for each message: Encode(ChatRoleHeader(role)) + Encode(content) + [EOS]
 // e.g. user "Hi", assistant "Yo" is BOS "<|user|>\nHi" EOS "<|assistant|>\nYo"
@@ -63,6 +74,8 @@ struct Dataset {
   std::vector<Example> examples;
   int64_t num_tokens = 0;         // Sum of input_ids sizes.
   int64_t num_target_tokens = 0;  // Sum of loss_mask.
+  // Chat lines in the built-in format (the base model has no template).
+  int64_t num_builtin_chat_lines = 0;
 };
 
 struct DatasetParseOptions {
@@ -72,6 +85,12 @@ struct DatasetParseOptions {
   // input_ids lines may use ids below this: the model's embedding rows,
   // which can exceed the tokenizer's vocabulary. 0: the tokenizer's.
   int64_t vocab_size = 0;
+  // The base model's chat template; null: chat lines use the built-in
+  // format. Must outlive the parse.
+  const ChatTemplate* chat_template = nullptr;
+  // Why the model's template cannot be used (e.g. a Jinja construct the
+  // subset lacks): chat lines fail with it, other lines are unaffected.
+  absl::Status chat_template_error;
 };
 
 // One line of a JSONL dataset (a trailing '\r' is ignored), as training

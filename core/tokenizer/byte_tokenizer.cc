@@ -12,6 +12,19 @@ absl::StatusOr<std::vector<int64_t>> ByteTokenizer::Encode(
   return ids;
 }
 
+absl::StatusOr<TokenizerEncoding> ByteTokenizer::EncodeWithOffsets(
+    std::string_view text) const {
+  TokenizerEncoding encoding;
+  encoding.ids.reserve(text.size());
+  encoding.offsets.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    encoding.ids.push_back(static_cast<unsigned char>(text[i]));
+    encoding.offsets.push_back(
+        {static_cast<uint32_t>(i), static_cast<uint32_t>(i + 1)});
+  }
+  return encoding;
+}
+
 absl::StatusOr<std::string> ByteTokenizer::Decode(
     const std::vector<int64_t>& ids) const {
   std::string text;

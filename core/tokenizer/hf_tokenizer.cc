@@ -342,6 +342,31 @@ absl::StatusOr<std::string> HfTokenizer::Decode(
   return DecodeIds(ids, /*skip_special_tokens=*/true);
 }
 
+absl::StatusOr<std::map<std::string, std::string>> ReadSpecialTokenStrings(
+    const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::string> strings;
+  // tokenizer_config.json wins over special_tokens_map.json, as in
+  // transformers (a null there unsets the token).
+  for (const char* file :
+       {"special_tokens_map.json", "tokenizer_config.json"}) {
+    const fs::path config_path = fs::path(model_dir) / file;
+    if (!fs::exists(config_path)) continue;
+    LORAPLEX_ASSIGN_OR_RETURN(json config,
+                              ReadUntrustedJsonFile(config_path.string()));
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token",
+                            "pad_token", "cls_token", "mask_token"}) {
+      if (!config.is_object() || !config.contains(key)) continue;
+      if (std::optional<std::string> name = TokenName(config, key)) {
+        strings[key] = *std::move(name);
+      } else {
+        strings.erase(key);
+      }
+    }
+  }
+  return strings;
+}
+
 absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(
     const std::string& model_dir) {
   namespace fs = std::filesystem;
@@ -349,21 +374,18 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(
   LORAPLEX_ASSIGN_OR_RETURN(json root,
                             ReadUntrustedJsonFile(path, kTokenizerJsonOptions));
   SpecialTokenNames names;
-  // tokenizer_config.json wins over special_tokens_map.json, as in
-  // transformers; config.json's eos_token_id is the last resort.
+  LORAPLEX_ASSIGN_OR_RETURN(auto strings, ReadSpecialTokenStrings(model_dir));
+  for (auto [key, field] :
+       {std::pair{"bos_token", &names.bos}, std::pair{"eos_token", &names.eos},
+        std::pair{"pad_token", &names.pad}}) {
+    if (auto it = strings.find(key); it != strings.end()) *field = it->second;
+  }
   for (const char* file :
        {"special_tokens_map.json", "tokenizer_config.json"}) {
     const fs::path config_path = fs::path(model_dir) / file;
     if (!fs::exists(config_path)) continue;
     LORAPLEX_ASSIGN_OR_RETURN(json config,
                               ReadUntrustedJsonFile(config_path.string()));
-    for (auto [key, field] : {std::pair{"bos_token", &names.bos},
-                              std::pair{"eos_token", &names.eos},
-                              std::pair{"pad_token", &names.pad}}) {
-      if (config.is_object() && config.contains(key)) {
-        *field = TokenName(config, key);
-      }
-    }
     if (config.is_object() && config.contains("add_bos_token")) {
       names.add_bos = config["add_bos_token"] == true;
     }

@@ -13,6 +13,7 @@
 #ifndef LORAPLEX_CORE_TOKENIZER_HF_TOKENIZER_H_
 #define LORAPLEX_CORE_TOKENIZER_HF_TOKENIZER_H_
 
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -31,13 +32,6 @@
 namespace loraplex {
 
 inline constexpr std::string_view kHfTokenizerFile = "tokenizer.json";
-
-// Ids and, for each, the byte span of the input it came from ([0, 0) for
-// tokens the post-processor adds).
-struct TokenizerEncoding {
-  std::vector<int64_t> ids;
-  std::vector<TextSpan> offsets;
-};
 
 // The special tokens a tokenizer.json does not name itself.
 struct SpecialTokenNames {
@@ -58,6 +52,10 @@ class HfTokenizer : public Tokenizer {
 
   absl::StatusOr<TokenizerEncoding> EncodeWithOffsets(
       std::string_view text, bool add_special_tokens) const;
+  absl::StatusOr<TokenizerEncoding> EncodeWithOffsets(
+      std::string_view text) const override {
+    return EncodeWithOffsets(text, /*add_special_tokens=*/false);
+  }
   absl::StatusOr<std::string> DecodeIds(const std::vector<int64_t>& ids,
                                         bool skip_special_tokens) const;
 
@@ -98,6 +96,13 @@ class HfTokenizer : public Tokenizer {
   int64_t eos_id_ = 0;
   int64_t pad_id_ = 0;
 };
+
+// The special tokens a model directory's tokenizer_config.json (over
+// special_tokens_map.json) names, as transformers' special_tokens_map:
+// "bos_token" -> "<s>", for those of bos, eos, unk, sep, pad, cls and mask
+// that are named.
+absl::StatusOr<std::map<std::string, std::string>> ReadSpecialTokenStrings(
+    const std::string& model_dir);
 
 // Reads `model_dir`/tokenizer.json and the special token names next to it.
 absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(

@@ -17,18 +17,10 @@
 
 #include "absl/status/statusor.h"
 #include "core/tokenizer/text_pattern.h"
+#include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/unicode_text.h"
 
 namespace loraplex {
-
-// Byte offsets [start, end) into the original input.
-struct TextSpan {
-  uint32_t start = 0;
-  uint32_t end = 0;
-  bool operator==(const TextSpan& other) const {
-    return start == other.start && end == other.end;
-  }
-};
 
 // What Split does with the pieces a pattern matches (HF's
 // SplitDelimiterBehavior).

@@ -65,6 +65,24 @@ __attribute__((visibility("default"))) size_t loraplex_spm_encode(
   return pieces.size();
 }
 
+__attribute__((visibility("default"))) size_t loraplex_spm_encode_offsets(
+    void* model, const char* text, size_t text_size, int32_t* ids,
+    uint32_t* begins, uint32_t* ends, size_t capacity) {
+  const sentencepiece::ImmutableSentencePieceText pieces =
+      Processor(model)->EncodeAsImmutableProto(
+          std::string_view(text, text_size));
+  size_t n = 0;
+  for (const auto& piece : pieces.pieces()) {
+    if (n < capacity) {
+      ids[n] = static_cast<int32_t>(piece.id());
+      begins[n] = piece.begin();
+      ends[n] = piece.end();
+    }
+    ++n;
+  }
+  return n;
+}
+
 __attribute__((visibility("default"))) size_t loraplex_spm_decode(
     void* model, const int32_t* ids, size_t count, char* text,
     size_t capacity) {

@@ -31,6 +31,12 @@ typedef size_t (*LoraplexSpmEncodeFn)(void* model, const char* text,
                                       size_t text_size, int32_t* ids,
                                       size_t capacity);
 // Decodes `ids`; writes up to `capacity` bytes, returns the full length.
+// Like encode, also writing each piece's byte span of `text` to begins[i],
+// ends[i].
+typedef size_t (*LoraplexSpmEncodeOffsetsFn)(void* model, const char* text,
+                                             size_t text_size, int32_t* ids,
+                                             uint32_t* begins, uint32_t* ends,
+                                             size_t capacity);
 typedef size_t (*LoraplexSpmDecodeFn)(void* model, const int32_t* ids,
                                       size_t count, char* text,
                                       size_t capacity);

@@ -25,6 +25,7 @@ struct SpmLibrary {
   LoraplexSpmInfoFn info = nullptr;
   LoraplexSpmIsControlFn is_control = nullptr;
   LoraplexSpmEncodeFn encode = nullptr;
+  LoraplexSpmEncodeOffsetsFn encode_offsets = nullptr;
   LoraplexSpmDecodeFn decode = nullptr;
   LoraplexSpmTrainFn train = nullptr;
 
@@ -84,6 +85,8 @@ absl::StatusOr<std::shared_ptr<SpmLibrary>> OpenShimOnce() {
   LORAPLEX_RETURN_IF_ERROR(
       Bind(h, "loraplex_spm_is_control", &library->is_control));
   LORAPLEX_RETURN_IF_ERROR(Bind(h, "loraplex_spm_encode", &library->encode));
+  LORAPLEX_RETURN_IF_ERROR(
+      Bind(h, "loraplex_spm_encode_offsets", &library->encode_offsets));
   LORAPLEX_RETURN_IF_ERROR(Bind(h, "loraplex_spm_decode", &library->decode));
   LORAPLEX_RETURN_IF_ERROR(Bind(h, "loraplex_spm_train", &library->train));
   return library;
@@ -126,6 +129,28 @@ class SentencePieceTokenizer : public Tokenizer {
                                ids.size());
     }
     return std::vector<int64_t>(ids.begin(), ids.begin() + count);
+  }
+
+  absl::StatusOr<TokenizerEncoding> EncodeWithOffsets(
+      std::string_view text) const override {
+    size_t capacity = text.size() + 8;
+    while (true) {
+      std::vector<int32_t> ids(capacity);
+      std::vector<uint32_t> begins(capacity), ends(capacity);
+      const size_t count =
+          library_->encode_offsets(model_, text.data(), text.size(), ids.data(),
+                                   begins.data(), ends.data(), capacity);
+      if (count > capacity) {
+        capacity = count;
+        continue;
+      }
+      TokenizerEncoding encoding;
+      for (size_t i = 0; i < count; ++i) {
+        encoding.ids.push_back(ids[i]);
+        encoding.offsets.push_back({begins[i], ends[i]});
+      }
+      return encoding;
+    }
   }
 
   absl::StatusOr<std::string> Decode(

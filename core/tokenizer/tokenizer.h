@@ -23,6 +23,22 @@ namespace loraplex {
 inline constexpr std::string_view kByteTokenizerFile =
     "loraplex_tokenizer.json";
 
+// Byte offsets [start, end) into the original input.
+struct TextSpan {
+  uint32_t start = 0;
+  uint32_t end = 0;
+  bool operator==(const TextSpan& other) const {
+    return start == other.start && end == other.end;
+  }
+};
+
+// Ids and, for each, the byte span of the input it came from ([0, 0) for
+// tokens a post-processor adds).
+struct TokenizerEncoding {
+  std::vector<int64_t> ids;
+  std::vector<TextSpan> offsets;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -31,6 +47,10 @@ class Tokenizer {
   // INVALID_ARGUMENT for text that is not valid UTF-8 where the tokenizer
   // needs it.
   virtual absl::StatusOr<std::vector<int64_t>> Encode(
+      std::string_view text) const = 0;
+  // Encode(text) with each token's span of `text`, so masks can follow
+  // character positions (a completion inside one tokenized text).
+  virtual absl::StatusOr<TokenizerEncoding> EncodeWithOffsets(
       std::string_view text) const = 0;
   // Text of `ids`; special ids are skipped.
   virtual absl::StatusOr<std::string> Decode(
@@ -53,6 +73,8 @@ class ByteTokenizer : public Tokenizer {
   static constexpr int64_t kVocabSize = 259;
 
   absl::StatusOr<std::vector<int64_t>> Encode(
+      std::string_view text) const override;
+  absl::StatusOr<TokenizerEncoding> EncodeWithOffsets(
       std::string_view text) const override;
   absl::StatusOr<std::string> Decode(
       const std::vector<int64_t>& ids) const override;

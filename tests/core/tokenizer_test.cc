@@ -28,6 +28,12 @@ TEST(ByteTokenizerTest, IdsAreBytesAndSpecialsFollow) {
       ByteTokenizer::kBos, 104, ByteTokenizer::kEos, ByteTokenizer::kPad};
   EXPECT_EQ(tokenizer.Decode(with_specials).value(), "h");
   EXPECT_EQ(tokenizer.vocab_size(), 259);
+  const TokenizerEncoding encoding = tokenizer.EncodeWithOffsets(text).value();
+  EXPECT_EQ(encoding.ids, ids);
+  ASSERT_EQ(encoding.offsets.size(), ids.size());
+  for (uint32_t i = 0; i < encoding.offsets.size(); ++i) {
+    EXPECT_EQ(encoding.offsets[i], (TextSpan{i, i + 1}));
+  }
 }
 
 TEST(LoadTokenizerTest, PicksByteTokenizerFromDescription) {
@@ -108,6 +114,20 @@ TEST(LoadTokenizerTest, SentencePieceModelRoundTrips) {
   ids.insert(ids.begin(), 1);  // Specials are dropped on decode.
   ids.push_back(2);
   EXPECT_EQ((*tokenizer)->Decode(ids).value(), text);
+
+  // Offsets: the library's own piece spans, which tile the text (the dummy
+  // prefix space belongs to the piece after it).
+  const TokenizerEncoding encoding =
+      (*tokenizer)->EncodeWithOffsets(text).value();
+  EXPECT_EQ(encoding.ids, (*tokenizer)->Encode(text).value());
+  ASSERT_EQ(encoding.offsets.size(), encoding.ids.size());
+  uint32_t covered = 0;
+  for (const TextSpan& span : encoding.offsets) {
+    EXPECT_EQ(span.start, covered);
+    EXPECT_GE(span.end, span.start);
+    covered = span.end;
+  }
+  EXPECT_EQ(covered, text.size());
 
   // A long-running server loads tokenizers again and again.
   for (int i = 0; i < 40; ++i) {

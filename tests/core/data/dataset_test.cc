@@ -220,9 +220,16 @@ TEST_F(DatasetTest, RejectsBadTextAndPromptCompletionFields) {
   EXPECT_EQ(ReasonFor(R"({"text": null})"), "text must be a string, got null");
   EXPECT_EQ(ReasonFor(R"({"text": ""})"), "text must not be empty");
   EXPECT_EQ(ReasonFor(R"({"prompt": ["a"], "completion": "b"})"),
-            "prompt must be a string, got a JSON array");
+            "prompt and completion must be both strings or both lists of "
+            "messages, got a list and a string");
   EXPECT_EQ(ReasonFor(R"({"prompt": "a", "completion": true})"),
-            "completion must be a string, got true");
+            "completion must be a string or a list of messages, got true");
+  EXPECT_EQ(ReasonFor(R"({"prompt": "a", "completion": "b", "tools": []})"),
+            "tools go with conversational prompt/completion (lists of "
+            "messages), not with text");
+  EXPECT_EQ(ReasonFor(R"({"text": "a", "tools": []})"),
+            "has unknown key \"tools\" (a line with \"text\" has only "
+            "\"text\")");
   EXPECT_EQ(ReasonFor(R"({"prompt": "a", "completion": ""})"),
             "completion must not be empty");
 }
@@ -251,15 +258,29 @@ TEST_F(DatasetTest, RejectsBadMessages) {
   EXPECT_EQ(ReasonFor(R"({"messages": [{"role": "assistant", "content": "a",)"
                       R"( "name": "x"}]})"),
             "messages[0] has unknown key \"name\" (a message has only "
-            "\"role\" and \"content\")");
+            "\"role\", \"content\" and \"weight\" when the base model has no "
+            "chat template)");
+  EXPECT_EQ(ReasonFor(R"({"messages": [{"role": "user", "content": "a",)"
+                      R"( "weight": 1}]})"),
+            "messages[0].weight: only assistant messages have a weight");
+  EXPECT_EQ(ReasonFor(R"({"messages": [{"role": "assistant", "content": "a",)"
+                      R"( "weight": 0.5}]})"),
+            "messages[0].weight must be 0 or 1, got 0.5");
+  EXPECT_EQ(ReasonFor(R"({"messages": [{"role": "assistant", "content": "a"}],)"
+                      R"( "tools": []})"),
+            "tools need the base model's chat template, and it has none");
   const std::string no_answer =
-      "messages has no assistant turn with non-empty content, so nothing "
+      "messages has no assistant turn with content and weight 1, so nothing "
       "would be trained";
   EXPECT_EQ(ReasonFor(R"({"messages": [{"role": "user", "content": "a"}]})"),
             no_answer);
   EXPECT_EQ(ReasonFor(R"({"messages": [{"role": "user", "content": "a"},)"
                       R"( {"role": "assistant", "content": ""}]})"),
             no_answer);
+  EXPECT_EQ(
+      ReasonFor(R"({"messages": [{"role": "user", "content": "a"},)"
+                R"( {"role": "assistant", "content": "b", "weight": 0}]})"),
+      no_answer);
 }
 
 TEST_F(DatasetTest, RejectsBadTokenLines) {

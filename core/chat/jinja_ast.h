@@ -1,0 +1,75 @@
+// The syntax tree of a parsed Jinja template (jinja_parser.h builds it,
+// jinja_template.h runs it). Plain structs: one node kind per Jinja
+// construct the subset has.
+#ifndef LORAPLEX_CORE_CHAT_JINJA_AST_H_
+#define LORAPLEX_CORE_CHAT_JINJA_AST_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/chat/jinja_value.h"
+
+namespace loraplex::jinja {
+
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+
+struct Expr {
+  enum class Kind {
+    kLiteral,    // value
+    kName,       // name
+    kList,       // items (also tuples)
+    kDict,       // items: key, value, key, value, ...
+    kAttribute,  // items[0].name
+    kItem,       // items[0][items[1]]
+    kSlice,      // items[0][items[1]:items[2]:items[3]] (null = omitted)
+    kCall,       // items[0](items[1..], keywords)
+    kFilter,     // items[0] | name(items[1..], keywords)
+    kTest,       // items[0] is [not] name(items[1..])
+    kNot,        // not items[0]
+    kNegate,     // -items[0]
+    kBinary,     // items[0] op items[1]
+    kCondition,  // items[1] if items[0] else items[2] (null = undefined)
+  };
+  Kind kind = Kind::kLiteral;
+  int line = 0;
+  Value value;
+  std::string name;      // kName, kAttribute, kFilter, kTest; op for kBinary.
+  bool negated = false;  // kTest
+  std::vector<ExprPtr> items;
+  std::vector<std::pair<std::string, ExprPtr>> keywords;
+};
+
+struct Stmt;
+using Body = std::vector<std::unique_ptr<Stmt>>;
+
+struct Stmt {
+  enum class Kind {
+    kText,      // text
+    kOutput,    // {{ expr }}
+    kIf,        // conditions[i] -> bodies[i]; a last extra body = else
+    kFor,       // for targets in expr [if filter]: bodies[0]; else bodies[1]
+    kSet,       // set targets (or target.attribute) = expr
+    kSetBlock,  // set targets[0] %} bodies[0] {% endset
+    kMacro,     // macro name(targets = defaults) %} bodies[0]
+    kBreak,
+    kContinue,
+    kGeneration,  // generation %} bodies[0] {% endgeneration
+  };
+  Kind kind = Kind::kText;
+  int line = 0;
+  std::string text;
+  ExprPtr expr;
+  ExprPtr filter;
+  std::vector<ExprPtr> conditions;
+  std::vector<Body> bodies;
+  std::vector<std::string> targets;
+  std::string attribute;          // kSet on a namespace: ns.attribute = ...
+  std::vector<ExprPtr> defaults;  // kMacro: per target, may be null
+};
+
+}  // namespace loraplex::jinja
+
+#endif  // LORAPLEX_CORE_CHAT_JINJA_AST_H_

@@ -1,0 +1,67 @@
+// Training examples whose loss mask follows character positions of one
+// tokenized text: a chat rendered with the model's own template, and a
+// prompt/completion pair tokenized as the single text prompt + completion
+// (so the completion's first token is what the model sees at inference;
+// tokenizing the pieces apart would, e.g., give SentencePiece's dummy
+// space to the completion).
+//
+// A token is a target when its span overlaps a target span of the text:
+// transformers' rule for `return_assistant_tokens_mask`.
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(Example e,
+//       TemplateChatExample(chat, tokenizer, messages, tools, trained));
+#ifndef LORAPLEX_CORE_DATA_CHAT_EXAMPLE_H_
+#define LORAPLEX_CORE_DATA_CHAT_EXAMPLE_H_
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/chat/chat_template.h"
+#include "core/data/dataset.h"
+#include "core/tokenizer/tokenizer.h"
+
+namespace loraplex {
+
+using TextSpans = std::vector<std::pair<size_t, size_t>>;
+
+// Per token of `encoding`, 1 when it overlaps one of the non-empty byte
+// spans [first, second).
+std::vector<uint8_t> OverlapMask(const TokenizerEncoding& encoding,
+                                 const TextSpans& spans);
+
+// [BOS] + tokens of prompt + completion + [EOS]; the tokens holding any
+// completion byte, and EOS, are targets.
+absl::StatusOr<Example> JointPromptCompletionExample(
+    const Tokenizer& tokenizer, std::string_view prompt,
+    std::string_view completion);
+
+// `messages` rendered with `chat` (as apply_chat_template(tokenize=True):
+// no special tokens besides the template's own). Targets: the assistant
+// messages i with trained[i]. Their text is found by the template's
+// {% generation %} blocks (the k-th block is the k-th assistant message)
+// or, without them, by rendering prefixes: message i spans from the end of
+// the conversation before it plus the generation prompt to the last token
+// that rendering messages[0..i] has in common with the whole conversation.
+// Errors name the message ("messages[3]: ...") when its text cannot be
+// located, e.g. for templates that render past turns differently.
+absl::StatusOr<Example> TemplateChatExample(
+    const ChatTemplate& chat, const Tokenizer& tokenizer,
+    const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+    const std::vector<bool>& trained);
+
+// TRL's conversational prompt/completion: the text prompt + completion
+// renders to, trained from where the prompt with its generation prompt
+// ends. Error when the whole rendering does not start with the prompt's.
+absl::StatusOr<Example> TemplatePromptCompletionExample(
+    const ChatTemplate& chat, const Tokenizer& tokenizer,
+    const nlohmann::ordered_json& prompt,
+    const nlohmann::ordered_json& completion,
+    const nlohmann::ordered_json& tools);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_DATA_CHAT_EXAMPLE_H_
