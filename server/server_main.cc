@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/chat/chat_template.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
 #include "core/dist/dist_env.h"
@@ -338,6 +339,23 @@ int Serve(const ServerFlags& flags, Logger& logger) {
       flags.slots_per_tenant > 0 ? flags.slots_per_tenant : flags.slots;
   DatasetParseOptions parse_options;
   parse_options.vocab_size = model_config.vocab_size;
+  // The model's own chat template renders chat lines. One the Jinja subset
+  // cannot run fails chat uploads with the reason; other lines still work.
+  absl::StatusOr<std::optional<ChatTemplate>> chat_template =
+      LoadChatTemplate(model_dir);
+  if (!chat_template.ok()) {
+    logger.Warning(
+        "the model's chat template cannot be used, so chat ",
+        "datasets will be refused: ", chat_template.status().message());
+    parse_options.chat_template_error = chat_template.status();
+  } else if (chat_template->has_value()) {
+    logger.Info("chat lines are rendered with ", (*chat_template)->label());
+    parse_options.chat_template = &**chat_template;
+  } else {
+    logger.Info(
+        "the model has no chat template: chat lines use loraplex's "
+        "built-in format");
+  }
   DatasetLoader datasets(flags.state_dir + "/datasets", tokenizer->get(),
                          /*cache_entries=*/4, parse_options);
   JobEventHub hub;

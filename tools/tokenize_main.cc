@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/chat/chat_template.h"
 #include "core/common/status_macros.h"
 #include "core/data/dataset.h"
 #include "core/tokenizer/load_tokenizer.h"
@@ -36,7 +38,9 @@ absl::Status PrintText(const Tokenizer& tokenizer, const std::string& text) {
 
 // Every line as training sees it: {"ids": [...], "mask": [...]}, or the
 // line's error.
-absl::Status PrintDataset(const Tokenizer& tokenizer, const std::string& path) {
+absl::Status PrintDataset(const Tokenizer& tokenizer,
+                          const loraplex::DatasetParseOptions& options,
+                          const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read"));
   std::string line;
@@ -48,7 +52,7 @@ absl::Status PrintDataset(const Tokenizer& tokenizer, const std::string& path) {
     if (number == 1) absl::ConsumePrefix(&text, "\xEF\xBB\xBF");  // BOM
     if (text.find_first_not_of(" \t\r") == absl::string_view::npos) continue;
     absl::StatusOr<loraplex::Example> parsed =
-        loraplex::ParseJsonlLine(text, tokenizer);
+        loraplex::ParseJsonlLine(text, tokenizer, options);
     if (!parsed.ok()) {
       ++bad;
       std::cout << nlohmann::json(
@@ -111,10 +115,20 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
       loraplex::LoadTokenizer(model_dir);
   absl::Status status = tokenizer.status();
+  // Chat lines as the server renders them: with the model's own template.
+  absl::StatusOr<std::optional<loraplex::ChatTemplate>> chat =
+      loraplex::LoadChatTemplate(model_dir);
+  loraplex::DatasetParseOptions options;
+  if (!chat.ok()) {
+    options.chat_template_error = chat.status();
+  } else if (chat->has_value()) {
+    options.chat_template = &**chat;
+  }
   if (status.ok()) {
-    status = text_option->count() > 0    ? PrintText(**tokenizer, text)
-             : input_option->count() > 0 ? PrintDataset(**tokenizer, input)
-                                         : PrintDecoded(**tokenizer, decode);
+    status = text_option->count() > 0 ? PrintText(**tokenizer, text)
+             : input_option->count() > 0
+                 ? PrintDataset(**tokenizer, options, input)
+                 : PrintDecoded(**tokenizer, decode);
   }
   if (!status.ok()) {
     std::cerr << "loraplex-tokenize: " << status.message() << "\n";

@@ -50,15 +50,22 @@ absl::StatusOr<std::shared_ptr<const Dataset>> DatasetLoader::Load(
 absl::StatusOr<JobData> PrepareJobData(DatasetLoader& datasets,
                                        const JobRecord& job, JobSpec* spec) {
   const SequenceOptions options{spec->training.seq_len, spec->training.pack};
+  JobData data;
   auto build = [&](const std::string& id, absl::string_view field)
       -> absl::StatusOr<std::shared_ptr<const SequenceSet>> {
     absl::StatusOr<std::shared_ptr<const Dataset>> dataset = datasets.Load(id);
     if (!dataset.ok()) return Prefixed(field, dataset.status());
+    if (const int64_t n = (*dataset)->num_builtin_chat_lines; n > 0) {
+      data.notes.push_back(absl::StrCat(
+          field, ": the base model has no chat template, so its ", n,
+          " chat line", n == 1 ? " uses" : "s use",
+          " loraplex's built-in format (\"<|role|>\\n\" + content + EOS "
+          "per message)"));
+    }
     absl::StatusOr<SequenceSet> sequences = BuildSequences(**dataset, options);
     if (!sequences.ok()) return Prefixed(field, sequences.status());
     return std::make_shared<const SequenceSet>(*std::move(sequences));
   };
-  JobData data;
   if (!job.training_dataset_id.empty()) {
     LORAPLEX_ASSIGN_OR_RETURN(
         data.training, build(job.training_dataset_id, "training_dataset"));

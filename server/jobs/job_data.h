@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/data/dataset.h"
@@ -56,6 +57,9 @@ struct JobData {
   // Null when the job has no validation dataset.
   std::shared_ptr<const SequenceSet> validation;
   int64_t total_steps = 0;  // 0 for an evaluation-only job.
+  // Facts about the data the user should see in the job's events, e.g.
+  // that chat lines use the built-in format.
+  std::vector<std::string> notes;
 };
 
 // Builds the job's sequences with its seq_len and packing, counts its steps

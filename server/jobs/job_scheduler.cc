@@ -94,8 +94,12 @@ absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobData data) {
   record.slot = -1;
   record.create_time_ms = NowMillis();
   record.total_steps = data.total_steps;
+  std::string validating = "validating the request";
+  for (const std::string& note : data.notes) {
+    absl::StrAppend(&validating, "; ", note);
+  }
   std::vector<JobEventRecord> events = {
-      StatusEvent(record, JobStatus::kValidating, "validating the request"),
+      StatusEvent(record, JobStatus::kValidating, validating),
       StatusEvent(record, JobStatus::kQueued,
                   absl::StrCat("queued: ", record.total_steps,
                                " steps for tenant ", record.tenant))};

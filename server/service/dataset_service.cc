@@ -128,9 +128,10 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
       std::filesystem::remove(path, ignored);
       return inserted;
     }
-    context_->logger->Info("dataset ", record.id, " (tenant ", tenant_,
-                           "): stored, ", record.num_examples, " examples, ",
-                           record.size_bytes, " bytes");
+    context_->logger->Info(
+        "dataset ", record.id, " (tenant ", tenant_, "): stored, ",
+        record.num_examples, " examples, ", dataset->num_tokens, " tokens (",
+        dataset->num_target_tokens, " trained), ", record.size_bytes, " bytes");
     DatasetToProto(record, response_);
     return absl::OkStatus();
   }
