@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -155,6 +156,45 @@ TEST(JinjaTemplateTest, UnsupportedConstructsAreNamedWithTheirLine) {
   ASSERT_FALSE(rendering.ok());
   EXPECT_THAT(std::string(rendering.status().message()),
               HasSubstr("line 2: 'str object' has no attribute 'zfill'"));
+}
+
+// Where transformers 5 finds a directory's template: chat_template.jinja
+// wins over tokenizer_config.json; a list of named templates gives
+// "tool_use" to lines with tools and "default" to the rest.
+TEST(LoadChatTemplateTest, FindsTheTemplateAsTransformersDoes) {
+  const std::string dir = ::testing::TempDir() + "/chat-template-load";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto none = LoadChatTemplate(dir);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->has_value());
+
+  nlohmann::json config = {
+      {"bos_token", "<s>"},
+      {"chat_template",
+       {{{"name", "default"}, {"template", "D{{ bos_token }}"}},
+        {{"name", "tool_use"}, {"template", "T{{ tools | length }}"}}}}};
+  std::ofstream(dir + "/tokenizer_config.json") << config.dump();
+  auto named = LoadChatTemplate(dir);
+  ASSERT_TRUE(named.ok()) << named.status();
+  ASSERT_TRUE(named->has_value());
+  const ordered_json messages = ordered_json::array();
+  EXPECT_EQ((*named)->Render(messages, {})->text, "D<s>");
+  ChatRenderOptions with_tools;
+  with_tools.tools = ordered_json::array({{{"type", "function"}}});
+  EXPECT_EQ((*named)->Render(messages, with_tools)->text, "T1");
+
+  std::ofstream(dir + "/chat_template.jinja") << "J\n";
+  auto file = LoadChatTemplate(dir);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE(file->has_value());
+  EXPECT_EQ((*file)->Render(messages, with_tools)->text, "J");
+
+  std::ofstream(dir + "/chat_template.jinja") << "{% for %}";
+  auto bad = LoadChatTemplate(dir);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("chat_template.jinja: line 1: expected a name"));
 }
 
 // A template that generates without bound is stopped, not run out of
