@@ -14,6 +14,7 @@
 
 #include "core/model/model_presets.h"
 #include "tests/common/cli_process.h"
+#include "tests/common/golden_files.h"
 #include "tests/common/test_dir.h"
 #include "tests/server/service_fixture.h"
 
@@ -26,18 +27,11 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 std::string Golden(const std::string& relative) {
-  return std::string(LORAPLEX_SOURCE_DIR) +
-         "/tests/fixtures/golden/chat_templates/" + relative;
+  return GoldenPath("chat_templates/" + relative);
 }
 
 std::vector<ordered_json> GoldenLines(const std::string& file) {
-  std::ifstream in(Golden(file));
-  EXPECT_TRUE(in.good()) << file;
-  std::vector<ordered_json> lines;
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) lines.push_back(ordered_json::parse(line));
-  }
-  return lines;
+  return ReadGoldenLines(Golden(file));
 }
 
 // A tiny random Llama with room for the fixture tokenizer's 1015 tokens,

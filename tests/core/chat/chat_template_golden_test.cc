@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/chat/chat_template.h"
 #include "core/tokenizer/hf_tokenizer.h"
+#include "tests/common/golden_files.h"
 
 namespace loraplex {
 namespace {
@@ -22,41 +23,25 @@ using nlohmann::ordered_json;
 using ::testing::HasSubstr;
 
 std::string Golden(const std::string& relative) {
-  return std::string(LORAPLEX_SOURCE_DIR) +
-         "/tests/fixtures/golden/chat_templates/" + relative;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << path;
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::vector<ordered_json> ReadLines(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::vector<ordered_json> lines;
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) lines.push_back(ordered_json::parse(line));
-  }
-  return lines;
+  return GoldenPath("chat_templates/" + relative);
 }
 
 TEST(ChatTemplateGoldenTest, RendersAsTransformers) {
   std::map<std::string, ordered_json> conversations;
-  for (const ordered_json& c : ReadLines(Golden("conversations.jsonl"))) {
+  for (const ordered_json& c : ReadGoldenLines(Golden("conversations.jsonl"))) {
     conversations[c["name"].get<std::string>()] = c;
   }
   auto special = ReadSpecialTokenStrings(Golden("tokenizer"));
   ASSERT_TRUE(special.ok()) << special.status();
   std::map<std::string, ChatTemplate> templates;
   int rendered = 0, errors = 0;
-  for (const ordered_json& expected : ReadLines(Golden("expected.jsonl"))) {
+  for (const ordered_json& expected :
+       ReadGoldenLines(Golden("expected.jsonl"))) {
     const std::string name = expected["template"];
     if (templates.count(name) == 0) {
       auto parsed = ChatTemplate::Parse(
-          {{"default", ReadText(Golden("templates/" + name + ".jinja"))}}, name,
-          {special->begin(), special->end()});
+          {{"default", ReadGoldenText(Golden("templates/" + name + ".jinja"))}},
+          name, {special->begin(), special->end()});
       ASSERT_TRUE(parsed.ok()) << parsed.status();
       templates.emplace(name, *std::move(parsed));
     }
@@ -96,7 +81,8 @@ TEST(ChatTemplateGoldenTest, RendersAsTransformers) {
 // subset, with the same message for undefined values and raise_exception.
 TEST(JinjaSnippetGoldenTest, RendersAsJinja2) {
   int rendered = 0, errors = 0;
-  for (const ordered_json& expected : ReadLines(Golden("snippets.jsonl"))) {
+  for (const ordered_json& expected :
+       ReadGoldenLines(Golden("snippets.jsonl"))) {
     const std::string source = expected["template"];
     std::vector<std::pair<std::string, jinja::Value>> variables;
     for (auto it = expected["variables"].begin();

@@ -19,33 +19,13 @@
 #include "core/data/dataset.h"
 #include "core/tokenizer/hf_tokenizer.h"
 #include "core/tokenizer/load_tokenizer.h"
+#include "tests/common/golden_files.h"
 
 namespace loraplex {
 namespace {
 
 using nlohmann::ordered_json;
 using ::testing::HasSubstr;
-
-std::string Golden(const std::string& relative) {
-  return std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/golden/" +
-         relative;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << path;
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::vector<ordered_json> ReadLines(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::vector<ordered_json> lines;
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) lines.push_back(ordered_json::parse(line));
-  }
-  return lines;
-}
 
 std::vector<uint8_t> Mask(const ordered_json& values) {
   std::vector<uint8_t> mask;
@@ -61,10 +41,11 @@ std::vector<int64_t> Ids(const ordered_json& values) {
 class ChatExampleGoldenTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto tokenizer = LoadHfTokenizer(Golden("chat_templates/tokenizer"));
+    auto tokenizer = LoadHfTokenizer(GoldenPath("chat_templates/tokenizer"));
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = *std::move(tokenizer);
-    auto special = ReadSpecialTokenStrings(Golden("chat_templates/tokenizer"));
+    auto special =
+        ReadSpecialTokenStrings(GoldenPath("chat_templates/tokenizer"));
     ASSERT_TRUE(special.ok()) << special.status();
     special_.assign(special->begin(), special->end());
   }
@@ -73,8 +54,8 @@ class ChatExampleGoldenTest : public ::testing::Test {
     auto it = templates_.find(name);
     if (it != templates_.end()) return it->second;
     auto parsed = ChatTemplate::Parse(
-        {{"default",
-          ReadText(Golden("chat_templates/templates/" + name + ".jinja"))}},
+        {{"default", ReadGoldenText(GoldenPath("chat_templates/templates/" +
+                                               name + ".jinja"))}},
         name, special_);
     EXPECT_TRUE(parsed.ok()) << parsed.status();
     return templates_.emplace(name, *std::move(parsed)).first->second;
@@ -95,12 +76,12 @@ class ChatExampleGoldenTest : public ::testing::Test {
 TEST_F(ChatExampleGoldenTest, MessagesTrainOnTheAssistantTokensHfMarks) {
   std::map<std::string, ordered_json> conversations;
   for (const ordered_json& c :
-       ReadLines(Golden("chat_templates/conversations.jsonl"))) {
+       ReadGoldenLines(GoldenPath("chat_templates/conversations.jsonl"))) {
     conversations[c["name"].get<std::string>()] = c;
   }
   int by_generation = 0, by_prefix = 0, refused = 0;
   for (const ordered_json& expected :
-       ReadLines(Golden("chat_templates/expected.jsonl"))) {
+       ReadGoldenLines(GoldenPath("chat_templates/expected.jsonl"))) {
     if (expected["add_generation_prompt"] == true ||
         !expected["error"].is_null()) {
       continue;
@@ -161,12 +142,12 @@ TEST_F(ChatExampleGoldenTest, PromptAndCompletionAreTokenizedAsOneText) {
   std::map<std::string, std::unique_ptr<Tokenizer>> tokenizers;
   int checked = 0;
   for (const ordered_json& expected :
-       ReadLines(Golden("chat_templates/prompt_completion.jsonl"))) {
+       ReadGoldenLines(GoldenPath("chat_templates/prompt_completion.jsonl"))) {
     const std::string name = expected["tokenizer"];
     if (tokenizers.count(name) == 0) {
-      auto loaded =
-          LoadTokenizer(name == "tokenizer" ? Golden("chat_templates/tokenizer")
-                                            : Golden("tokenizers/" + name));
+      auto loaded = LoadTokenizer(name == "tokenizer"
+                                      ? GoldenPath("chat_templates/tokenizer")
+                                      : GoldenPath("tokenizers/" + name));
       ASSERT_TRUE(loaded.ok()) << loaded.status();
       tokenizers[name] = *std::move(loaded);
     }
@@ -190,7 +171,7 @@ TEST_F(ChatExampleGoldenTest, PromptAndCompletionAreTokenizedAsOneText) {
 TEST_F(ChatExampleGoldenTest, TrlConversationalTrainsOnTheCompletion) {
   int checked = 0;
   for (const ordered_json& expected :
-       ReadLines(Golden("chat_templates/trl_conversational.jsonl"))) {
+       ReadGoldenLines(GoldenPath("chat_templates/trl_conversational.jsonl"))) {
     const ordered_json line = {{"prompt", expected["prompt"]},
                                {"completion", expected["completion"]}};
     const std::string where = expected["template"].get<std::string>();
