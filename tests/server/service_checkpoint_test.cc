@@ -40,10 +40,10 @@ std::map<std::string, std::string> ExportedFiles(
   auto files = client.ExportAdapter(request, dir);
   EXPECT_TRUE(files.ok()) << files.status();
   std::map<std::string, std::string> bytes;
-  for (const char* name :
-       {"adapter_config.json", "adapter_model.safetensors"}) {
-    bytes[name] = ReadFileForTest(dir + "/" + name);
-  }
+  bytes["adapter_config.json"] =
+      AdapterConfigWithoutBase(dir + "/adapter_config.json");
+  bytes["adapter_model.safetensors"] =
+      ReadFileForTest(dir + "/adapter_model.safetensors");
   return bytes;
 }
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -50,6 +51,16 @@ inline std::unique_ptr<ServerProcess> StartServer(
       ServerProcess::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
+}
+
+// An exported adapter_config.json without base_model_name_or_path, which
+// names each server's own base directory: what two servers that trained
+// the same adapter from different state dirs agree on.
+inline std::string AdapterConfigWithoutBase(const std::string& path) {
+  nlohmann::json config = nlohmann::json::parse(ReadFileForTest(path));
+  EXPECT_TRUE(config.contains("base_model_name_or_path")) << path;
+  config.erase("base_model_name_or_path");
+  return config.dump(2);
 }
 
 inline std::unique_ptr<LoraplexClient> ClientFor(
