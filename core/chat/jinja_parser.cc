@@ -101,9 +101,7 @@ class Lexer {
         // lstrip_blocks: a block or comment tag alone on its line takes the
         // line's indentation with it.
         const size_t line_start = text.rfind('\n') + 1;  // npos + 1 == 0
-        if ((line_start > 0 || (line_starting && !strip_next) ||
-             (line_starting && strip_next)) &&
-            line_start < text.size()) {
+        if ((line_start > 0 || line_starting) && line_start < text.size()) {
           bool blank = true;
           for (size_t i = line_start; i < text.size(); ++i) {
             blank = blank && IsSpace(text[i]);
