@@ -342,10 +342,19 @@ absl::StatusOr<std::string> HfTokenizer::Decode(
   return DecodeIds(ids, /*skip_special_tokens=*/true);
 }
 
-absl::StatusOr<std::map<std::string, std::string>> ReadSpecialTokenStrings(
+namespace {
+
+// What a directory's tokenizer_config.json (over special_tokens_map.json)
+// says of special tokens, read once.
+struct TokenizerConfigTokens {
+  std::map<std::string, std::string> strings;
+  bool add_bos = false;
+};
+
+absl::StatusOr<TokenizerConfigTokens> ReadTokenizerConfigTokens(
     const std::string& model_dir) {
   namespace fs = std::filesystem;
-  std::map<std::string, std::string> strings;
+  TokenizerConfigTokens tokens;
   // tokenizer_config.json wins over special_tokens_map.json, as in
   // transformers (a null there unsets the token).
   for (const char* file :
@@ -354,17 +363,30 @@ absl::StatusOr<std::map<std::string, std::string>> ReadSpecialTokenStrings(
     if (!fs::exists(config_path)) continue;
     LORAPLEX_ASSIGN_OR_RETURN(json config,
                               ReadUntrustedJsonFile(config_path.string()));
+    if (!config.is_object()) continue;
     for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token",
                             "pad_token", "cls_token", "mask_token"}) {
-      if (!config.is_object() || !config.contains(key)) continue;
+      if (!config.contains(key)) continue;
       if (std::optional<std::string> name = TokenName(config, key)) {
-        strings[key] = *std::move(name);
+        tokens.strings[key] = *std::move(name);
       } else {
-        strings.erase(key);
+        tokens.strings.erase(key);
       }
     }
+    if (config.contains("add_bos_token")) {
+      tokens.add_bos = config["add_bos_token"] == true;
+    }
   }
-  return strings;
+  return tokens;
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> ReadSpecialTokenStrings(
+    const std::string& model_dir) {
+  LORAPLEX_ASSIGN_OR_RETURN(TokenizerConfigTokens tokens,
+                            ReadTokenizerConfigTokens(model_dir));
+  return std::move(tokens.strings);
 }
 
 absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(
@@ -374,22 +396,16 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(
   LORAPLEX_ASSIGN_OR_RETURN(json root,
                             ReadUntrustedJsonFile(path, kTokenizerJsonOptions));
   SpecialTokenNames names;
-  LORAPLEX_ASSIGN_OR_RETURN(auto strings, ReadSpecialTokenStrings(model_dir));
+  LORAPLEX_ASSIGN_OR_RETURN(TokenizerConfigTokens tokens,
+                            ReadTokenizerConfigTokens(model_dir));
   for (auto [key, field] :
        {std::pair{"bos_token", &names.bos}, std::pair{"eos_token", &names.eos},
         std::pair{"pad_token", &names.pad}}) {
-    if (auto it = strings.find(key); it != strings.end()) *field = it->second;
-  }
-  for (const char* file :
-       {"special_tokens_map.json", "tokenizer_config.json"}) {
-    const fs::path config_path = fs::path(model_dir) / file;
-    if (!fs::exists(config_path)) continue;
-    LORAPLEX_ASSIGN_OR_RETURN(json config,
-                              ReadUntrustedJsonFile(config_path.string()));
-    if (config.is_object() && config.contains("add_bos_token")) {
-      names.add_bos = config["add_bos_token"] == true;
+    if (auto it = tokens.strings.find(key); it != tokens.strings.end()) {
+      *field = it->second;
     }
   }
+  names.add_bos = tokens.add_bos;
   for (const char* file : {"generation_config.json", "config.json"}) {
     const fs::path config_path = fs::path(model_dir) / file;
     if (names.eos_id.has_value() || !fs::exists(config_path)) continue;
