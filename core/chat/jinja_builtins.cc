@@ -163,22 +163,30 @@ absl::StatusOr<Value> ToJson(const Value& operand, const CallArgs& args) {
   return Value::String(*std::move(text));
 }
 
-absl::StatusOr<Value> SortItems(const std::string& filter, const Value& operand,
-                                const CallArgs& args) {
-  LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, Items(filter, operand));
+// The key sort and unique compare `item` by: its `attribute` (dotted path,
+// or none), lowercased unless case_sensitive.
+absl::StatusOr<Value> ComparisonKey(const Value& item, const Value* attribute,
+                                    bool case_sensitive) {
+  Value key = item;
+  if (attribute != nullptr && attribute->is_string()) {
+    LORAPLEX_ASSIGN_OR_RETURN(key, Attribute(item, attribute->string_value()));
+  }
+  if (key.is_string() && !case_sensitive) {
+    key = Value::String(PythonLower(key.string_value()));
+  }
+  return key;
+}
+
+// sort(reverse=False, case_sensitive=False, attribute=None), stable.
+absl::StatusOr<Value> Sort(const Value& operand, const CallArgs& args) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, Items("sort", operand));
   const bool reverse = BoolArg(args, 0, "reverse", false);
   const bool case_sensitive = BoolArg(args, 1, "case_sensitive", false);
   const Value* attribute = args.Find(2, "attribute");
   std::vector<std::pair<Value, Value>> keyed;
   for (const Value& item : items) {
-    Value key = item;
-    if (attribute != nullptr && attribute->is_string()) {
-      LORAPLEX_ASSIGN_OR_RETURN(key,
-                                Attribute(item, attribute->string_value()));
-    }
-    if (key.is_string() && !case_sensitive) {
-      key = Value::String(PythonLower(key.string_value()));
-    }
+    LORAPLEX_ASSIGN_OR_RETURN(Value key,
+                              ComparisonKey(item, attribute, case_sensitive));
     keyed.emplace_back(std::move(key), item);
   }
   absl::Status status;
@@ -191,28 +199,28 @@ absl::StatusOr<Value> SortItems(const std::string& filter, const Value& operand,
                      }
                      return reverse ? *c > 0 : *c < 0;
                    });
-  if (!status.ok()) return FilterError(filter, std::string(status.message()));
+  if (!status.ok()) return FilterError("sort", std::string(status.message()));
   std::vector<Value> out;
-  if (filter == "unique") {
-    std::vector<Value> seen;
-    for (const Value& item : items) {
-      Value key = item;
-      if (attribute != nullptr && attribute->is_string()) {
-        LORAPLEX_ASSIGN_OR_RETURN(key,
-                                  Attribute(item, attribute->string_value()));
-      }
-      if (key.is_string() && !case_sensitive) {
-        key = Value::String(PythonLower(key.string_value()));
-      }
-      if (std::none_of(seen.begin(), seen.end(),
-                       [&](const Value& s) { return s.Equals(key); })) {
-        seen.push_back(key);
-        out.push_back(item);
-      }
-    }
-    return Value::List(std::move(out));
-  }
   for (auto& [key, item] : keyed) out.push_back(std::move(item));
+  return Value::List(std::move(out));
+}
+
+// unique(case_sensitive=False, attribute=None): first occurrences, in order.
+absl::StatusOr<Value> Unique(const Value& operand, const CallArgs& args) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, Items("unique", operand));
+  const bool case_sensitive = BoolArg(args, 0, "case_sensitive", false);
+  const Value* attribute = args.Find(1, "attribute");
+  std::vector<Value> seen;
+  std::vector<Value> out;
+  for (const Value& item : items) {
+    LORAPLEX_ASSIGN_OR_RETURN(Value key,
+                              ComparisonKey(item, attribute, case_sensitive));
+    if (std::none_of(seen.begin(), seen.end(),
+                     [&](const Value& s) { return s.Equals(key); })) {
+      seen.push_back(std::move(key));
+      out.push_back(item);
+    }
+  }
   return Value::List(std::move(out));
 }
 
@@ -446,7 +454,8 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& operand,
   if (name == "selectattr" || name == "rejectattr") {
     return SelectItems(name, operand, args, true, name == "selectattr");
   }
-  if (name == "sort" || name == "unique") return SortItems(name, operand, args);
+  if (name == "sort") return Sort(operand, args);
+  if (name == "unique") return Unique(operand, args);
   if (name == "int" || name == "float") return Number(name, operand, args);
   if (name == "abs") {
     if (operand.kind() == Value::Kind::kFloat) {

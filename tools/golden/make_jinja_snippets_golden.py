@@ -89,6 +89,10 @@ SNIPPETS = [
      "default('f') }}", {}),
     ("{{ xs | first }}{{ xs | last }}{{ xs | reverse | list }}{{ xs | sum }}"
      "{{ xs | max }}{{ xs | min }}", {"xs": [4, 9, 2]}),
+    ("{{ ['A', 'a', 1, 'b'] | unique | list }}|{{ ['A', 'a', 'B'] | "
+     "unique(true) | list }}|{{ ms | unique(attribute='r') | map(attribute='c')"
+     " | list }}", {"ms": [{"r": "x", "c": 1}, {"r": "X", "c": 2},
+                          {"r": "y", "c": 3}]}),
     ("{{ 'a\nb\n\nc' | indent(2) }}|{{ 'x\ny' | indent(3, true) }}", {}),
     ("{{ '3.7' | float + 1 }}|{{ '12' | int * 2 }}|{{ 'q' | int }}|"
      "{{ 3.14159 | round(2) }}|{{ 'a&<b>' | e }}|{{ 'hi there' | title }}|"
