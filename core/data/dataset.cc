@@ -330,6 +330,31 @@ bool Templated(const DatasetParseOptions& options) {
   return options.chat_template != nullptr || !options.chat_template_error.ok();
 }
 
+// Whether a chat line can be made: the model's template must be usable,
+// and tools need one.
+absl::Status CheckChatSetup(const json& line,
+                            const DatasetParseOptions& options) {
+  if (!options.chat_template_error.ok()) {
+    return Bad(options.chat_template_error.message());
+  }
+  auto tools = line.find(std::string(kToolsKey));
+  if (tools == line.end()) return absl::OkStatus();
+  if (options.chat_template == nullptr) {
+    return Bad("tools need the base model's chat template, and it has none");
+  }
+  if (!tools->is_null() && !tools->is_array()) {
+    return Bad(absl::StrCat("tools must be a list of tool definitions, got ",
+                            DescribeJson(*tools)));
+  }
+  return absl::OkStatus();
+}
+
+// The line's tools as written (null when absent).
+nlohmann::ordered_json ToolsOf(const nlohmann::ordered_json& ordered) {
+  auto tools = ordered.find(kToolsKey);
+  return tools == ordered.end() ? nlohmann::ordered_json() : *tools;
+}
+
 absl::StatusOr<ParsedLine> ParseMessages(const json& line,
                                          absl::string_view text,
                                          const Tokenizer& tokenizer,
@@ -341,13 +366,8 @@ absl::StatusOr<ParsedLine> ParseMessages(const json& line,
   if (!checked.any_trained_text) {
     return Bad(absl::StrCat("messages", kNothingTrained));
   }
-  if (!options.chat_template_error.ok()) {
-    return Bad(options.chat_template_error.message());
-  }
+  LORAPLEX_RETURN_IF_ERROR(CheckChatSetup(line, options));
   if (options.chat_template == nullptr) {
-    if (line.contains(std::string(kToolsKey))) {
-      return Bad("tools need the base model's chat template, and it has none");
-    }
     LORAPLEX_ASSIGN_OR_RETURN(
         Example example,
         BuiltinChatExample(line["messages"], checked, tokenizer));
@@ -355,17 +375,10 @@ absl::StatusOr<ParsedLine> ParseMessages(const json& line,
   }
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::ordered_json ordered,
                             InWrittenOrder(text));
-  const nlohmann::ordered_json tools = ordered.contains(kToolsKey)
-                                           ? ordered[std::string(kToolsKey)]
-                                           : nlohmann::ordered_json();
-  if (!tools.is_null() && !tools.is_array()) {
-    return Bad(absl::StrCat("tools must be a list of tool definitions, got ",
-                            DescribeJson(line[std::string(kToolsKey)])));
-  }
   LORAPLEX_ASSIGN_OR_RETURN(
-      Example example,
-      TemplateChatExample(*options.chat_template, tokenizer,
-                          ordered["messages"], tools, checked.trained));
+      Example example, TemplateChatExample(*options.chat_template, tokenizer,
+                                           ordered["messages"],
+                                           ToolsOf(ordered), checked.trained));
   return ParsedLine{std::move(example), false};
 }
 
@@ -413,13 +426,8 @@ absl::StatusOr<ParsedLine> ParsePromptCompletion(
   if (!completion_checked.any_trained_text) {
     return Bad(absl::StrCat("completion", kNothingTrained));
   }
-  if (!options.chat_template_error.ok()) {
-    return Bad(options.chat_template_error.message());
-  }
+  LORAPLEX_RETURN_IF_ERROR(CheckChatSetup(line, options));
   if (options.chat_template == nullptr) {
-    if (line.contains(std::string(kToolsKey))) {
-      return Bad("tools need the base model's chat template, and it has none");
-    }
     // The built-in format: the conversation, trained on the completion.
     json messages = prompt;
     CheckedMessages checked = completion_checked;
@@ -433,13 +441,10 @@ absl::StatusOr<ParsedLine> ParsePromptCompletion(
   }
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::ordered_json ordered,
                             InWrittenOrder(text));
-  const nlohmann::ordered_json tools = ordered.contains(kToolsKey)
-                                           ? ordered[std::string(kToolsKey)]
-                                           : nlohmann::ordered_json();
   LORAPLEX_ASSIGN_OR_RETURN(
       Example example, TemplatePromptCompletionExample(
                            *options.chat_template, tokenizer, ordered["prompt"],
-                           ordered["completion"], tools));
+                           ordered["completion"], ToolsOf(ordered)));
   return ParsedLine{std::move(example), false};
 }
 

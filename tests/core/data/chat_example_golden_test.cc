@@ -184,5 +184,22 @@ TEST_F(ChatExampleGoldenTest, TrlConversationalTrainsOnTheCompletion) {
   EXPECT_GE(checked, 12);
 }
 
+// tools is a list of definitions on both chat kinds that take it.
+TEST_F(ChatExampleGoldenTest, ToolsMustBeAList) {
+  const ordered_json user = {{"role", "user"}, {"content", "hi"}};
+  const ordered_json answer = {{"role", "assistant"}, {"content", "yo"}};
+  for (const ordered_json& line :
+       {ordered_json{{"messages", {user, answer}}, {"tools", "search"}},
+        ordered_json{{"prompt", {user}},
+                     {"completion", {answer}},
+                     {"tools", {{"name", "search"}}}}}) {
+    absl::StatusOr<Example> example = Parse(line, "qwen25");
+    ASSERT_FALSE(example.ok()) << line.dump();
+    EXPECT_THAT(std::string(example.status().message()),
+                HasSubstr("tools must be a list of tool definitions, got "))
+        << line.dump();
+  }
+}
+
 }  // namespace
 }  // namespace loraplex
