@@ -12,23 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "core/tokenizer/hf_tokenizer.h"
 #include "core/tokenizer/load_tokenizer.h"
+#include "tests/common/golden_files.h"
 
 namespace loraplex {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
-const std::string kFixtures =
-    std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/golden/tokenizers";
-
-std::vector<json> ReadJsonLines(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::vector<json> lines;
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(json::parse(line));
-  return lines;
-}
+const std::string kFixtures = GoldenPath("tokenizers");
 
 std::string Shown(const std::string& text) {
   std::string shown = json(text).dump();
@@ -42,8 +33,8 @@ TEST_P(HfTokenizerGoldenTest, MatchesHfTokenizers) {
   const std::string dir = absl::StrCat(kFixtures, "/", GetParam());
   absl::StatusOr<std::unique_ptr<HfTokenizer>> tokenizer = LoadHfTokenizer(dir);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  const std::vector<json> corpus = ReadJsonLines(kFixtures + "/corpus.jsonl");
-  const std::vector<json> expected = ReadJsonLines(dir + "/expected.jsonl");
+  const std::vector<json> corpus = ReadGoldenLines(kFixtures + "/corpus.jsonl");
+  const std::vector<json> expected = ReadGoldenLines(dir + "/expected.jsonl");
   ASSERT_EQ(corpus.size(), expected.size());
   ASSERT_GE(corpus.size(), 2000u);
 
