@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/model/model_weights.h"
+#include "core/model/projection.h"
 
 namespace loraplex {
 

@@ -28,7 +28,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
     const std::string& dir, const ModelLoadOptions& options) {
   LORAPLEX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   torch::ScalarType dtype = options.dtype.value_or(
-      config.dtype == torch::kFloat16 ? torch::kFloat32 : config.dtype);
+      config.dtype == StoredDtype::kFloat16 ? torch::kFloat32
+                                            : TorchScalarType(config.dtype));
   if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 &&
       dtype != torch::kFloat64) {
     return absl::InvalidArgumentError(

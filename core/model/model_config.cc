@@ -184,11 +184,11 @@ absl::Status ParseDtype(const ConfigReader& reader, ModelConfig& config) {
   const json& value = reader.root()[key];
   const std::string name = value.is_string() ? value.get<std::string>() : "";
   if (name == "float32") {
-    config.dtype = torch::kFloat32;
+    config.dtype = StoredDtype::kFloat32;
   } else if (name == "bfloat16") {
-    config.dtype = torch::kBFloat16;
+    config.dtype = StoredDtype::kBFloat16;
   } else if (name == "float16") {
-    config.dtype = torch::kFloat16;
+    config.dtype = StoredDtype::kFloat16;
   } else {
     return reader.Error(key, absl::StrCat("must be float32, bfloat16 or "
                                           "float16, got ",
@@ -368,6 +368,18 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const json& root,
 
 }  // namespace
 
+absl::string_view StoredDtypeName(StoredDtype dtype) {
+  switch (dtype) {
+    case StoredDtype::kFloat32:
+      break;
+    case StoredDtype::kBFloat16:
+      return "bfloat16";
+    case StoredDtype::kFloat16:
+      return "float16";
+  }
+  return "float32";
+}
+
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
                                              const std::string& label) {
   LORAPLEX_ASSIGN_OR_RETURN(json root, ParseUntrustedJson(json_text, label));
@@ -427,9 +439,7 @@ std::string ModelConfigToJson(const ModelConfig& config) {
                                 ? json(*config.sliding_window)
                                 : json(nullptr);
   }
-  out["torch_dtype"] = config.dtype == torch::kBFloat16  ? "bfloat16"
-                       : config.dtype == torch::kFloat16 ? "float16"
-                                                         : "float32";
+  out["torch_dtype"] = std::string(StoredDtypeName(config.dtype));
   if (config.bos_token_id) out["bos_token_id"] = *config.bos_token_id;
   if (config.eos_token_id) out["eos_token_id"] = *config.eos_token_id;
   if (config.pad_token_id) out["pad_token_id"] = *config.pad_token_id;

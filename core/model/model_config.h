@@ -9,8 +9,6 @@
 #ifndef LORAPLEX_CORE_MODEL_MODEL_CONFIG_H_
 #define LORAPLEX_CORE_MODEL_MODEL_CONFIG_H_
 
-#include <torch/types.h>
-
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,6 +42,16 @@ struct RopeConfig {
   int64_t original_max_position_embeddings = 8192;  // kLlama3.
 };
 
+// How a checkpoint stores its weights (config.json's dtype / torch_dtype).
+enum class StoredDtype {
+  kFloat32,
+  kBFloat16,
+  kFloat16,  // Computed in float32 (see LlamaModel::Load).
+};
+
+// "float32", "bfloat16", "float16": config.json's spelling.
+absl::string_view StoredDtypeName(StoredDtype dtype);
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
   int64_t vocab_size = 0;
@@ -62,7 +70,7 @@ struct ModelConfig {
   bool mlp_bias = false;  // Biases on gate_proj, up_proj, down_proj.
   // Keys further back than this are hidden (Mistral); unset = full causal.
   std::optional<int64_t> sliding_window;
-  torch::ScalarType dtype = torch::kFloat32;  // As stored in the checkpoint.
+  StoredDtype dtype = StoredDtype::kFloat32;  // As stored in the checkpoint.
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> eos_token_id;
   std::optional<int64_t> pad_token_id;

@@ -117,7 +117,7 @@ absl::Status WriteRandomModel(const ModelConfig& config, uint64_t seed,
       tensor =
           PortableNormal(spec.shape, 1.0 / std::sqrt(fan_in), seed, spec.name);
     }
-    tensors.push_back({spec.name, tensor.to(config.dtype)});
+    tensors.push_back({spec.name, tensor.to(TorchScalarType(config.dtype))});
   }
   const fs::path root(dir);
   LORAPLEX_RETURN_IF_ERROR(WriteSafetensors(

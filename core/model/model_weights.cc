@@ -15,18 +15,6 @@
 namespace loraplex {
 namespace {
 
-struct ProjectionRow {
-  absl::string_view name;
-  absl::string_view module;
-};
-
-constexpr ProjectionRow kProjectionRows[kNumProjections] = {
-    {"q_proj", "self_attn.q_proj"}, {"k_proj", "self_attn.k_proj"},
-    {"v_proj", "self_attn.v_proj"}, {"o_proj", "self_attn.o_proj"},
-    {"gate_proj", "mlp.gate_proj"}, {"up_proj", "mlp.up_proj"},
-    {"down_proj", "mlp.down_proj"},
-};
-
 std::string LayerPrefix(int64_t layer) {
   return absl::StrCat("model.layers.", layer, ".");
 }
@@ -43,12 +31,16 @@ bool IsIgnorable(const std::string& name, const ModelConfig& config) {
 
 }  // namespace
 
-absl::string_view ProjectionName(Projection projection) {
-  return kProjectionRows[static_cast<int>(projection)].name;
-}
-
-absl::string_view ProjectionModule(Projection projection) {
-  return kProjectionRows[static_cast<int>(projection)].module;
+torch::ScalarType TorchScalarType(StoredDtype dtype) {
+  switch (dtype) {
+    case StoredDtype::kFloat32:
+      break;
+    case StoredDtype::kBFloat16:
+      return torch::kBFloat16;
+    case StoredDtype::kFloat16:
+      return torch::kFloat16;
+  }
+  return torch::kFloat32;
 }
 
 std::array<int64_t, 2> ProjectionShape(const ModelConfig& config,

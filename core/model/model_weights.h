@@ -17,28 +17,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/model/model_config.h"
+#include "core/model/projection.h"
 
 namespace loraplex {
 
-// The seven linear projections of a decoder layer (the LoRA targets).
-enum class Projection {
-  kQ,     // self_attn.q_proj: hidden -> heads * head_dim.
-  kK,     // self_attn.k_proj: hidden -> kv_heads * head_dim.
-  kV,     // self_attn.v_proj: hidden -> kv_heads * head_dim.
-  kO,     // self_attn.o_proj: heads * head_dim -> hidden.
-  kGate,  // mlp.gate_proj: hidden -> intermediate.
-  kUp,    // mlp.up_proj: hidden -> intermediate.
-  kDown,  // mlp.down_proj: intermediate -> hidden.
-};
-inline constexpr int kNumProjections = 7;
-inline constexpr std::array<Projection, kNumProjections> kAllProjections = {
-    Projection::kQ,    Projection::kK,  Projection::kV,   Projection::kO,
-    Projection::kGate, Projection::kUp, Projection::kDown};
+// The checkpoint's storage dtype as a LibTorch scalar type.
+torch::ScalarType TorchScalarType(StoredDtype dtype);
 
-// Short name as used in PEFT target_modules, e.g. "q_proj".
-absl::string_view ProjectionName(Projection projection);
-// Module path inside a layer, e.g. "self_attn.q_proj".
-absl::string_view ProjectionModule(Projection projection);
 // {out_features, in_features} of the projection's weight.
 std::array<int64_t, 2> ProjectionShape(const ModelConfig& config,
                                        Projection projection);

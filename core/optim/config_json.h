@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
-#include "core/optim/lr_scheduler.h"
+#include "core/optim/lr_schedule_config.h"
 #include "core/optim/optimizer_config.h"
 
 namespace loraplex {

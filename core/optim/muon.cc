@@ -14,60 +14,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/common/enum_names.h"
-#include "core/common/number_checks.h"
 #include "core/optim/archive_fields.h"
 #include "core/runtime/torch_compat.h"
 
 namespace loraplex {
-
-absl::string_view MuonWeightDecayModeName(MuonWeightDecayMode mode) {
-  switch (mode) {
-    case MuonWeightDecayMode::kDecoupled:
-      return "decoupled";
-    case MuonWeightDecayMode::kIndependent:
-      return "independent";
-    case MuonWeightDecayMode::kL2:
-      return "l2";
-  }
-  return "unknown";
-}
-
-std::optional<MuonWeightDecayMode> ParseMuonWeightDecayMode(
-    absl::string_view name) {
-  return ParseEnumName(name, kAllMuonWeightDecayModes,
-                       &MuonWeightDecayModeName);
-}
-
-absl::string_view MuonScaleModeName(MuonScaleMode mode) {
-  switch (mode) {
-    case MuonScaleMode::kSpectral:
-      return "spectral";
-    case MuonScaleMode::kUnitRmsNorm:
-      return "unit_rms_norm";
-    case MuonScaleMode::kShapeScaling:
-      return "shape_scaling";
-  }
-  return "unknown";
-}
-
-std::optional<MuonScaleMode> ParseMuonScaleMode(absl::string_view name) {
-  return ParseEnumName(name, kAllMuonScaleModes, &MuonScaleModeName);
-}
-
-double MuonScaleFactor(int64_t rows, int64_t cols, MuonScaleMode mode) {
-  const double m = static_cast<double>(rows);
-  const double n = static_cast<double>(cols);
-  switch (mode) {
-    case MuonScaleMode::kSpectral:
-      return std::sqrt(std::max(m, n));
-    case MuonScaleMode::kUnitRmsNorm:
-      return std::sqrt(m / n);
-    case MuonScaleMode::kShapeScaling:
-      return std::sqrt(std::max(1.0, m / n));
-  }
-  return 1.0;
-}
 
 MuonOptions::MuonOptions(double lr) : lr_(lr) {}
 
@@ -136,25 +86,23 @@ void MuonOptions::serialize(torch::serialize::InputArchive& archive) {
 }
 
 std::string MuonOptionsError(const MuonOptions& options) {
-  if (!IsFiniteNonNegative(options.lr())) {
-    return absl::StrCat("lr must be a finite number >= 0, got ", options.lr());
-  }
-  if (!InUnitInterval(options.momentum())) {
-    return absl::StrCat("momentum must be in [0, 1), got ", options.momentum());
-  }
-  if (!IsFiniteNonNegative(options.weight_decay())) {
-    return absl::StrCat("weight_decay must be a finite number >= 0, got ",
-                        options.weight_decay());
-  }
-  if (!IsFinitePositive(options.extra_scale_factor())) {
-    return absl::StrCat("extra_scale_factor must be a finite number > 0, got ",
-                        options.extra_scale_factor());
-  }
-  if (options.ns_steps() < 1 || options.ns_steps() > 100) {
-    return absl::StrCat("ns_steps must be in [1, 100], got ",
-                        options.ns_steps());
-  }
-  return NewtonSchulzOptionsError(options.newton_schulz());
+  return MuonSettingsError(options.lr(), options.momentum(),
+                           options.weight_decay(), options.extra_scale_factor(),
+                           options.ns_steps(), options.newton_schulz());
+}
+
+MuonOptions MuonOptionsFromConfig(const OptimizerConfig& config) {
+  return MuonOptions(config.lr)
+      .momentum(config.momentum)
+      .nesterov(config.nesterov)
+      .weight_decay(config.weight_decay)
+      .weight_decay_mode(config.weight_decay_mode)
+      .coefficient_set(config.coefficient_set)
+      .custom_coefficients(config.custom_coefficients)
+      .ns_steps(config.ns_steps)
+      .precision(config.ns_precision)
+      .scale_mode(config.scale_mode)
+      .extra_scale_factor(config.extra_scale_factor);
 }
 
 void MuonParamState::serialize(torch::serialize::OutputArchive& archive) const {

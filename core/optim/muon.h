@@ -28,38 +28,11 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "core/optim/muon_config.h"
 #include "core/optim/newton_schulz.h"
+#include "core/optim/optimizer_config.h"
 
 namespace loraplex {
-
-enum class MuonWeightDecayMode {
-  kDecoupled,    // p -= lr·wd·p (AdamW-style).
-  kIndependent,  // p -= wd·p, independent of the learning rate.
-  kL2,           // g += wd·p before the momentum update.
-};
-
-enum class MuonScaleMode {
-  kSpectral,     // sqrt(max(m, n)).
-  kUnitRmsNorm,  // sqrt(m / n).
-  kShapeScaling  // sqrt(max(1, m / n)).
-};
-
-inline constexpr std::array<MuonWeightDecayMode, 3> kAllMuonWeightDecayModes = {
-    MuonWeightDecayMode::kDecoupled, MuonWeightDecayMode::kIndependent,
-    MuonWeightDecayMode::kL2};
-inline constexpr std::array<MuonScaleMode, 3> kAllMuonScaleModes = {
-    MuonScaleMode::kSpectral, MuonScaleMode::kUnitRmsNorm,
-    MuonScaleMode::kShapeScaling};
-
-absl::string_view MuonWeightDecayModeName(MuonWeightDecayMode mode);
-std::optional<MuonWeightDecayMode> ParseMuonWeightDecayMode(
-    absl::string_view name);
-absl::string_view MuonScaleModeName(MuonScaleMode mode);
-std::optional<MuonScaleMode> ParseMuonScaleMode(absl::string_view name);
-
-// The factor applied to NS(u) for an m×n parameter (before
-// extra_scale_factor).
-double MuonScaleFactor(int64_t rows, int64_t cols, MuonScaleMode mode);
 
 // Defaults are Megatron-LM's. loraplex's service default sets
 // extra_scale_factor 0.2 (see OptimizerConfig).
@@ -88,8 +61,12 @@ struct MuonOptions
   NewtonSchulzOptions newton_schulz() const;
 };
 
-// Empty when the options are valid, else "<field> ..., got <value>".
+// Empty when the options are valid, else "<field> ..., got <value>"
+// (MuonSettingsError).
 std::string MuonOptionsError(const MuonOptions& options);
+
+// The Muon options a muon-family config implies.
+MuonOptions MuonOptionsFromConfig(const OptimizerConfig& config);
 
 struct MuonParamState
     : public torch::optim::OptimizerCloneableParamState<MuonParamState> {

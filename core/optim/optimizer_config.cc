@@ -24,20 +24,6 @@ std::optional<OptimizerFamily> ParseOptimizerFamily(absl::string_view name) {
   return ParseEnumName(name, kAllOptimizerFamilies, &OptimizerFamilyName);
 }
 
-MuonOptions MuonOptionsFromConfig(const OptimizerConfig& config) {
-  return MuonOptions(config.lr)
-      .momentum(config.momentum)
-      .nesterov(config.nesterov)
-      .weight_decay(config.weight_decay)
-      .weight_decay_mode(config.weight_decay_mode)
-      .coefficient_set(config.coefficient_set)
-      .custom_coefficients(config.custom_coefficients)
-      .ns_steps(config.ns_steps)
-      .precision(config.ns_precision)
-      .scale_mode(config.scale_mode)
-      .extra_scale_factor(config.extra_scale_factor);
-}
-
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
   auto invalid = [](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat("optimizer.", parts...));
@@ -46,7 +32,13 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
   // speaks in field names, so prefixing it gives "optimizer.momentum must
   // be ...". The Muon knobs are checked for every family: a bad value is a
   // mistake even where it is unused.
-  const std::string error = MuonOptionsError(MuonOptionsFromConfig(config));
+  NewtonSchulzOptions ns;
+  ns.coefficient_set = config.coefficient_set;
+  ns.custom_coefficients = config.custom_coefficients;
+  ns.precision = config.ns_precision;
+  const std::string error =
+      MuonSettingsError(config.lr, config.momentum, config.weight_decay,
+                        config.extra_scale_factor, config.ns_steps, ns);
   if (!error.empty()) return invalid(error);
   if (config.lr == 0.0) {
     return invalid("lr must be > 0 (0 would train nothing), got 0");

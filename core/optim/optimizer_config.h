@@ -13,8 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "core/optim/muon.h"
-#include "core/optim/newton_schulz.h"
+#include "core/optim/muon_config.h"
+#include "core/optim/newton_schulz_config.h"
 
 namespace loraplex {
 
@@ -59,9 +59,6 @@ struct OptimizerConfig {
 
 // INVALID_ARGUMENT naming the first bad field, else OK.
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
-
-// The Muon options a muon-family config implies.
-MuonOptions MuonOptionsFromConfig(const OptimizerConfig& config);
 
 }  // namespace loraplex
 

@@ -28,6 +28,7 @@
 #include "core/lora/lora_weights.h"
 #include "core/model/llama_model.h"
 #include "core/train/data_parallel.h"
+#include "core/train/step_metrics.h"
 #include "core/train/training_slot.h"
 
 namespace loraplex {
@@ -48,16 +49,6 @@ struct CoBatchOptions {
   // losses are summed over the ranks before clipping, so each slot clips
   // and steps on its full gradient. nullptr: one process.
   const StepSync* sync = nullptr;
-};
-
-struct SlotStepMetrics {
-  double loss = 0.0;       // Masked mean token cross-entropy of the batch.
-  double lr = 0.0;         // The learning rate of this step.
-  double grad_norm = 0.0;  // Before clipping.
-  int64_t target_tokens = 0;
-  int64_t tokens = 0;  // All tokens of the batch's sequences.
-  bool skipped = false;
-  std::string skip_reason;  // Set when skipped.
 };
 
 // Trains one step of every slot in `slots` (each trainable(), not done(),

@@ -43,10 +43,10 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const nlohmann::json& json) {
   LORAPLEX_ASSIGN_OR_RETURN(spec.optimizer, OptimizerConfigFromJson(optimizer));
   LORAPLEX_ASSIGN_OR_RETURN(spec.schedule, LrScheduleConfigFromJson(schedule));
   LORAPLEX_ASSIGN_OR_RETURN(spec.training, TrainingConfigFromJson(training));
-  // The schedule's peak is the optimizer's lr; LrScheduler::Create owns
-  // that rule (min_lr <= lr), so a spec accepted here always builds.
+  // The schedule's peak is the optimizer's lr (min_lr <= lr): a spec
+  // accepted here always builds its LrScheduler.
   LORAPLEX_RETURN_IF_ERROR(
-      LrScheduler::Create(spec.schedule, spec.optimizer.lr).status());
+      ValidateLrScheduleWithPeak(spec.schedule, spec.optimizer.lr));
   return spec;
 }
 

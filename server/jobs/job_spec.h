@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/lora/lora_config.h"
-#include "core/optim/lr_scheduler.h"
+#include "core/optim/lr_schedule_config.h"
 #include "core/optim/optimizer_config.h"
 #include "core/train/training_config.h"
 

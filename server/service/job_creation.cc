@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "adapters/peft_adapter.h"
 #include "core/common/status_macros.h"
 #include "server/engine/checkpoint.h"
 #include "server/jobs/job_data.h"

@@ -5,21 +5,6 @@
 #include "core/common/status_macros.h"
 
 namespace loraplex {
-namespace {
-
-std::string DtypeName(torch::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kBFloat16:
-      return "bfloat16";
-    case torch::kFloat16:
-      return "float16";
-    default:
-      return "float32";
-  }
-}
-
-}  // namespace
-
 grpc::ServerUnaryReactor* ServerInfoServiceImpl::GetServerInfo(
     grpc::CallbackServerContext* call,
     const v1::GetServerInfoRequest* /*request*/, v1::ServerInfo* response) {
@@ -37,7 +22,7 @@ grpc::ServerUnaryReactor* ServerInfoServiceImpl::GetServerInfo(
     base->set_num_attention_heads(model.num_attention_heads);
     base->set_num_key_value_heads(model.num_key_value_heads);
     base->set_max_position_embeddings(model.max_position_embeddings);
-    base->set_dtype(DtypeName(model.dtype));
+    base->set_dtype(std::string(StoredDtypeName(model.dtype)));
     response->set_version(context_->version);
     response->set_slot_capacity(context_->limits.slot_capacity);
     response->set_max_rank(context_->limits.max_rank);

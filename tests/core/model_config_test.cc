@@ -39,7 +39,7 @@ TEST(ModelConfigTest, ParsesLlamaWithDefaults) {
   EXPECT_EQ(config->rope.theta, 10000.0);
   EXPECT_FALSE(config->tie_word_embeddings);
   EXPECT_FALSE(config->qkv_bias);
-  EXPECT_EQ(config->dtype, torch::kFloat32);
+  EXPECT_EQ(config->dtype, StoredDtype::kFloat32);
   EXPECT_FALSE(config->sliding_window.has_value());
 }
 
@@ -103,10 +103,10 @@ TEST(ModelConfigTest, ReadsRopeScalingInBothSpellings) {
 TEST(ModelConfigTest, ReadsDtypeInBothSpellings) {
   json raw = BaseLlama();
   raw["torch_dtype"] = "bfloat16";
-  EXPECT_EQ(Parse(raw)->dtype, torch::kBFloat16);
+  EXPECT_EQ(Parse(raw)->dtype, StoredDtype::kBFloat16);
   raw.erase("torch_dtype");
   raw["dtype"] = "float16";
-  EXPECT_EQ(Parse(raw)->dtype, torch::kFloat16);
+  EXPECT_EQ(Parse(raw)->dtype, StoredDtype::kFloat16);
 }
 
 TEST(ModelConfigTest, MistralSlidingWindow) {
@@ -219,7 +219,7 @@ TEST(ModelConfigTest, WrittenJsonParsesBackToTheSameConfig) {
   EXPECT_EQ(again->rope.factor, 2.0);
   EXPECT_TRUE(again->tie_word_embeddings);
   EXPECT_TRUE(again->o_bias);
-  EXPECT_EQ(again->dtype, torch::kBFloat16);
+  EXPECT_EQ(again->dtype, StoredDtype::kBFloat16);
   EXPECT_EQ(again->bos_token_id, 1);
 }
 

@@ -1,0 +1,35 @@
+// The seven linear projections of a Llama-family decoder layer — the LoRA
+// targets — and their Hugging Face names. No LibTorch here.
+//
+//   for (Projection p : kAllProjections) std::cout << ProjectionName(p);
+#ifndef LORAPLEX_CORE_MODEL_PROJECTION_H_
+#define LORAPLEX_CORE_MODEL_PROJECTION_H_
+
+#include <array>
+
+#include "absl/strings/string_view.h"
+
+namespace loraplex {
+
+enum class Projection {
+  kQ,     // self_attn.q_proj: hidden -> heads * head_dim.
+  kK,     // self_attn.k_proj: hidden -> kv_heads * head_dim.
+  kV,     // self_attn.v_proj: hidden -> kv_heads * head_dim.
+  kO,     // self_attn.o_proj: heads * head_dim -> hidden.
+  kGate,  // mlp.gate_proj: hidden -> intermediate.
+  kUp,    // mlp.up_proj: hidden -> intermediate.
+  kDown,  // mlp.down_proj: intermediate -> hidden.
+};
+inline constexpr int kNumProjections = 7;
+inline constexpr std::array<Projection, kNumProjections> kAllProjections = {
+    Projection::kQ,    Projection::kK,  Projection::kV,   Projection::kO,
+    Projection::kGate, Projection::kUp, Projection::kDown};
+
+// Short name as used in PEFT target_modules, e.g. "q_proj".
+absl::string_view ProjectionName(Projection projection);
+// Module path inside a layer, e.g. "self_attn.q_proj".
+absl::string_view ProjectionModule(Projection projection);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_MODEL_PROJECTION_H_

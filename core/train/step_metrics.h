@@ -1,0 +1,24 @@
+// What one co-batched training step did for one slot: its loss, learning
+// rate, gradient norm and token counts, or why its update was skipped. No
+// LibTorch here: the service reports these without the engine's headers.
+#ifndef LORAPLEX_CORE_TRAIN_STEP_METRICS_H_
+#define LORAPLEX_CORE_TRAIN_STEP_METRICS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace loraplex {
+
+struct SlotStepMetrics {
+  double loss = 0.0;       // Masked mean token cross-entropy of the batch.
+  double lr = 0.0;         // The learning rate of this step.
+  double grad_norm = 0.0;  // Before clipping.
+  int64_t target_tokens = 0;
+  int64_t tokens = 0;  // All tokens of the batch's sequences.
+  bool skipped = false;
+  std::string skip_reason;  // Set when skipped.
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_TRAIN_STEP_METRICS_H_
