@@ -11,19 +11,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/runtime/exception_message.h"
 
 namespace loraplex {
 namespace {
 
 constexpr char kJoinedKey[] = "loraplex/dist/joined";
 constexpr std::chrono::milliseconds kJoinPoll{20};
-
-std::string ExceptionText(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
-    return error->what_without_backtrace();
-  }
-  return e.what();
-}
 
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || absl::StartsWith(host, "127.") || host == "::1";
@@ -146,12 +140,12 @@ absl::StatusOr<DistContext> DistContext::Create(const DistEnv& env,
     if (env.rank == 0) {
       return absl::UnavailableError(
           absl::StrCat("rank 0 could not host the rendezvous store at ", where,
-                       ": ", ExceptionText(e)));
+                       ": ", ExceptionMessage(e)));
     }
     const std::string text = absl::StrCat(
         "rank ", env.rank, " could not reach the rendezvous store at ", where,
         " (hosted by rank 0) within ", env.timeout.count(),
-        " s: ", ExceptionText(e));
+        " s: ", ExceptionMessage(e));
     // c10d retries the connection until its timeout; an early failure (an
     // unknown host) is not a timeout.
     if (std::chrono::steady_clock::now() - start >= timeout / 2) {
@@ -172,7 +166,7 @@ absl::StatusOr<DistContext> DistContext::Create(const DistEnv& env,
     return absl::UnavailableError(
         absl::StrCat("rank ", env.rank, " lost the rendezvous store at ", where,
                      " while waiting for the other ranks (", joined, " of ",
-                     env.world_size, " had joined): ", ExceptionText(e)));
+                     env.world_size, " had joined): ", ExceptionMessage(e)));
   }
   if (joined < env.world_size) {
     return absl::DeadlineExceededError(
@@ -199,7 +193,7 @@ absl::StatusOr<DistContext> DistContext::Create(const DistEnv& env,
     return absl::UnavailableError(absl::StrCat(
         "rank ", env.rank, " could not connect the ", cuda ? "NCCL" : "Gloo",
         " process group of ", env.world_size, " ranks (store at ", where,
-        "): ", ExceptionText(e)));
+        "): ", ExceptionMessage(e)));
   }
   return context;
 }
@@ -212,7 +206,7 @@ absl::Status DistContext::Guarded(const char* name, Op&& op) {
   } catch (const std::exception& e) {
     absl::Status status = absl::UnavailableError(
         absl::StrCat(name, " failed on rank ", rank_, " of ", world_size_,
-                     " (store at ", address_, "): ", ExceptionText(e)));
+                     " (store at ", address_, "): ", ExceptionMessage(e)));
     if (failure_.ok()) failure_ = status;
     return status;
   }

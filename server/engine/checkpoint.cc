@@ -19,8 +19,8 @@
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "core/runtime/exception_message.h"
 #include "server/common/sha256.h"
-#include "server/engine/catch_torch.h"
 
 namespace loraplex {
 namespace {

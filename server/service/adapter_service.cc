@@ -14,6 +14,7 @@
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "core/runtime/exception_message.h"
 #include "server/common/clock.h"
 #include "server/jobs/resource_id.h"
 #include "server/service/checkpoint_access.h"
@@ -155,7 +156,7 @@ grpc::ServerUnaryReactor* AdapterServiceImpl::AttachAdapter(
     try {
       status = Attach(tenant, *request, response);
     } catch (const std::exception& error) {
-      status = absl::InternalError(error.what());
+      status = absl::InternalError(ExceptionMessage(error));
     }
     reactor->Finish(ToGrpcStatus(status));
   });

@@ -52,7 +52,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
         try {
           status = Store();
         } catch (const std::exception& error) {
-          status = absl::InternalError(error.what());
+          status = absl::InternalError(ExceptionMessage(error));
         }
         Finish(ToGrpcStatus(status));
       });

@@ -135,7 +135,7 @@ void CreateOnWorker(WorkQueue* work, grpc::ServerUnaryReactor* reactor,
       absl::StatusOr<JobRecord> job = create();
       status = job.ok() ? JobToProto(*job, response) : job.status();
     } catch (const std::exception& error) {
-      status = absl::InternalError(error.what());
+      status = absl::InternalError(ExceptionMessage(error));
     }
     reactor->Finish(ToGrpcStatus(status));
   });

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/model/model_config.h"
+#include "core/runtime/exception_message.h"
 #include "server/common/logger.h"
 #include "server/common/work_queue.h"
 #include "server/jobs/job_data.h"
@@ -65,7 +66,7 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* call,
   try {
     status = handler();
   } catch (const std::exception& error) {
-    status = absl::InternalError(error.what());
+    status = absl::InternalError(ExceptionMessage(error));
   }
   grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));

@@ -7,6 +7,7 @@
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "core/runtime/exception_message.h"
 #include "server/common/clock.h"
 #include "server/jobs/job_scheduler.h"
 #include "server/jobs/resource_id.h"
@@ -50,7 +51,7 @@ absl::StatusOr<std::unique_ptr<StagedAdapter>> StagedAdapter::Create(
     try {
       return LoadPeftAdapter(staged->staged_, context.model);
     } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(e.what());
+      return absl::InvalidArgumentError(ExceptionMessage(e));
     }
   }();
   if (!adapter.ok()) {
