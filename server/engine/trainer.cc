@@ -10,8 +10,8 @@
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "core/runtime/exception_message.h"
 #include "server/common/clock.h"
-#include "server/engine/catch_torch.h"
 #include "server/engine/checkpoint.h"
 #include "server/engine/step_plan.h"
 
@@ -21,6 +21,9 @@ struct Trainer::Command {
   enum class Kind { kAttach, kRetire, kPause, kExport };
   Kind kind = Kind::kAttach;
   AttachCommand attach;
+  // kAttach: what the slot pool attaches (from `attach`; on other ranks,
+  // from rank 0's plan).
+  SlotAttachRequest request;
   std::string job_id;
   std::string dir;
   std::function<void(absl::Status)> done;
@@ -55,6 +58,18 @@ struct Trainer::SlotJob {
 };
 
 namespace {
+
+SlotAttachRequest AttachRequestOf(const AttachCommand& command) {
+  SlotAttachRequest request;
+  request.job_id = command.job_id;
+  request.lora = command.spec.lora;
+  request.optimizer = command.spec.optimizer;
+  request.schedule = command.spec.schedule;
+  request.training = command.spec.training;
+  request.data = command.data;
+  request.preferred_slot = command.preferred_slot;
+  return request;
+}
 
 SlotPoolOptions PoolOptions(SlotPoolOptions pool, const LlamaModel& model,
                             ParamClaims* claims) {
@@ -134,6 +149,7 @@ void Trainer::AttachAll(std::vector<AttachCommand> commands) {
   for (size_t i = 0; i < commands.size(); ++i) {
     entries[i].kind = Command::Kind::kAttach;
     entries[i].job_id = commands[i].job_id;
+    entries[i].request = AttachRequestOf(commands[i]);
     entries[i].attach = std::move(commands[i]);
   }
   Enqueue(std::move(entries));
@@ -237,7 +253,7 @@ absl::Status Trainer::SendPlan(const std::deque<Command>& batch,
     } else if (command.kind == Command::Kind::kAttach &&
                command.prepared.ok()) {
       entry.kind = StepPlan::Entry::Kind::kAttach;
-      entry.request = command.attach.request;
+      entry.request = command.request;
       entry.request.initial_weights.reset();  // Broadcast after the attach.
       entry.restore = command.restore;
       entry.training_state = command.training_state;
@@ -270,7 +286,7 @@ absl::Status Trainer::Follow() {
                          : Command::Kind::kPause;
       command.job_id = entry.job_id;
       command.attach.job_id = entry.job_id;
-      command.attach.request = std::move(entry.request);
+      command.request = std::move(entry.request);
       command.restore = std::move(entry.restore);
       command.training_state = std::move(entry.training_state);
       batch.push_back(std::move(command));
@@ -465,10 +481,10 @@ void Trainer::OrderAttaches(std::deque<Command>& batch) const {
   for (Command& command : batch) {
     AttachCommand& attach = command.attach;
     if (command.kind != Command::Kind::kAttach || !attach.resume ||
-        attach.request.preferred_slot >= 0) {
+        command.request.preferred_slot >= 0) {
       continue;
     }
-    attach.request.preferred_slot =
+    command.request.preferred_slot =
         CheckpointSlotHint(JobCheckpointDir(attach.job_id), ResumeCap(attach));
   }
   // Within each run of attaches, those going back to a slot go first, so a
@@ -482,7 +498,7 @@ void Trainer::OrderAttaches(std::deque<Command>& batch) const {
     auto end = begin;
     while (end != batch.end() && end->kind == Command::Kind::kAttach) ++end;
     std::stable_partition(begin, end, [](const Command& command) {
-      return command.attach.request.preferred_slot >= 0;
+      return command.request.preferred_slot >= 0;
     });
     begin = end;
   }
@@ -490,7 +506,7 @@ void Trainer::OrderAttaches(std::deque<Command>& batch) const {
 
 absl::Status Trainer::PrepareAttach(Command& command) {
   AttachCommand& attach = command.attach;
-  attach.request.job_id = attach.job_id;
+  command.request.job_id = attach.job_id;
   std::string weights_dir = attach.initial_adapter_dir;
   std::optional<CheckpointEntry> latest;
   if (attach.resume && checkpoints_) {
@@ -510,8 +526,8 @@ absl::Status Trainer::PrepareAttach(Command& command) {
         command.training_state,
         ReadCheckpointFile(latest->dir, kCheckpointStateFile));
     weights_dir = latest->dir;
-    if (attach.request.preferred_slot < 0) {
-      attach.request.preferred_slot = info.slot;
+    if (command.request.preferred_slot < 0) {
+      command.request.preferred_slot = info.slot;
     }
     command.restore_dir = latest->dir;
     command.restore = std::move(info);
@@ -519,8 +535,8 @@ absl::Status Trainer::PrepareAttach(Command& command) {
   if (!weights_dir.empty()) {
     LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
                               LoadPeftAdapter(weights_dir, model_->config()));
-    attach.request.lora = adapter.config;  // What the other ranks attach.
-    attach.request.initial_weights =
+    command.request.lora = adapter.config;  // What the other ranks attach.
+    command.request.initial_weights =
         std::make_shared<const PeftAdapter>(std::move(adapter));
   }
   return absl::OkStatus();
@@ -529,7 +545,7 @@ absl::Status Trainer::PrepareAttach(Command& command) {
 absl::StatusOr<int> Trainer::AttachPrepared(Command& command,
                                             std::optional<int64_t>& tokens) {
   const AttachCommand& attach = command.attach;
-  LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(attach.request));
+  LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(command.request));
   if (leader_ && attach.resume && checkpoints_) {
     // Later checkpoints belong to a run abandoned by a crash; the steps
     // they hold are trained again.
@@ -597,16 +613,17 @@ void Trainer::ApplyAttach(Command& command) {
     job->tenant = attach.tenant;
     job->validation = std::move(attach.validation);
     job->final_adapter_dir = attach.final_adapter_dir;
-    job->eval_interval = attach.request.training.eval_interval;
-    job->checkpoint_interval = attach.request.training.checkpoint_interval > 0
-                                   ? attach.request.training.checkpoint_interval
-                                   : options_.checkpoint_interval;
+    job->eval_interval = command.request.training.eval_interval;
+    job->checkpoint_interval =
+        command.request.training.checkpoint_interval > 0
+            ? command.request.training.checkpoint_interval
+            : options_.checkpoint_interval;
     job->job_spec = std::move(attach.job_spec);
     job->tokens = tokens.value_or(0);
-    job->evaluate_only = attach.request.data == nullptr;
+    job->evaluate_only = command.request.data == nullptr;
     if (!job->evaluate_only) {
       job->family =
-          std::string(OptimizerFamilyName(attach.request.optimizer.family));
+          std::string(OptimizerFamilyName(command.request.optimizer.family));
     }
     jobs_[*slot] = std::move(job);
     report.slot = *slot;

@@ -53,6 +53,7 @@
 #include "core/model/llama_model.h"
 #include "core/train/co_batch_step.h"
 #include "server/engine/step_plan.h"
+#include "server/jobs/job_trainer.h"
 
 namespace loraplex {
 
@@ -82,74 +83,8 @@ struct TrainerOptions {
   std::function<void(const absl::Status&)> on_fatal;
 };
 
-// One job to put into a free slot.
-struct AttachCommand {
-  std::string job_id;
-  std::string tenant;
-  // request.data null: evaluate the adapter on `validation` and finish.
-  SlotAttachRequest request;
-  // A stored PEFT adapter to start from (loaded on the trainer thread);
-  // empty for PEFT's initialisation.
-  std::string initial_adapter_dir;
-  std::shared_ptr<const SequenceSet> validation;  // May be null.
-  // Where the trained adapter goes; empty for an evaluation-only job.
-  std::string final_adapter_dir;
-  // Continue from the job's newest checkpoint that verifies (its slot is
-  // request.preferred_slot when unset); start afresh when it has none.
-  bool resume = false;
-  // Requeued by a restart: resume from the pool's last complete checkpoint
-  // (the same co-batches as before the crash).
-  bool recovering = false;
-  // The job's configuration, recorded in its checkpoints.
-  nlohmann::json job_spec;
-};
-
-// A snapshot of one slot, published after every trainer iteration.
-struct SlotInfo {
-  bool attached = false;
-  std::string job_id;
-  std::string tenant;
-  int64_t rank = 0;
-  std::string family;  // "adamw", "adam", "muon"; empty when evaluating.
-  int64_t step = 0;
-  int64_t total_steps = 0;
-  double lr = 0.0;
-};
-
-struct TrainerReport {
-  enum class Kind {
-    kAttached,    // `status` says whether the job got `slot`.
-    kStep,        // One step of the job (metrics).
-    kFinished,    // The job is done and its slot free; `status` is the
-                  // outcome (an error is the job's failure).
-    kRetired,     // The job was retired on request; its slot is free.
-    kCheckpoint,  // A checkpoint of the job at `step` was written, or
-                  // writing it failed (`status`; the job trains on).
-    kPaused,      // `status` OK: checkpointed at `step` and retired; else
-                  // the job was not paused (it is not in a slot, or its
-                  // checkpoint failed and it trains on).
-  };
-  Kind kind = Kind::kStep;
-  std::string job_id;
-  int slot = -1;
-  absl::Status status;
-  SlotStepMetrics metrics;  // kStep.
-  int64_t step = 0;         // Steps done (kStep, kFinished).
-  int64_t total_steps = 0;
-  int64_t tokens = 0;  // Tokens trained so far.
-  int64_t skipped_steps = 0;
-  double tokens_per_second = 0.0;  // kStep: this job's rows over the step.
-  std::optional<double> validation_loss;
-  int64_t resumed_step = -1;  // kAttached: the checkpoint's step, or -1.
-  // kAttached: newer checkpoints that did not verify, and why.
-  std::vector<std::string> rejected_checkpoints;
-  std::string checkpoint_dir;  // kCheckpoint, kPaused.
-};
-
-class Trainer {
+class Trainer : public JobTrainer {
  public:
-  using ReportSink = std::function<void(TrainerReport)>;
-
   Trainer(std::unique_ptr<LlamaModel> model, const TrainerOptions& options,
           ReportSink sink);
   ~Trainer();  // Stops the thread.
@@ -166,26 +101,20 @@ class Trainer {
   // (nothing is reported for them).
   void Stop();
 
-  void Attach(AttachCommand command);
-  // Attaches all of `commands` at the same step boundary, in order.
-  void AttachAll(std::vector<AttachCommand> commands);
-  // Frees the job's slot (kRetired); a job not in a slot is ignored.
-  // Commands run in order, so a Retire sent after an Attach of the same job
-  // retires what that Attach put in a slot.
-  void Retire(const std::string& job_id);
-  // Checkpoints the job and frees its slot (kPaused).
-  void Pause(const std::string& job_id);
-  // Writes the job's current adapter as PEFT files into `dir` and calls
-  // `done` (on the trainer thread). NOT_FOUND when no slot holds the job.
+  // JobTrainer (job_trainer.h).
+  void AttachAll(std::vector<AttachCommand> commands) override;
+  void Retire(const std::string& job_id) override;
+  void Pause(const std::string& job_id) override;
   void Export(const std::string& job_id, const std::string& dir,
-              std::function<void(absl::Status)> done);
+              std::function<void(absl::Status)> done) override;
+  // The pool's slots, less any quarantined after a failed retire.
+  int capacity() const override {
+    return pool_.capacity() - quarantined_.load();
+  }
+  std::vector<SlotInfo> Slots() const override;
 
+  void Attach(AttachCommand command);
   const ModelConfig& model_config() const { return model_->config(); }
-  // Slots that can take jobs: the pool's, less any quarantined after a
-  // failed retire. Thread-safe.
-  int capacity() const { return pool_.capacity() - quarantined_.load(); }
-  // The slots as of the end of the last iteration.
-  std::vector<SlotInfo> Slots() const;
 
  private:
   struct Command;

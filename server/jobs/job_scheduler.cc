@@ -31,7 +31,7 @@ std::string JobScheduler::CheckpointDir(const std::string& job_id) const {
   return absl::StrCat(options_.state_dir, "/checkpoints/", job_id);
 }
 
-absl::Status JobScheduler::Start(Trainer* trainer) {
+absl::Status JobScheduler::Start(JobTrainer* trainer) {
   LORAPLEX_ASSIGN_OR_RETURN(
       std::vector<JobRecord> unfinished,
       store_->JobsWithStatus({JobStatus::kValidating, JobStatus::kQueued,
@@ -422,14 +422,11 @@ void JobScheduler::FillSlots() {
     AttachCommand command;
     command.job_id = job.record.id;
     command.tenant = tenant;
-    command.request.lora = spec->lora;
-    command.request.optimizer = spec->optimizer;
-    command.request.schedule = spec->schedule;
-    command.request.training = spec->training;
-    command.request.data = job.data.training;
+    command.spec = *std::move(spec);
+    command.data = job.data.training;
     command.validation = job.data.validation;
     command.resume = true;  // From a checkpoint, if the job has one.
-    command.request.preferred_slot = job.resume_slot;
+    command.preferred_slot = job.resume_slot;
     command.recovering = job.recovering;
     job.resume_slot = -1;
     job.recovering = false;

@@ -12,7 +12,8 @@
 //
 // Every change is written to the store before it is visible through the
 // API. Reports are handled on the scheduler's own thread, so the trainer
-// never waits for the disk. Thread-safe.
+// never waits for the disk. Thread-safe. No LibTorch here: the trainer is
+// reached through JobTrainer (job_trainer.h).
 #ifndef LORAPLEX_SERVER_JOBS_JOB_SCHEDULER_H_
 #define LORAPLEX_SERVER_JOBS_JOB_SCHEDULER_H_
 
@@ -29,9 +30,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/common/logger.h"
-#include "server/engine/trainer.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/job_event_hub.h"
+#include "server/jobs/job_trainer.h"
 #include "server/store/job_store.h"
 
 namespace loraplex {
@@ -58,7 +59,7 @@ class JobScheduler {
   // running go first, back into their slots, all at the same step
   // boundary), keeps paused ones paused, then starts scheduling onto
   // `trainer`.
-  absl::Status Start(Trainer* trainer);
+  absl::Status Start(JobTrainer* trainer);
   // Stores what the trainer reported so far and stops scheduling; jobs keep
   // their stored status (running ones are queued again by the next Start).
   // Stop the trainer first, so nothing it finished is left unrecorded.
@@ -138,7 +139,7 @@ class JobScheduler {
   JobEventHub* hub_;
   Logger* logger_;
   SchedulerOptions options_;
-  Trainer* trainer_ = nullptr;
+  JobTrainer* trainer_ = nullptr;
 
   // The trainer only ever takes this lock, never mu_, so it does not wait
   // for the store.

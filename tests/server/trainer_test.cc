@@ -55,10 +55,15 @@ class Reports {
 AttachCommand Command(const std::string& job, uint64_t seed) {
   AttachCommand command;
   command.job_id = job;
-  command.request = TrainRequest(job, OptimizerFamily::kAdamW, 4,
-                                 {Projection::kQ, Projection::kV},
-                                 Sequences(ReversalJsonl(8, 2), 16), seed);
-  command.request.training.max_steps = 100000;
+  const SlotAttachRequest request = TrainRequest(
+      job, OptimizerFamily::kAdamW, 4, {Projection::kQ, Projection::kV},
+      Sequences(ReversalJsonl(8, 2), 16), seed);
+  command.spec.lora = request.lora;
+  command.spec.optimizer = request.optimizer;
+  command.spec.schedule = request.schedule;
+  command.spec.training = request.training;
+  command.spec.training.max_steps = 100000;
+  command.data = request.data;
   command.resume = true;
   return command;
 }

@@ -1,0 +1,130 @@
+// The trainer as the job scheduler sees it (DESIGN.md §1): commands into
+// one queue, answered later by reports, and a snapshot of the slots. No
+// LibTorch here: Trainer (server/engine/trainer.h) implements it over the
+// model and the slot pool, and the scheduler's tests drive a fake.
+//
+//   trainer.AttachAll(std::move(commands));  // reported as kAttached
+//   ... kStep reports, then kFinished when the job's last step is done ...
+//   trainer.Retire(job_id);                  // reported as kRetired
+//
+// Commands never block the caller and apply in the order they were given,
+// between two training steps. Reports reach the sink the implementation
+// was built with, on its thread.
+#ifndef LORAPLEX_SERVER_JOBS_JOB_TRAINER_H_
+#define LORAPLEX_SERVER_JOBS_JOB_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/data/sequences.h"
+#include "core/train/step_metrics.h"
+#include "server/jobs/job_spec.h"
+
+namespace loraplex {
+
+// One job to put into a free slot.
+struct AttachCommand {
+  std::string job_id;
+  std::string tenant;
+  // What the slot trains (validated).
+  JobSpec spec;
+  // Training sequences; null: evaluate the adapter on `validation` and
+  // finish.
+  std::shared_ptr<const SequenceSet> data;
+  std::shared_ptr<const SequenceSet> validation;  // May be null.
+  // A stored PEFT adapter to start from (loaded by the trainer); empty for
+  // PEFT's initialisation.
+  std::string initial_adapter_dir;
+  // Where the trained adapter goes; empty for an evaluation-only job.
+  std::string final_adapter_dir;
+  // The slot to take when it is free (-1: the lowest free one, or the slot
+  // of the checkpoint it resumes).
+  int preferred_slot = -1;
+  // Continue from the job's newest checkpoint that verifies; start afresh
+  // when it has none.
+  bool resume = false;
+  // Requeued by a restart: resume from the pool's last complete checkpoint
+  // (the same co-batches as before the crash).
+  bool recovering = false;
+  // The job's configuration as stored, recorded in its checkpoints.
+  nlohmann::json job_spec;
+};
+
+// A snapshot of one slot, published after every trainer iteration.
+struct SlotInfo {
+  bool attached = false;
+  std::string job_id;
+  std::string tenant;
+  int64_t rank = 0;
+  std::string family;  // "adamw", "adam", "muon"; empty when evaluating.
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double lr = 0.0;
+};
+
+struct TrainerReport {
+  enum class Kind {
+    kAttached,    // `status` says whether the job got `slot`.
+    kStep,        // One step of the job (metrics).
+    kFinished,    // The job is done and its slot free; `status` is the
+                  // outcome (an error is the job's failure).
+    kRetired,     // The job was retired on request; its slot is free.
+    kCheckpoint,  // A checkpoint of the job at `step` was written, or
+                  // writing it failed (`status`; the job trains on).
+    kPaused,      // `status` OK: checkpointed at `step` and retired; else
+                  // the job was not paused (it is not in a slot, or its
+                  // checkpoint failed and it trains on).
+  };
+  Kind kind = Kind::kStep;
+  std::string job_id;
+  int slot = -1;
+  absl::Status status;
+  SlotStepMetrics metrics;  // kStep.
+  int64_t step = 0;         // Steps done (kStep, kFinished).
+  int64_t total_steps = 0;
+  int64_t tokens = 0;  // Tokens trained so far.
+  int64_t skipped_steps = 0;
+  double tokens_per_second = 0.0;  // kStep: this job's rows over the step.
+  std::optional<double> validation_loss;
+  int64_t resumed_step = -1;  // kAttached: the checkpoint's step, or -1.
+  // kAttached: newer checkpoints that did not verify, and why.
+  std::vector<std::string> rejected_checkpoints;
+  std::string checkpoint_dir;  // kCheckpoint, kPaused.
+};
+
+class JobTrainer {
+ public:
+  using ReportSink = std::function<void(TrainerReport)>;
+
+  virtual ~JobTrainer() = default;
+
+  // Attaches all of `commands` at the same step boundary, in order; each is
+  // reported as kAttached.
+  virtual void AttachAll(std::vector<AttachCommand> commands) = 0;
+  // Frees the job's slot (kRetired, also for a job in no slot). A Retire
+  // sent after an Attach of the same job retires what that Attach put in a
+  // slot.
+  virtual void Retire(const std::string& job_id) = 0;
+  // Checkpoints the job and frees its slot (kPaused).
+  virtual void Pause(const std::string& job_id) = 0;
+  // Writes the job's current adapter as PEFT files into `dir` and calls
+  // `done` (on the trainer's thread). NOT_FOUND when no slot holds the job;
+  // UNAVAILABLE when the trainer stops first.
+  virtual void Export(const std::string& job_id, const std::string& dir,
+                      std::function<void(absl::Status)> done) = 0;
+
+  // Slots that can take jobs. Thread-safe.
+  virtual int capacity() const = 0;
+  // The slots as of the end of the last iteration. Thread-safe.
+  virtual std::vector<SlotInfo> Slots() const = 0;
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_JOBS_JOB_TRAINER_H_
