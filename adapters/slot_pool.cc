@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/optim/slot_optimizer.h"
+#include "core/runtime/exception_message.h"
 
 namespace loraplex {
 namespace {
@@ -32,11 +33,47 @@ SlotPool::SlotPool(const ModelConfig& model, const SlotPoolOptions& options)
   }
 }
 
+absl::string_view SlotStateName(SlotState state) {
+  switch (state) {
+    case SlotState::kFree:
+      return "free";
+    case SlotState::kTraining:
+      return "training";
+    case SlotState::kEvaluating:
+      return "evaluating";
+    case SlotState::kTrained:
+      return "trained";
+    case SlotState::kRetiring:
+      return "retiring";
+  }
+  return "unknown";
+}
+
+bool HoldsJob(SlotState state) {
+  return state == SlotState::kTraining || state == SlotState::kEvaluating ||
+         state == SlotState::kTrained;
+}
+
 int SlotPool::num_attached() const {
   int count = 0;
-  for (const Entry& entry : slots_)
-    count += entry.state == SlotState::kAttached;
+  for (const Entry& entry : slots_) count += entry.state != SlotState::kFree;
   return count;
+}
+
+SlotState SlotPool::state(int slot) const {
+  const Entry& entry = slots_.at(slot);
+  if (entry.state == SlotState::kTraining && entry.training->done()) {
+    return SlotState::kTrained;
+  }
+  return entry.state;
+}
+
+std::vector<int> SlotPool::SlotsIn(SlotState wanted) const {
+  std::vector<int> ids;
+  for (int i = 0; i < capacity(); ++i) {
+    if (state(i) == wanted) ids.push_back(i);
+  }
+  return ids;
 }
 
 absl::Status SlotPool::CheckSequence(const Sequence& sequence,
@@ -178,7 +215,8 @@ absl::StatusOr<int> SlotPool::Attach(const SlotAttachRequest& request) {
     ForgetJob(slot);
     return status;
   }
-  entry.state = SlotState::kAttached;
+  entry.state =
+      request.data == nullptr ? SlotState::kEvaluating : SlotState::kTraining;
   entry.job_id = request.job_id;
   return free;
 }
@@ -189,7 +227,7 @@ absl::Status SlotPool::Retire(int slot) {
         absl::StrCat("slot must be in [0, ", capacity(), "), got ", slot));
   }
   Entry& entry = slots_[slot];
-  if (entry.state != SlotState::kAttached) {
+  if (entry.state == SlotState::kFree) {
     return absl::FailedPreconditionError(
         absl::StrCat("slot ", slot, " is not attached"));
   }
@@ -203,11 +241,12 @@ absl::Status SlotPool::Retire(int slot) {
       training.optimizer->ZeroGrad();
     }
     training.weights.Zero();
-  } catch (const c10::Error& e) {
-    // The slot stays attached: better a retire that can be retried than
-    // a free slot holding a job's state.
-    return absl::InternalError(absl::StrCat(
-        "zeroing slot ", slot, " failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    // Better a retire that can be retried than a free slot holding a job's
+    // state.
+    entry.state = SlotState::kRetiring;
+    return absl::InternalError(
+        absl::StrCat("zeroing slot ", slot, " failed: ", ExceptionMessage(e)));
   }
   training.weights.Unbind();
   ForgetJob(training);
@@ -215,17 +254,6 @@ absl::Status SlotPool::Retire(int slot) {
   entry.state = SlotState::kFree;
   entry.job_id.clear();
   return absl::OkStatus();
-}
-
-std::vector<int> SlotPool::ActiveSlotIds() const {
-  std::vector<int> ids;
-  for (int i = 0; i < capacity(); ++i) {
-    const TrainingSlot& s = *slots_[i].training;
-    if (slots_[i].state == SlotState::kAttached && s.trainable() && !s.done()) {
-      ids.push_back(i);
-    }
-  }
-  return ids;
 }
 
 std::vector<TrainingSlot*> SlotPool::ActiveSlots() {

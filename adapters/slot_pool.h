@@ -5,13 +5,14 @@
 //   ... TrainCoBatchStep(model, pool.ActiveSlots(), options) ...
 //   LORAPLEX_RETURN_IF_ERROR(pool.Retire(slot));
 //
-// A slot is FREE or ATTACHED to one job. Attach binds the slot's LoRA
-// weights (reusing its storage when the rank fits), initialises them as
-// PEFT does (or copies an imported adapter), builds the optimizer children
-// and the schedule, and positions the data cursor. Retire zeroes the Adam
-// moments, Muon momentum buffers, step counters, weights and gradients in
-// place, drops the schedule and data, and frees the slot. Neither touches
-// the base model or any other slot. Not thread-safe: one thread owns it.
+// Each slot moves through one lifecycle, SlotState. Attach binds the slot's
+// LoRA weights (reusing its storage when the rank fits), initialises them
+// as PEFT does (or copies an imported adapter), builds the optimizer
+// children and the schedule, and positions the data cursor. Retire zeroes
+// the Adam moments, Muon momentum buffers, step counters, weights and
+// gradients in place, drops the schedule and data, and frees the slot.
+// Neither touches the base model or any other slot. Not thread-safe: one
+// thread owns it.
 #ifndef LORAPLEX_ADAPTERS_SLOT_POOL_H_
 #define LORAPLEX_ADAPTERS_SLOT_POOL_H_
 
@@ -34,10 +35,27 @@
 
 namespace loraplex {
 
+// DESIGN.md §5: kFree → kTraining → kTrained → kRetiring → kFree, or
+// kFree → kEvaluating → kRetiring → kFree. A retire that succeeds goes
+// straight to kFree from any attached state; kRetiring is where a slot
+// stays while zeroing it keeps failing.
 enum class SlotState {
-  kFree,      // Holds no job; its storage waits for the next attach.
-  kAttached,  // Holds one job's adapter (training, or evaluation only).
+  kFree,        // Holds no job; its storage waits for the next attach.
+  kTraining,    // Holds a job with steps left: it trains in every co-batch.
+  kEvaluating,  // Holds an adapter attached for evaluation only (no data,
+                // no optimizer): evaluated, never trained.
+  kTrained,     // Its job has trained its last step (the counters reached
+                // total_steps): no more steps; it waits to be validated,
+                // exported and retired.
+  kRetiring,    // Its job is over, but zeroing the slot failed (e.g. a
+                // device error): it holds no job, takes no attach and no
+                // step, and Retire is to be tried again.
 };
+
+absl::string_view SlotStateName(SlotState state);  // "free", "training", ...
+
+// Whether the slot holds a job's adapter (kTraining, kEvaluating, kTrained).
+bool HoldsJob(SlotState state);
 
 struct SlotPoolOptions {
   int capacity = 16;
@@ -80,24 +98,32 @@ class SlotPool {
   // INVALID_ARGUMENT naming the field for a bad config (e.g. a rank above
   // max_rank). On error no slot changes.
   absl::StatusOr<int> Attach(const SlotAttachRequest& request);
-  // INVALID_ARGUMENT for a slot index out of range, FAILED_PRECONDITION for
-  // a free slot.
+  // Zeroes the slot and frees it (kFree). When zeroing fails the slot is
+  // kRetiring and the error returned: retire it again later. INVALID_ARGUMENT
+  // for a slot index out of range, FAILED_PRECONDITION for a free slot.
   absl::Status Retire(int slot);
 
   int capacity() const { return static_cast<int>(slots_.size()); }
+  // Slots not kFree.
   int num_attached() const;
+  // Slots in `state`, in slot order.
+  std::vector<int> SlotsIn(SlotState state) const;
   // Accessors for slot ids in [0, capacity()) (std::out_of_range else).
-  SlotState state(int slot) const { return slots_.at(slot).state; }
+  SlotState state(int slot) const;
   const std::string& job_id(int slot) const { return slots_.at(slot).job_id; }
   TrainingSlot& slot(int slot) { return *slots_.at(slot).training; }
   const TrainingSlot& slot(int slot) const { return *slots_.at(slot).training; }
 
-  // Attached slots that still have steps to train, in slot order.
-  std::vector<int> ActiveSlotIds() const;
+  // kTraining slots, in slot order.
+  std::vector<int> ActiveSlotIds() const {
+    return SlotsIn(SlotState::kTraining);
+  }
   std::vector<TrainingSlot*> ActiveSlots();
 
  private:
   struct Entry {
+    // kTraining stands for kTrained too: state() tells them apart by the
+    // slot's counters, which the training step advances.
     SlotState state = SlotState::kFree;
     std::string job_id;
     std::unique_ptr<TrainingSlot> training;

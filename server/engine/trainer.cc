@@ -48,13 +48,9 @@ struct Trainer::SlotJob {
   int64_t checkpoint_interval = 0;
   nlohmann::json job_spec;
   std::optional<CheckpointMetrics> last_metrics;
-  bool evaluate_only = false;
   int64_t tokens = 0;
   double tokens_per_second = 0.0;
   std::optional<double> validation_loss;
-  // The job is over but zeroing the slot failed (e.g. a device error): the
-  // slot is kept out of use and retired again each iteration.
-  bool quarantined = false;
 };
 
 namespace {
@@ -212,10 +208,8 @@ void Trainer::Run() {
 }
 
 bool Trainer::NextBatch(std::deque<Command>& batch) {
-  bool busy = pending_checkpoint_ || !TrainableSlots().empty();
-  for (const auto& job : jobs_) {
-    busy = busy || (job && job->evaluate_only && !job->quarantined);
-  }
+  const bool busy = pending_checkpoint_ || !TrainableSlots().empty() ||
+                    !pool_.SlotsIn(SlotState::kEvaluating).empty();
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [&] { return stop_ || busy || !commands_.empty(); };
   if (data_parallel_) {
@@ -308,17 +302,12 @@ bool Trainer::Iterate(std::deque<Command>& batch, bool stopping,
     Apply(command);
     if (Broken()) return false;
   }
-  for (int slot = 0; slot < pool_.capacity(); ++slot) {
-    if (jobs_[slot] && jobs_[slot]->quarantined) {
-      RetireSlot(slot).IgnoreError();  // Still quarantined on error.
-    }
+  for (int slot : pool_.SlotsIn(SlotState::kRetiring)) {
+    RetireSlot(slot).IgnoreError();  // Still kRetiring on error.
   }
   if (Broken()) return false;
-  for (int slot = 0; slot < pool_.capacity(); ++slot) {
-    if (jobs_[slot] && jobs_[slot]->evaluate_only &&
-        !jobs_[slot]->quarantined) {
-      EvaluateOnly(slot);
-    }
+  for (int slot : pool_.SlotsIn(SlotState::kEvaluating)) {
+    if (jobs_[slot]) EvaluateOnly(slot);
   }
   if (Broken()) return false;
   const std::vector<int> stepped = TrainStep();
@@ -396,8 +385,7 @@ void Trainer::Report(TrainerReport report) {
 void Trainer::Apply(Command& command) {
   int slot = -1;
   for (int i = 0; i < pool_.capacity(); ++i) {
-    if (jobs_[i] && !jobs_[i]->quarantined &&
-        jobs_[i]->job_id == command.job_id) {
+    if (jobs_[i] && jobs_[i]->job_id == command.job_id) {
       slot = i;
     }
   }
@@ -413,8 +401,7 @@ void Trainer::Apply(Command& command) {
       report.kind = TrainerReport::Kind::kPaused;
       report.job_id = command.job_id;
       report.slot = slot;
-      if (slot < 0 || pool_.slot(slot).done() ||
-          !pool_.slot(slot).trainable()) {
+      if (slot < 0 || pool_.state(slot) != SlotState::kTraining) {
         report.status = absl::FailedPreconditionError(absl::StrCat(
             "job \"", command.job_id, "\" is not training in a slot"));
       } else {
@@ -463,7 +450,7 @@ void Trainer::ApplyRetire(Command& command, int slot) {
     return;
   }
   // The job's state up to here stays available (export, a new job).
-  if (pool_.slot(slot).trainable() && !pool_.slot(slot).done()) {
+  if (pool_.state(slot) == SlotState::kTraining) {
     CheckpointSlot(slot).IgnoreError();
   }
   report.status = RetireSlot(slot);
@@ -584,7 +571,7 @@ void Trainer::FreeSlot(int slot, const std::string& job_id) {
   auto job = std::make_unique<SlotJob>();
   job->job_id = job_id;
   jobs_[slot] = std::move(job);
-  RetireSlot(slot).IgnoreError();  // Quarantined on error.
+  RetireSlot(slot).IgnoreError();  // kRetiring on error.
 }
 
 void Trainer::ApplyAttach(Command& command) {
@@ -620,8 +607,7 @@ void Trainer::ApplyAttach(Command& command) {
             : options_.checkpoint_interval;
     job->job_spec = std::move(attach.job_spec);
     job->tokens = tokens.value_or(0);
-    job->evaluate_only = command.request.data == nullptr;
-    if (!job->evaluate_only) {
+    if (command.request.data != nullptr) {
       job->family =
           std::string(OptimizerFamilyName(command.request.optimizer.family));
     }
@@ -639,8 +625,8 @@ void Trainer::ApplyAttach(Command& command) {
 
 std::vector<int> Trainer::TrainableSlots() const {
   std::vector<int> ids;
-  for (int slot : pool_.ActiveSlotIds()) {
-    if (jobs_[slot] && !jobs_[slot]->quarantined) ids.push_back(slot);
+  for (int slot : pool_.SlotsIn(SlotState::kTraining)) {
+    if (jobs_[slot]) ids.push_back(slot);
   }
   return ids;
 }
@@ -648,23 +634,19 @@ std::vector<int> Trainer::TrainableSlots() const {
 absl::Status Trainer::RetireSlot(int slot) {
   absl::Status status =
       CatchTorch("retire", [&] { return pool_.Retire(slot); });
-  if (status.ok()) {
-    if (jobs_[slot]->quarantined) --quarantined_;
-    // It left the pool: resumed later, it continues from its newest
-    // checkpoint.
+  // Whether or not zeroing worked, the job has left its slot (a failed
+  // retire leaves the slot kRetiring, holding no job). Resumed later, the
+  // job continues from its newest checkpoint.
+  if (jobs_[slot]) {
     if (pool_checkpoint_.erase(jobs_[slot]->job_id) > 0) SavePoolCheckpoint();
     jobs_[slot].reset();
-  } else {
-    if (data_parallel_ && fatal_.ok()) {
-      fatal_ = absl::InternalError(absl::StrCat(
-          "freeing slot ", slot, " failed on rank ", options_.dist->rank(),
-          " (", status.message(), "); the ranks' pools would differ"));
-    }
-    if (!jobs_[slot]->quarantined) {
-      jobs_[slot]->quarantined = true;
-      ++quarantined_;
-    }
   }
+  if (!status.ok() && data_parallel_ && fatal_.ok()) {
+    fatal_ = absl::InternalError(absl::StrCat(
+        "freeing slot ", slot, " failed on rank ", options_.dist->rank(), " (",
+        status.message(), "); the ranks' pools would differ"));
+  }
+  retiring_ = static_cast<int>(pool_.SlotsIn(SlotState::kRetiring).size());
   return status;
 }
 
@@ -711,7 +693,8 @@ std::vector<int> Trainer::TrainStep() {
     report.metrics = step;
     report.tokens_per_second = job.tokens_per_second;
     const bool interval_eval = leader_ && job.validation &&
-                               job.eval_interval > 0 && !training.done() &&
+                               job.eval_interval > 0 &&
+                               pool_.state(slot) == SlotState::kTraining &&
                                training.counters.steps % job.eval_interval == 0;
     if (interval_eval) {
       absl::StatusOr<double> loss = Validate(slot);
@@ -723,7 +706,7 @@ std::vector<int> Trainer::TrainStep() {
       job.last_metrics->validation_loss = *loss;
     }
     Report(std::move(report));
-    if (training.done()) {
+    if (pool_.state(slot) == SlotState::kTrained) {
       FinishJob(slot, absl::OkStatus());
     } else {
       stepped.push_back(slot);
@@ -859,7 +842,8 @@ void Trainer::FinishJob(int slot, absl::Status status) {
     return;
   }
   SlotJob& job = *jobs_[slot];
-  if (status.ok() && !job.evaluate_only && job.validation) {
+  if (status.ok() && pool_.state(slot) != SlotState::kEvaluating &&
+      job.validation) {
     status = Validate(slot).status();
   }
   if (status.ok() && !job.final_adapter_dir.empty()) {
@@ -869,7 +853,7 @@ void Trainer::FinishJob(int slot, absl::Status status) {
   report.status = status;
   report.validation_loss = job.validation_loss;
   // The job's outcome stands even if zeroing its slot fails; the slot is
-  // then quarantined until a retire succeeds.
+  // then kRetiring until a retire succeeds.
   RetireSlot(slot).IgnoreError();
   Report(std::move(report));
 }
@@ -894,10 +878,10 @@ absl::Status Trainer::ExportSlot(int slot, const std::string& dir) {
 void Trainer::PublishSlots() {
   std::vector<SlotInfo> slots(pool_.capacity());
   for (int i = 0; i < pool_.capacity(); ++i) {
-    if (!jobs_[i]) continue;
+    if (pool_.state(i) == SlotState::kFree) continue;
     SlotInfo& info = slots[i];
     info.attached = true;
-    if (jobs_[i]->quarantined) continue;  // Taken, by no job.
+    if (!jobs_[i]) continue;  // kRetiring: taken, by no job.
     const TrainingSlot& training = pool_.slot(i);
     info.job_id = jobs_[i]->job_id;
     info.tenant = jobs_[i]->tenant;

@@ -107,10 +107,8 @@ class Trainer : public JobTrainer {
   void Pause(const std::string& job_id) override;
   void Export(const std::string& job_id, const std::string& dir,
               std::function<void(absl::Status)> done) override;
-  // The pool's slots, less any quarantined after a failed retire.
-  int capacity() const override {
-    return pool_.capacity() - quarantined_.load();
-  }
+  // The pool's slots, less any kRetiring after a failed retire.
+  int capacity() const override { return pool_.capacity() - retiring_.load(); }
   std::vector<SlotInfo> Slots() const override;
 
   void Attach(AttachCommand command);
@@ -147,8 +145,9 @@ class Trainer : public JobTrainer {
   void Apply(Command& command);
   void ApplyAttach(Command& command);
   std::vector<int> TrainableSlots() const;
-  // Retires the slot; on failure it is quarantined (see SlotJob), and
-  // when data parallel the ranks are broken (their pools would differ).
+  // Retires the slot and forgets its job; on failure the slot stays
+  // kRetiring (retried every iteration), and when data parallel the ranks
+  // are broken (their pools would differ).
   absl::Status RetireSlot(int slot);
   // Retires a slot attached for `job_id` that the trainer did not take.
   void FreeSlot(int slot, const std::string& job_id);
@@ -195,7 +194,8 @@ class Trainer : public JobTrainer {
   // Set when the ranks can no longer work together (trainer thread).
   absl::Status fatal_;
   std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
-  std::atomic<int> quarantined_{0};
+  // Slots kRetiring (read by other threads through capacity()).
+  std::atomic<int> retiring_{0};
   // Trainer thread: the jobs of the pool's last complete checkpoint and
   // their steps (pool.json). A job resumed after a crash continues from
   // its step there, not from a newer checkpoint of a group the crash cut

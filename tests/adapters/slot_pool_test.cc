@@ -138,6 +138,50 @@ TEST(SlotPoolTest, AttachAndRetireLeaveOtherSlotsAndTheBaseAlone) {
   EXPECT_TRUE(AllEqual(base_after, base));
 }
 
+TEST(SlotPoolTest, SlotsMoveThroughTheLifecycle) {
+  const LlamaModel& model = TinyModel();
+  SlotPool pool(model.config(), {.capacity = 3});
+  EXPECT_EQ(pool.state(0), SlotState::kFree);
+  SlotAttachRequest train = Request("train", 4);
+  train.training.max_steps = 2;
+  ASSERT_EQ(pool.Attach(train).value(), 0);
+  EXPECT_EQ(pool.state(0), SlotState::kTraining);
+  ASSERT_TRUE(TrainCoBatchStep(model, pool.ActiveSlots(), {}).ok());
+  EXPECT_EQ(pool.state(0), SlotState::kTraining);
+  ASSERT_TRUE(TrainCoBatchStep(model, pool.ActiveSlots(), {}).ok());
+  // Its last step trained: no more steps until it is retired.
+  EXPECT_EQ(pool.state(0), SlotState::kTrained);
+  EXPECT_TRUE(pool.ActiveSlotIds().empty());
+
+  SlotAttachRequest eval;
+  eval.job_id = "eval";
+  ASSERT_EQ(pool.Attach(eval).value(), 1);
+  EXPECT_EQ(pool.state(1), SlotState::kEvaluating);
+  EXPECT_EQ(pool.SlotsIn(SlotState::kEvaluating), std::vector<int>{1});
+  EXPECT_TRUE(HoldsJob(pool.state(0)) && HoldsJob(pool.state(1)));
+
+  // Zeroing fails (an inference tensor cannot be written in place outside
+  // inference mode): the slot is kRetiring, holds no job and takes no
+  // attach, until a retire succeeds.
+  torch::Tensor param = pool.slot(0).weights.parameters().front();
+  {
+    c10::InferenceMode inference;
+    param.mutable_grad() = torch::zeros(param.sizes());
+  }
+  EXPECT_EQ(pool.Retire(0).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(pool.state(0), SlotState::kRetiring);
+  EXPECT_FALSE(HoldsJob(SlotState::kRetiring));
+  EXPECT_EQ(pool.Attach(Request("next", 4)).value(), 2);  // Not slot 0.
+  EXPECT_EQ(pool.Attach(Request("full", 4)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  param.mutable_grad() = torch::Tensor();
+  ASSERT_TRUE(pool.Retire(0).ok());
+  EXPECT_EQ(pool.state(0), SlotState::kFree);
+  ASSERT_TRUE(pool.Retire(1).ok());
+  EXPECT_EQ(pool.SlotsIn(SlotState::kFree), (std::vector<int>{0, 1}));
+  EXPECT_EQ(SlotStateName(SlotState::kRetiring), "retiring");
+}
+
 TEST(SlotPoolTest, ImportedAdapterAttachesForEvaluation) {
   const LlamaModel& model = TinyModel();
   SlotPool pool(model.config(), {.capacity = 2});
