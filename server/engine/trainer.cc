@@ -67,6 +67,18 @@ SlotAttachRequest AttachRequestOf(const AttachCommand& command) {
   return request;
 }
 
+PoolCheckpointerOptions CheckpointerOptions(const TrainerOptions& options,
+                                            bool leader) {
+  PoolCheckpointerOptions checkpoints;
+  checkpoints.root = options.checkpoint_root;
+  checkpoints.interval = options.checkpoint_interval;
+  checkpoints.keep = options.keep_checkpoints;
+  checkpoints.base_model_name = options.base_model_name;
+  checkpoints.enabled =
+      leader ? !options.checkpoint_root.empty() : options.leader_checkpoints;
+  return checkpoints;
+}
+
 SlotPoolOptions PoolOptions(SlotPoolOptions pool, const LlamaModel& model,
                             ParamClaims* claims) {
   pool.dtype = model.dtype();
@@ -81,18 +93,14 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
     : model_(std::move(model)),
       options_(options),
       sink_(std::move(sink)),
-      leader_(options.dist == nullptr || options.dist->is_root()),
-      checkpoints_(leader_ ? !options.checkpoint_root.empty()
-                           : options.leader_checkpoints),
-      data_parallel_(options.dist != nullptr && options.dist->world_size() > 1
-                         ? std::make_unique<DataParallelSlots>(options.dist)
-                         : nullptr),
+      ranks_(options.dist),
+      checkpoints_(CheckpointerOptions(options, ranks_.leader())),
       pool_(model_->config(),
-            PoolOptions(options.pool, *model_, data_parallel_.get())),
+            PoolOptions(options.pool, *model_, ranks_.data_parallel())),
       jobs_(pool_.capacity()),
       slots_(pool_.capacity()) {
-  if (data_parallel_) {
-    sync_ = data_parallel_->Sync(pool_);
+  if (ranks_.distributed()) {
+    sync_ = ranks_.data_parallel()->Sync(pool_);
     options_.co_batch.sync = &sync_;
   }
 }
@@ -101,12 +109,8 @@ Trainer::~Trainer() { Stop(); }
 
 void Trainer::Start() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (thread_.joinable() || stop_ || !leader_) return;
-  if (!options_.checkpoint_root.empty()) {
-    // Damaged: resume each job from its newest valid checkpoint instead.
-    pool_checkpoint_ = ReadPoolCheckpoint(options_.checkpoint_root)
-                           .value_or(std::map<std::string, int64_t>{});
-  }
+  if (thread_.joinable() || stop_ || !ranks_.leader()) return;
+  checkpoints_.LoadGroup();
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -191,11 +195,8 @@ void Trainer::Run() {
             CatchTorch("attach", [&] { return PrepareAttach(command); });
       }
     }
-    if (data_parallel_) {
-      absl::Status sent = SendPlan(batch, stopping);
-      if (!sent.ok() && fatal_.ok()) fatal_ = sent;
-    }
-    if (Broken() || !Iterate(batch, stopping, pending_checkpoint_)) {
+    if (ranks_.distributed()) ranks_.SendPlan(PlanOf(batch, stopping));
+    if (ranks_.Broken() || !Iterate(batch, stopping, pending_checkpoint_)) {
       for (Command& command : batch) {
         if (command.done) {
           command.done(absl::UnavailableError("the trainer stopped"));
@@ -204,7 +205,7 @@ void Trainer::Run() {
       break;
     }
   }
-  if (!fatal_.ok() && options_.on_fatal) options_.on_fatal(fatal_);
+  if (ranks_.Broken() && options_.on_fatal) options_.on_fatal(ranks_.failure());
 }
 
 bool Trainer::NextBatch(std::deque<Command>& batch) {
@@ -212,15 +213,9 @@ bool Trainer::NextBatch(std::deque<Command>& batch) {
                     !pool_.SlotsIn(SlotState::kEvaluating).empty();
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [&] { return stop_ || busy || !commands_.empty(); };
-  if (data_parallel_) {
-    // The other ranks wait for the next plan in a collective that times
-    // out, so an idle rank 0 sends them an empty one now and then.
-    const std::chrono::milliseconds heartbeat = std::clamp(
-        std::chrono::duration_cast<std::chrono::milliseconds>(
-            options_.dist->timeout()) /
-            4,
-        std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
-    wake_.wait_for(lock, heartbeat, ready);
+  if (const auto heartbeat = ranks_.HeartbeatInterval()) {
+    // An idle rank 0 sends the others an empty plan now and then.
+    wake_.wait_for(lock, *heartbeat, ready);
   } else {
     wake_.wait(lock, ready);
   }
@@ -229,8 +224,8 @@ bool Trainer::NextBatch(std::deque<Command>& batch) {
   return true;
 }
 
-absl::Status Trainer::SendPlan(const std::deque<Command>& batch,
-                               bool stopping) {
+StepPlan Trainer::PlanOf(const std::deque<Command>& batch,
+                         bool stopping) const {
   StepPlan plan;
   plan.stop = stopping;
   plan.checkpoint = pending_checkpoint_;
@@ -256,19 +251,12 @@ absl::Status Trainer::SendPlan(const std::deque<Command>& batch,
     }
     plan.entries.push_back(std::move(entry));
   }
-  std::string bytes = EncodeStepPlan(plan);
-  return options_.dist->Broadcast(&bytes, 0);
+  return plan;
 }
 
 absl::Status Trainer::Follow() {
-  if (leader_ || !data_parallel_) {
-    return absl::FailedPreconditionError(
-        "only ranks other than 0 of a data-parallel run follow a plan");
-  }
   for (;;) {
-    std::string bytes;
-    LORAPLEX_RETURN_IF_ERROR(options_.dist->Broadcast(&bytes, 0));
-    LORAPLEX_ASSIGN_OR_RETURN(StepPlan plan, DecodeStepPlan(bytes));
+    LORAPLEX_ASSIGN_OR_RETURN(StepPlan plan, ranks_.ReceivePlan());
     FollowActive(plan.active);
     std::deque<Command> batch;
     for (StepPlan::Entry& entry : plan.entries) {
@@ -285,9 +273,9 @@ absl::Status Trainer::Follow() {
       command.training_state = std::move(entry.training_state);
       batch.push_back(std::move(command));
     }
-    if (Broken() || !Iterate(batch, plan.stop, plan.checkpoint)) break;
+    if (ranks_.Broken() || !Iterate(batch, plan.stop, plan.checkpoint)) break;
   }
-  return fatal_;
+  return ranks_.failure();
 }
 
 bool Trainer::Iterate(std::deque<Command>& batch, bool stopping,
@@ -296,24 +284,24 @@ bool Trainer::Iterate(std::deque<Command>& batch, bool stopping,
   // When stopping, every job that trains keeps its progress across the
   // restart.
   if (checkpoint || stopping) CheckpointPool();
-  if (stopping || Broken()) return false;
+  if (stopping || ranks_.Broken()) return false;
   // A rank that broke stops at once: its pool may differ from the others'.
   for (Command& command : batch) {
     Apply(command);
-    if (Broken()) return false;
+    if (ranks_.Broken()) return false;
   }
   for (int slot : pool_.SlotsIn(SlotState::kRetiring)) {
     RetireSlot(slot).IgnoreError();  // Still kRetiring on error.
   }
-  if (Broken()) return false;
+  if (ranks_.Broken()) return false;
   for (int slot : pool_.SlotsIn(SlotState::kEvaluating)) {
     if (jobs_[slot]) EvaluateOnly(slot);
   }
-  if (Broken()) return false;
+  if (ranks_.Broken()) return false;
   const std::vector<int> stepped = TrainStep();
   pending_checkpoint_ = CheckpointDue(stepped);
   PublishSlots();
-  return !Broken();
+  return !ranks_.Broken();
 }
 
 StepPlan::Active Trainer::HeldSlot(int slot) const {
@@ -336,17 +324,17 @@ void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
     }
   }
   for (const auto& [slot, expected] : active) {
-    if (!fatal_.ok()) return;
+    if (!ranks_.failure().ok()) return;
     if (slot < 0 || slot >= pool_.capacity()) {
-      fatal_ = absl::InternalError(absl::StrCat(
-          "rank 0 holds slot ", slot, " but rank ", options_.dist->rank(),
-          " has ", pool_.capacity(), " slots"));
+      ranks_.Fail(absl::InternalError(
+          absl::StrCat("rank 0 holds slot ", slot, " but rank ", ranks_.rank(),
+                       " has ", pool_.capacity(), " slots")));
       continue;
     }
     if (!jobs_[slot]) {
-      fatal_ = absl::InternalError(
-          absl::StrCat("rank ", options_.dist->rank(), " holds no job in slot ",
-                       slot, " where rank 0 holds job ", expected.job_id));
+      ranks_.Fail(absl::InternalError(
+          absl::StrCat("rank ", ranks_.rank(), " holds no job in slot ", slot,
+                       " where rank 0 holds job ", expected.job_id)));
       continue;
     }
     const StepPlan::Active mine = HeldSlot(slot);
@@ -363,23 +351,16 @@ void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
                                           held.cursor->position)
                            : absl::StrCat("step ", held.step);
       };
-      fatal_ = absl::InternalError(absl::StrCat(
-          "rank ", options_.dist->rank(), "'s slot ", slot, " (job ",
-          mine.job_id, ") is at ", describe(mine), ", rank 0's at ",
-          describe(expected), ": the ranks diverged"));
+      ranks_.Fail(absl::InternalError(absl::StrCat(
+          "rank ", ranks_.rank(), "'s slot ", slot, " (job ", mine.job_id,
+          ") is at ", describe(mine), ", rank 0's at ", describe(expected),
+          ": the ranks diverged")));
     }
   }
 }
 
-bool Trainer::Broken() {
-  if (fatal_.ok() && data_parallel_ && !options_.dist->failure().ok()) {
-    fatal_ = options_.dist->failure();
-  }
-  return !fatal_.ok();
-}
-
 void Trainer::Report(TrainerReport report) {
-  if (leader_ && !Broken()) sink_(std::move(report));
+  if (ranks_.leader() && !ranks_.Broken()) sink_(std::move(report));
 }
 
 void Trainer::Apply(Command& command) {
@@ -406,19 +387,16 @@ void Trainer::Apply(Command& command) {
             "job \"", command.job_id, "\" is not training in a slot"));
       } else {
         report.status = CheckpointSlot(slot);
-        if (data_parallel_) {
-          // Rank 0 alone writes the checkpoint: all pause or none does.
-          absl::StatusOr<int> failed =
-              options_.dist->CountRanks(!report.status.ok());
-          if (!failed.ok()) return;  // Broken.
-          if (*failed > 0 && report.status.ok()) {
-            report.status = absl::InternalError(
-                "its checkpoint failed on another rank (see its log)");
-          }
+        // Rank 0 alone writes the checkpoint: all pause or none does.
+        absl::StatusOr<int> failed = ranks_.CountFailed(!report.status.ok());
+        if (!failed.ok()) return;  // Broken.
+        if (*failed > 0 && report.status.ok()) {
+          report.status = absl::InternalError(
+              "its checkpoint failed on another rank (see its log)");
         }
         report.step = pool_.slot(slot).counters.steps;
         report.checkpoint_dir =
-            CheckpointDir(JobCheckpointDir(command.job_id), report.step);
+            checkpoints_.StepDir(command.job_id, report.step);
         // Paused once its checkpoint is committed; a failed retire only
         // quarantines the slot.
         if (report.status.ok()) RetireSlot(slot).IgnoreError();
@@ -457,22 +435,16 @@ void Trainer::ApplyRetire(Command& command, int slot) {
   Report(std::move(report));
 }
 
-int64_t Trainer::ResumeCap(const AttachCommand& command) const {
-  auto pooled = pool_checkpoint_.find(command.job_id);
-  return command.recovering && pooled != pool_checkpoint_.end() ? pooled->second
-                                                                : INT64_MAX;
-}
-
 void Trainer::OrderAttaches(std::deque<Command>& batch) const {
-  if (!checkpoints_) return;
+  if (!checkpoints_.enabled()) return;
   for (Command& command : batch) {
-    AttachCommand& attach = command.attach;
+    const AttachCommand& attach = command.attach;
     if (command.kind != Command::Kind::kAttach || !attach.resume ||
         command.request.preferred_slot >= 0) {
       continue;
     }
     command.request.preferred_slot =
-        CheckpointSlotHint(JobCheckpointDir(attach.job_id), ResumeCap(attach));
+        checkpoints_.SlotHint(attach.job_id, attach.recovering);
   }
   // Within each run of attaches, those going back to a slot go first, so a
   // job new to the pool does not take that slot before them.
@@ -495,29 +467,22 @@ absl::Status Trainer::PrepareAttach(Command& command) {
   AttachCommand& attach = command.attach;
   command.request.job_id = attach.job_id;
   std::string weights_dir = attach.initial_adapter_dir;
-  std::optional<CheckpointEntry> latest;
-  if (attach.resume && checkpoints_) {
+  if (attach.resume) {
     // After a crash, the pool's last complete checkpoint, not a newer one
     // of a group the crash cut short.
-    latest = LatestValidCheckpoint(JobCheckpointDir(attach.job_id),
-                                   &command.rejected, ResumeCap(attach));
-  }
-  if (latest) {
-    LORAPLEX_ASSIGN_OR_RETURN(CheckpointInfo info,
-                              ReadCheckpointInfo(latest->dir));
-    if (info.job_id != attach.job_id) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint ", latest->dir, " belongs to job ", info.job_id));
-    }
     LORAPLEX_ASSIGN_OR_RETURN(
-        command.training_state,
-        ReadCheckpointFile(latest->dir, kCheckpointStateFile));
-    weights_dir = latest->dir;
-    if (command.request.preferred_slot < 0) {
-      command.request.preferred_slot = info.slot;
+        std::optional<PoolCheckpointer::ResumePoint> resume,
+        checkpoints_.FindResumePoint(attach.job_id, attach.recovering,
+                                     &command.rejected));
+    if (resume) {
+      weights_dir = resume->dir;
+      if (command.request.preferred_slot < 0) {
+        command.request.preferred_slot = resume->info.slot;
+      }
+      command.restore_dir = std::move(resume->dir);
+      command.restore = std::move(resume->info);
+      command.training_state = std::move(resume->training_state);
     }
-    command.restore_dir = latest->dir;
-    command.restore = std::move(info);
   }
   if (!weights_dir.empty()) {
     LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
@@ -533,16 +498,16 @@ absl::StatusOr<int> Trainer::AttachPrepared(Command& command,
                                             std::optional<int64_t>& tokens) {
   const AttachCommand& attach = command.attach;
   LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(command.request));
-  if (leader_ && attach.resume && checkpoints_) {
+  if (ranks_.leader() && attach.resume) {
     // Later checkpoints belong to a run abandoned by a crash; the steps
     // they hold are trained again.
-    RemoveCheckpointsAfter(JobCheckpointDir(attach.job_id),
+    checkpoints_.DropAfter(attach.job_id,
                            command.restore ? command.restore->step() : 0);
   }
   if (!command.restore) return slot;
   const absl::Status restored = RestoreCheckpoint(
       command.restore_dir, *command.restore, command.training_state,
-      pool_.slot(slot), data_parallel_.get());
+      pool_.slot(slot), ranks_.data_parallel());
   if (!restored.ok()) {
     FreeSlot(slot, attach.job_id);
     return restored;
@@ -552,7 +517,7 @@ absl::StatusOr<int> Trainer::AttachPrepared(Command& command,
 }
 
 absl::StatusOr<int> Trainer::AgreeOnAttach(absl::StatusOr<int> slot) {
-  LORAPLEX_ASSIGN_OR_RETURN(int failed, options_.dist->CountRanks(!slot.ok()));
+  LORAPLEX_ASSIGN_OR_RETURN(int failed, ranks_.CountFailed(!slot.ok()));
   if (failed > 0) {
     if (!slot.ok()) return slot;
     FreeSlot(*slot, pool_.job_id(*slot));
@@ -562,8 +527,7 @@ absl::StatusOr<int> Trainer::AgreeOnAttach(absl::StatusOr<int> slot) {
   // Rank 0's weights (an initial adapter's, a checkpoint's) are every
   // rank's.
   std::vector<torch::Tensor> params = pool_.slot(*slot).weights.parameters();
-  LORAPLEX_RETURN_IF_ERROR(options_.dist->BroadcastFromOwners(
-      params, std::vector<int>(params.size(), 0)));
+  LORAPLEX_RETURN_IF_ERROR(ranks_.BroadcastFromLeader(params));
   return slot;
 }
 
@@ -591,9 +555,9 @@ void Trainer::ApplyAttach(Command& command) {
   });
   // A rank that broke here (its pool may now differ) leaves without the
   // agreement; the others then fail in it, and nothing is reported.
-  if (Broken()) return;
-  if (data_parallel_) slot = AgreeOnAttach(std::move(slot));
-  if (Broken()) return;
+  if (ranks_.Broken()) return;
+  slot = AgreeOnAttach(std::move(slot));
+  if (ranks_.Broken()) return;
   if (slot.ok()) {
     auto job = std::make_unique<SlotJob>();
     job->job_id = attach.job_id;
@@ -602,9 +566,7 @@ void Trainer::ApplyAttach(Command& command) {
     job->final_adapter_dir = attach.final_adapter_dir;
     job->eval_interval = command.request.training.eval_interval;
     job->checkpoint_interval =
-        command.request.training.checkpoint_interval > 0
-            ? command.request.training.checkpoint_interval
-            : options_.checkpoint_interval;
+        checkpoints_.IntervalFor(command.request.training.checkpoint_interval);
     job->job_spec = std::move(attach.job_spec);
     job->tokens = tokens.value_or(0);
     if (command.request.data != nullptr) {
@@ -638,13 +600,13 @@ absl::Status Trainer::RetireSlot(int slot) {
   // retire leaves the slot kRetiring, holding no job). Resumed later, the
   // job continues from its newest checkpoint.
   if (jobs_[slot]) {
-    if (pool_checkpoint_.erase(jobs_[slot]->job_id) > 0) SavePoolCheckpoint();
+    checkpoints_.Forget(jobs_[slot]->job_id);
     jobs_[slot].reset();
   }
-  if (!status.ok() && data_parallel_ && fatal_.ok()) {
-    fatal_ = absl::InternalError(absl::StrCat(
-        "freeing slot ", slot, " failed on rank ", options_.dist->rank(), " (",
-        status.message(), "); the ranks' pools would differ"));
+  if (!status.ok()) {
+    ranks_.FailIfDistributed(absl::InternalError(absl::StrCat(
+        "freeing slot ", slot, " failed on rank ", ranks_.rank(), " (",
+        status.message(), "); the ranks' pools would differ")));
   }
   retiring_ = static_cast<int>(pool_.SlotsIn(SlotState::kRetiring).size());
   return status;
@@ -666,11 +628,10 @@ std::vector<int> Trainer::TrainStep() {
   if (!metrics.ok()) {
     // The ranks failed, not the jobs: nothing is reported, and they resume
     // from their checkpoints after a restart.
-    if (data_parallel_ &&
-        metrics.status().code() == absl::StatusCode::kAborted && fatal_.ok()) {
-      fatal_ = metrics.status();  // This rank skipped the parameter sync.
+    if (metrics.status().code() == absl::StatusCode::kAborted) {
+      ranks_.FailIfDistributed(metrics.status());  // It skipped the sync.
     }
-    if (Broken()) return stepped;
+    if (ranks_.Broken()) return stepped;
     for (int slot : ids) FinishJob(slot, metrics.status());
     return stepped;
   }
@@ -692,7 +653,7 @@ std::vector<int> Trainer::TrainStep() {
     TrainerReport report = ProgressReport(TrainerReport::Kind::kStep, slot);
     report.metrics = step;
     report.tokens_per_second = job.tokens_per_second;
-    const bool interval_eval = leader_ && job.validation &&
+    const bool interval_eval = ranks_.leader() && job.validation &&
                                job.eval_interval > 0 &&
                                pool_.state(slot) == SlotState::kTraining &&
                                training.counters.steps % job.eval_interval == 0;
@@ -716,7 +677,7 @@ std::vector<int> Trainer::TrainStep() {
 }
 
 bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
-  if (!checkpoints_) return false;
+  if (!checkpoints_.enabled()) return false;
   for (int slot : stepped) {
     const int64_t interval = jobs_[slot]->checkpoint_interval;
     if (interval > 0 && pool_.slot(slot).counters.steps % interval == 0) {
@@ -727,50 +688,32 @@ bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
 }
 
 void Trainer::CheckpointPool() {
-  if (!checkpoints_) return;
-  if (!leader_) {  // Takes part in gathering the optimizer states.
-    for (int slot : TrainableSlots()) CheckpointSlot(slot).IgnoreError();
-    return;
-  }
-  // Jobs of the previous group not in a slot now (recovered jobs waiting
-  // for one) keep their entries.
-  std::map<std::string, int64_t> group = pool_checkpoint_;
+  if (!checkpoints_.enabled()) return;
+  std::vector<std::string> held;
   for (const auto& job : jobs_) {
-    if (job) group.erase(job->job_id);
+    if (job) held.push_back(job->job_id);
   }
+  std::map<std::string, int64_t> checkpointed;
   for (int slot : TrainableSlots()) {
+    // On other ranks: takes part in gathering the optimizer states.
     if (CheckpointSlot(slot).ok()) {
-      group[jobs_[slot]->job_id] = pool_.slot(slot).counters.steps;
+      checkpointed[jobs_[slot]->job_id] = pool_.slot(slot).counters.steps;
     }
   }
-  pool_checkpoint_ = std::move(group);
-  SavePoolCheckpoint();
-}
-
-void Trainer::SavePoolCheckpoint() {
-  // On failure the previous group stays on disk: still consistent, older.
-  CatchTorch("pool checkpoint", [&] {
-    return WritePoolCheckpoint(options_.checkpoint_root, pool_checkpoint_);
-  }).IgnoreError();
-}
-
-std::string Trainer::JobCheckpointDir(const std::string& job_id) const {
-  return absl::StrCat(options_.checkpoint_root, "/", job_id);
+  if (ranks_.leader()) checkpoints_.RecordGroup(held, checkpointed);
 }
 
 absl::Status Trainer::CheckpointSlot(int slot) {
-  if (!checkpoints_) {
+  if (!checkpoints_.enabled()) {
     return absl::FailedPreconditionError("checkpoints are disabled");
   }
   const TrainingSlot& training = pool_.slot(slot);
   // Collective when data parallel: every rank gathers the owners' states.
   absl::StatusOr<std::string> state =
-      SaveTrainingState(training, data_parallel_.get());
-  if (data_parallel_ && !state.ok() && fatal_.ok()) {
-    // It may have failed before its collective, which the others are in.
-    fatal_ = state.status();
-  }
-  if (!leader_) return state.status();
+      SaveTrainingState(training, ranks_.data_parallel());
+  // It may have failed before its collective, which the others are in.
+  if (!state.ok()) ranks_.FailIfDistributed(state.status());
+  if (!ranks_.leader()) return state.status();
   const SlotJob& job = *jobs_[slot];
   CheckpointInfo info;
   info.job_id = job.job_id;
@@ -783,17 +726,9 @@ absl::Status Trainer::CheckpointSlot(int slot) {
   info.metrics = job.last_metrics;
   info.job_spec = job.job_spec;
   TrainerReport report = ProgressReport(TrainerReport::Kind::kCheckpoint, slot);
-  report.checkpoint_dir =
-      CheckpointDir(JobCheckpointDir(job.job_id), info.step());
-  // The step the pool would resume the job from is never pruned.
-  auto pooled = pool_checkpoint_.find(job.job_id);
-  const int64_t keep_step =
-      pooled == pool_checkpoint_.end() ? -1 : pooled->second;
-  report.status = !state.ok() ? state.status() : CatchTorch("checkpoint", [&] {
-    return WriteCheckpoint(JobCheckpointDir(job.job_id), training, info, *state,
-                           options_.base_model_name, options_.keep_checkpoints,
-                           keep_step);
-  });
+  report.checkpoint_dir = checkpoints_.StepDir(job.job_id, info.step());
+  report.status =
+      !state.ok() ? state.status() : checkpoints_.Write(training, info, *state);
   const absl::Status status = report.status;
   Report(std::move(report));
   return status;
@@ -815,7 +750,7 @@ TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,
 }
 
 void Trainer::EvaluateOnly(int slot) {
-  if (!leader_) {  // Rank 0 evaluates.
+  if (!ranks_.leader()) {  // Rank 0 evaluates.
     FinishJob(slot, absl::OkStatus());
     return;
   }
@@ -837,7 +772,7 @@ absl::StatusOr<double> Trainer::Validate(int slot) {
 }
 
 void Trainer::FinishJob(int slot, absl::Status status) {
-  if (!leader_) {  // Rank 0 validates, exports and reports.
+  if (!ranks_.leader()) {  // Rank 0 validates, exports and reports.
     RetireSlot(slot).IgnoreError();
     return;
   }

@@ -15,12 +15,11 @@
 // final_adapter_dir, written to a temporary directory and renamed into
 // place), retires the slot, and only then reports kFinished.
 //
-// Checkpoints (checkpoint.h) are pool-consistent: when a step completes a
-// multiple of any job's checkpoint interval, every training slot is
-// checkpointed at that same step boundary, so jobs resumed together after a
-// crash train in the same co-batches as before and replay bit-exactly. A
-// job is also checkpointed when it is paused or retired, and every job when
-// the trainer stops.
+// Checkpoints are pool-consistent (pool_checkpointer.h): when a step
+// completes a multiple of any job's checkpoint interval, every training
+// slot is checkpointed at that same step boundary. A job is also
+// checkpointed when it is paused or retired, and every job when the trainer
+// stops.
 //
 // Data parallel (DESIGN.md §6): with TrainerOptions::dist of more than one
 // rank, every rank runs a trainer over the same base model. Rank 0's takes
@@ -28,7 +27,8 @@
 // changes at that step boundary (step_plan.h); the others Follow() it, so
 // all ranks attach, retire and checkpoint the same slots at the same steps
 // and train their shares of every slot's rows together. Only rank 0 reads
-// and writes files and reports.
+// and writes files and reports. RankCoordinator (rank_coordinator.h) is the
+// one place that knows which of these roles a process has.
 #ifndef LORAPLEX_SERVER_ENGINE_TRAINER_H_
 #define LORAPLEX_SERVER_ENGINE_TRAINER_H_
 
@@ -52,6 +52,8 @@
 #include "core/dist/process_group.h"
 #include "core/model/llama_model.h"
 #include "core/train/co_batch_step.h"
+#include "server/engine/pool_checkpointer.h"
+#include "server/engine/rank_coordinator.h"
 #include "server/engine/step_plan.h"
 #include "server/jobs/job_trainer.h"
 
@@ -122,8 +124,8 @@ class Trainer : public JobTrainer {
   // Rank 0: waits for commands (or, data parallel, a heartbeat's time) and
   // takes them; false when stopping.
   bool NextBatch(std::deque<Command>& batch);
-  // Sends the iteration's plan to the other ranks.
-  absl::Status SendPlan(const std::deque<Command>& batch, bool stopping);
+  // The iteration's plan for the other ranks.
+  StepPlan PlanOf(const std::deque<Command>& batch, bool stopping) const;
   // The iteration every rank runs alike; false when the loop ends.
   bool Iterate(std::deque<Command>& batch, bool stopping, bool checkpoint);
   // A slot rank 0 holds, as the plan describes it.
@@ -131,16 +133,12 @@ class Trainer : public JobTrainer {
   // Followers: frees the slots whose jobs rank 0 no longer has, and checks
   // the others are where rank 0's are (else the ranks are broken).
   void FollowActive(const std::map<int, StepPlan::Active>& active);
-  // Whether the ranks failed (fatal_); records a collective's failure.
-  bool Broken();
   // Hands the report to the sink (rank 0, ranks not broken).
   void Report(TrainerReport report);
   void Enqueue(std::vector<Command> commands);
   // Gives attaches that resume the slot of their checkpoint and applies
   // them before the other attaches next to them.
   void OrderAttaches(std::deque<Command>& batch) const;
-  // The newest step `command`'s job may resume from.
-  int64_t ResumeCap(const AttachCommand& command) const;
   void ApplyRetire(Command& command, int slot);
   void Apply(Command& command);
   void ApplyAttach(Command& command);
@@ -174,33 +172,21 @@ class Trainer : public JobTrainer {
   // Checkpoints every training slot at this step boundary, then records
   // the group as the pool's last complete checkpoint.
   void CheckpointPool();
-  void SavePoolCheckpoint();
-  std::string JobCheckpointDir(const std::string& job_id) const;
   void PublishSlots();
 
   std::unique_ptr<LlamaModel> model_;
   TrainerOptions options_;
   ReportSink sink_;
-  // Rank 0, or the only process: takes commands, reads and writes files,
-  // reports.
-  bool leader_ = true;
-  bool checkpoints_ = false;  // Checkpoints are written (by rank 0).
-  std::unique_ptr<DataParallelSlots> data_parallel_;  // World size > 1.
-  SlotPool pool_;                                     // Trainer thread only.
-  StepSync sync_;                                     // Data parallel.
+  RankCoordinator ranks_;
+  PoolCheckpointer checkpoints_;
+  SlotPool pool_;  // Trainer thread only.
+  StepSync sync_;  // Data parallel.
   // Rank 0: the last step was a checkpoint step of some job; the pool is
   // checkpointed at the start of the next iteration, on every rank.
   bool pending_checkpoint_ = false;
-  // Set when the ranks can no longer work together (trainer thread).
-  absl::Status fatal_;
   std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
   // Slots kRetiring (read by other threads through capacity()).
   std::atomic<int> retiring_{0};
-  // Trainer thread: the jobs of the pool's last complete checkpoint and
-  // their steps (pool.json). A job resumed after a crash continues from
-  // its step there, not from a newer checkpoint of a group the crash cut
-  // short, so it trains in the same co-batches as before.
-  std::map<std::string, int64_t> pool_checkpoint_;
 
   mutable std::mutex mu_;
   std::condition_variable wake_;
