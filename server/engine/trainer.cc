@@ -17,26 +17,6 @@
 
 namespace loraplex {
 
-struct Trainer::Command {
-  enum class Kind { kAttach, kRetire, kPause, kExport };
-  Kind kind = Kind::kAttach;
-  AttachCommand attach;
-  // kAttach: what the slot pool attaches (from `attach`; on other ranks,
-  // from rank 0's plan).
-  SlotAttachRequest request;
-  std::string job_id;
-  std::string dir;
-  std::function<void(absl::Status)> done;
-  // kAttach, read by rank 0 before the plan (PrepareAttach): an error
-  // fails the attach; the newer checkpoints that did not verify; the
-  // checkpoint to resume (its directory, counters and training state).
-  absl::Status prepared;
-  std::vector<std::string> rejected;
-  std::string restore_dir;
-  std::optional<CheckpointInfo> restore;
-  std::string training_state;
-};
-
 // What the trainer remembers about the job in a slot, beyond the slot.
 struct Trainer::SlotJob {
   std::string job_id;
@@ -115,7 +95,7 @@ void Trainer::Start() {
 }
 
 void Trainer::Stop() {
-  std::deque<Command> dropped;
+  std::deque<TrainerCommand> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -123,17 +103,17 @@ void Trainer::Stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-  for (Command& command : dropped) {
-    if (command.done) {
-      command.done(absl::UnavailableError("the server is shutting down"));
-    }
+  for (TrainerCommand& command : dropped) {
+    Abandon(command, absl::UnavailableError("the server is shutting down"));
   }
 }
 
-void Trainer::Enqueue(std::vector<Command> commands) {
+void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (Command& command : commands) commands_.push_back(std::move(command));
+    for (TrainerCommand& command : commands) {
+      commands_.push_back(std::move(command));
+    }
   }
   wake_.notify_all();
 }
@@ -145,37 +125,32 @@ void Trainer::Attach(AttachCommand command) {
 }
 
 void Trainer::AttachAll(std::vector<AttachCommand> commands) {
-  std::vector<Command> entries(commands.size());
-  for (size_t i = 0; i < commands.size(); ++i) {
-    entries[i].kind = Command::Kind::kAttach;
-    entries[i].job_id = commands[i].job_id;
-    entries[i].request = AttachRequestOf(commands[i]);
-    entries[i].attach = std::move(commands[i]);
+  std::vector<TrainerCommand> entries;
+  for (AttachCommand& command : commands) {
+    AttachJob attach;
+    attach.request = AttachRequestOf(command);
+    attach.attach = std::move(command);
+    entries.push_back(std::move(attach));
   }
   Enqueue(std::move(entries));
 }
 
 void Trainer::Retire(const std::string& job_id) {
-  std::vector<Command> entry(1);
-  entry[0].kind = Command::Kind::kRetire;
-  entry[0].job_id = job_id;
+  std::vector<TrainerCommand> entry;
+  entry.push_back(RetireJob{job_id});
   Enqueue(std::move(entry));
 }
 
 void Trainer::Pause(const std::string& job_id) {
-  std::vector<Command> entry(1);
-  entry[0].kind = Command::Kind::kPause;
-  entry[0].job_id = job_id;
+  std::vector<TrainerCommand> entry;
+  entry.push_back(PauseJob{job_id});
   Enqueue(std::move(entry));
 }
 
 void Trainer::Export(const std::string& job_id, const std::string& dir,
                      std::function<void(absl::Status)> done) {
-  std::vector<Command> entry(1);
-  entry[0].kind = Command::Kind::kExport;
-  entry[0].job_id = job_id;
-  entry[0].dir = dir;
-  entry[0].done = std::move(done);
+  std::vector<TrainerCommand> entry;
+  entry.push_back(ExportJob{job_id, dir, std::move(done)});
   Enqueue(std::move(entry));
 }
 
@@ -186,21 +161,16 @@ std::vector<SlotInfo> Trainer::Slots() const {
 
 void Trainer::Run() {
   for (;;) {
-    std::deque<Command> batch;
+    std::deque<TrainerCommand> batch;
     const bool stopping = !NextBatch(batch);
     OrderAttaches(batch);
-    for (Command& command : batch) {
-      if (command.kind == Command::Kind::kAttach) {
-        command.prepared =
-            CatchTorch("attach", [&] { return PrepareAttach(command); });
-      }
+    for (TrainerCommand& command : batch) {
+      std::visit([this](auto& c) { Prepare(c); }, command);
     }
     if (ranks_.distributed()) ranks_.SendPlan(PlanOf(batch, stopping));
     if (ranks_.Broken() || !Iterate(batch, stopping, pending_checkpoint_)) {
-      for (Command& command : batch) {
-        if (command.done) {
-          command.done(absl::UnavailableError("the trainer stopped"));
-        }
+      for (TrainerCommand& command : batch) {
+        Abandon(command, absl::UnavailableError("the trainer stopped"));
       }
       break;
     }
@@ -208,7 +178,7 @@ void Trainer::Run() {
   if (ranks_.Broken() && options_.on_fatal) options_.on_fatal(ranks_.failure());
 }
 
-bool Trainer::NextBatch(std::deque<Command>& batch) {
+bool Trainer::NextBatch(std::deque<TrainerCommand>& batch) {
   const bool busy = pending_checkpoint_ || !TrainableSlots().empty() ||
                     !pool_.SlotsIn(SlotState::kEvaluating).empty();
   std::unique_lock<std::mutex> lock(mu_);
@@ -224,7 +194,7 @@ bool Trainer::NextBatch(std::deque<Command>& batch) {
   return true;
 }
 
-StepPlan Trainer::PlanOf(const std::deque<Command>& batch,
+StepPlan Trainer::PlanOf(const std::deque<TrainerCommand>& batch,
                          bool stopping) const {
   StepPlan plan;
   plan.stop = stopping;
@@ -232,24 +202,11 @@ StepPlan Trainer::PlanOf(const std::deque<Command>& batch,
   for (int slot = 0; slot < pool_.capacity(); ++slot) {
     if (jobs_[slot]) plan.active[slot] = HeldSlot(slot);
   }
-  for (const Command& command : batch) {
-    StepPlan::Entry entry;
-    entry.job_id = command.job_id;
-    if (command.kind == Command::Kind::kRetire) {
-      entry.kind = StepPlan::Entry::Kind::kRetire;
-    } else if (command.kind == Command::Kind::kPause) {
-      entry.kind = StepPlan::Entry::Kind::kPause;
-    } else if (command.kind == Command::Kind::kAttach &&
-               command.prepared.ok()) {
-      entry.kind = StepPlan::Entry::Kind::kAttach;
-      entry.request = command.request;
-      entry.request.initial_weights.reset();  // Broadcast after the attach.
-      entry.restore = command.restore;
-      entry.training_state = command.training_state;
-    } else {
-      continue;  // Exports and failed attaches are rank 0's alone.
+  for (const TrainerCommand& command : batch) {
+    // Exports and attaches that failed on rank 0 are rank 0's alone.
+    if (std::optional<StepPlan::Entry> entry = PlanEntryOf(command)) {
+      plan.entries.push_back(*std::move(entry));
     }
-    plan.entries.push_back(std::move(entry));
   }
   return plan;
 }
@@ -258,27 +215,16 @@ absl::Status Trainer::Follow() {
   for (;;) {
     LORAPLEX_ASSIGN_OR_RETURN(StepPlan plan, ranks_.ReceivePlan());
     FollowActive(plan.active);
-    std::deque<Command> batch;
+    std::deque<TrainerCommand> batch;
     for (StepPlan::Entry& entry : plan.entries) {
-      Command command;
-      command.kind = entry.kind == StepPlan::Entry::Kind::kAttach
-                         ? Command::Kind::kAttach
-                     : entry.kind == StepPlan::Entry::Kind::kRetire
-                         ? Command::Kind::kRetire
-                         : Command::Kind::kPause;
-      command.job_id = entry.job_id;
-      command.attach.job_id = entry.job_id;
-      command.request = std::move(entry.request);
-      command.restore = std::move(entry.restore);
-      command.training_state = std::move(entry.training_state);
-      batch.push_back(std::move(command));
+      batch.push_back(CommandOf(std::move(entry)));
     }
     if (ranks_.Broken() || !Iterate(batch, plan.stop, plan.checkpoint)) break;
   }
   return ranks_.failure();
 }
 
-bool Trainer::Iterate(std::deque<Command>& batch, bool stopping,
+bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
                       bool checkpoint) {
   pending_checkpoint_ = false;
   // When stopping, every job that trains keeps its progress across the
@@ -286,8 +232,8 @@ bool Trainer::Iterate(std::deque<Command>& batch, bool stopping,
   if (checkpoint || stopping) CheckpointPool();
   if (stopping || ranks_.Broken()) return false;
   // A rank that broke stops at once: its pool may differ from the others'.
-  for (Command& command : batch) {
-    Apply(command);
+  for (TrainerCommand& command : batch) {
+    std::visit([this](auto& c) { Apply(c); }, command);
     if (ranks_.Broken()) return false;
   }
   for (int slot : pool_.SlotsIn(SlotState::kRetiring)) {
@@ -363,59 +309,51 @@ void Trainer::Report(TrainerReport report) {
   if (ranks_.leader() && !ranks_.Broken()) sink_(std::move(report));
 }
 
-void Trainer::Apply(Command& command) {
-  int slot = -1;
+int Trainer::SlotOf(const std::string& job_id) const {
   for (int i = 0; i < pool_.capacity(); ++i) {
-    if (jobs_[i] && jobs_[i]->job_id == command.job_id) {
-      slot = i;
-    }
+    if (jobs_[i] && jobs_[i]->job_id == job_id) return i;
   }
-  switch (command.kind) {
-    case Command::Kind::kAttach:
-      ApplyAttach(command);
-      return;
-    case Command::Kind::kRetire:
-      ApplyRetire(command, slot);
-      return;
-    case Command::Kind::kPause: {
-      TrainerReport report;
-      report.kind = TrainerReport::Kind::kPaused;
-      report.job_id = command.job_id;
-      report.slot = slot;
-      if (slot < 0 || pool_.state(slot) != SlotState::kTraining) {
-        report.status = absl::FailedPreconditionError(absl::StrCat(
-            "job \"", command.job_id, "\" is not training in a slot"));
-      } else {
-        report.status = CheckpointSlot(slot);
-        // Rank 0 alone writes the checkpoint: all pause or none does.
-        absl::StatusOr<int> failed = ranks_.CountFailed(!report.status.ok());
-        if (!failed.ok()) return;  // Broken.
-        if (*failed > 0 && report.status.ok()) {
-          report.status = absl::InternalError(
-              "its checkpoint failed on another rank (see its log)");
-        }
-        report.step = pool_.slot(slot).counters.steps;
-        report.checkpoint_dir =
-            checkpoints_.StepDir(command.job_id, report.step);
-        // Paused once its checkpoint is committed; a failed retire only
-        // quarantines the slot.
-        if (report.status.ok()) RetireSlot(slot).IgnoreError();
-      }
-      Report(std::move(report));
-      return;
-    }
-    case Command::Kind::kExport: {
-      absl::Status status =
-          slot < 0 ? absl::NotFoundError(absl::StrCat("job \"", command.job_id,
-                                                      "\" is not in a slot"))
-                   : ExportSlot(slot, command.dir);
-      std::exchange(command.done, nullptr)(status);
-      return;
-    }
-  }
+  return -1;
 }
 
-void Trainer::ApplyRetire(Command& command, int slot) {
+void Trainer::Apply(PauseJob& command) {
+  const int slot = SlotOf(command.job_id);
+  TrainerReport report;
+  report.kind = TrainerReport::Kind::kPaused;
+  report.job_id = command.job_id;
+  report.slot = slot;
+  if (slot < 0 || pool_.state(slot) != SlotState::kTraining) {
+    report.status = absl::FailedPreconditionError(
+        absl::StrCat("job \"", command.job_id, "\" is not training in a slot"));
+  } else {
+    report.status = CheckpointSlot(slot);
+    // Rank 0 alone writes the checkpoint: all pause or none does.
+    absl::StatusOr<int> failed = ranks_.CountFailed(!report.status.ok());
+    if (!failed.ok()) return;  // Broken.
+    if (*failed > 0 && report.status.ok()) {
+      report.status = absl::InternalError(
+          "its checkpoint failed on another rank (see its log)");
+    }
+    report.step = pool_.slot(slot).counters.steps;
+    report.checkpoint_dir = checkpoints_.StepDir(command.job_id, report.step);
+    // Paused once its checkpoint is committed; a failed retire only leaves
+    // the slot kRetiring.
+    if (report.status.ok()) RetireSlot(slot).IgnoreError();
+  }
+  Report(std::move(report));
+}
+
+void Trainer::Apply(ExportJob& command) {
+  const int slot = SlotOf(command.job_id);
+  absl::Status status =
+      slot < 0 ? absl::NotFoundError(absl::StrCat("job \"", command.job_id,
+                                                  "\" is not in a slot"))
+               : ExportSlot(slot, command.dir);
+  std::exchange(command.done, nullptr)(status);
+}
+
+void Trainer::Apply(RetireJob& command) {
+  const int slot = SlotOf(command.job_id);
   TrainerReport report;
   report.kind = TrainerReport::Kind::kRetired;
   report.job_id = command.job_id;
@@ -435,35 +373,43 @@ void Trainer::ApplyRetire(Command& command, int slot) {
   Report(std::move(report));
 }
 
-void Trainer::OrderAttaches(std::deque<Command>& batch) const {
+void Trainer::OrderAttaches(std::deque<TrainerCommand>& batch) const {
   if (!checkpoints_.enabled()) return;
-  for (Command& command : batch) {
-    const AttachCommand& attach = command.attach;
-    if (command.kind != Command::Kind::kAttach || !attach.resume ||
-        command.request.preferred_slot >= 0) {
+  for (TrainerCommand& command : batch) {
+    AttachJob* attach = std::get_if<AttachJob>(&command);
+    if (attach == nullptr || !attach->attach.resume ||
+        attach->request.preferred_slot >= 0) {
       continue;
     }
-    command.request.preferred_slot =
-        checkpoints_.SlotHint(attach.job_id, attach.recovering);
+    attach->request.preferred_slot =
+        checkpoints_.SlotHint(attach->attach.job_id, attach->attach.recovering);
   }
   // Within each run of attaches, those going back to a slot go first, so a
   // job new to the pool does not take that slot before them.
+  const auto is_attach = [](const TrainerCommand& command) {
+    return std::holds_alternative<AttachJob>(command);
+  };
   auto begin = batch.begin();
   while (begin != batch.end()) {
-    if (begin->kind != Command::Kind::kAttach) {
+    if (!is_attach(*begin)) {
       ++begin;
       continue;
     }
     auto end = begin;
-    while (end != batch.end() && end->kind == Command::Kind::kAttach) ++end;
-    std::stable_partition(begin, end, [](const Command& command) {
-      return command.request.preferred_slot >= 0;
+    while (end != batch.end() && is_attach(*end)) ++end;
+    std::stable_partition(begin, end, [](const TrainerCommand& command) {
+      return std::get<AttachJob>(command).request.preferred_slot >= 0;
     });
     begin = end;
   }
 }
 
-absl::Status Trainer::PrepareAttach(Command& command) {
+void Trainer::Prepare(AttachJob& command) {
+  command.prepared =
+      CatchTorch("attach", [&] { return PrepareAttach(command); });
+}
+
+absl::Status Trainer::PrepareAttach(AttachJob& command) {
   AttachCommand& attach = command.attach;
   command.request.job_id = attach.job_id;
   std::string weights_dir = attach.initial_adapter_dir;
@@ -494,7 +440,7 @@ absl::Status Trainer::PrepareAttach(Command& command) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> Trainer::AttachPrepared(Command& command,
+absl::StatusOr<int> Trainer::AttachPrepared(AttachJob& command,
                                             std::optional<int64_t>& tokens) {
   const AttachCommand& attach = command.attach;
   LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(command.request));
@@ -538,7 +484,7 @@ void Trainer::FreeSlot(int slot, const std::string& job_id) {
   RetireSlot(slot).IgnoreError();  // kRetiring on error.
 }
 
-void Trainer::ApplyAttach(Command& command) {
+void Trainer::Apply(AttachJob& command) {
   AttachCommand& attach = command.attach;
   TrainerReport report;
   report.kind = TrainerReport::Kind::kAttached;

@@ -55,6 +55,7 @@
 #include "server/engine/pool_checkpointer.h"
 #include "server/engine/rank_coordinator.h"
 #include "server/engine/step_plan.h"
+#include "server/engine/trainer_commands.h"
 #include "server/jobs/job_trainer.h"
 
 namespace loraplex {
@@ -117,17 +118,17 @@ class Trainer : public JobTrainer {
   const ModelConfig& model_config() const { return model_->config(); }
 
  private:
-  struct Command;
   struct SlotJob;
 
   void Run();
   // Rank 0: waits for commands (or, data parallel, a heartbeat's time) and
   // takes them; false when stopping.
-  bool NextBatch(std::deque<Command>& batch);
+  bool NextBatch(std::deque<TrainerCommand>& batch);
   // The iteration's plan for the other ranks.
-  StepPlan PlanOf(const std::deque<Command>& batch, bool stopping) const;
+  StepPlan PlanOf(const std::deque<TrainerCommand>& batch, bool stopping) const;
   // The iteration every rank runs alike; false when the loop ends.
-  bool Iterate(std::deque<Command>& batch, bool stopping, bool checkpoint);
+  bool Iterate(std::deque<TrainerCommand>& batch, bool stopping,
+               bool checkpoint);
   // A slot rank 0 holds, as the plan describes it.
   StepPlan::Active HeldSlot(int slot) const;
   // Followers: frees the slots whose jobs rank 0 no longer has, and checks
@@ -135,13 +136,21 @@ class Trainer : public JobTrainer {
   void FollowActive(const std::map<int, StepPlan::Active>& active);
   // Hands the report to the sink (rank 0, ranks not broken).
   void Report(TrainerReport report);
-  void Enqueue(std::vector<Command> commands);
+  void Enqueue(std::vector<TrainerCommand> commands);
   // Gives attaches that resume the slot of their checkpoint and applies
   // them before the other attaches next to them.
-  void OrderAttaches(std::deque<Command>& batch) const;
-  void ApplyRetire(Command& command, int slot);
-  void Apply(Command& command);
-  void ApplyAttach(Command& command);
+  void OrderAttaches(std::deque<TrainerCommand>& batch) const;
+  // The slot holding `job_id`'s job, or -1.
+  int SlotOf(const std::string& job_id) const;
+  // One overload per command (trainer_commands.h). Prepare runs on rank 0
+  // before the plan; most commands need none.
+  template <typename Command>
+  void Prepare(Command&) {}
+  void Prepare(AttachJob& command);
+  void Apply(AttachJob& command);
+  void Apply(RetireJob& command);
+  void Apply(PauseJob& command);
+  void Apply(ExportJob& command);
   std::vector<int> TrainableSlots() const;
   // Retires the slot and forgets its job; on failure the slot stays
   // kRetiring (retried every iteration), and when data parallel the ranks
@@ -159,9 +168,9 @@ class Trainer : public JobTrainer {
   absl::Status ExportSlot(int slot, const std::string& dir);
   // Rank 0, before the plan: reads the checkpoint to resume (the newest
   // that verifies) or the initial adapter.
-  absl::Status PrepareAttach(Command& command);
+  absl::Status PrepareAttach(AttachJob& command);
   // Attaches the prepared command, restoring its checkpoint.
-  absl::StatusOr<int> AttachPrepared(Command& command,
+  absl::StatusOr<int> AttachPrepared(AttachJob& command,
                                      std::optional<int64_t>& tokens);
   // Data parallel: an attach stands only if it succeeded on every rank;
   // then rank 0's weights become every rank's.
@@ -190,7 +199,7 @@ class Trainer : public JobTrainer {
 
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  std::deque<Command> commands_;
+  std::deque<TrainerCommand> commands_;
   bool stop_ = false;
   std::vector<SlotInfo> slots_;  // Published snapshot.
   std::thread thread_;
