@@ -29,6 +29,11 @@
 // and train their shares of every slot's rows together. Only rank 0 reads
 // and writes files and reports. RankCoordinator (rank_coordinator.h) is the
 // one place that knows which of these roles a process has.
+//
+// The parts: this loop (trainer.cc), the commands it applies
+// (trainer_commands.h; a new command is one type there and one Apply
+// overload here), attaching jobs (trainer_attach.cc), the checkpoint policy
+// (pool_checkpointer.h) and the ranks (rank_coordinator.h).
 #ifndef LORAPLEX_SERVER_ENGINE_TRAINER_H_
 #define LORAPLEX_SERVER_ENGINE_TRAINER_H_
 
@@ -118,7 +123,21 @@ class Trainer : public JobTrainer {
   const ModelConfig& model_config() const { return model_->config(); }
 
  private:
-  struct SlotJob;
+  // What the trainer remembers about the job in a slot, beyond the slot.
+  struct SlotJob {
+    std::string job_id;
+    std::string tenant;
+    std::string family;
+    std::shared_ptr<const SequenceSet> validation;
+    std::string final_adapter_dir;
+    int64_t eval_interval = 0;
+    int64_t checkpoint_interval = 0;
+    nlohmann::json job_spec;
+    std::optional<CheckpointMetrics> last_metrics;
+    int64_t tokens = 0;
+    double tokens_per_second = 0.0;
+    std::optional<double> validation_loss;
+  };
 
   void Run();
   // Rank 0: waits for commands (or, data parallel, a heartbeat's time) and
