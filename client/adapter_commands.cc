@@ -10,9 +10,10 @@
 #include "client/cli_commands.h"
 #include "client/display_format.h"
 #include "client/job_flags.h"
-#include "client/resource_names.h"
 #include "client/text_table.h"
+#include "core/common/read_file.h"
 #include "nlohmann/json.hpp"
+#include "proto/resource_names.h"
 
 namespace loraplex {
 namespace {
@@ -30,17 +31,6 @@ struct AdapterFlags {
   std::string checkpoint;  // export --checkpoint.
   std::string out_dir;
 };
-
-absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(path.string(), " is missing or unreadable"));
-  }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
-}
 
 int RunAttach(const CliContext& context, const AdapterFlags& flags) {
   v1::AttachAdapterRequest request;
@@ -62,9 +52,11 @@ int RunAttach(const CliContext& context, const AdapterFlags& flags) {
   std::error_code error;
   const std::filesystem::path dir(flags.source);
   if (std::filesystem::is_directory(dir, error)) {
-    absl::StatusOr<std::string> config = ReadFile(dir / kPeftConfigFile);
+    absl::StatusOr<std::string> config =
+        ReadFile((dir / kPeftConfigFile).string());
     if (!config.ok()) return context.UsageError(config.status().message());
-    absl::StatusOr<std::string> weights = ReadFile(dir / kPeftWeightsFile);
+    absl::StatusOr<std::string> weights =
+        ReadFile((dir / kPeftWeightsFile).string());
     if (!weights.ok()) return context.UsageError(weights.status().message());
     request.mutable_files()->set_adapter_config_json(*std::move(config));
     request.mutable_files()->set_adapter_model_safetensors(*std::move(weights));

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "core/common/atomic_file.h"
+#include "core/common/read_file.h"
 #include "core/common/status_macros.h"
 
 namespace loraplex {
@@ -25,14 +26,12 @@ constexpr int kMaxReceiveMessageBytes = 256 << 20;
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
                                           absl::string_view field) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": cannot read ", path, ": ", std::strerror(errno)));
+  absl::StatusOr<std::string> contents = ReadFile(path);
+  if (!contents.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", contents.status().message()));
   }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
+  return contents;
 }
 
 // INTERNAL when a List call answered with the page token it was sent, which

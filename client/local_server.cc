@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "core/common/read_file.h"
 
 namespace loraplex {
 namespace {
@@ -37,11 +38,7 @@ std::string DescribeWaitStatus(int wait_status) {
 
 // The address in a complete ready file ("host:port\n"); "" until then.
 std::string ReadReadyFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::stringstream contents;
-  contents << in.rdbuf();
-  const std::string text = contents.str();
+  const std::string text = ReadFile(path).value_or("");
   if (text.empty() || text.back() != '\n') return "";
   return std::string(absl::StripAsciiWhitespace(text));
 }

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/chat/chat_template.h"
 #include "core/common/atomic_file.h"
+#include "core/common/read_file.h"
 #include "core/common/status_macros.h"
 #include "core/dist/dist_env.h"
 #include "core/dist/process_group.h"
@@ -93,13 +94,6 @@ bool IsLoopback(absl::string_view address) {
          absl::StartsWith(address, "localhost:") ||
          absl::StartsWith(address, "[::1]:") ||
          absl::StartsWith(address, "unix:");
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // The built-in tiny model, written into the state dir on first start.
@@ -419,9 +413,12 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   std::shared_ptr<grpc::ServerCredentials> credentials =
       grpc::InsecureServerCredentials();
   if (!flags.tls_cert.empty()) {
+    absl::StatusOr<std::string> key = ReadFile(flags.tls_key);
+    if (!key.ok()) return fail(key.status());
+    absl::StatusOr<std::string> cert = ReadFile(flags.tls_cert);
+    if (!cert.ok()) return fail(cert.status());
     grpc::SslServerCredentialsOptions tls;
-    tls.pem_key_cert_pairs.push_back(
-        {ReadFile(flags.tls_key), ReadFile(flags.tls_cert)});
+    tls.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
     credentials = grpc::SslServerCredentials(tls);
   }
   grpc::ServerBuilder builder;

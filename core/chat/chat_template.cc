@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/json_parse.h"
+#include "core/common/read_file.h"
 #include "core/common/status_macros.h"
 #include "core/tokenizer/hf_tokenizer.h"
 
@@ -55,13 +56,7 @@ absl::StatusOr<std::string> ReadTemplateFile(const fs::path& path) {
     return absl::InvalidArgumentError(absl::StrCat(
         path.string(), ": ", size, " bytes is too large for a chat template"));
   }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) {
-    return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  }
-  return text.str();
+  return ReadFile(path.string());
 }
 
 }  // namespace

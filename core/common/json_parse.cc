@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/read_file.h"
+#include "core/common/status_macros.h"
 
 namespace loraplex {
 
@@ -48,11 +50,8 @@ absl::StatusOr<nlohmann::json> ParseUntrustedJson(
 
 absl::StatusOr<nlohmann::json> ReadUntrustedJsonFile(
     const std::string& path, const JsonParseOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseUntrustedJson(text.str(), path, options);
+  LORAPLEX_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return ParseUntrustedJson(text, path, options);
 }
 
 std::string DescribeJson(const nlohmann::json& value) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "core/common/json_parse.h"
+#include "core/common/read_file.h"
 #include "core/common/status_macros.h"
 #include "core/data/chat_example.h"
 
@@ -691,15 +692,12 @@ absl::StatusOr<Dataset> LoadJsonlDataset(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": is a directory, not a JSONL file"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
   }
   absl::StatusOr<Dataset> dataset =
-      ParseJsonlDataset(text.str(), tokenizer, options);
+      ParseJsonlDataset(*text, tokenizer, options);
   if (!dataset.ok()) {
     return absl::Status(dataset.status().code(),
                         absl::StrCat(path, ": ", dataset.status().message()));

@@ -18,6 +18,7 @@
 #include "adapters/data_parallel.h"
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
+#include "core/common/read_file.h"
 #include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
 #include "server/common/sha256.h"
@@ -38,15 +39,6 @@ const std::vector<std::string>& CheckpointFiles() {
       new std::vector<std::string>{kPeftConfigFile, kPeftWeightsFile,
                                    kCheckpointStateFile, kCheckpointInfoFile};
   return *files;
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
-  return bytes.str();
 }
 
 // The step of a committed checkpoint directory name ("step-00000120").
@@ -93,7 +85,7 @@ absl::Status WriteFiles(const std::string& dir, const TrainingSlot& slot,
   nlohmann::json files = nlohmann::json::object();
   for (const std::string& name : CheckpointFiles()) {
     LORAPLEX_ASSIGN_OR_RETURN(std::string bytes,
-                              ReadWholeFile(absl::StrCat(dir, "/", name)));
+                              ReadFile(absl::StrCat(dir, "/", name)));
     files[name] = {{"size", bytes.size()}, {"sha256", Sha256Hex(bytes)}};
   }
   const nlohmann::json manifest = {{"format", kManifestFormat},
@@ -136,7 +128,7 @@ void Prune(const std::string& job_dir, int keep_last, int64_t keep_step) {
 // VerifyCheckpoint's work; nlohmann throws for fields of the wrong type.
 absl::Status VerifyFiles(const std::string& dir) {
   absl::StatusOr<std::string> text =
-      ReadWholeFile(absl::StrCat(dir, "/", kCheckpointManifestFile));
+      ReadFile(absl::StrCat(dir, "/", kCheckpointManifestFile));
   if (!text.ok()) {
     return absl::DataLossError(
         absl::StrCat("no readable ", kCheckpointManifestFile));
@@ -161,8 +153,7 @@ absl::Status VerifyFiles(const std::string& dir) {
           absl::StrCat(kCheckpointManifestFile, " does not list ", name));
     }
     const nlohmann::json& expected = files[name];
-    absl::StatusOr<std::string> bytes =
-        ReadWholeFile(absl::StrCat(dir, "/", name));
+    absl::StatusOr<std::string> bytes = ReadFile(absl::StrCat(dir, "/", name));
     if (!bytes.ok()) {
       return absl::DataLossError(absl::StrCat(name, " is missing"));
     }
@@ -361,8 +352,7 @@ absl::Status VerifyCheckpoint(const std::string& dir) {
 
 absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
   LORAPLEX_ASSIGN_OR_RETURN(
-      std::string text,
-      ReadWholeFile(absl::StrCat(dir, "/", kCheckpointInfoFile)));
+      std::string text, ReadFile(absl::StrCat(dir, "/", kCheckpointInfoFile)));
   nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(
@@ -373,7 +363,7 @@ absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
 
 absl::StatusOr<std::string> ReadCheckpointFile(const std::string& dir,
                                                const std::string& name) {
-  return ReadWholeFile(absl::StrCat(dir, "/", name));
+  return ReadFile(absl::StrCat(dir, "/", name));
 }
 
 int64_t CheckpointSizeBytes(const std::string& dir) {
@@ -413,7 +403,7 @@ absl::StatusOr<std::map<std::string, int64_t>> ReadPoolCheckpoint(
   const std::string path = absl::StrCat(root, "/pool.json");
   std::error_code error;
   if (!fs::exists(path, error)) return std::map<std::string, int64_t>{};
-  LORAPLEX_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  LORAPLEX_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
   std::map<std::string, int64_t> jobs;
   if (!json.is_object() || !json.contains("jobs") ||

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
+#include "core/common/read_file.h"
 #include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
 #include "server/common/clock.h"
@@ -62,15 +63,14 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::ExportAdapterChunk> {
       return;
     }
     for (const char* name : {kPeftConfigFile, kPeftWeightsFile}) {
-      std::ifstream in(absl::StrCat(dir_, "/", name), std::ios::binary);
-      if (!in) {
-        FinishLocked(ToGrpcStatus(absl::InternalError(
-            absl::StrCat("cannot read ", dir_, "/", name))));
+      absl::StatusOr<std::string> read =
+          ReadFile(absl::StrCat(dir_, "/", name));
+      if (!read.ok()) {
+        FinishLocked(
+            ToGrpcStatus(absl::InternalError(read.status().message())));
         return;
       }
-      std::stringstream bytes;
-      bytes << in.rdbuf();
-      const std::string contents = bytes.str();
+      const std::string contents = *std::move(read);
       size_t offset = 0;
       do {
         v1::ExportAdapterChunk chunk;
@@ -343,7 +343,7 @@ grpc::ServerUnaryReactor* AdapterServiceImpl::ListSlots(
                                     : v1::SLOT_STATE_FREE);
       // Another tenant's slot shows only that it is taken.
       if (!info.attached || info.tenant != tenant) continue;
-      slot->set_job(ResourceName("jobs", info.job_id));
+      slot->set_job(FormatResourceName("jobs", info.job_id));
       slot->set_rank(info.rank);
       if (info.family == "adamw") slot->set_family(v1::OPTIMIZER_FAMILY_ADAMW);
       if (info.family == "adam") slot->set_family(v1::OPTIMIZER_FAMILY_ADAM);

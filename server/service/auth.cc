@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/common/read_file.h"
 
 namespace loraplex {
 
@@ -15,14 +16,13 @@ TenantAuthenticator TenantAuthenticator::SingleTenant() { return {}; }
 
 absl::StatusOr<TenantAuthenticator> TenantAuthenticator::FromTokensFile(
     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read the tokens file ", path));
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat("the tokens file ", text.status().message()));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return FromTokensText(text.str(), path);
+  return FromTokensText(*text, path);
 }
 
 absl::StatusOr<TenantAuthenticator> TenantAuthenticator::FromTokensText(
