@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli_commands.h"
 #include "client/display_format.h"
-#include "client/resource_names.h"
 #include "client/text_table.h"
+#include "proto/resource_names.h"
 
 namespace loraplex {
 namespace {

@@ -14,8 +14,8 @@
 #include "client/display_format.h"
 #include "client/job_flags.h"
 #include "client/job_progress.h"
-#include "client/resource_names.h"
 #include "client/text_table.h"
+#include "proto/resource_names.h"
 
 namespace loraplex {
 namespace {

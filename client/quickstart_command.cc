@@ -17,8 +17,8 @@
 #include "client/job_progress.h"
 #include "client/local_server.h"
 #include "client/quickstart_data.h"
-#include "client/resource_names.h"
 #include "client/text_table.h"
+#include "proto/resource_names.h"
 
 namespace loraplex {
 namespace {

@@ -5,8 +5,8 @@
 #include "absl/strings/str_format.h"
 #include "client/cli_commands.h"
 #include "client/display_format.h"
-#include "client/resource_names.h"
 #include "client/text_table.h"
+#include "proto/resource_names.h"
 
 namespace loraplex {
 namespace {

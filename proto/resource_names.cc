@@ -1,4 +1,4 @@
-#include "client/resource_names.h"
+#include "proto/resource_names.h"
 
 #include <cstdint>
 #include <vector>
@@ -8,6 +8,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/common/quoted.h"
 
 namespace loraplex {
 namespace {
@@ -21,6 +23,65 @@ absl::string_view Singular(absl::string_view collection) {
 }
 
 }  // namespace
+
+bool IsResourceId(absl::string_view id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    if (!absl::ascii_islower(c) && !absl::ascii_isdigit(c) && c != '-') {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string FormatResourceName(absl::string_view collection,
+                               absl::string_view id) {
+  return absl::StrCat(collection, "/", id);
+}
+
+absl::StatusOr<std::string> ParseResourceName(absl::string_view name,
+                                              absl::string_view collection,
+                                              absl::string_view field) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is required"));
+  }
+  absl::string_view id = name;
+  if (absl::ConsumePrefix(&id, collection) && absl::ConsumePrefix(&id, "/") &&
+      IsResourceId(id)) {
+    return std::string(id);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " must be a name like \"", collection,
+                   "/{id}\", got ", Quoted(name)));
+}
+
+std::string CheckpointResourceName(const std::string& job_id, int64_t step) {
+  return absl::StrCat(kJobs, "/", job_id, "/", kCheckpoints, "/", step);
+}
+
+absl::StatusOr<CheckpointRef> ParseCheckpointName(absl::string_view name,
+                                                  absl::string_view field) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is required"));
+  }
+  absl::string_view rest = name;
+  CheckpointRef parsed;
+  const size_t slash = rest.find('/', 5);
+  if (absl::ConsumePrefix(&rest, "jobs/") && slash != absl::string_view::npos) {
+    const absl::string_view id = rest.substr(0, slash - 5);
+    rest.remove_prefix(id.size());
+    if (IsResourceId(id) && absl::ConsumePrefix(&rest, "/checkpoints/") &&
+        !rest.empty() && rest.size() <= 18 &&
+        rest.find_first_not_of("0123456789") == absl::string_view::npos &&
+        absl::SimpleAtoi(rest, &parsed.step)) {
+      parsed.job_id = std::string(id);
+      return parsed;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " must be a name like \"jobs/{id}/checkpoints/{step}\", got ",
+      Quoted(name)));
+}
 
 absl::StatusOr<std::string> ResourceName(absl::string_view collection,
                                          absl::string_view id_or_name) {

@@ -1,14 +1,18 @@
 // Resource names of the loraplex API ("datasets/{id}", "jobs/{id}",
-// "adapters/{id}", "jobs/{id}/checkpoints/{step}") from what a user types:
-// a bare ID or a full name.
+// "adapters/{id}", "jobs/{id}/checkpoints/{step}"), for both ends: the
+// server formats and strictly parses them (errors name the request field),
+// the client builds them from what a user types (a bare ID or a full name).
 //
+//   FormatResourceName(kJobs, "abc");                       // "jobs/abc"
+//   ParseResourceName("jobs/abc", kJobs, "name");           // "abc"
 //   LORAPLEX_ASSIGN_OR_RETURN(std::string name,
 //                             ResourceName(kJobs, "abc"));  // "jobs/abc"
 //   ResourceId("jobs/abc");                                 // "abc"
 //   CheckpointName("abc/checkpoints/40");  // "jobs/abc/checkpoints/40"
-#ifndef LORAPLEX_CLIENT_RESOURCE_NAMES_H_
-#define LORAPLEX_CLIENT_RESOURCE_NAMES_H_
+#ifndef LORAPLEX_PROTO_RESOURCE_NAMES_H_
+#define LORAPLEX_PROTO_RESOURCE_NAMES_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,7 +27,32 @@ inline constexpr absl::string_view kAdapters = "adapters";
 // A job's checkpoints: "jobs/{id}/checkpoints/{step}".
 inline constexpr absl::string_view kCheckpoints = "checkpoints";
 
-// "collection/id" for `id_or_name` given as "id" or "collection/id".
+// Whether `id` is a valid resource ID: 1 to 64 of [a-z0-9-].
+bool IsResourceId(absl::string_view id);
+
+// "jobs/abc" for ("jobs", "abc").
+std::string FormatResourceName(absl::string_view collection,
+                               absl::string_view id);
+// The id of `name` ("{collection}/{id}", a valid ID). Errors are
+// INVALID_ARGUMENT naming `field`: "training_dataset is required" for an
+// empty name, else 'training_dataset must be a name like "datasets/{id}",
+// got "foo"'.
+absl::StatusOr<std::string> ParseResourceName(absl::string_view name,
+                                              absl::string_view collection,
+                                              absl::string_view field);
+
+// "jobs/{job_id}/checkpoints/{step}", parsed.
+struct CheckpointRef {
+  std::string job_id;
+  int64_t step = 0;
+};
+std::string CheckpointResourceName(const std::string& job_id, int64_t step);
+// INVALID_ARGUMENT naming `field` for an empty or malformed name.
+absl::StatusOr<CheckpointRef> ParseCheckpointName(absl::string_view name,
+                                                  absl::string_view field);
+
+// From a user: "collection/id" for `id_or_name` given as "id" or
+// "collection/id".
 // INVALID_ARGUMENT when it is empty, names another collection
 // ("datasets/x" where a job is wanted) or has an empty or nested ID.
 absl::StatusOr<std::string> ResourceName(absl::string_view collection,
@@ -43,4 +72,4 @@ std::string ResourceCollection(absl::string_view name);
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_CLIENT_RESOURCE_NAMES_H_
+#endif  // LORAPLEX_PROTO_RESOURCE_NAMES_H_

@@ -21,7 +21,7 @@ absl::StatusOr<std::string> FindCheckpoint(const ServiceContext& context,
                                            const std::string& tenant,
                                            absl::string_view name,
                                            absl::string_view field) {
-  LORAPLEX_ASSIGN_OR_RETURN(CheckpointName parsed,
+  LORAPLEX_ASSIGN_OR_RETURN(CheckpointRef parsed,
                             ParseCheckpointName(name, field));
   absl::Status job = context.store->GetJob(tenant, parsed.job_id).status();
   if (!job.ok()) {

@@ -134,7 +134,7 @@ absl::StatusOr<JobRecord> CreateJobFromCheckpoint(
       std::string weights,
       ReadCheckpointFile(checkpoint_dir, kPeftWeightsFile));
   LORAPLEX_ASSIGN_OR_RETURN(
-      CheckpointName source,
+      CheckpointRef source,
       ParseCheckpointName(request.initial_checkpoint(), kField));
   absl::StatusOr<std::unique_ptr<StagedAdapter>> staged = StagedAdapter::Create(
       context, tenant,

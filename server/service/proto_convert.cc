@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "core/common/quoted.h"
 #include "core/common/status_macros.h"
 #include "core/optim/config_json.h"
 
@@ -241,24 +242,6 @@ void JsonToFields(const nlohmann::json& json, pb::Message* message) {
   }
 }
 
-bool IsResourceId(absl::string_view id) {
-  if (id.empty() || id.size() > 64) return false;
-  for (char c : id) {
-    if (!absl::ascii_islower(c) && !absl::ascii_isdigit(c) && c != '-') {
-      return false;
-    }
-  }
-  return true;
-}
-
-// `text` quoted and escaped for an error message, cut to a readable length.
-std::string Quoted(absl::string_view text) {
-  constexpr size_t kMaxChars = 100;
-  const bool cut = text.size() > kMaxChars;
-  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxChars)),
-                      cut ? "...\"" : "\"");
-}
-
 // Sets a timestamp field of `message` for a real time; 0 (never) leaves
 // the field absent rather than present at the epoch.
 template <typename Message>
@@ -367,57 +350,9 @@ void TimestampFromMillis(int64_t ms, google::protobuf::Timestamp* timestamp) {
   timestamp->set_nanos(static_cast<int32_t>(millis * 1000000));
 }
 
-std::string ResourceName(absl::string_view collection, absl::string_view id) {
-  return absl::StrCat(collection, "/", id);
-}
-
-absl::StatusOr<std::string> ParseResourceName(absl::string_view name,
-                                              absl::string_view collection,
-                                              absl::string_view field) {
-  if (name.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " is required"));
-  }
-  absl::string_view id = name;
-  if (absl::ConsumePrefix(&id, collection) && absl::ConsumePrefix(&id, "/") &&
-      IsResourceId(id)) {
-    return std::string(id);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, " must be a name like \"", collection,
-                   "/{id}\", got ", Quoted(name)));
-}
-
-std::string CheckpointResourceName(const std::string& job_id, int64_t step) {
-  return absl::StrCat("jobs/", job_id, "/checkpoints/", step);
-}
-
-absl::StatusOr<CheckpointName> ParseCheckpointName(absl::string_view name,
-                                                   absl::string_view field) {
-  if (name.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " is required"));
-  }
-  absl::string_view rest = name;
-  CheckpointName parsed;
-  const size_t slash = rest.find('/', 5);
-  if (absl::ConsumePrefix(&rest, "jobs/") && slash != absl::string_view::npos) {
-    const absl::string_view id = rest.substr(0, slash - 5);
-    rest.remove_prefix(id.size());
-    if (IsResourceId(id) && absl::ConsumePrefix(&rest, "/checkpoints/") &&
-        !rest.empty() && rest.size() <= 18 &&
-        rest.find_first_not_of("0123456789") == absl::string_view::npos &&
-        absl::SimpleAtoi(rest, &parsed.step)) {
-      parsed.job_id = std::string(id);
-      return parsed;
-    }
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, " must be a name like \"jobs/{id}/checkpoints/{step}\", got ",
-      Quoted(name)));
-}
-
 void DatasetToProto(const DatasetRecord& record, v1::Dataset* dataset) {
   dataset->Clear();
-  dataset->set_name(ResourceName("datasets", record.id));
+  dataset->set_name(FormatResourceName("datasets", record.id));
   dataset->set_display_name(record.display_name);
   dataset->set_size_bytes(record.size_bytes);
   dataset->set_num_examples(record.num_examples);
@@ -433,20 +368,20 @@ absl::Status JobToProto(const JobRecord& record, v1::Job* job) {
                      " has an invalid stored spec: ", spec.status().message()));
   }
   job->Clear();
-  job->set_name(ResourceName("jobs", record.id));
+  job->set_name(FormatResourceName("jobs", record.id));
   job->set_display_name(record.display_name);
   job->set_base_model(record.base_model);
   if (!record.training_dataset_id.empty()) {
     job->set_training_dataset(
-        ResourceName("datasets", record.training_dataset_id));
+        FormatResourceName("datasets", record.training_dataset_id));
   }
   if (!record.validation_dataset_id.empty()) {
     job->set_validation_dataset(
-        ResourceName("datasets", record.validation_dataset_id));
+        FormatResourceName("datasets", record.validation_dataset_id));
   }
   if (!record.initial_adapter_id.empty()) {
     job->set_initial_adapter(
-        ResourceName("adapters", record.initial_adapter_id));
+        FormatResourceName("adapters", record.initial_adapter_id));
   }
   JobSpecToProto(*spec, job->mutable_lora(), job->mutable_optimizer(),
                  job->mutable_schedule(), job->mutable_training());
@@ -461,7 +396,7 @@ absl::Status JobToProto(const JobRecord& record, v1::Job* job) {
                     job->mutable_error());
   }
   if (!record.adapter_id.empty()) {
-    job->set_adapter(ResourceName("adapters", record.adapter_id));
+    job->set_adapter(FormatResourceName("adapters", record.adapter_id));
   }
   SetTime(record.create_time_ms, job, &v1::Job::mutable_create_time);
   SetTime(record.start_time_ms, job, &v1::Job::mutable_start_time);
@@ -509,10 +444,10 @@ absl::Status AdapterToProto(const AdapterRecord& record, v1::Adapter* adapter) {
         " has invalid stored settings: ", lora.status().message()));
   }
   adapter->Clear();
-  adapter->set_name(ResourceName("adapters", record.id));
+  adapter->set_name(FormatResourceName("adapters", record.id));
   adapter->set_display_name(record.display_name);
   if (!record.job_id.empty()) {
-    adapter->set_job(ResourceName("jobs", record.job_id));
+    adapter->set_job(FormatResourceName("jobs", record.job_id));
   }
   adapter->set_base_model(record.base_model);
   LoraConfigToProto(*lora, adapter->mutable_lora());

@@ -33,6 +33,7 @@
 #include "loraplex/v1/configs.pb.h"
 #include "loraplex/v1/datasets.pb.h"
 #include "loraplex/v1/jobs.pb.h"
+#include "proto/resource_names.h"
 #include "server/jobs/job_spec.h"
 #include "server/store/records.h"
 
@@ -60,26 +61,6 @@ std::optional<JobStatus> JobStatusFromProto(v1::JobStatus status);
 
 // Unix milliseconds; 0 (never) clears the timestamp.
 void TimestampFromMillis(int64_t ms, google::protobuf::Timestamp* timestamp);
-
-// "jobs/abc" for ("jobs", "abc").
-std::string ResourceName(absl::string_view collection, absl::string_view id);
-// The id of `name` ("{collection}/{id}", id 1 to 64 of [a-z0-9-]). Errors
-// are INVALID_ARGUMENT naming `field`: "training_dataset is required" for
-// an empty name, else 'training_dataset must be a name like
-// "datasets/{id}", got "foo"'.
-absl::StatusOr<std::string> ParseResourceName(absl::string_view name,
-                                              absl::string_view collection,
-                                              absl::string_view field);
-
-// "jobs/{job_id}/checkpoints/{step}".
-struct CheckpointName {
-  std::string job_id;
-  int64_t step = 0;
-};
-std::string CheckpointResourceName(const std::string& job_id, int64_t step);
-// INVALID_ARGUMENT naming `field` for an empty or malformed name.
-absl::StatusOr<CheckpointName> ParseCheckpointName(absl::string_view name,
-                                                   absl::string_view field);
 
 void DatasetToProto(const DatasetRecord& record, v1::Dataset* dataset);
 // INTERNAL when the stored spec no longer validates.

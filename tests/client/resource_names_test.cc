@@ -1,4 +1,4 @@
-#include "client/resource_names.h"
+#include "proto/resource_names.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -473,12 +473,12 @@ TEST(ResourceNameTest, CheckpointNamesFormatAndParse) {
 }
 
 TEST(ResourceNameTest, FormatsAndParses) {
-  EXPECT_EQ(ResourceName("jobs", "abc"), "jobs/abc");
+  EXPECT_EQ(FormatResourceName("jobs", "abc"), "jobs/abc");
   const std::string longest(64, 'a');
   for (const std::string& id :
        {std::string("abc-123"), std::string("0"), longest}) {
     absl::StatusOr<std::string> parsed = ParseResourceName(
-        ResourceName("datasets", id), "datasets", "training_dataset");
+        FormatResourceName("datasets", id), "datasets", "training_dataset");
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, id);
   }
