@@ -271,6 +271,22 @@ TEST(ServiceFlagsTest, RemoteListenWithoutTokensIsRefused) {
               HasSubstr("not a loopback address"));
 }
 
+// A TLS key that cannot be read is refused at start, not served as empty
+// credentials.
+TEST(ServiceFlagsTest, UnreadableTlsFilesAreRefused) {
+  const std::string state = FreshTestDir("state");
+  const std::string command =
+      std::string(LORAPLEX_BIN_DIR) +
+      "/loraplex-server --listen 127.0.0.1:0 --tls-key " + state +
+      "/missing.key --tls-cert " + state + "/missing.pem --state-dir " + state +
+      " 2> " + state + "/err";
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_THAT(ReadFileForTest(state + "/err"),
+              HasSubstr(state + "/missing.key: cannot be read"));
+}
+
 // A tokenizer that can produce ids past the embedding would fail jobs in the
 // middle of training; the server refuses it at start with both sizes.
 TEST(ServiceFlagsTest, TokenizerLargerThanTheEmbeddingIsRefused) {
