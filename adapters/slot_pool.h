@@ -29,7 +29,7 @@
 #include "core/lora/lora_config.h"
 #include "core/optim/lr_scheduler.h"
 #include "core/optim/optimizer_config.h"
-#include "core/train/data_parallel.h"
+#include "core/train/dist_hooks.h"
 #include "core/train/training_config.h"
 #include "core/train/training_slot.h"
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "adapters/data_parallel.h"
+#include "adapters/data_parallel_slots.h"
 #include "adapters/slot_pool.h"
 #include "bench/timing.h"
 #include "core/common/status_macros.h"

@@ -27,7 +27,7 @@
 #include "core/data/sequences.h"
 #include "core/lora/lora_weights.h"
 #include "core/model/llama_model.h"
-#include "core/train/data_parallel.h"
+#include "core/train/dist_hooks.h"
 #include "core/train/step_metrics.h"
 #include "core/train/training_slot.h"
 
@@ -43,7 +43,7 @@ struct CoBatchOptions {
   // Target tokens per chunk of LM head + cross-entropy (bounds the logits
   // held in memory: chunk × vocab floats).
   int64_t loss_chunk_tokens = 2048;
-  // Data parallel (data_parallel.h): this process trains the rows r of
+  // Data parallel (dist_hooks.h): this process trains the rows r of
   // each slot's batch with r % world_size == rank, every slot's loss still
   // normalised by the target tokens of its whole batch; gradients and
   // losses are summed over the ranks before clipping, so each slot clips

@@ -10,27 +10,27 @@ WorkQueue::WorkQueue(int threads) {
 
 WorkQueue::~WorkQueue() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   for (std::thread& thread : threads_) thread.join();
 }
 
 void WorkQueue::Post(std::function<void()> work) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     work_.push_back(std::move(work));
   }
-  wake_.notify_one();
+  wake_.Signal();
 }
 
 void WorkQueue::Run() {
   for (;;) {
     std::function<void()> work;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || !work_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && work_.empty()) wake_.Wait(&mu_);
       if (work_.empty()) return;  // Stopping and drained.
       work = std::move(work_.front());
       work_.pop_front();

@@ -8,12 +8,12 @@
 #ifndef LORAPLEX_SERVER_COMMON_WORK_QUEUE_H_
 #define LORAPLEX_SERVER_COMMON_WORK_QUEUE_H_
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "absl/synchronization/mutex.h"
 
 namespace loraplex {
 
@@ -29,10 +29,10 @@ class WorkQueue {
  private:
   void Run();
 
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> work_;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  absl::CondVar wake_;
+  std::deque<std::function<void()>> work_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "adapters/data_parallel.h"
+#include "adapters/data_parallel_slots.h"
 #include "adapters/peft_adapter.h"
 #include "core/common/atomic_file.h"
 #include "core/common/read_file.h"

@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "adapters/data_parallel.h"
+#include "adapters/data_parallel_slots.h"
 #include "core/dist/process_group.h"
 #include "server/engine/step_plan.h"
 

@@ -72,7 +72,7 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
 Trainer::~Trainer() { Stop(); }
 
 void Trainer::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (thread_.joinable() || stop_ || !ranks_.leader()) return;
   checkpoints_.LoadGroup();
   thread_ = std::thread([this] { Run(); });
@@ -81,11 +81,11 @@ void Trainer::Start() {
 void Trainer::Stop() {
   std::deque<TrainerCommand> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
     dropped.swap(commands_);
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   if (thread_.joinable()) thread_.join();
   for (TrainerCommand& command : dropped) {
     Abandon(command, absl::UnavailableError("the server is shutting down"));
@@ -94,12 +94,12 @@ void Trainer::Stop() {
 
 void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (TrainerCommand& command : commands) {
       commands_.push_back(std::move(command));
     }
   }
-  wake_.notify_all();
+  wake_.SignalAll();
 }
 
 void Trainer::Attach(AttachCommand command) {
@@ -139,7 +139,7 @@ void Trainer::Export(const std::string& job_id, const std::string& dir,
 }
 
 std::vector<SlotInfo> Trainer::Slots() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return slots_;
 }
 
@@ -165,13 +165,17 @@ void Trainer::Run() {
 bool Trainer::NextBatch(std::deque<TrainerCommand>& batch) {
   const bool busy = pending_checkpoint_ || !TrainableSlots().empty() ||
                     !pool_.SlotsIn(SlotState::kEvaluating).empty();
-  std::unique_lock<std::mutex> lock(mu_);
-  auto ready = [&] { return stop_ || busy || !commands_.empty(); };
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || busy || !commands_.empty();
+  };
   if (const auto heartbeat = ranks_.HeartbeatInterval()) {
     // An idle rank 0 sends the others an empty plan now and then.
-    wake_.wait_for(lock, *heartbeat, ready);
+    const absl::Time deadline = absl::Now() + absl::FromChrono(*heartbeat);
+    while (!ready() && !wake_.WaitWithDeadline(&mu_, deadline)) {
+    }
   } else {
-    wake_.wait(lock, ready);
+    while (!ready()) wake_.Wait(&mu_);
   }
   if (stop_) return false;
   batch.swap(commands_);
@@ -598,7 +602,7 @@ void Trainer::PublishSlots() {
     info.total_steps = training.total_steps;
     if (training.scheduler) info.lr = training.scheduler->lr();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   slots_ = std::move(slots);
 }
 

@@ -38,13 +38,11 @@
 #define LORAPLEX_SERVER_ENGINE_TRAINER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -52,7 +50,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "adapters/data_parallel.h"
+#include "absl/synchronization/mutex.h"
+#include "adapters/data_parallel_slots.h"
 #include "adapters/slot_pool.h"
 #include "core/dist/process_group.h"
 #include "core/model/llama_model.h"
@@ -216,11 +215,14 @@ class Trainer : public JobTrainer {
   // Slots kRetiring (read by other threads through capacity()).
   std::atomic<int> retiring_{0};
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<TrainerCommand> commands_;
-  bool stop_ = false;
-  std::vector<SlotInfo> slots_;  // Published snapshot.
+  // Taken by callers of the commands and Slots(), and by the trainer
+  // thread between steps; never held while training. Lock order:
+  // server/README.md.
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;
+  std::deque<TrainerCommand> commands_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<SlotInfo> slots_ ABSL_GUARDED_BY(mu_);  // Published snapshot.
   std::thread thread_;
 };
 

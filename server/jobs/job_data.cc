@@ -29,7 +29,7 @@ std::string DatasetLoader::PathOf(const std::string& id) const {
 absl::StatusOr<std::shared_ptr<const Dataset>> DatasetLoader::Load(
     const std::string& id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto it = cache_.begin(); it != cache_.end(); ++it) {
       if (it->first != id) continue;
       cache_.splice(cache_.begin(), cache_, it);
@@ -41,7 +41,7 @@ absl::StatusOr<std::shared_ptr<const Dataset>> DatasetLoader::Load(
   LORAPLEX_ASSIGN_OR_RETURN(
       Dataset dataset, LoadJsonlDataset(PathOf(id), *tokenizer_, options_));
   auto shared = std::make_shared<const Dataset>(std::move(dataset));
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   cache_.emplace_front(id, shared);
   while (cache_.size() > cache_entries_) cache_.pop_back();
   return shared;

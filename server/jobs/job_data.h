@@ -13,12 +13,12 @@
 #include <cstdint>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "core/data/dataset.h"
 #include "core/data/sequences.h"
 #include "core/tokenizer/tokenizer.h"
@@ -46,9 +46,10 @@ class DatasetLoader {
   const Tokenizer* tokenizer_;
   size_t cache_entries_;
   DatasetParseOptions options_;
-  std::mutex mu_;
+  absl::Mutex mu_;
   // Most recently used first.
-  std::list<std::pair<std::string, std::shared_ptr<const Dataset>>> cache_;
+  std::list<std::pair<std::string, std::shared_ptr<const Dataset>>> cache_
+      ABSL_GUARDED_BY(mu_);
 };
 
 struct JobData {

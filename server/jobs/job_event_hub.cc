@@ -5,26 +5,26 @@
 namespace loraplex {
 
 int64_t JobEventHub::Subscribe(const std::string& job_id, Listener listener) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const int64_t token = next_token_++;
   listeners_[token] = Entry{job_id, std::move(listener)};
   return token;
 }
 
 void JobEventHub::Unsubscribe(int64_t token) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   listeners_.erase(token);
 }
 
 void JobEventHub::Notify(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [token, entry] : listeners_) {
     if (entry.job_id == job_id) entry.listener();
   }
 }
 
 void JobEventHub::NotifyAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [token, entry] : listeners_) entry.listener();
 }
 

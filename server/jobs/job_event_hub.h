@@ -15,8 +15,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
+
+#include "absl/synchronization/mutex.h"
 
 namespace loraplex {
 
@@ -35,9 +36,9 @@ class JobEventHub {
     std::string job_id;
     Listener listener;
   };
-  std::mutex mu_;
-  int64_t next_token_ = 1;
-  std::map<int64_t, Entry> listeners_;
+  absl::Mutex mu_;
+  int64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, Entry> listeners_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loraplex

@@ -45,7 +45,7 @@ absl::Status JobScheduler::Start(JobTrainer* trainer) {
                      if (a_ran != b_ran) return a_ran;
                      return a_ran && a.slot < b.slot;
                    });
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   trainer_ = trainer;
   for (JobRecord& record : unfinished) {
     if (live_.count(record.id) > 0) continue;
@@ -76,12 +76,12 @@ absl::Status JobScheduler::Start(JobTrainer* trainer) {
 
 void JobScheduler::Stop() {
   {
-    std::lock_guard<std::mutex> lock(inbox_mu_);
+    absl::MutexLock lock(&inbox_mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [id, job] : live_) {
     if (!job->pause_done) continue;
     job->pause_done(absl::UnavailableError("the server is shutting down"));
@@ -103,7 +103,7 @@ absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobData data) {
       StatusEvent(record, JobStatus::kQueued,
                   absl::StrCat("queued: ", record.total_steps,
                                " steps for tenant ", record.tenant))};
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   LORAPLEX_RETURN_IF_ERROR(
       store_->InsertJob(record, std::move(events)).status());
   auto job = std::make_unique<LiveJob>();
@@ -119,7 +119,7 @@ absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobData data) {
 absl::StatusOr<JobRecord> JobScheduler::Cancel(const std::string& tenant,
                                                const std::string& job_id,
                                                const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   LORAPLEX_ASSIGN_OR_RETURN(LiveJob * active, ActiveJob(tenant, job_id));
   LiveJob& job = *active;
   job.record.status = JobStatus::kCancelled;
@@ -168,7 +168,7 @@ void JobScheduler::Forget(const std::string& job_id) {
 
 void JobScheduler::Pause(const std::string& tenant, const std::string& job_id,
                          std::function<void(absl::StatusOr<JobRecord>)> done) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::StatusOr<LiveJob*> active = ActiveJob(tenant, job_id);
   if (!active.ok()) return done(active.status());
   LiveJob& job = **active;
@@ -194,7 +194,7 @@ void JobScheduler::Pause(const std::string& tenant, const std::string& job_id,
 
 absl::StatusOr<JobRecord> JobScheduler::Resume(const std::string& tenant,
                                                const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   LORAPLEX_ASSIGN_OR_RETURN(LiveJob * active, ActiveJob(tenant, job_id));
   LiveJob& job = *active;
   if (job.record.status != JobStatus::kPaused) {
@@ -221,10 +221,10 @@ void JobScheduler::ExportRunning(const std::string& job_id,
 
 void JobScheduler::OnTrainerReport(TrainerReport report) {
   {
-    std::lock_guard<std::mutex> lock(inbox_mu_);
+    absl::MutexLock lock(&inbox_mu_);
     inbox_.push_back(std::move(report));
   }
-  wake_.notify_all();
+  wake_.SignalAll();
 }
 
 void JobScheduler::Run() {
@@ -238,13 +238,15 @@ void JobScheduler::Run() {
     std::deque<TrainerReport> reports;
     bool stopping = false;
     {
-      std::unique_lock<std::mutex> lock(inbox_mu_);
-      wake_.wait_until(lock, next_log,
-                       [&] { return stop_ || !inbox_.empty(); });
+      absl::MutexLock lock(&inbox_mu_);
+      while (!stop_ && inbox_.empty() && Clock::now() < next_log) {
+        wake_.WaitWithTimeout(&inbox_mu_,
+                              absl::FromChrono(next_log - Clock::now()));
+      }
       stopping = stop_;
       reports.swap(inbox_);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!reports.empty()) {
       HandleReports(std::move(reports));
       if (!stopping) FillSlots();

@@ -17,18 +17,17 @@
 #ifndef LORAPLEX_SERVER_JOBS_JOB_SCHEDULER_H_
 #define LORAPLEX_SERVER_JOBS_JOB_SCHEDULER_H_
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/common/logger.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/job_event_hub.h"
@@ -111,28 +110,34 @@ class JobScheduler {
   };
 
   void Run();
-  void HandleReports(std::deque<TrainerReport> reports);
-  void FillSlots();
+  void HandleReports(std::deque<TrainerReport> reports)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillSlots() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores the live job's record with `events`, notifies watchers and logs
   // status changes; drops the job from the live set once terminal.
-  void Commit(LiveJob& job, std::vector<JobEventRecord> events);
+  void Commit(LiveJob& job, std::vector<JobEventRecord> events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobEventRecord StatusEvent(const JobRecord& job, JobStatus status,
                              const std::string& message);
-  void Release(LiveJob& job);
-  void Fail(LiveJob& job, const absl::Status& status);
-  void OnAttached(LiveJob& job, const TrainerReport& report);
-  void OnPaused(LiveJob& job, const TrainerReport& report);
+  void Release(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fail(LiveJob& job, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnAttached(LiveJob& job, const TrainerReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnPaused(LiveJob& job, const TrainerReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnCheckpoint(const LiveJob& job, const TrainerReport& report);
   // The live job of `tenant` (any tenant when empty) that is not finished,
   // else NOT_FOUND or FAILED_PRECONDITION from the store.
   absl::StatusOr<LiveJob*> ActiveJob(const std::string& tenant,
-                                     const std::string& job_id);
+                                     const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the job out of the queue, if it is there.
-  void Dequeue(const std::string& job_id);
+  void Dequeue(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a finished job that the trainer no longer holds, answering a
   // pending pause.
-  void Forget(const std::string& job_id);
-  void LogThroughput();
+  void Forget(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogThroughput() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobStore* store_;
   DatasetLoader* datasets_;
@@ -142,20 +147,21 @@ class JobScheduler {
   JobTrainer* trainer_ = nullptr;
 
   // The trainer only ever takes this lock, never mu_, so it does not wait
-  // for the store.
-  std::mutex inbox_mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;                // Guarded by inbox_mu_.
-  std::deque<TrainerReport> inbox_;  // Guarded by inbox_mu_.
+  // for the store. Lock order: server/README.md.
+  absl::Mutex inbox_mu_;
+  absl::CondVar wake_;
+  bool stop_ ABSL_GUARDED_BY(inbox_mu_) = false;
+  std::deque<TrainerReport> inbox_ ABSL_GUARDED_BY(inbox_mu_);
 
-  std::mutex mu_;  // Guards everything below.
-  std::map<std::string, std::unique_ptr<LiveJob>> live_;  // Not terminal.
-  std::deque<std::string> queue_;                         // FIFO of QUEUED.
-  int reserved_ = 0;                                      // Slots in use.
-  std::map<std::string, int> reserved_by_tenant_;
+  absl::Mutex mu_;
+  // Not terminal.
+  std::map<std::string, std::unique_ptr<LiveJob>> live_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // FIFO of QUEUED.
+  int reserved_ ABSL_GUARDED_BY(mu_) = 0;               // Slots in use.
+  std::map<std::string, int> reserved_by_tenant_ ABSL_GUARDED_BY(mu_);
   // Throughput since the last log line.
-  int64_t window_tokens_ = 0;
-  int64_t window_steps_ = 0;
+  int64_t window_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t window_steps_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

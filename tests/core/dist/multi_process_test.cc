@@ -23,7 +23,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "adapters/data_parallel.h"
+#include "adapters/data_parallel_slots.h"
 #include "core/common/status_macros.h"
 #include "core/dist/dist_env.h"
 #include "core/dist/layerwise_ownership.h"

@@ -25,8 +25,8 @@
 // retired slot's cost leaves its owners, and the next attaches fill the
 // lighter ranks first. Every rank makes the same calls in the same order,
 // so every rank computes the same owners without exchanging them.
-#ifndef LORAPLEX_ADAPTERS_DATA_PARALLEL_H_
-#define LORAPLEX_ADAPTERS_DATA_PARALLEL_H_
+#ifndef LORAPLEX_ADAPTERS_DATA_PARALLEL_SLOTS_H_
+#define LORAPLEX_ADAPTERS_DATA_PARALLEL_SLOTS_H_
 
 #include <cstdint>
 #include <map>
@@ -34,7 +34,7 @@
 
 #include "adapters/slot_pool.h"
 #include "core/dist/process_group.h"
-#include "core/train/data_parallel.h"
+#include "core/train/dist_hooks.h"
 #include "core/train/training_slot.h"
 
 namespace loraplex {
@@ -83,4 +83,4 @@ class DataParallelSlots : public ParamClaims {
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_ADAPTERS_DATA_PARALLEL_H_
+#endif  // LORAPLEX_ADAPTERS_DATA_PARALLEL_SLOTS_H_

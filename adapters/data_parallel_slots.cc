@@ -1,4 +1,4 @@
-#include "adapters/data_parallel.h"
+#include "adapters/data_parallel_slots.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // The two hooks through which the slot pool and the co-batched step run
 // data parallel over several processes (DESIGN.md §6). The core knows no
-// collectives: adapters/data_parallel.h implements both over c10d.
+// collectives: adapters/data_parallel_slots.h implements both over c10d.
 //
 // - ParamClaims: at attach, which of a slot's parameters this process owns
 //   (keeps optimizer state for and steps), as the LayerWise distributed
@@ -8,8 +8,8 @@
 // - StepSync: this process trains its share of every slot's rows; `sum`
 //   adds the slots' gradients and losses up over the ranks before clipping,
 //   and `after_step` gives every rank the parameters their owners updated.
-#ifndef LORAPLEX_CORE_TRAIN_DATA_PARALLEL_H_
-#define LORAPLEX_CORE_TRAIN_DATA_PARALLEL_H_
+#ifndef LORAPLEX_CORE_TRAIN_DIST_HOOKS_H_
+#define LORAPLEX_CORE_TRAIN_DIST_HOOKS_H_
 
 #include <torch/types.h>
 
@@ -49,4 +49,4 @@ struct StepSync {
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_CORE_TRAIN_DATA_PARALLEL_H_
+#endif  // LORAPLEX_CORE_TRAIN_DIST_HOOKS_H_
