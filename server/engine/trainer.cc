@@ -50,6 +50,16 @@ SlotPoolOptions PoolOptions(SlotPoolOptions pool, const LlamaModel& model,
   return pool;
 }
 
+// A report about `job_id`, which `slot` holds (-1: none).
+TrainerReport JobReport(TrainerReport::Kind kind, const std::string& job_id,
+                        int slot) {
+  TrainerReport report;
+  report.kind = kind;
+  report.job_id = job_id;
+  report.slot = slot;
+  return report;
+}
+
 }  // namespace
 
 Trainer::Trainer(std::unique_ptr<LlamaModel> model,
@@ -306,10 +316,8 @@ int Trainer::SlotOf(const std::string& job_id) const {
 
 void Trainer::Apply(PauseJob& command) {
   const int slot = SlotOf(command.job_id);
-  TrainerReport report;
-  report.kind = TrainerReport::Kind::kPaused;
-  report.job_id = command.job_id;
-  report.slot = slot;
+  TrainerReport report =
+      JobReport(TrainerReport::Kind::kPaused, command.job_id, slot);
   if (slot < 0 || pool_.state(slot) != SlotState::kTraining) {
     report.status = absl::FailedPreconditionError(
         absl::StrCat("job \"", command.job_id, "\" is not training in a slot"));
@@ -342,10 +350,8 @@ void Trainer::Apply(ExportJob& command) {
 
 void Trainer::Apply(RetireJob& command) {
   const int slot = SlotOf(command.job_id);
-  TrainerReport report;
-  report.kind = TrainerReport::Kind::kRetired;
-  report.job_id = command.job_id;
-  report.slot = slot;
+  TrainerReport report =
+      JobReport(TrainerReport::Kind::kRetired, command.job_id, slot);
   if (slot < 0) {
     // Reported all the same, so the scheduler lets go of the job.
     report.status = absl::NotFoundError(
