@@ -89,7 +89,9 @@ void JobScheduler::Stop() {
   }
 }
 
-absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobData data) {
+absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobSpec spec,
+                                               JobData data) {
+  record.spec = JobSpecToJson(spec);
   record.status = JobStatus::kQueued;
   record.slot = -1;
   record.create_time_ms = NowMillis();
@@ -108,6 +110,7 @@ absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobData data) {
       store_->InsertJob(record, std::move(events)).status());
   auto job = std::make_unique<LiveJob>();
   job->record = record;
+  job->spec = std::move(spec);
   job->data = std::move(data);
   job->data_ready = true;
   live_[record.id] = std::move(job);
@@ -401,7 +404,8 @@ void JobScheduler::FillSlots() {
       ++it;
       continue;
     }
-    absl::StatusOr<JobSpec> spec = JobSpecFromJson(job.record.spec);
+    absl::StatusOr<JobSpec> spec =
+        job.spec ? *job.spec : JobSpecFromJson(job.record.spec);
     if (spec.ok() && !job.data_ready) {
       absl::StatusOr<JobData> data =
           PrepareJobData(*datasets_, job.record, &*spec);
@@ -410,6 +414,7 @@ void JobScheduler::FillSlots() {
         job.data_ready = true;
         job.record.total_steps = job.data.total_steps;
         job.record.spec = JobSpecToJson(*spec);
+        job.spec = *spec;
       } else {
         spec = data.status();
       }

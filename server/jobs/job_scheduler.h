@@ -8,7 +8,8 @@
 //   Trainer trainer(std::move(model), trainer_options,
 //                   [&](TrainerReport r) { scheduler.OnTrainerReport(r); });
 //   LORAPLEX_RETURN_IF_ERROR(scheduler.Start(&trainer));  // requeues jobs
-//   LORAPLEX_ASSIGN_OR_RETURN(JobRecord job, scheduler.Submit(record, data));
+//   LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
+//                             scheduler.Submit(record, spec, data));
 //
 // Every change is written to the store before it is visible through the
 // API. Reports are handled on the scheduler's own thread, so the trainer
@@ -21,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +33,7 @@
 #include "server/common/logger.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/job_event_hub.h"
+#include "server/jobs/job_spec.h"
 #include "server/jobs/job_trainer.h"
 #include "server/store/job_store.h"
 
@@ -64,9 +67,10 @@ class JobScheduler {
   // Stop the trainer first, so nothing it finished is left unrecorded.
   void Stop();
 
-  // Stores `job` (validated, with `data` prepared from its spec) as QUEUED
-  // and queues it. Returns the stored record.
-  absl::StatusOr<JobRecord> Submit(JobRecord job, JobData data);
+  // Stores `job` as QUEUED, with `spec` (validated at the edge) as its
+  // stored spec, and queues it with `data` (prepared from the spec).
+  // Returns the stored record.
+  absl::StatusOr<JobRecord> Submit(JobRecord job, JobSpec spec, JobData data);
   // CANCELLED with `reason`; the slot of a running job is retired.
   // FAILED_PRECONDITION when the job already finished.
   absl::StatusOr<JobRecord> Cancel(const std::string& tenant,
@@ -98,6 +102,9 @@ class JobScheduler {
  private:
   struct LiveJob {
     JobRecord record;
+    // The native spec; unset for a job read back from the store until its
+    // stored JSON is parsed (once, when it is next scheduled).
+    std::optional<JobSpec> spec;
     JobData data;
     bool data_ready = false;
     bool in_trainer = false;  // Attach sent; holds a slot reservation.

@@ -157,9 +157,9 @@ absl::StatusOr<JobRecord> SubmitJob(
   LORAPLEX_ASSIGN_OR_RETURN(
       JobData data,
       PrepareJobData(*context.datasets, pending.record, &pending.spec));
-  pending.record.spec = JobSpecToJson(pending.spec);
   if (before_queue) LORAPLEX_RETURN_IF_ERROR(before_queue());
-  return context.scheduler->Submit(std::move(pending.record), std::move(data));
+  return context.scheduler->Submit(std::move(pending.record),
+                                   std::move(pending.spec), std::move(data));
 }
 
 }  // namespace loraplex

@@ -128,15 +128,19 @@ class JobSchedulerTest : public ::testing::Test {
     return id;
   }
 
+  static JobSpec Spec() {
+    JobSpec spec;
+    spec.training.batch_size = 1;
+    spec.training.seq_len = 64;
+    return spec;
+  }
+
   JobRecord Record(const std::string& id, const std::string& tenant) {
     JobRecord record;
     record.id = id;
     record.tenant = tenant;
     record.training_dataset_id = "train";
-    JobSpec spec;
-    spec.training.batch_size = 1;
-    spec.training.seq_len = 64;
-    record.spec = JobSpecToJson(spec);
+    record.spec = JobSpecToJson(Spec());
     return record;
   }
 
@@ -145,7 +149,7 @@ class JobSchedulerTest : public ::testing::Test {
     data.training = std::make_shared<const SequenceSet>();
     data.total_steps = 10;
     absl::StatusOr<JobRecord> stored =
-        scheduler_->Submit(Record(id, tenant), std::move(data));
+        scheduler_->Submit(Record(id, tenant), Spec(), std::move(data));
     EXPECT_TRUE(stored.ok()) << stored.status();
     return stored.value_or(JobRecord{});
   }
@@ -219,6 +223,10 @@ TEST_F(JobSchedulerTest, JobsTakeFreeSlotsFirstComeFirstServed) {
   Submit("job-3");
   EXPECT_THAT(trainer_->AttachedIds(), ElementsAre("job-1", "job-2"));
   EXPECT_EQ(Stored("job-3").status, JobStatus::kQueued);
+  // The spec given at the edge is the one attached and the one stored.
+  EXPECT_EQ(JobSpecToJson(trainer_->Attached("job-1").spec),
+            JobSpecToJson(Spec()));
+  EXPECT_EQ(Stored("job-1").spec, JobSpecToJson(Spec()));
 
   Report(TrainerReport::Kind::kAttached, "job-1", 0);
   Report(TrainerReport::Kind::kAttached, "job-2", 1);
