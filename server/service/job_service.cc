@@ -1,5 +1,7 @@
 #include "server/service/job_service.h"
 
+#include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -18,7 +20,9 @@ namespace loraplex {
 namespace {
 
 // Streams a job's stored events after a sequence number, then new ones as
-// the hub announces them, and finishes after the job's terminal event.
+// the hub announces them, and finishes after the job's terminal event. The
+// hub's announcement only posts a read to the work queue: the store is never
+// read under the hub's (and the scheduler's) lock.
 class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
   WatchReactor(const ServiceContext* context, JobEventHub* hub,
@@ -28,7 +32,8 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
         job_id_(std::move(job_id)),
         last_sequence_(after_sequence) {
     token_ = hub_->Subscribe(job_id_, [this] { Wake(); });
-    Wake();
+    std::lock_guard<std::mutex> lock(mu_);
+    NextLocked();
   }
 
   void OnWriteDone(bool ok) override {
@@ -49,14 +54,30 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   }
 
   void OnDone() override {
-    hub_->Unsubscribe(token_);
+    hub_->Unsubscribe(token_);  // No Wake() runs or starts after this.
+    {
+      // A read posted by a Wake() still uses this reactor.
+      std::unique_lock<std::mutex> lock(mu_);
+      idle_.wait(lock, [&] { return reads_in_flight_ == 0; });
+    }
     delete this;
   }
 
  private:
+  // The hub's listener: runs under the hub's lock, so it takes no lock and
+  // reads nothing. One posted read catches up with everything stored by
+  // the time it runs.
   void Wake() {
-    std::lock_guard<std::mutex> lock(mu_);
-    NextLocked();
+    if (read_posted_.exchange(true)) return;
+    ++reads_in_flight_;
+    context_->work->Post([this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      read_posted_ = false;
+      NextLocked();
+      --reads_in_flight_;
+      // Under the lock: once it is released OnDone may delete the reactor.
+      idle_.notify_all();
+    });
   }
 
   void NextLocked() {
@@ -123,6 +144,11 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   bool writing_ = false;
   bool finished_ = false;
   bool terminal_sent_ = false;
+  // A Wake() posted a read that has not started; reads posted and not yet
+  // finished (OnDone waits for none).
+  std::atomic<bool> read_posted_{false};
+  std::atomic<int> reads_in_flight_{0};
+  std::condition_variable idle_;
 };
 
 // Runs `create` on a worker and finishes the call with the job it made.
