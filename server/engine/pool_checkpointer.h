@@ -9,7 +9,8 @@
 // checkpoint of a group the crash cut short, so jobs resumed together
 // train in the same co-batches as before and replay bit-exactly.
 //
-//   PoolCheckpointer checkpoints({.root = dir, .interval = 50});
+//   PoolCheckpointer checkpoints(
+//       {.root = dir, .interval = 50, .enabled = true});
 //   checkpoints.LoadGroup();                       // rank 0, at start
 //   auto resume = checkpoints.FindResumePoint(job_id, recovering, &why);
 //   ... every slot checkpointed: checkpoints.RecordGroup(held, steps) ...
