@@ -49,11 +49,6 @@ absl::string_view SlotStateName(SlotState state) {
   return "unknown";
 }
 
-bool HoldsJob(SlotState state) {
-  return state == SlotState::kTraining || state == SlotState::kEvaluating ||
-         state == SlotState::kTrained;
-}
-
 int SlotPool::num_attached() const {
   int count = 0;
   for (const Entry& entry : slots_) count += entry.state != SlotState::kFree;

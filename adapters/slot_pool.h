@@ -54,9 +54,6 @@ enum class SlotState {
 
 absl::string_view SlotStateName(SlotState state);  // "free", "training", ...
 
-// Whether the slot holds a job's adapter (kTraining, kEvaluating, kTrained).
-bool HoldsJob(SlotState state);
-
 struct SlotPoolOptions {
   int capacity = 16;
   // Largest rank a slot accepts (at most kMaxLoraRank).

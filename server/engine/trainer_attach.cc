@@ -54,7 +54,6 @@ void Trainer::Prepare(AttachJob& command) {
 
 absl::Status Trainer::PrepareAttach(AttachJob& command) {
   AttachCommand& attach = command.attach;
-  command.request.job_id = attach.job_id;
   std::string weights_dir = attach.initial_adapter_dir;
   if (attach.resume) {
     // After a crash, the pool's last complete checkpoint, not a newer one

@@ -35,14 +35,6 @@ std::optional<Entry> PlanEntry(const PauseJob& command) {
 
 std::optional<Entry> PlanEntry(const ExportJob&) { return std::nullopt; }
 
-const std::string& JobId(const AttachJob& command) {
-  return command.request.job_id;
-}
-template <typename Command>
-const std::string& JobId(const Command& command) {
-  return command.job_id;
-}
-
 void AbandonOne(ExportJob& command, const absl::Status& status) {
   if (command.done) std::exchange(command.done, nullptr)(status);
 }
@@ -50,11 +42,6 @@ template <typename Command>
 void AbandonOne(Command&, const absl::Status&) {}
 
 }  // namespace
-
-const std::string& JobIdOf(const TrainerCommand& command) {
-  return std::visit(
-      [](const auto& c) -> const std::string& { return JobId(c); }, command);
-}
 
 std::optional<Entry> PlanEntryOf(const TrainerCommand& command) {
   return std::visit([](const auto& c) { return PlanEntry(c); }, command);

@@ -58,8 +58,6 @@ struct ExportJob {
 
 using TrainerCommand = std::variant<AttachJob, RetireJob, PauseJob, ExportJob>;
 
-// The job the command is about.
-const std::string& JobIdOf(const TrainerCommand& command);
 // What the other ranks apply of `command`: none for rank 0's commands and
 // for an attach that failed on rank 0 before the plan.
 std::optional<StepPlan::Entry> PlanEntryOf(const TrainerCommand& command);

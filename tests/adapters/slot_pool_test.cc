@@ -158,7 +158,6 @@ TEST(SlotPoolTest, SlotsMoveThroughTheLifecycle) {
   ASSERT_EQ(pool.Attach(eval).value(), 1);
   EXPECT_EQ(pool.state(1), SlotState::kEvaluating);
   EXPECT_EQ(pool.SlotsIn(SlotState::kEvaluating), std::vector<int>{1});
-  EXPECT_TRUE(HoldsJob(pool.state(0)) && HoldsJob(pool.state(1)));
 
   // Zeroing fails (an inference tensor cannot be written in place outside
   // inference mode): the slot is kRetiring, holds no job and takes no
@@ -170,7 +169,6 @@ TEST(SlotPoolTest, SlotsMoveThroughTheLifecycle) {
   }
   EXPECT_EQ(pool.Retire(0).code(), absl::StatusCode::kInternal);
   EXPECT_EQ(pool.state(0), SlotState::kRetiring);
-  EXPECT_FALSE(HoldsJob(SlotState::kRetiring));
   EXPECT_EQ(pool.Attach(Request("next", 4)).value(), 2);  // Not slot 0.
   EXPECT_EQ(pool.Attach(Request("full", 4)).status().code(),
             absl::StatusCode::kResourceExhausted);
