@@ -213,17 +213,10 @@ std::string PeftTensorName(int layer, Projection projection, bool lora_a) {
                       lora_a ? ".lora_A.weight" : ".lora_B.weight");
 }
 
-absl::Status ExportPeftAdapter(const LoraWeights& weights,
-                               const std::string& base_model_name_or_path,
-                               const std::string& dir) {
+absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
+    const LoraWeights& weights, const std::string& base_model_name_or_path) {
   if (!weights.bound()) {
     return absl::FailedPreconditionError("no adapter to export");
-  }
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) {
-    return absl::InternalError(
-        absl::StrCat("cannot create ", dir, ": ", error.message()));
   }
   std::vector<NamedTensor> tensors;
   for (const LoraModule& m : weights.modules()) {
@@ -232,8 +225,9 @@ absl::Status ExportPeftAdapter(const LoraWeights& weights,
     tensors.push_back({PeftTensorName(m.layer, m.projection, false),
                        m.b.detach().to(torch::kCPU).contiguous()});
   }
-  LORAPLEX_RETURN_IF_ERROR(WriteSafetensors(
-      absl::StrCat(dir, "/", kPeftWeightsFile), tensors, {{"format", "pt"}}));
+  PeftAdapterFiles files;
+  LORAPLEX_ASSIGN_OR_RETURN(files.weights,
+                            EncodeSafetensors(tensors, {{"format", "pt"}}));
 
   const LoraConfig& lora = weights.config();
   nlohmann::json targets = nlohmann::json::array();
@@ -265,8 +259,26 @@ absl::Status ExportPeftAdapter(const LoraWeights& weights,
       {"layers_pattern", nullptr},
       {"revision", nullptr},
   };
+  files.config = config.dump(2) + "\n";
+  return files;
+}
+
+absl::Status ExportPeftAdapter(const LoraWeights& weights,
+                               const std::string& base_model_name_or_path,
+                               const std::string& dir) {
+  LORAPLEX_ASSIGN_OR_RETURN(
+      PeftAdapterFiles files,
+      EncodePeftAdapter(weights, base_model_name_or_path));
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", dir, ": ", error.message()));
+  }
+  LORAPLEX_RETURN_IF_ERROR(WriteFileAtomically(
+      absl::StrCat(dir, "/", kPeftWeightsFile), files.weights));
   return WriteFileAtomically(absl::StrCat(dir, "/", kPeftConfigFile),
-                             config.dump(2) + "\n");
+                             files.config);
 }
 
 absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,

@@ -19,14 +19,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "adapters/peft_files.h"
 #include "core/lora/lora_config.h"
 #include "core/lora/lora_weights.h"
 #include "core/model/model_config.h"
 
 namespace loraplex {
-
-inline constexpr char kPeftConfigFile[] = "adapter_config.json";
-inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
 
 struct PeftModuleTensors {
   int layer = 0;
@@ -44,6 +42,15 @@ struct PeftAdapter {
 
 // The safetensors key of a module's A (`lora_a` true) or B matrix.
 std::string PeftTensorName(int layer, Projection projection, bool lora_a);
+
+// The files of `weights` as a PEFT adapter, in memory, to be written
+// later (by another thread): the weights, then the config.
+struct PeftAdapterFiles {
+  std::string weights;  // adapter_model.safetensors
+  std::string config;   // adapter_config.json
+};
+absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
+    const LoraWeights& weights, const std::string& base_model_name_or_path);
 
 // Writes `weights` into `dir` (created if missing; files replaced
 // atomically, config last).

@@ -356,8 +356,15 @@ absl::StatusOr<torch::Tensor> SafetensorsFile::Load(
 
 namespace {
 
-absl::Status WriteSafetensorsOrThrow(
-    const std::string& path, const std::vector<NamedTensor>& tensors,
+// A file's layout: its header (the 8-byte length, the JSON, padding) and
+// its tensors on the CPU in the order their data follows.
+struct SafetensorsLayout {
+  std::string header;
+  std::vector<torch::Tensor> tensors;
+};
+
+absl::StatusOr<SafetensorsLayout> LayOutOrThrow(
+    const std::vector<NamedTensor>& tensors,
     const std::map<std::string, std::string>& metadata) {
   std::vector<std::pair<std::string, torch::Tensor>> sorted;
   std::set<std::string> names;
@@ -401,15 +408,35 @@ absl::Status WriteSafetensorsOrThrow(
   json.append((8 - json.size() % 8) % 8, ' ');
   const uint64_t header_size = json.size();
 
-  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> file,
-                            AtomicFileWriter::Create(path));
-  LORAPLEX_RETURN_IF_ERROR(file->Append(&header_size, 8));
-  LORAPLEX_RETURN_IF_ERROR(file->Append(json.data(), json.size()));
-  for (const auto& [name, tensor] : sorted) {
-    LORAPLEX_RETURN_IF_ERROR(file->Append(
-        tensor.data_ptr(), tensor.numel() * tensor.element_size()));
+  SafetensorsLayout layout;
+  layout.header.assign(reinterpret_cast<const char*>(&header_size), 8);
+  layout.header += json;
+  for (auto& [name, tensor] : sorted) {
+    layout.tensors.push_back(std::move(tensor));
   }
-  return file->Commit();
+  return layout;
+}
+
+size_t DataBytes(const torch::Tensor& tensor) {
+  return tensor.numel() * tensor.element_size();
+}
+
+// Runs `work` (which lays out tensors) with the library's exceptions as
+// errors about `what`.
+template <typename Work>
+auto LayOut(const std::string& what, Work work) -> decltype(work()) {
+  // Exceptions can only come from preparing the header and the tensors,
+  // before any file exists (and a file's writer cleans up regardless).
+  try {
+    return work();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": tensor names and metadata must be valid UTF-8: ", e.what()));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(
+        what,
+        ": cannot copy tensors to the CPU: ", e.what_without_backtrace()));
+  }
 }
 
 }  // namespace
@@ -417,18 +444,32 @@ absl::Status WriteSafetensorsOrThrow(
 absl::Status WriteSafetensors(
     const std::string& path, const std::vector<NamedTensor>& tensors,
     const std::map<std::string, std::string>& metadata) {
-  // Exceptions can only come from preparing the header and the tensors,
-  // before the temporary file exists (and its writer cleans up regardless).
-  try {
-    return WriteSafetensorsOrThrow(path, tensors, metadata);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": tensor names and metadata must be valid UTF-8: ", e.what()));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(
-        path,
-        ": cannot copy tensors to the CPU: ", e.what_without_backtrace()));
+  LORAPLEX_ASSIGN_OR_RETURN(SafetensorsLayout layout, LayOut(path, [&] {
+                              return LayOutOrThrow(tensors, metadata);
+                            }));
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> file,
+                            AtomicFileWriter::Create(path));
+  LORAPLEX_RETURN_IF_ERROR(
+      file->Append(layout.header.data(), layout.header.size()));
+  for (const torch::Tensor& tensor : layout.tensors) {
+    LORAPLEX_RETURN_IF_ERROR(
+        file->Append(tensor.data_ptr(), DataBytes(tensor)));
   }
+  return file->Commit();
+}
+
+absl::StatusOr<std::string> EncodeSafetensors(
+    const std::vector<NamedTensor>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  LORAPLEX_ASSIGN_OR_RETURN(
+      SafetensorsLayout layout,
+      LayOut("safetensors", [&] { return LayOutOrThrow(tensors, metadata); }));
+  std::string bytes = std::move(layout.header);
+  for (const torch::Tensor& tensor : layout.tensors) {
+    bytes.append(static_cast<const char*>(tensor.data_ptr()),
+                 DataBytes(tensor));
+  }
+  return bytes;
 }
 
 absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::OpenDirectory(

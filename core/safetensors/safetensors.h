@@ -122,6 +122,12 @@ absl::Status WriteSafetensors(
     const std::string& path, const std::vector<NamedTensor>& tensors,
     const std::map<std::string, std::string>& metadata = {});
 
+// The bytes of a safetensors file holding `tensors`, as WriteSafetensors
+// writes it, for callers that write it later or elsewhere.
+absl::StatusOr<std::string> EncodeSafetensors(
+    const std::vector<NamedTensor>& tensors,
+    const std::map<std::string, std::string>& metadata = {});
+
 // A Hugging Face checkpoint directory: either one `model.safetensors` or a
 // sharded set described by `model.safetensors.index.json` ("weight_map").
 class SafetensorsCheckpoint {

@@ -14,15 +14,10 @@
 #include "core/lora/lora_weights.h"
 #include "core/optim/lr_scheduler.h"
 #include "core/optim/slot_optimizer.h"
+#include "core/train/slot_counters.h"
 #include "core/train/training_config.h"
 
 namespace loraplex {
-
-struct SlotCounters {
-  int64_t steps = 0;          // Batches trained on, skipped ones included.
-  int64_t skipped_steps = 0;  // Steps whose loss or grad norm was not finite.
-  int64_t target_tokens = 0;  // Target tokens in the batches trained on.
-};
 
 struct TrainingSlot {
   TrainingSlot(const ModelConfig& model, torch::Device device,
