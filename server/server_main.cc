@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "adapters/peft_adapter.h"
 #include "core/chat/chat_template.h"
 #include "core/common/atomic_file.h"
 #include "core/common/read_file.h"
@@ -393,6 +394,12 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   context.logger = &logger;
   context.work = &work;
   context.model = model_config;
+  context.check_adapter =
+      [&model_config](const std::string& dir) -> absl::StatusOr<LoraConfig> {
+    LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
+                              LoadPeftAdapter(dir, model_config));
+    return adapter.config;
+  };
   context.base_model_name = model_name;
   context.state_dir = flags.state_dir;
   context.device = flags.device;

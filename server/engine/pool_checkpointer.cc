@@ -1,20 +1,49 @@
 #include "server/engine/pool_checkpointer.h"
 
+#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
-#include "core/runtime/exception_message.h"
 
 namespace loraplex {
+namespace {
+
+// The files' code reports errors as Status; an exception (out of memory,
+// a JSON dump) still must not end the writer thread.
+template <typename Fn>
+absl::Status CatchExceptions(absl::string_view what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& error) {
+    return absl::InternalError(absl::StrCat(what, ": ", error.what()));
+  }
+}
+
+}  // namespace
 
 PoolCheckpointer::PoolCheckpointer(PoolCheckpointerOptions options)
-    : options_(std::move(options)) {}
+    : options_(std::move(options)) {
+  // Ranks other than 0 write nothing (their root is unused).
+  if (!options_.root.empty()) writer_ = std::thread([this] { WriterLoop(); });
+}
+
+PoolCheckpointer::~PoolCheckpointer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  changed_.SignalAll();
+  if (writer_.joinable()) writer_.join();
+}
 
 void PoolCheckpointer::LoadGroup() {
   if (options_.root.empty()) return;
-  group_ = ReadPoolCheckpoint(options_.root)
-               .value_or(std::map<std::string, int64_t>{});
+  std::map<std::string, int64_t> group =
+      ReadPoolCheckpoint(options_.root)
+          .value_or(std::map<std::string, int64_t>{});
+  absl::MutexLock lock(&mu_);
+  group_ = std::move(group);
 }
 
 std::string PoolCheckpointer::JobDir(const std::string& job_id) const {
@@ -28,20 +57,22 @@ std::string PoolCheckpointer::StepDir(const std::string& job_id,
 
 int64_t PoolCheckpointer::ResumeCap(const std::string& job_id,
                                     bool recovering) const {
+  absl::MutexLock lock(&mu_);
   auto pooled = group_.find(job_id);
   return recovering && pooled != group_.end() ? pooled->second : INT64_MAX;
 }
 
-int PoolCheckpointer::SlotHint(const std::string& job_id,
-                               bool recovering) const {
+int PoolCheckpointer::SlotHint(const std::string& job_id, bool recovering) {
   if (!enabled()) return -1;
+  WaitForJob(job_id);
   return CheckpointSlotHint(JobDir(job_id), ResumeCap(job_id, recovering));
 }
 
 absl::StatusOr<std::optional<PoolCheckpointer::ResumePoint>>
 PoolCheckpointer::FindResumePoint(const std::string& job_id, bool recovering,
-                                  std::vector<std::string>* rejected) const {
+                                  std::vector<std::string>* rejected) {
   if (!enabled()) return std::nullopt;
+  WaitForJob(job_id);
   const std::optional<CheckpointEntry> latest = LatestValidCheckpoint(
       JobDir(job_id), rejected, ResumeCap(job_id, recovering));
   if (!latest) return std::nullopt;
@@ -58,38 +89,151 @@ PoolCheckpointer::FindResumePoint(const std::string& job_id, bool recovering,
   return point;
 }
 
-void PoolCheckpointer::DropAfter(const std::string& job_id,
-                                 int64_t step) const {
-  if (enabled()) RemoveCheckpointsAfter(JobDir(job_id), step);
+void PoolCheckpointer::DropAfter(const std::string& job_id, int64_t step) {
+  if (!enabled()) return;
+  WaitForJob(job_id);
+  RemoveCheckpointsAfter(JobDir(job_id), step);
 }
 
-absl::Status PoolCheckpointer::Write(const TrainingSlot& slot,
-                                     const CheckpointInfo& info,
-                                     const std::string& training_state) const {
-  auto pooled = group_.find(info.job_id);
-  const int64_t keep_step = pooled == group_.end() ? -1 : pooled->second;
-  return CatchTorch("checkpoint", [&] {
-    return WriteCheckpoint(JobDir(info.job_id), slot, info, training_state,
-                           options_.base_model_name, options_.keep, keep_step);
-  });
+void PoolCheckpointer::Write(CheckpointContents contents,
+                             std::function<void(absl::Status)> done) {
+  Task task;
+  task.job_id = contents.info.job_id;
+  task.bytes = contents.size_bytes();
+  task.run = [this, contents = std::move(contents), done = std::move(done)] {
+    RunWrite(contents, done);
+  };
+  Queue(std::move(task));
 }
 
 void PoolCheckpointer::Forget(const std::string& job_id) {
-  if (group_.erase(job_id) > 0) SaveGroup();
+  Task task;
+  task.job_id = job_id;
+  task.run = [this, job_id] {
+    bool was_pooled = false;
+    {
+      absl::MutexLock lock(&mu_);
+      was_pooled = group_.erase(job_id) > 0;
+    }
+    if (was_pooled) SaveGroup();
+  };
+  Queue(std::move(task));
 }
 
-void PoolCheckpointer::RecordGroup(
+void PoolCheckpointer::RecordGroup(std::vector<std::string> held,
+                                   std::map<std::string, int64_t> queued,
+                                   std::function<void()> done) {
+  Task task;
+  task.run = [this, held = std::move(held), queued = std::move(queued),
+              done = std::move(done)] {
+    RunRecordGroup(held, queued);
+    if (done) done();
+  };
+  Queue(std::move(task));
+}
+
+void PoolCheckpointer::Queue(Task task) {
+  if (writer_.get_id() == std::thread::id()) {
+    task.run();  // No root: nothing is written (only the group changes).
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // Bounded: waits for room, but a checkpoint larger than the bound
+    // alone is taken once the queue is empty.
+    auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return queued_bytes_ == 0 ||
+             queued_bytes_ + task.bytes <= options_.max_queued_bytes;
+    };
+    while (!room()) changed_.Wait(&mu_);
+    queued_bytes_ += task.bytes;
+    ++unfinished_;
+    if (!task.job_id.empty()) ++unfinished_by_job_[task.job_id];
+    queue_.push_back(std::move(task));
+  }
+  changed_.SignalAll();
+}
+
+void PoolCheckpointer::WriterLoop() {
+  for (;;) {
+    Task task;
+    {
+      absl::MutexLock lock(&mu_);
+      while (queue_.empty() && !stop_) changed_.Wait(&mu_);
+      if (queue_.empty()) return;  // Stopping, everything written.
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task.run();
+    {
+      absl::MutexLock lock(&mu_);
+      queued_bytes_ -= task.bytes;
+      --unfinished_;
+      if (!task.job_id.empty() && --unfinished_by_job_[task.job_id] == 0) {
+        unfinished_by_job_.erase(task.job_id);
+      }
+    }
+    changed_.SignalAll();
+  }
+}
+
+void PoolCheckpointer::Flush() {
+  absl::MutexLock lock(&mu_);
+  while (unfinished_ > 0) changed_.Wait(&mu_);
+}
+
+void PoolCheckpointer::WaitForJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  while (unfinished_by_job_.count(job_id) > 0) changed_.Wait(&mu_);
+}
+
+void PoolCheckpointer::RunWrite(const CheckpointContents& contents,
+                                const std::function<void(absl::Status)>& done) {
+  const std::string& job_id = contents.info.job_id;
+  int64_t keep_step = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    auto pooled = group_.find(job_id);
+    if (pooled != group_.end()) keep_step = pooled->second;
+  }
+  const absl::Status status = CatchExceptions("checkpoint", [&] {
+    return WriteCheckpointFiles(JobDir(job_id), contents, options_.keep,
+                                keep_step);
+  });
+  if (status.ok()) {
+    absl::MutexLock lock(&mu_);
+    written_[job_id] = contents.info.step();
+  }
+  if (done) done(status);
+}
+
+void PoolCheckpointer::RunRecordGroup(
     const std::vector<std::string>& held,
-    const std::map<std::string, int64_t>& checkpointed) {
-  for (const std::string& job_id : held) group_.erase(job_id);
-  for (const auto& [job_id, step] : checkpointed) group_[job_id] = step;
+    const std::map<std::string, int64_t>& queued) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& job_id : held) group_.erase(job_id);
+    for (const auto& [job_id, step] : queued) {
+      auto written = written_.find(job_id);
+      if (written != written_.end() && written->second == step) {
+        group_[job_id] = step;
+      }
+    }
+    written_.clear();
+  }
   SaveGroup();
 }
 
-void PoolCheckpointer::SaveGroup() const {
+void PoolCheckpointer::SaveGroup() {
+  if (options_.root.empty()) return;
+  std::map<std::string, int64_t> group;
+  {
+    absl::MutexLock lock(&mu_);
+    group = group_;
+  }
   // On failure the previous group stays on disk: still consistent, older.
-  CatchTorch("pool checkpoint", [&] {
-    return WritePoolCheckpoint(options_.root, group_);
+  CatchExceptions("pool checkpoint", [&] {
+    return WritePoolCheckpoint(options_.root, group);
   }).IgnoreError();
 }
 

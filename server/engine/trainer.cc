@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
-#include <filesystem>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "adapters/peft_adapter.h"
-#include "core/common/atomic_file.h"
+#include "absl/synchronization/notification.h"
 #include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
 #include "server/common/clock.h"
@@ -79,7 +78,10 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
   }
 }
 
-Trainer::~Trainer() { Stop(); }
+Trainer::~Trainer() {
+  Stop();
+  checkpoints_.Flush();  // Before the members its callbacks use go.
+}
 
 void Trainer::Start() {
   absl::MutexLock lock(&mu_);
@@ -169,6 +171,8 @@ void Trainer::Run() {
       break;
     }
   }
+  checkpoints_.Flush();  // Stopping: every checkpoint on disk.
+  ReportWritten();
   if (ranks_.Broken() && options_.on_fatal) options_.on_fatal(ranks_.failure());
 }
 
@@ -177,7 +181,8 @@ bool Trainer::NextBatch(std::deque<TrainerCommand>& batch) {
                     !pool_.SlotsIn(SlotState::kEvaluating).empty();
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || busy || !commands_.empty();
+    return stop_ || busy || !commands_.empty() || !written_.empty() ||
+           groups_done_ != groups_written_;
   };
   if (const auto heartbeat = ranks_.HeartbeatInterval()) {
     // An idle rank 0 sends the others an empty plan now and then.
@@ -225,6 +230,7 @@ absl::Status Trainer::Follow() {
 bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
                       bool checkpoint) {
   pending_checkpoint_ = false;
+  ReportWritten();
   // When stopping, every job that trains keeps its progress across the
   // restart.
   if (checkpoint || stopping) CheckpointPool();
@@ -304,7 +310,12 @@ void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
 }
 
 void Trainer::Report(TrainerReport report) {
-  if (ranks_.leader() && !ranks_.Broken()) sink_(std::move(report));
+  if (!ranks_.leader() || ranks_.Broken()) return;
+  if (held_.empty() && groups_written_ == groups_queued_) {
+    sink_(std::move(report));
+    return;
+  }
+  held_.emplace_back(groups_queued_, std::move(report));
 }
 
 int Trainer::SlotOf(const std::string& job_id) const {
@@ -322,7 +333,7 @@ void Trainer::Apply(PauseJob& command) {
     report.status = absl::FailedPreconditionError(
         absl::StrCat("job \"", command.job_id, "\" is not training in a slot"));
   } else {
-    report.status = CheckpointSlot(slot);
+    report.status = CheckpointSlot(slot, /*wait=*/true);
     // Rank 0 alone writes the checkpoint: all pause or none does.
     absl::StatusOr<int> failed = ranks_.CountFailed(!report.status.ok());
     if (!failed.ok()) return;  // Broken.
@@ -339,15 +350,6 @@ void Trainer::Apply(PauseJob& command) {
   Report(std::move(report));
 }
 
-void Trainer::Apply(ExportJob& command) {
-  const int slot = SlotOf(command.job_id);
-  absl::Status status =
-      slot < 0 ? absl::NotFoundError(absl::StrCat("job \"", command.job_id,
-                                                  "\" is not in a slot"))
-               : ExportSlot(slot, command.dir);
-  std::exchange(command.done, nullptr)(status);
-}
-
 void Trainer::Apply(RetireJob& command) {
   const int slot = SlotOf(command.job_id);
   TrainerReport report =
@@ -361,7 +363,7 @@ void Trainer::Apply(RetireJob& command) {
   }
   // The job's state up to here stays available (export, a new job).
   if (pool_.state(slot) == SlotState::kTraining) {
-    CheckpointSlot(slot).IgnoreError();
+    CheckpointSlot(slot, /*wait=*/true).IgnoreError();
   }
   report.status = RetireSlot(slot);
   Report(std::move(report));
@@ -475,17 +477,27 @@ void Trainer::CheckpointPool() {
   for (const auto& job : jobs_) {
     if (job) held.push_back(job->job_id);
   }
-  std::map<std::string, int64_t> checkpointed;
+  std::map<std::string, int64_t> queued;
   for (int slot : TrainableSlots()) {
     // On other ranks: takes part in gathering the optimizer states.
-    if (CheckpointSlot(slot).ok()) {
-      checkpointed[jobs_[slot]->job_id] = pool_.slot(slot).counters.steps;
+    if (CheckpointSlot(slot, /*wait=*/false).ok()) {
+      queued[jobs_[slot]->job_id] = pool_.slot(slot).counters.steps;
     }
   }
-  if (ranks_.leader()) checkpoints_.RecordGroup(held, checkpointed);
+  // Recorded once the checkpoints queued before it are written.
+  if (ranks_.leader()) {
+    ++groups_queued_;
+    checkpoints_.RecordGroup(std::move(held), std::move(queued), [this] {
+      {
+        absl::MutexLock lock(&mu_);
+        ++groups_done_;
+      }
+      wake_.SignalAll();
+    });
+  }
 }
 
-absl::Status Trainer::CheckpointSlot(int slot) {
+absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
   if (!checkpoints_.enabled()) {
     return absl::FailedPreconditionError("checkpoints are disabled");
   }
@@ -509,13 +521,55 @@ absl::Status Trainer::CheckpointSlot(int slot) {
   info.job_spec = job.job_spec;
   TrainerReport report = ProgressReport(TrainerReport::Kind::kCheckpoint, slot);
   report.checkpoint_dir = checkpoints_.StepDir(job.job_id, info.step());
-  report.status =
-      !state.ok() ? state.status() : checkpoints_.Write(training, info, *state);
-  const absl::Status status = report.status;
-  Report(std::move(report));
-  return status;
+  absl::StatusOr<CheckpointContents> contents =
+      !state.ok()
+          ? state.status()
+          : EncodeCheckpoint(training, std::move(info), *std::move(state),
+                             options_.base_model_name);
+  if (!contents.ok()) {
+    report.status = contents.status();
+    Report(std::move(report));
+    return contents.status();
+  }
+  // The outcome, for a caller that waits.
+  struct Outcome {
+    absl::Notification written;
+    absl::Status status;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  checkpoints_.Write(
+      *std::move(contents),
+      [this, report = std::move(report), outcome](absl::Status status) mutable {
+        report.status = status;
+        outcome->status = status;
+        {
+          absl::MutexLock lock(&mu_);
+          written_.push_back(std::move(report));
+        }
+        wake_.SignalAll();
+        outcome->written.Notify();
+      });
+  if (!wait) return absl::OkStatus();
+  outcome->written.WaitForNotification();
+  ReportWritten();
+  return outcome->status;
 }
 
+void Trainer::ReportWritten() {
+  std::vector<TrainerReport> written;
+  {
+    absl::MutexLock lock(&mu_);
+    written.swap(written_);
+    groups_written_ = groups_done_;
+  }
+  if (!ranks_.leader() || ranks_.Broken()) return;
+  // Checkpoints are reported as soon as they are written.
+  for (TrainerReport& report : written) sink_(std::move(report));
+  while (!held_.empty() && held_.front().first <= groups_written_) {
+    sink_(std::move(held_.front().second));
+    held_.pop_front();
+  }
+}
 TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,
                                       int slot) const {
   const SlotJob& job = *jobs_[slot];
@@ -529,67 +583,6 @@ TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,
   report.tokens = job.tokens;
   report.skipped_steps = training.counters.skipped_steps;
   return report;
-}
-
-void Trainer::EvaluateOnly(int slot) {
-  if (!ranks_.leader()) {  // Rank 0 evaluates.
-    FinishJob(slot, absl::OkStatus());
-    return;
-  }
-  absl::StatusOr<double> loss = Validate(slot);
-  FinishJob(slot, loss.status());
-}
-
-absl::StatusOr<double> Trainer::Validate(int slot) {
-  SlotJob& job = *jobs_[slot];
-  if (!job.validation) {
-    return absl::FailedPreconditionError("the job has no validation data");
-  }
-  absl::StatusOr<double> loss = CatchTorch("validation", [&] {
-    return EvalLoss(*model_, &pool_.slot(slot).weights,
-                    job.validation->sequences, options_.co_batch);
-  });
-  if (loss.ok()) job.validation_loss = *loss;
-  return loss;
-}
-
-void Trainer::FinishJob(int slot, absl::Status status) {
-  if (!ranks_.leader()) {  // Rank 0 validates, exports and reports.
-    RetireSlot(slot).IgnoreError();
-    return;
-  }
-  SlotJob& job = *jobs_[slot];
-  if (status.ok() && pool_.state(slot) != SlotState::kEvaluating &&
-      job.validation) {
-    status = Validate(slot).status();
-  }
-  if (status.ok() && !job.final_adapter_dir.empty()) {
-    status = ExportSlot(slot, job.final_adapter_dir);
-  }
-  TrainerReport report = ProgressReport(TrainerReport::Kind::kFinished, slot);
-  report.status = status;
-  report.validation_loss = job.validation_loss;
-  // The job's outcome stands even if zeroing its slot fails; the slot is
-  // then kRetiring until a retire succeeds.
-  RetireSlot(slot).IgnoreError();
-  Report(std::move(report));
-}
-
-absl::Status Trainer::ExportSlot(int slot, const std::string& dir) {
-  namespace fs = std::filesystem;
-  const std::string staged = dir + ".staged";
-  return CatchTorch("export", [&]() -> absl::Status {
-    std::error_code error;
-    fs::remove_all(staged, error);
-    fs::create_directories(staged, error);
-    if (error) {
-      return absl::InternalError(
-          absl::StrCat("cannot create ", staged, ": ", error.message()));
-    }
-    LORAPLEX_RETURN_IF_ERROR(ExportPeftAdapter(
-        pool_.slot(slot).weights, options_.base_model_name, staged));
-    return PublishDirectory(staged, dir);
-  });
 }
 
 void Trainer::PublishSlots() {

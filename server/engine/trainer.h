@@ -19,7 +19,11 @@
 // completes a multiple of any job's checkpoint interval, every training
 // slot is checkpointed at that same step boundary. A job is also
 // checkpointed when it is paused or retired, and every job when the trainer
-// stops.
+// stops. The trainer encodes a checkpoint's files in memory and the
+// checkpointer's writer thread writes them, so training goes on while they
+// are fsynced and hashed; a pause, a retire, a job's end and the trainer's
+// stop wait for the job's (or every) checkpoint to be on disk before they
+// are reported.
 //
 // Data parallel (DESIGN.md §6): with TrainerOptions::dist of more than one
 // rank, every rank runs a trainer over the same base model. Rank 0's takes
@@ -32,8 +36,9 @@
 //
 // The parts: this loop (trainer.cc), the commands it applies
 // (trainer_commands.h; a new command is one type there and one Apply
-// overload here), attaching jobs (trainer_attach.cc), the checkpoint policy
-// (pool_checkpointer.h) and the ranks (rank_coordinator.h).
+// overload here), attaching jobs (trainer_attach.cc), finishing and
+// exporting them (trainer_finish.cc), the checkpoint policy and its writer
+// thread (pool_checkpointer.h) and the ranks (rank_coordinator.h).
 #ifndef LORAPLEX_SERVER_ENGINE_TRAINER_H_
 #define LORAPLEX_SERVER_ENGINE_TRAINER_H_
 
@@ -152,12 +157,15 @@ class Trainer : public JobTrainer {
   // Followers: frees the slots whose jobs rank 0 no longer has, and checks
   // the others are where rank 0's are (else the ranks are broken).
   void FollowActive(const std::map<int, StepPlan::Active>& active);
-  // Hands the report to the sink (rank 0, ranks not broken).
+  // Hands the report to the sink (rank 0, ranks not broken). While a pool
+  // checkpoint is being written, reports wait (in order) until it is on
+  // disk: once a step is reported, the pool's checkpoint before it is
+  // durable, as when checkpoints were written on this thread.
   void Report(TrainerReport report);
   void Enqueue(std::vector<TrainerCommand> commands);
   // Gives attaches that resume the slot of their checkpoint and applies
   // them before the other attaches next to them.
-  void OrderAttaches(std::deque<TrainerCommand>& batch) const;
+  void OrderAttaches(std::deque<TrainerCommand>& batch);
   // The slot holding `job_id`'s job, or -1.
   int SlotOf(const std::string& job_id) const;
   // One overload per command (trainer_commands.h). Prepare runs on rank 0
@@ -194,8 +202,13 @@ class Trainer : public JobTrainer {
   // then rank 0's weights become every rank's.
   absl::StatusOr<int> AgreeOnAttach(absl::StatusOr<int> slot);
   bool CheckpointDue(const std::vector<int>& stepped) const;
-  // Writes the slot's checkpoint and reports kCheckpoint.
-  absl::Status CheckpointSlot(int slot);
+  // Saves the slot's state and queues its checkpoint for the writer,
+  // reported as kCheckpoint once written. With `wait`, returns once it is
+  // written, with the outcome; else OK once queued.
+  absl::Status CheckpointSlot(int slot, bool wait);
+  // Reports the checkpoints the writer has finished, and the reports that
+  // waited for the pool checkpoints now written.
+  void ReportWritten();
   // Checkpoints every training slot at this step boundary, then records
   // the group as the pool's last complete checkpoint.
   void CheckpointPool();
@@ -212,6 +225,11 @@ class Trainer : public JobTrainer {
   // checkpointed at the start of the next iteration, on every rank.
   bool pending_checkpoint_ = false;
   std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
+  // Pool checkpoints queued, and those known written; reports made after
+  // the n-th was queued wait in held_ until it is written.
+  int64_t groups_queued_ = 0;
+  int64_t groups_written_ = 0;
+  std::deque<std::pair<int64_t, TrainerReport>> held_;
   // Slots kRetiring (read by other threads through capacity()).
   std::atomic<int> retiring_{0};
 
@@ -221,6 +239,10 @@ class Trainer : public JobTrainer {
   mutable absl::Mutex mu_;
   absl::CondVar wake_;
   std::deque<TrainerCommand> commands_ ABSL_GUARDED_BY(mu_);
+  // kCheckpoint reports of written checkpoints and the count of written
+  // pool checkpoints (from the writer thread).
+  std::vector<TrainerReport> written_ ABSL_GUARDED_BY(mu_);
+  int64_t groups_done_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<SlotInfo> slots_ ABSL_GUARDED_BY(mu_);  // Published snapshot.
   std::thread thread_;

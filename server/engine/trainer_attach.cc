@@ -16,7 +16,7 @@
 
 namespace loraplex {
 
-void Trainer::OrderAttaches(std::deque<TrainerCommand>& batch) const {
+void Trainer::OrderAttaches(std::deque<TrainerCommand>& batch) {
   if (!checkpoints_.enabled()) return;
   for (TrainerCommand& command : batch) {
     AttachJob* attach = std::get_if<AttachJob>(&command);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "adapters/peft_adapter.h"
+#include "adapters/peft_files.h"
 #include "core/common/atomic_file.h"
 #include "core/common/read_file.h"
 #include "core/common/status_macros.h"

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
-#include "server/engine/checkpoint.h"
+#include "server/engine/checkpoint_files.h"
 #include "server/service/proto_convert.h"
 
 namespace loraplex {

@@ -3,9 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "adapters/peft_adapter.h"
+#include "adapters/peft_files.h"
 #include "core/common/status_macros.h"
-#include "server/engine/checkpoint.h"
+#include "server/engine/checkpoint_files.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/resource_id.h"
 #include "server/service/checkpoint_access.h"

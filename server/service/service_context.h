@@ -13,11 +13,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <exception>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/lora/lora_config.h"
 #include "core/model/model_config.h"
 #include "core/runtime/exception_message.h"
 #include "server/common/logger.h"
@@ -48,6 +50,11 @@ struct ServiceContext {
   Logger* logger = nullptr;
   WorkQueue* work = nullptr;
   ModelConfig model;
+  // Reads an adapter directory and checks it against the base model,
+  // answering its LoRA configuration or INVALID_ARGUMENT (LoadPeftAdapter,
+  // which needs LibTorch: the program gives it, the handlers have none).
+  std::function<absl::StatusOr<LoraConfig>(const std::string& dir)>
+      check_adapter;
   std::string base_model_name;
   std::string state_dir;
   std::string device;

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "adapters/peft_adapter.h"
+#include "adapters/peft_files.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
@@ -47,18 +47,18 @@ absl::StatusOr<std::unique_ptr<StagedAdapter>> StagedAdapter::Create(
       absl::StrCat(staged->staged_, "/", kPeftConfigFile), config_json));
   LORAPLEX_RETURN_IF_ERROR(WriteFileAtomically(
       absl::StrCat(staged->staged_, "/", kPeftWeightsFile), safetensors));
-  absl::StatusOr<PeftAdapter> adapter = [&]() -> absl::StatusOr<PeftAdapter> {
+  absl::StatusOr<LoraConfig> lora = [&]() -> absl::StatusOr<LoraConfig> {
     try {
-      return LoadPeftAdapter(staged->staged_, context.model);
+      return context.check_adapter(staged->staged_);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(ExceptionMessage(e));
     }
   }();
-  if (!adapter.ok()) {
+  if (!lora.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("files: ", adapter.status().message()));
+        absl::StrCat("files: ", lora.status().message()));
   }
-  record.lora = LoraConfigToJson(adapter->config);
+  record.lora = LoraConfigToJson(*lora);
   return staged;
 }
 
