@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +11,7 @@
 #include "server/jobs/resource_id.h"
 
 namespace loraplex {
+
 JobScheduler::JobScheduler(JobStore* store, DatasetLoader* datasets,
                            JobEventHub* hub, Logger* logger,
                            const SchedulerOptions& options)
@@ -240,15 +240,19 @@ void JobScheduler::Run() {
   for (;;) {
     std::deque<TrainerReport> reports;
     bool stopping = false;
+    bool prepare = false;
     {
       absl::MutexLock lock(&inbox_mu_);
-      while (!stop_ && inbox_.empty() && Clock::now() < next_log) {
+      while (!stop_ && inbox_.empty() && !prepare_requested_ &&
+             Clock::now() < next_log) {
         wake_.WaitWithTimeout(&inbox_mu_,
                               absl::FromChrono(next_log - Clock::now()));
       }
       stopping = stop_;
+      prepare = std::exchange(prepare_requested_, false);
       reports.swap(inbox_);
     }
+    if (prepare && !stopping) PrepareQueuedData();
     absl::MutexLock lock(&mu_);
     if (!reports.empty()) {
       HandleReports(std::move(reports));
@@ -262,174 +266,59 @@ void JobScheduler::Run() {
   }
 }
 
-void JobScheduler::HandleReports(std::deque<TrainerReport> reports) {
-  // Steps of all slots are stored in one transaction (one fsync).
-  std::map<std::string, std::vector<JobEventRecord>> step_events;
-  auto flush_steps = [&] {
-    if (step_events.empty()) return;
-    std::vector<JobStore::JobUpdate> updates;
-    for (auto& [id, events] : step_events) {
-      updates.push_back({live_.at(id)->record, std::move(events)});
-    }
-    absl::Status stored = store_->UpdateJobs(std::move(updates)).status();
-    if (!stored.ok())
-      logger_->Error("storing step metrics: ", stored.message());
-    for (const auto& [id, events] : step_events) hub_->Notify(id);
-    step_events.clear();
-  };
-
-  for (TrainerReport& report : reports) {
-    auto it = live_.find(report.job_id);
-    if (it == live_.end()) continue;
-    LiveJob& job = *it->second;
-    const bool cancelled = job.record.status == JobStatus::kCancelled;
-    if (report.kind == TrainerReport::Kind::kStep) {
-      if (cancelled) continue;
-      JobMetricsRecord& metrics = job.record.metrics;
-      metrics.step = report.step;
-      metrics.loss = report.metrics.loss;
-      metrics.lr = report.metrics.lr;
-      metrics.grad_norm = report.metrics.grad_norm;
-      metrics.tokens_per_second = report.tokens_per_second;
-      metrics.tokens = report.tokens;
-      metrics.skipped_steps = report.skipped_steps;
-      if (report.validation_loss) {
-        metrics.validation_loss = report.validation_loss;
-      }
-      JobEventRecord event;
-      event.job_id = job.record.id;
-      event.time_ms = NowMillis();
-      event.metrics = metrics;
-      event.metrics.validation_loss = report.validation_loss;
-      step_events[job.record.id].push_back(std::move(event));
-      window_tokens_ += report.metrics.tokens;
-      ++window_steps_;
-      continue;
-    }
-    flush_steps();
-    switch (report.kind) {
-      case TrainerReport::Kind::kAttached:
-        if (!report.status.ok()) {
-          Release(job);
-          if (!cancelled) Fail(job, report.status);
-        } else if (!cancelled) {
-          OnAttached(job, report);
-        }
-        break;
-      case TrainerReport::Kind::kPaused:
-        OnPaused(job, report);
-        break;
-      case TrainerReport::Kind::kCheckpoint:
-        OnCheckpoint(job, report);
-        break;
-      case TrainerReport::Kind::kFinished: {
-        Release(job);
-        if (cancelled) {
-          // Cancelled while its last step ran: its export is not kept.
-          if (!job.final_adapter_id.empty()) {
-            std::error_code ignored;
-            std::filesystem::remove_all(AdapterDir(job.final_adapter_id),
-                                        ignored);
-          }
-          break;
-        }
-        if (!report.status.ok()) {
-          Fail(job, report.status);
-          break;
-        }
-        JobMetricsRecord& metrics = job.record.metrics;
-        metrics.step = report.step;
-        metrics.tokens = report.tokens;
-        metrics.skipped_steps = report.skipped_steps;
-        metrics.validation_loss = report.validation_loss;
-        std::vector<JobEventRecord> events;
-        if (report.validation_loss) {
-          JobEventRecord event;
-          event.job_id = job.record.id;
-          event.time_ms = NowMillis();
-          event.metrics = metrics;
-          events.push_back(std::move(event));
-        }
-        if (!job.final_adapter_id.empty()) {
-          AdapterRecord adapter;
-          adapter.id = job.final_adapter_id;
-          adapter.tenant = job.record.tenant;
-          adapter.display_name = job.record.display_name;
-          adapter.job_id = job.record.id;
-          adapter.base_model = job.record.base_model;
-          adapter.lora =
-              job.record.spec.value("lora", nlohmann::json::object());
-          adapter.create_time_ms = NowMillis();
-          absl::Status stored = store_->InsertAdapter(adapter);
-          if (!stored.ok()) {
-            Fail(job, stored);
-            break;
-          }
-          job.record.adapter_id = adapter.id;
-        }
-        job.record.status = JobStatus::kSucceeded;
-        job.record.slot = -1;
-        job.record.end_time_ms = NowMillis();
-        events.push_back(StatusEvent(
-            job.record, JobStatus::kSucceeded,
-            job.final_adapter_id.empty()
-                ? absl::StrCat("evaluated: validation loss ",
-                               report.validation_loss.value_or(0.0))
-                : absl::StrCat("trained ", report.step, " steps; adapter ",
-                               job.final_adapter_id)));
-        Commit(job, std::move(events));
-        break;
-      }
-      case TrainerReport::Kind::kRetired:
-        Release(job);
-        break;
-      case TrainerReport::Kind::kStep:
-        break;
-    }
-    if (IsTerminal(job.record.status) && !job.in_trainer) {
-      Forget(report.job_id);
-    }
-  }
-  flush_steps();
-}
-
 void JobScheduler::FillSlots() {
   const int capacity = trainer_->capacity();
-  // Handed over together, so they start at the same step boundary.
-  std::vector<AttachCommand> commands;
-  for (auto it = queue_.begin(); it != queue_.end() && reserved_ < capacity;) {
+  // The jobs that go next, in queue order under the quotas. They are
+  // handed over together, so they start at the same step boundary.
+  std::vector<std::string> next;
+  int reserved = reserved_;
+  std::map<std::string, int> reserved_by_tenant = reserved_by_tenant_;
+  bool unprepared = false;
+  for (auto it = queue_.begin(); it != queue_.end() && reserved < capacity;) {
     LiveJob& job = *live_.at(*it);
     const std::string& tenant = job.record.tenant;
-    if (reserved_by_tenant_[tenant] >= options_.slots_per_tenant) {
+    if (reserved_by_tenant[tenant] >= options_.slots_per_tenant) {
       ++it;
       continue;
     }
-    absl::StatusOr<JobSpec> spec =
-        job.spec ? *job.spec : JobSpecFromJson(job.record.spec);
-    if (spec.ok() && !job.data_ready) {
-      absl::StatusOr<JobData> data =
-          PrepareJobData(*datasets_, job.record, &*spec);
-      if (data.ok()) {
-        job.data = *std::move(data);
-        job.data_ready = true;
-        job.record.total_steps = job.data.total_steps;
-        job.record.spec = JobSpecToJson(*spec);
-        job.spec = *spec;
-      } else {
-        spec = data.status();
+    if (!job.spec) {
+      absl::StatusOr<JobSpec> spec = JobSpecFromJson(job.record.spec);
+      if (!spec.ok()) {
+        const std::string id = *it;
+        it = queue_.erase(it);
+        Fail(job, spec.status());
+        Forget(id);
+        continue;
       }
+      job.spec = *std::move(spec);
     }
-    if (!spec.ok()) {
-      const std::string id = *it;
-      it = queue_.erase(it);
-      Fail(job, spec.status());
-      Forget(id);
-      continue;
+    if (!job.data_ready) {
+      unprepared = true;
+      job.preparing = true;
     }
+    next.push_back(*it);
+    ++reserved;
+    ++reserved_by_tenant[tenant];
+    ++it;
+  }
+  if (unprepared) {
+    // Resumed and recovered jobs: their data is prepared on the
+    // scheduler's thread, out of this lock, and they go then.
+    {
+      absl::MutexLock lock(&inbox_mu_);
+      prepare_requested_ = true;
+    }
+    wake_.SignalAll();
+    return;
+  }
+  std::vector<AttachCommand> commands;
+  for (const std::string& id : next) {
+    LiveJob& job = *live_.at(id);
+    const std::string& tenant = job.record.tenant;
     AttachCommand command;
     command.job_id = job.record.id;
     command.tenant = tenant;
-    command.spec = *std::move(spec);
+    command.spec = *job.spec;
     command.data = job.data.training;
     command.validation = job.data.validation;
     command.resume = true;  // From a checkpoint, if the job has one.
@@ -448,82 +337,55 @@ void JobScheduler::FillSlots() {
     job.in_trainer = true;
     ++reserved_;
     ++reserved_by_tenant_[tenant];
-    it = queue_.erase(it);
+    queue_.erase(std::find(queue_.begin(), queue_.end(), id));
     commands.push_back(std::move(command));
   }
   if (!commands.empty()) trainer_->AttachAll(std::move(commands));
 }
 
-void JobScheduler::OnAttached(LiveJob& job, const TrainerReport& report) {
-  for (const std::string& rejected : report.rejected_checkpoints) {
-    logger_->Warning("job ", job.record.id,
-                     ": checkpoint rejected: ", rejected);
-  }
-  job.record.status = JobStatus::kRunning;
-  job.record.slot = report.slot;
-  if (job.record.start_time_ms == 0) job.record.start_time_ms = NowMillis();
-  std::string message = absl::StrCat(
-      job.record.training_dataset_id.empty() ? "evaluating" : "training",
-      " in slot ", report.slot);
-  if (report.resumed_step >= 0) {
-    job.record.metrics.step = report.resumed_step;
-    job.record.metrics.tokens = report.tokens;
-    absl::StrAppend(&message, ", resumed from the checkpoint at step ",
-                    report.resumed_step);
-  } else if (job.record.metrics.step > 0) {
-    job.record.metrics = JobMetricsRecord{};
-    absl::StrAppend(&message, ", from step 0: no checkpoint to resume from");
-  }
-  if (!report.rejected_checkpoints.empty()) {
-    absl::StrAppend(&message, " (", report.rejected_checkpoints.size(),
-                    " newer checkpoint(s) failed verification: ",
-                    report.rejected_checkpoints.front(), ")");
-  }
-  Commit(job, {StatusEvent(job.record, JobStatus::kRunning, message)});
-}
-
-void JobScheduler::OnPaused(LiveJob& job, const TrainerReport& report) {
-  auto done = std::move(job.pause_done);
-  job.pause_done = nullptr;
-  if (!report.status.ok()) {
-    if (done) {
-      done(absl::Status(
-          report.status.code(),
-          absl::StrCat("job \"", job.record.id,
-                       "\" was not paused: ", report.status.message())));
+void JobScheduler::PrepareQueuedData() {
+  struct Preparation {
+    std::string id;
+    JobRecord record;
+    JobSpec spec;
+    absl::StatusOr<JobData> data = absl::UnknownError("not prepared");
+  };
+  std::vector<Preparation> work;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : queue_) {
+      const LiveJob& job = *live_.at(id);
+      if (job.preparing && !job.data_ready) {
+        work.push_back({id, job.record, *job.spec});
+      }
     }
-    return;
   }
-  Release(job);
-  if (job.record.status == JobStatus::kCancelled) {
-    if (done) {
-      done(absl::FailedPreconditionError(
-          absl::StrCat("job \"", job.record.id, "\" was cancelled")));
+  // Reads and tokenizes datasets: neither API calls nor reports wait.
+  for (Preparation& job : work) {
+    job.data = PrepareJobData(*datasets_, job.record, &job.spec);
+  }
+  absl::MutexLock lock(&mu_);
+  for (Preparation& prepared : work) {
+    auto live = live_.find(prepared.id);
+    if (live == live_.end()) continue;  // Cancelled meanwhile.
+    LiveJob& job = *live->second;
+    job.preparing = false;
+    auto queued = std::find(queue_.begin(), queue_.end(), prepared.id);
+    // Paused meanwhile: prepared again when resumed.
+    if (queued == queue_.end() || job.data_ready) continue;
+    if (!prepared.data.ok()) {
+      queue_.erase(queued);
+      Fail(job, prepared.data.status());
+      Forget(prepared.id);
+      continue;
     }
-    return;
+    job.data = *std::move(prepared.data);
+    job.data_ready = true;
+    job.record.total_steps = job.data.total_steps;
+    job.record.spec = JobSpecToJson(prepared.spec);
+    job.spec = std::move(prepared.spec);
   }
-  job.record.status = JobStatus::kPaused;
-  job.record.slot = -1;
-  job.record.metrics.step = report.step;
-  // Paused jobs may wait long: their data is prepared again on resume.
-  job.data = JobData{};
-  job.data_ready = false;
-  Commit(job, {StatusEvent(job.record, JobStatus::kPaused,
-                           absl::StrCat("paused at step ", report.step,
-                                        " with a checkpoint"))});
-  if (done) done(job.record);
-}
-
-void JobScheduler::OnCheckpoint(const LiveJob& job,
-                                const TrainerReport& report) {
-  if (report.status.ok()) {
-    logger_->Info("job ", job.record.id, ": checkpoint at step ", report.step);
-    return;
-  }
-  logger_->Error("job ", job.record.id, ": checkpoint at step ", report.step,
-                 " failed; the job keeps its previous checkpoint and trains "
-                 "on: ",
-                 report.status.message());
+  if (trainer_ != nullptr) FillSlots();
 }
 
 void JobScheduler::Commit(LiveJob& job, std::vector<JobEventRecord> events) {
@@ -564,17 +426,6 @@ void JobScheduler::Fail(LiveJob& job, const absl::Status& status) {
   job.record.error_message = std::string(status.message());
   Commit(job, {StatusEvent(job.record, JobStatus::kFailed,
                            std::string(status.message()))});
-}
-
-void JobScheduler::LogThroughput() {
-  if (window_steps_ == 0) return;
-  logger_->Info("throughput: ", window_tokens_, " tokens in ", window_steps_,
-                " slot-steps over the last ", options_.throughput_log_seconds,
-                " s (", window_tokens_ / options_.throughput_log_seconds,
-                " tokens/s); ", reserved_, "/", trainer_->capacity(),
-                " slots busy, ", queue_.size(), " queued");
-  window_tokens_ = 0;
-  window_steps_ = 0;
 }
 
 }  // namespace loraplex

@@ -14,7 +14,8 @@
 // Every change is written to the store before it is visible through the
 // API. Reports are handled on the scheduler's own thread, so the trainer
 // never waits for the disk. Thread-safe. No LibTorch here: the trainer is
-// reached through JobTrainer (job_trainer.h).
+// reached through JobTrainer (job_trainer.h). The reports are handled in
+// job_scheduler_reports.cc.
 #ifndef LORAPLEX_SERVER_JOBS_JOB_SCHEDULER_H_
 #define LORAPLEX_SERVER_JOBS_JOB_SCHEDULER_H_
 
@@ -107,6 +108,8 @@ class JobScheduler {
     std::optional<JobSpec> spec;
     JobData data;
     bool data_ready = false;
+    // Next in line, its data being prepared (PrepareQueuedData).
+    bool preparing = false;
     bool in_trainer = false;  // Attach sent; holds a slot reservation.
     std::string final_adapter_id;
     // The slot it had when the server stopped, to go back into.
@@ -119,7 +122,11 @@ class JobScheduler {
   void Run();
   void HandleReports(std::deque<TrainerReport> reports)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the next queued jobs to the trainer, once each has its data.
   void FillSlots() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The scheduler's thread: prepares the data of the jobs FillSlots marked
+  // (datasets read and tokenized without holding mu_), then fills slots.
+  void PrepareQueuedData() ABSL_LOCKS_EXCLUDED(mu_, inbox_mu_);
   // Stores the live job's record with `events`, notifies watchers and logs
   // status changes; drops the job from the live set once terminal.
   void Commit(LiveJob& job, std::vector<JobEventRecord> events)
@@ -154,11 +161,14 @@ class JobScheduler {
   JobTrainer* trainer_ = nullptr;
 
   // The trainer only ever takes this lock, never mu_, so it does not wait
-  // for the store. Lock order: server/README.md.
+  // for the store. Taken inside mu_ (never the other way round). Lock
+  // order: server/README.md.
   absl::Mutex inbox_mu_;
   absl::CondVar wake_;
   bool stop_ ABSL_GUARDED_BY(inbox_mu_) = false;
   std::deque<TrainerReport> inbox_ ABSL_GUARDED_BY(inbox_mu_);
+  // FillSlots found jobs whose data must be prepared first.
+  bool prepare_requested_ ABSL_GUARDED_BY(inbox_mu_) = false;
 
   absl::Mutex mu_;
   // Not terminal.

@@ -278,6 +278,8 @@ TEST_F(JobSchedulerTest, RestartRequeuesRunningJobsFirstInSlotOrder) {
   insert("paused", JobStatus::kPaused, -1);
 
   StartScheduler(/*capacity=*/4);
+  // Their data is prepared on the scheduler's thread first.
+  ASSERT_TRUE(WaitUntil([&] { return !trainer_->AttachBatches().empty(); }));
   // One batch, so they start at the same step boundary, back into their
   // slots; the paused job stays paused.
   EXPECT_THAT(trainer_->AttachBatches(),
@@ -309,6 +311,7 @@ TEST_F(JobSchedulerTest, ARecoveredJobWhoseDatasetIsGoneFailsAlone) {
   ASSERT_TRUE(store_->InsertJob(fine, {}).ok());
 
   StartScheduler(/*capacity=*/2);
+  ASSERT_TRUE(WaitUntil([&] { return !trainer_->AttachedIds().empty(); }));
   EXPECT_THAT(trainer_->AttachedIds(), ElementsAre("fine"));
   const JobRecord failed = WaitForStatus("lost", JobStatus::kFailed);
   EXPECT_THAT(failed.error_message, HasSubstr("training_dataset"));
