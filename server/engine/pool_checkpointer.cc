@@ -1,9 +1,11 @@
 #include "server/engine/pool_checkpointer.h"
 
 #include <exception>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
 
 namespace loraplex {
@@ -18,6 +20,25 @@ absl::Status CatchExceptions(absl::string_view what, Fn&& fn) {
   } catch (const std::exception& error) {
     return absl::InternalError(absl::StrCat(what, ": ", error.what()));
   }
+}
+
+// Writes `files` into <dir>.staged and publishes it as `dir`.
+absl::Status WriteStagedDirectory(
+    const std::string& dir, const std::map<std::string, std::string>& files) {
+  namespace fs = std::filesystem;
+  const std::string staged = dir + ".staged";
+  std::error_code error;
+  fs::remove_all(staged, error);
+  fs::create_directories(staged, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", staged, ": ", error.message()));
+  }
+  for (const auto& [name, bytes] : files) {
+    LORAPLEX_RETURN_IF_ERROR(
+        WriteFileAtomically(absl::StrCat(staged, "/", name), bytes));
+  }
+  return PublishDirectory(staged, dir);
 }
 
 }  // namespace
@@ -102,6 +123,22 @@ void PoolCheckpointer::Write(CheckpointContents contents,
   task.bytes = contents.size_bytes();
   task.run = [this, contents = std::move(contents), done = std::move(done)] {
     RunWrite(contents, done);
+  };
+  Queue(std::move(task));
+}
+
+void PoolCheckpointer::WriteDirectory(const std::string& job_id,
+                                      std::string dir,
+                                      std::map<std::string, std::string> files,
+                                      std::function<void(absl::Status)> done) {
+  Task task;
+  task.job_id = job_id;
+  for (const auto& [name, bytes] : files) task.bytes += bytes.size();
+  task.run = [dir = std::move(dir), files = std::move(files),
+              done = std::move(done)] {
+    const absl::Status status = CatchExceptions(
+        "export", [&] { return WriteStagedDirectory(dir, files); });
+    if (done) done(status);
   };
   Queue(std::move(task));
 }

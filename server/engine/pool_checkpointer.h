@@ -110,6 +110,13 @@ class PoolCheckpointer {
   // call the checkpointer.
   void Write(CheckpointContents contents,
              std::function<void(absl::Status)> done);
+  // Queues a directory of files (an adapter export, `files` as name ->
+  // bytes) for `dir`: written into <dir>.staged, then published in one
+  // rename (PublishDirectory). `done` as for Write(). Counted as the job's
+  // work.
+  void WriteDirectory(const std::string& job_id, std::string dir,
+                      std::map<std::string, std::string> files,
+                      std::function<void(absl::Status)> done);
   // Waits until everything queued so far is done.
   void Flush();
   // Waits until the job's queued work is done.

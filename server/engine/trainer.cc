@@ -542,17 +542,21 @@ absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
       [this, report = std::move(report), outcome](absl::Status status) mutable {
         report.status = status;
         outcome->status = status;
-        {
-          absl::MutexLock lock(&mu_);
-          written_.push_back(std::move(report));
-        }
-        wake_.SignalAll();
+        ReportLater(std::move(report));
         outcome->written.Notify();
       });
   if (!wait) return absl::OkStatus();
   outcome->written.WaitForNotification();
   ReportWritten();
   return outcome->status;
+}
+
+void Trainer::ReportLater(TrainerReport report) {
+  {
+    absl::MutexLock lock(&mu_);
+    written_.push_back(std::move(report));
+  }
+  wake_.SignalAll();
 }
 
 void Trainer::ReportWritten() {
@@ -563,13 +567,21 @@ void Trainer::ReportWritten() {
     groups_written_ = groups_done_;
   }
   if (!ranks_.leader() || ranks_.Broken()) return;
-  // Checkpoints are reported as soon as they are written.
-  for (TrainerReport& report : written) sink_(std::move(report));
+  for (TrainerReport& report : written) {
+    // Checkpoints are reported as soon as they are written; anything else
+    // (a job's end) after the reports before it.
+    if (report.kind == TrainerReport::Kind::kCheckpoint) {
+      sink_(std::move(report));
+    } else {
+      Report(std::move(report));
+    }
+  }
   while (!held_.empty() && held_.front().first <= groups_written_) {
     sink_(std::move(held_.front().second));
     held_.pop_front();
   }
 }
+
 TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,
                                       int slot) const {
   const SlotJob& job = *jobs_[slot];

@@ -191,7 +191,11 @@ class Trainer : public JobTrainer {
   void EvaluateOnly(int slot);
   void FinishJob(int slot, absl::Status status);
   absl::StatusOr<double> Validate(int slot);
-  absl::Status ExportSlot(int slot, const std::string& dir);
+  // Copies the slot's adapter and queues its export into `dir` for the
+  // writer thread; `done` gets the outcome there (at once, on this thread,
+  // if the copy fails).
+  void ExportSlot(int slot, const std::string& dir,
+                  std::function<void(absl::Status)> done);
   // Rank 0, before the plan: reads the checkpoint to resume (the newest
   // that verifies) or the initial adapter.
   absl::Status PrepareAttach(AttachJob& command);
@@ -206,8 +210,10 @@ class Trainer : public JobTrainer {
   // reported as kCheckpoint once written. With `wait`, returns once it is
   // written, with the outcome; else OK once queued.
   absl::Status CheckpointSlot(int slot, bool wait);
-  // Reports the checkpoints the writer has finished, and the reports that
-  // waited for the pool checkpoints now written.
+  // Writer thread: queues a report of what it wrote for ReportWritten.
+  void ReportLater(TrainerReport report);
+  // Reports what the writer has finished, and the reports that waited for
+  // the pool checkpoints now written.
   void ReportWritten();
   // Checkpoints every training slot at this step boundary, then records
   // the group as the pool's last complete checkpoint.
@@ -239,8 +245,8 @@ class Trainer : public JobTrainer {
   mutable absl::Mutex mu_;
   absl::CondVar wake_;
   std::deque<TrainerCommand> commands_ ABSL_GUARDED_BY(mu_);
-  // kCheckpoint reports of written checkpoints and the count of written
-  // pool checkpoints (from the writer thread).
+  // Reports of what the writer wrote (checkpoints, a job's end after its
+  // export) and the count of written pool checkpoints (writer thread).
   std::vector<TrainerReport> written_ ABSL_GUARDED_BY(mu_);
   int64_t groups_done_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -2,13 +2,13 @@
 // only evaluates) is validated, its adapter exported into the job's final
 // directory, its slot retired, and only then reported as kFinished; the
 // ExportJob command writes a job's current adapter on request.
-#include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "adapters/peft_adapter.h"
-#include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
 #include "server/engine/trainer.h"
@@ -17,11 +17,12 @@ namespace loraplex {
 
 void Trainer::Apply(ExportJob& command) {
   const int slot = SlotOf(command.job_id);
-  absl::Status status =
-      slot < 0 ? absl::NotFoundError(absl::StrCat("job \"", command.job_id,
-                                                  "\" is not in a slot"))
-               : ExportSlot(slot, command.dir);
-  std::exchange(command.done, nullptr)(status);
+  if (slot < 0) {
+    std::exchange(command.done, nullptr)(absl::NotFoundError(
+        absl::StrCat("job \"", command.job_id, "\" is not in a slot")));
+    return;
+  }
+  ExportSlot(slot, command.dir, std::exchange(command.done, nullptr));
 }
 
 void Trainer::EvaluateOnly(int slot) {
@@ -56,36 +57,45 @@ void Trainer::FinishJob(int slot, absl::Status status) {
       job.validation) {
     status = Validate(slot).status();
   }
-  if (status.ok() && !job.final_adapter_dir.empty()) {
-    status = ExportSlot(slot, job.final_adapter_dir);
-  }
   TrainerReport report = ProgressReport(TrainerReport::Kind::kFinished, slot);
   report.status = status;
   report.validation_loss = job.validation_loss;
-  // Its checkpoints are on disk (and reported) before its end is.
-  checkpoints_.WaitForJob(job.job_id);
-  ReportWritten();
+  const bool exports = status.ok() && !job.final_adapter_dir.empty();
+  if (exports) {
+    // Reported once the adapter is written, after the job's checkpoints
+    // queued before it.
+    ExportSlot(slot, job.final_adapter_dir,
+               [this, report](absl::Status written) mutable {
+                 report.status = written;
+                 ReportLater(std::move(report));
+               });
+  }
   // The job's outcome stands even if zeroing its slot fails; the slot is
   // then kRetiring until a retire succeeds.
+  const std::string job_id = job.job_id;
   RetireSlot(slot).IgnoreError();
+  if (exports) return;
+  // Its checkpoints are on disk (and reported) before its end is.
+  checkpoints_.WaitForJob(job_id);
+  ReportWritten();
   Report(std::move(report));
 }
 
-absl::Status Trainer::ExportSlot(int slot, const std::string& dir) {
-  namespace fs = std::filesystem;
-  const std::string staged = dir + ".staged";
-  return CatchTorch("export", [&]() -> absl::Status {
-    std::error_code error;
-    fs::remove_all(staged, error);
-    fs::create_directories(staged, error);
-    if (error) {
-      return absl::InternalError(
-          absl::StrCat("cannot create ", staged, ": ", error.message()));
-    }
-    LORAPLEX_RETURN_IF_ERROR(ExportPeftAdapter(
-        pool_.slot(slot).weights, options_.base_model_name, staged));
-    return PublishDirectory(staged, dir);
+void Trainer::ExportSlot(int slot, const std::string& dir,
+                         std::function<void(absl::Status)> done) {
+  absl::StatusOr<PeftAdapterFiles> files = CatchTorch("export", [&] {
+    return EncodePeftAdapter(pool_.slot(slot).weights,
+                             options_.base_model_name);
   });
+  if (!files.ok()) {
+    done(files.status());
+    return;
+  }
+  std::map<std::string, std::string> named;
+  named[kPeftWeightsFile] = std::move(files->weights);
+  named[kPeftConfigFile] = std::move(files->config);
+  checkpoints_.WriteDirectory(jobs_[slot]->job_id, dir, std::move(named),
+                              std::move(done));
 }
 
 }  // namespace loraplex

@@ -114,8 +114,8 @@ class JobTrainer {
   // Checkpoints the job and frees its slot (kPaused).
   virtual void Pause(const std::string& job_id) = 0;
   // Writes the job's current adapter as PEFT files into `dir` and calls
-  // `done` (on the trainer's thread). NOT_FOUND when no slot holds the job;
-  // UNAVAILABLE when the trainer stops first.
+  // `done` (on a thread of the trainer's; it must return quickly). NOT_FOUND
+  // when no slot holds the job; UNAVAILABLE when the trainer stops first.
   virtual void Export(const std::string& job_id, const std::string& dir,
                       std::function<void(absl::Status)> done) = 0;
 

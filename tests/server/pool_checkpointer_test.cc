@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
@@ -184,6 +185,29 @@ TEST(PoolCheckpointerTest, FullQueueWaitsForRoomAndLosesNothing) {
   checkpoints.Flush();
   EXPECT_EQ(written, 20);
   EXPECT_EQ(Steps(checkpoints.JobDir("a")).size(), 20u);
+}
+
+TEST(PoolCheckpointerTest, DirectoryIsPublishedWholeAfterTheJobsCheckpoints) {
+  const std::string root = FreshTestDir();
+  PoolCheckpointer checkpoints(Options(root));
+  const std::string dir = FreshTestDir("export") + "/adapter";
+  std::vector<std::string> order;  // Written by the writer thread alone.
+  checkpoints.Write(Contents("a", 2),
+                    [&](absl::Status) { order.push_back("checkpoint"); });
+  checkpoints.WriteDirectory(
+      "a", dir, {{"adapter_config.json", "{}"}, {"weights", "bytes"}},
+      [&](absl::Status status) {
+        EXPECT_TRUE(status.ok()) << status;
+        order.push_back("export");
+      });
+  checkpoints.WaitForJob("a");  // The export counts as the job's work.
+  EXPECT_THAT(order, ElementsAre("checkpoint", "export"));
+  std::ifstream weights(dir + "/weights");
+  std::string bytes((std::istreambuf_iterator<char>(weights)),
+                    std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes, "bytes");
+  EXPECT_TRUE(fs::exists(dir + "/adapter_config.json"));
+  EXPECT_FALSE(fs::exists(dir + ".staged"));
 }
 
 TEST(PoolCheckpointerTest, DestructorWritesWhatIsQueued) {
