@@ -39,7 +39,7 @@ void Logger::Write(LogLevel level, absl::string_view line) {
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &utc);
   static constexpr const char* kTags[] = {"DEBUG", "INFO", "WARN", "ERROR"};
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::fprintf(stderr, "%s.%03dZ %s %.*s\n", stamp, millis,
                kTags[static_cast<int>(level)], static_cast<int>(line.size()),
                line.data());

@@ -6,12 +6,12 @@
 #define LORAPLEX_SERVER_COMMON_LOGGER_H_
 
 #include <array>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace loraplex {
 
@@ -55,7 +55,7 @@ class Logger {
 
  private:
   LogLevel level_;
-  std::mutex mu_;
+  absl::Mutex mu_;  // Serializes the lines on stderr.
 };
 
 }  // namespace loraplex

@@ -4,13 +4,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "adapters/peft_files.h"
 #include "core/common/atomic_file.h"
 #include "core/common/read_file.h"
@@ -54,7 +54,7 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::ExportAdapterChunk> {
 
   // Starts streaming `dir`, or finishes with `status` when it is an error.
   void Begin(const absl::Status& status, std::string dir, bool temporary) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     dir_ = std::move(dir);
     temporary_ = temporary;
     if (finished_) return;  // Cancelled while the snapshot was written.
@@ -88,7 +88,7 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::ExportAdapterChunk> {
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!ok) {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed"));
       return;
@@ -97,7 +97,7 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::ExportAdapterChunk> {
   }
 
   void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     FinishLocked(
         grpc::Status(grpc::StatusCode::CANCELLED, "the export was cancelled"));
   }
@@ -121,12 +121,12 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::ExportAdapterChunk> {
   }
 
   std::atomic<int> owners_{1};
-  std::mutex mu_;
-  bool finished_ = false;
-  std::string dir_;
-  bool temporary_ = false;
-  std::vector<v1::ExportAdapterChunk> chunks_;
-  size_t next_ = 0;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::string dir_ ABSL_GUARDED_BY(mu_);
+  bool temporary_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<v1::ExportAdapterChunk> chunks_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

@@ -1,9 +1,7 @@
 #include "server/service/job_service.h"
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "core/common/status_macros.h"
 #include "server/service/checkpoint_access.h"
 #include "server/service/job_creation.h"
@@ -32,12 +31,12 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
         job_id_(std::move(job_id)),
         last_sequence_(after_sequence) {
     token_ = hub_->Subscribe(job_id_, [this] { Wake(); });
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     NextLocked();
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
       FinishLocked(
@@ -48,7 +47,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   }
 
   void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED,
                               "the client cancelled the watch"));
   }
@@ -57,8 +56,8 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
     hub_->Unsubscribe(token_);  // No Wake() runs or starts after this.
     {
       // A read posted by a Wake() still uses this reactor.
-      std::unique_lock<std::mutex> lock(mu_);
-      idle_.wait(lock, [&] { return reads_in_flight_ == 0; });
+      absl::MutexLock lock(&mu_);
+      while (reads_in_flight_ != 0) idle_.Wait(&mu_);
     }
     delete this;
   }
@@ -71,12 +70,12 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
     if (read_posted_.exchange(true)) return;
     ++reads_in_flight_;
     context_->work->Post([this] {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       read_posted_ = false;
       NextLocked();
       --reads_in_flight_;
       // Under the lock: once it is released OnDone may delete the reactor.
-      idle_.notify_all();
+      idle_.SignalAll();
     });
   }
 
@@ -137,18 +136,18 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   JobEventHub* hub_;
   const std::string job_id_;
   int64_t token_ = 0;
-  std::mutex mu_;
-  int64_t last_sequence_;
-  std::deque<JobEventRecord> pending_;
-  v1::JobEvent message_;
-  bool writing_ = false;
-  bool finished_ = false;
-  bool terminal_sent_ = false;
+  absl::Mutex mu_;
+  int64_t last_sequence_ ABSL_GUARDED_BY(mu_);
+  std::deque<JobEventRecord> pending_ ABSL_GUARDED_BY(mu_);
+  v1::JobEvent message_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool terminal_sent_ ABSL_GUARDED_BY(mu_) = false;
   // A Wake() posted a read that has not started; reads posted and not yet
   // finished (OnDone waits for none).
   std::atomic<bool> read_posted_{false};
   std::atomic<int> reads_in_flight_{0};
-  std::condition_variable idle_;
+  absl::CondVar idle_;
 };
 
 // Runs `create` on a worker and finishes the call with the job it made.

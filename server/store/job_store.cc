@@ -389,25 +389,25 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
 }
 
 absl::Status JobStore::InsertDataset(const DatasetRecord& dataset) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return InsertOwned(db_, kDatasets, dataset);
 }
 
 absl::StatusOr<DatasetRecord> JobStore::GetDataset(const std::string& tenant,
                                                    const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return GetOwned(db_, kDatasets, tenant, id);
 }
 
 absl::StatusOr<Page<DatasetRecord>> JobStore::ListDatasets(
     const std::string& tenant, int page_size, const std::string& page_token) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return ListOwned(db_, kDatasets, tenant, page_size, page_token);
 }
 
 absl::Status JobStore::DeleteDataset(const std::string& tenant,
                                      const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
   LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
   LORAPLEX_ASSIGN_OR_RETURN(
@@ -453,7 +453,7 @@ absl::Status JobStore::DeleteDataset(const std::string& tenant,
 
 absl::StatusOr<std::vector<JobEventRecord>> JobStore::InsertJob(
     const JobRecord& job, std::vector<JobEventRecord> events) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
   LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
   LORAPLEX_ASSIGN_OR_RETURN(
@@ -476,7 +476,7 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::InsertJob(
 
 absl::StatusOr<std::vector<JobEventRecord>> JobStore::UpdateJob(
     const JobRecord& job, std::vector<JobEventRecord> events) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
   LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
   LORAPLEX_ASSIGN_OR_RETURN(events, UpdateJobRow(db_, job, std::move(events)));
@@ -486,7 +486,7 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::UpdateJob(
 
 absl::StatusOr<std::vector<std::vector<JobEventRecord>>> JobStore::UpdateJobs(
     std::vector<JobUpdate> updates) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<std::vector<JobEventRecord>> stored;
   if (updates.empty()) return stored;
   Transaction transaction(db_);
@@ -503,7 +503,7 @@ absl::StatusOr<std::vector<std::vector<JobEventRecord>>> JobStore::UpdateJobs(
 
 absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& tenant,
                                            const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   LORAPLEX_ASSIGN_OR_RETURN(
       Statement select,
       Statement::Prepare(db_, absl::StrCat("SELECT ", JobColumns(),
@@ -520,7 +520,7 @@ absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& tenant,
 absl::StatusOr<Page<JobRecord>> JobStore::ListJobs(
     const std::string& tenant, const std::vector<JobStatus>& statuses,
     int page_size, const std::string& page_token) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   LORAPLEX_RETURN_IF_ERROR(CheckPageSize(page_size));
   // In enum order without repeats, so equal filters name the same listing.
   std::vector<absl::string_view> filter;
@@ -554,7 +554,7 @@ absl::StatusOr<Page<JobRecord>> JobStore::ListJobs(
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::JobsWithStatus(
     const std::vector<JobStatus>& statuses) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (statuses.empty()) return std::vector<JobRecord>();
   LORAPLEX_ASSIGN_OR_RETURN(
       Statement select,
@@ -568,7 +568,7 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::JobsWithStatus(
 
 absl::StatusOr<std::vector<JobEventRecord>> JobStore::ListJobEvents(
     const std::string& job_id, int64_t after_sequence, int limit) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (limit < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("limit must be at least 1, got ", limit));
@@ -586,19 +586,19 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::ListJobEvents(
 }
 
 absl::Status JobStore::InsertAdapter(const AdapterRecord& adapter) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return InsertOwned(db_, kAdapters, adapter);
 }
 
 absl::StatusOr<AdapterRecord> JobStore::GetAdapter(const std::string& tenant,
                                                    const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return GetOwned(db_, kAdapters, tenant, id);
 }
 
 absl::StatusOr<Page<AdapterRecord>> JobStore::ListAdapters(
     const std::string& tenant, int page_size, const std::string& page_token) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return ListOwned(db_, kAdapters, tenant, page_size, page_token);
 }
 

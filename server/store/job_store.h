@@ -16,12 +16,12 @@
 #define LORAPLEX_SERVER_STORE_JOB_STORE_H_
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/store/records.h"
 
 struct sqlite3;
@@ -93,8 +93,8 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db);
 
-  std::mutex mu_;
-  sqlite3* db_;  // Owned; closed in the destructor.
+  absl::Mutex mu_;  // One statement at a time on the connection.
+  sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);  // Owned; closed on destruction.
 };
 
 }  // namespace loraplex
