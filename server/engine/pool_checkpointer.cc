@@ -143,6 +143,12 @@ void PoolCheckpointer::WriteDirectory(const std::string& job_id,
   Queue(std::move(task));
 }
 
+void PoolCheckpointer::Post(std::function<void()> work) {
+  Task task;
+  task.run = std::move(work);
+  Queue(std::move(task));
+}
+
 void PoolCheckpointer::Forget(const std::string& job_id) {
   Task task;
   task.job_id = job_id;
@@ -177,9 +183,9 @@ void PoolCheckpointer::Queue(Task task) {
   {
     absl::MutexLock lock(&mu_);
     // Bounded: waits for room, but a checkpoint larger than the bound
-    // alone is taken once the queue is empty.
+    // alone is taken once the queue is empty, and tasks of no bytes always.
     auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return queued_bytes_ == 0 ||
+      return queued_bytes_ == 0 || task.bytes == 0 ||
              queued_bytes_ + task.bytes <= options_.max_queued_bytes;
     };
     while (!room()) changed_.Wait(&mu_);
@@ -220,6 +226,9 @@ void PoolCheckpointer::Flush() {
 }
 
 void PoolCheckpointer::WaitForJob(const std::string& job_id) {
+  // On the writer thread (in a Post()ed task) everything queued before the
+  // task is done, and what was queued after it must not be waited for.
+  if (std::this_thread::get_id() == writer_.get_id()) return;
   absl::MutexLock lock(&mu_);
   while (unfinished_by_job_.count(job_id) > 0) changed_.Wait(&mu_);
 }

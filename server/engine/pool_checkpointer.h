@@ -117,9 +117,14 @@ class PoolCheckpointer {
   void WriteDirectory(const std::string& job_id, std::string dir,
                       std::map<std::string, std::string> files,
                       std::function<void(absl::Status)> done);
+  // Runs `work` on the writer thread after everything queued before it
+  // (at once, on this thread, when there is no writer). Never waits for
+  // room. `work` must not call Flush().
+  void Post(std::function<void()> work);
   // Waits until everything queued so far is done.
   void Flush();
-  // Waits until the job's queued work is done.
+  // Waits until the job's queued work is done (on the writer thread: the
+  // work queued before the running task, which is done).
   void WaitForJob(const std::string& job_id);
 
   // The job left the pool: it is no longer part of the group.

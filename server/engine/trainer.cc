@@ -105,15 +105,32 @@ void Trainer::Stop() {
 }
 
 void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
-  {
-    absl::MutexLock lock(&mu_);
-    for (TrainerCommand& command : commands) {
-      commands_.push_back(std::move(command));
+  // In order through the checkpoint writer's queue, behind the writes
+  // queued before them: their files are read there, never on the trainer
+  // thread, and commands given together reach the trainer together.
+  auto queued =
+      std::make_shared<std::vector<TrainerCommand>>(std::move(commands));
+  checkpoints_.Post([this, queued] {
+    for (TrainerCommand& command : *queued) {
+      std::visit([this](auto& c) { ReadFiles(c); }, command);
     }
-  }
-  wake_.SignalAll();
+    bool stopped = false;
+    {
+      absl::MutexLock lock(&mu_);
+      stopped = stop_;
+      if (!stopped) {
+        for (TrainerCommand& command : *queued) {
+          commands_.push_back(std::move(command));
+        }
+      }
+    }
+    wake_.SignalAll();
+    if (!stopped) return;
+    for (TrainerCommand& command : *queued) {
+      Abandon(command, absl::UnavailableError("the server is shutting down"));
+    }
+  });
 }
-
 void Trainer::Attach(AttachCommand command) {
   std::vector<AttachCommand> one;
   one.push_back(std::move(command));

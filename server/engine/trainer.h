@@ -163,13 +163,18 @@ class Trainer : public JobTrainer {
   // durable, as when checkpoints were written on this thread.
   void Report(TrainerReport report);
   void Enqueue(std::vector<TrainerCommand> commands);
-  // Gives attaches that resume the slot of their checkpoint and applies
-  // them before the other attaches next to them.
+  // Applies attaches that go back to a slot (their checkpoint's) before
+  // the other attaches next to them.
   void OrderAttaches(std::deque<TrainerCommand>& batch);
   // The slot holding `job_id`'s job, or -1.
   int SlotOf(const std::string& job_id) const;
-  // One overload per command (trainer_commands.h). Prepare runs on rank 0
-  // before the plan; most commands need none.
+  // One overload per command (trainer_commands.h). ReadFiles runs on the
+  // checkpoint writer's thread, before the command is queued for this one;
+  // it may use only checkpoints_. Prepare runs on rank 0 before the plan.
+  // Most commands need neither.
+  template <typename Command>
+  void ReadFiles(Command&) {}
+  void ReadFiles(AttachJob& command);
   template <typename Command>
   void Prepare(Command&) {}
   void Prepare(AttachJob& command);
@@ -196,9 +201,9 @@ class Trainer : public JobTrainer {
   // if the copy fails).
   void ExportSlot(int slot, const std::string& dir,
                   std::function<void(absl::Status)> done);
-  // Rank 0, before the plan: reads the checkpoint to resume (the newest
-  // that verifies) or the initial adapter.
-  absl::Status PrepareAttach(AttachJob& command);
+  // ReadFiles' work: finds the checkpoint to resume (the newest that
+  // verifies) and reads its state.
+  absl::Status ReadAttachFiles(AttachJob& command);
   // Attaches the prepared command, restoring its checkpoint.
   absl::StatusOr<int> AttachPrepared(AttachJob& command,
                                      std::optional<int64_t>& tokens);

@@ -1,7 +1,8 @@
-// Attaching jobs (trainer.h): rank 0 orders a batch's attaches and reads
-// what each resumes (its checkpoint, or an initial adapter) before the plan;
-// every rank then attaches it, restores the checkpoint, and agrees that the
-// attach stood everywhere.
+// Attaching jobs (trainer.h): rank 0 finds what each resumes (its
+// checkpoint, verified on the checkpoint writer's thread), loads its
+// weights and orders a batch's attaches before the plan; every rank then
+// attaches it, restores the checkpoint, and agrees that the attach stood
+// everywhere.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -18,15 +19,6 @@ namespace loraplex {
 
 void Trainer::OrderAttaches(std::deque<TrainerCommand>& batch) {
   if (!checkpoints_.enabled()) return;
-  for (TrainerCommand& command : batch) {
-    AttachJob* attach = std::get_if<AttachJob>(&command);
-    if (attach == nullptr || !attach->attach.resume ||
-        attach->request.preferred_slot >= 0) {
-      continue;
-    }
-    attach->request.preferred_slot =
-        checkpoints_.SlotHint(attach->attach.job_id, attach->attach.recovering);
-  }
   // Within each run of attaches, those going back to a slot go first, so a
   // job new to the pool does not take that slot before them.
   const auto is_attach = [](const TrainerCommand& command) {
@@ -47,39 +39,48 @@ void Trainer::OrderAttaches(std::deque<TrainerCommand>& batch) {
   }
 }
 
-void Trainer::Prepare(AttachJob& command) {
+void Trainer::ReadFiles(AttachJob& command) {
   command.prepared =
-      CatchTorch("attach", [&] { return PrepareAttach(command); });
+      CatchTorch("attach", [&] { return ReadAttachFiles(command); });
 }
 
-absl::Status Trainer::PrepareAttach(AttachJob& command) {
+absl::Status Trainer::ReadAttachFiles(AttachJob& command) {
   AttachCommand& attach = command.attach;
-  std::string weights_dir = attach.initial_adapter_dir;
-  if (attach.resume) {
-    // After a crash, the pool's last complete checkpoint, not a newer one
-    // of a group the crash cut short.
-    LORAPLEX_ASSIGN_OR_RETURN(
-        std::optional<PoolCheckpointer::ResumePoint> resume,
-        checkpoints_.FindResumePoint(attach.job_id, attach.recovering,
-                                     &command.rejected));
-    if (resume) {
-      weights_dir = resume->dir;
-      if (command.request.preferred_slot < 0) {
-        command.request.preferred_slot = resume->info.slot;
-      }
-      command.restore_dir = std::move(resume->dir);
-      command.restore = std::move(resume->info);
-      command.training_state = std::move(resume->training_state);
-    }
+  command.weights_dir = attach.initial_adapter_dir;
+  if (!attach.resume || !checkpoints_.enabled()) return absl::OkStatus();
+  // The slot of its newest checkpoint, read or not.
+  if (command.request.preferred_slot < 0) {
+    command.request.preferred_slot =
+        checkpoints_.SlotHint(attach.job_id, attach.recovering);
   }
-  if (!weights_dir.empty()) {
-    LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
-                              LoadPeftAdapter(weights_dir, model_->config()));
+  // After a crash, the pool's last complete checkpoint, not a newer one
+  // of a group the crash cut short.
+  LORAPLEX_ASSIGN_OR_RETURN(
+      std::optional<PoolCheckpointer::ResumePoint> resume,
+      checkpoints_.FindResumePoint(attach.job_id, attach.recovering,
+                                   &command.rejected));
+  if (!resume) return absl::OkStatus();
+  command.weights_dir = resume->dir;
+  if (command.request.preferred_slot < 0) {
+    command.request.preferred_slot = resume->info.slot;
+  }
+  command.restore_dir = std::move(resume->dir);
+  command.restore = std::move(resume->info);
+  command.training_state = std::move(resume->training_state);
+  return absl::OkStatus();
+}
+
+void Trainer::Prepare(AttachJob& command) {
+  if (!command.prepared.ok() || command.weights_dir.empty()) return;
+  command.prepared = CatchTorch("attach", [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        PeftAdapter adapter,
+        LoadPeftAdapter(command.weights_dir, model_->config()));
     command.request.lora = adapter.config;  // What the other ranks attach.
     command.request.initial_weights =
         std::make_shared<const PeftAdapter>(std::move(adapter));
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<int> Trainer::AttachPrepared(AttachJob& command,

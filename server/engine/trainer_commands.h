@@ -1,7 +1,9 @@
 // The commands the trainer thread applies between two steps (trainer.h).
 // Each command is one type in TrainerCommand, applied by one
-// Trainer::Apply overload (and, when it must read files first, one
-// Trainer::Prepare overload, run on rank 0 before the plan). A command the
+// Trainer::Apply overload. When it must read files first, one
+// Trainer::ReadFiles overload does that on the checkpoint writer's thread
+// before the command reaches the trainer; what it must do with tensors
+// before the plan, one Trainer::Prepare overload (rank 0). A command the
 // other ranks of a data-parallel run apply too has a plan entry
 // (step_plan.h) and says so in PlanEntry and CommandOf; any other command
 // is rank 0's alone. Nothing else in the trainer knows the types.
@@ -28,11 +30,14 @@ struct AttachJob {
   AttachCommand attach;
   // What the slot pool attaches: from `attach`, or from rank 0's plan.
   SlotAttachRequest request;
-  // Read by rank 0 before the plan (Trainer::Prepare): an error fails the
-  // attach; the newer checkpoints that did not verify; the checkpoint to
-  // resume (its directory, counters and training state).
+  // Read by rank 0 before the plan (Trainer::ReadFiles, Prepare): an
+  // error fails the attach; the newer checkpoints that did not verify; the
+  // directory of the weights to start from (a checkpoint's or an initial
+  // adapter's; empty: fresh ones); the checkpoint to resume (its
+  // directory, counters and training state).
   absl::Status prepared;
   std::vector<std::string> rejected;
+  std::string weights_dir;
   std::string restore_dir;
   std::optional<CheckpointInfo> restore;
   std::string training_state;
