@@ -9,7 +9,9 @@
 //   ... kStep reports, then kFinished when the job's last step is done ...
 //   trainer.Stop();
 //
-// Commands never block the caller. The sink runs on the trainer thread and
+// Commands never block the caller: they reach the trainer through the
+// checkpoint writer's queue, which reads their files (an attach's
+// checkpoint) on its thread. The sink runs on the trainer thread and
 // must return quickly (queue the report elsewhere). When a job trains its
 // last step the trainer evaluates it, exports its adapter (PEFT files in
 // final_adapter_dir, written to a temporary directory and renamed into

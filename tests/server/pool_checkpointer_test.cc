@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,6 +209,30 @@ TEST(PoolCheckpointerTest, DirectoryIsPublishedWholeAfterTheJobsCheckpoints) {
   EXPECT_EQ(bytes, "bytes");
   EXPECT_TRUE(fs::exists(dir + "/adapter_config.json"));
   EXPECT_FALSE(fs::exists(dir + ".staged"));
+}
+
+TEST(PoolCheckpointerTest, PostedWorkRunsAfterTheWritesBeforeItAndMayRead) {
+  const std::string root = FreshTestDir();
+  PoolCheckpointer checkpoints(Options(root));
+  absl::Notification release;
+  checkpoints.Write(Contents("a", 2),
+                    [&](absl::Status) { release.WaitForNotification(); });
+  std::optional<int64_t> resumed;
+  absl::Notification ran;
+  checkpoints.Post([&] {
+    // On the writer thread, a's write (queued before) is done; a write
+    // queued after this task is not waited for.
+    absl::StatusOr<std::optional<PoolCheckpointer::ResumePoint>> point =
+        checkpoints.FindResumePoint("a", /*recovering=*/false, nullptr);
+    if (point.ok() && point->has_value()) resumed = (*point)->info.step();
+    ran.Notify();
+  });
+  checkpoints.Write(Contents("a", 4), nullptr);  // After the posted work.
+  EXPECT_FALSE(ran.HasBeenNotified());
+  release.Notify();
+  ran.WaitForNotification();
+  checkpoints.Flush();
+  EXPECT_EQ(resumed, 2);
 }
 
 TEST(PoolCheckpointerTest, DestructorWritesWhatIsQueued) {
