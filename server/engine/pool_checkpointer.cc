@@ -46,12 +46,17 @@ absl::Status WriteStagedDirectory(
 PoolCheckpointer::PoolCheckpointer(PoolCheckpointerOptions options)
     : options_(std::move(options)) {
   // Ranks other than 0 write nothing (their root is unused).
-  if (!options_.root.empty()) writer_ = std::thread([this] { WriterLoop(); });
+  if (options_.root.empty()) return;
+  writer_ = std::thread([this] { WriterLoop(); });
+  writer_id_ = writer_.get_id();
 }
 
-PoolCheckpointer::~PoolCheckpointer() {
+PoolCheckpointer::~PoolCheckpointer() { Stop(); }
+
+void PoolCheckpointer::Stop() {
   {
     absl::MutexLock lock(&mu_);
+    if (stop_) return;
     stop_ = true;
   }
   changed_.SignalAll();
@@ -176,12 +181,15 @@ void PoolCheckpointer::RecordGroup(std::vector<std::string> held,
 }
 
 void PoolCheckpointer::Queue(Task task) {
-  if (writer_.get_id() == std::thread::id()) {
-    task.run();  // No root: nothing is written (only the group changes).
-    return;
-  }
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
+    // No writer (no root: nothing is written, only the group changes), or
+    // it has stopped: the task runs here.
+    if (writer_id_ == std::thread::id() || stop_) {
+      lock.Release();
+      task.run();
+      return;
+    }
     // Bounded: waits for room, but a checkpoint larger than the bound
     // alone is taken once the queue is empty, and tasks of no bytes always.
     auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -207,7 +215,12 @@ void PoolCheckpointer::WriterLoop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    task.run();
+    // Tasks report their errors; an exception (out of memory in a `done`)
+    // must not end the process from this thread.
+    CatchExceptions("writer task", [&] {
+      task.run();
+      return absl::OkStatus();
+    }).IgnoreError();
     {
       absl::MutexLock lock(&mu_);
       queued_bytes_ -= task.bytes;
@@ -228,7 +241,7 @@ void PoolCheckpointer::Flush() {
 void PoolCheckpointer::WaitForJob(const std::string& job_id) {
   // On the writer thread (in a Post()ed task) everything queued before the
   // task is done, and what was queued after it must not be waited for.
-  if (std::this_thread::get_id() == writer_.get_id()) return;
+  if (std::this_thread::get_id() == writer_id_) return;
   absl::MutexLock lock(&mu_);
   while (unfinished_by_job_.count(job_id) > 0) changed_.Wait(&mu_);
 }

@@ -71,7 +71,7 @@ struct PoolCheckpointerOptions {
 class PoolCheckpointer {
  public:
   explicit PoolCheckpointer(PoolCheckpointerOptions options);
-  ~PoolCheckpointer();  // Writes everything queued, then ends the writer.
+  ~PoolCheckpointer();  // Stop().
   PoolCheckpointer(const PoolCheckpointer&) = delete;
   PoolCheckpointer& operator=(const PoolCheckpointer&) = delete;
 
@@ -123,6 +123,9 @@ class PoolCheckpointer {
   void Post(std::function<void()> work);
   // Waits until everything queued so far is done.
   void Flush();
+  // Writes everything queued, then ends the writer; what is queued later
+  // runs on the caller's thread.
+  void Stop();
   // Waits until the job's queued work is done (on the writer thread: the
   // work queued before the running task, which is done).
   void WaitForJob(const std::string& job_id);
@@ -172,6 +175,7 @@ class PoolCheckpointer {
   std::map<std::string, int> unfinished_by_job_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
+  std::thread::id writer_id_;  // Set once, before any task is queued.
 };
 
 }  // namespace loraplex

@@ -80,7 +80,8 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
 
 Trainer::~Trainer() {
   Stop();
-  checkpoints_.Flush();  // Before the members its callbacks use go.
+  // Before the members its tasks use go; later commands run inline.
+  checkpoints_.Stop();
 }
 
 void Trainer::Start() {
@@ -328,6 +329,10 @@ void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
 
 void Trainer::Report(TrainerReport report) {
   if (!ranks_.leader() || ranks_.Broken()) return;
+  Deliver(std::move(report));
+}
+
+void Trainer::Deliver(TrainerReport report) {
   if (held_.empty() && groups_written_ == groups_queued_) {
     sink_(std::move(report));
     return;
@@ -347,6 +352,9 @@ void Trainer::Apply(PauseJob& command) {
   TrainerReport report =
       JobReport(TrainerReport::Kind::kPaused, command.job_id, slot);
   if (slot < 0 || pool_.state(slot) != SlotState::kTraining) {
+    // A job that just ended is reported so (after its export) first.
+    checkpoints_.WaitForJob(command.job_id);
+    ReportWritten();
     report.status = absl::FailedPreconditionError(
         absl::StrCat("job \"", command.job_id, "\" is not training in a slot"));
   } else {
@@ -372,6 +380,9 @@ void Trainer::Apply(RetireJob& command) {
   TrainerReport report =
       JobReport(TrainerReport::Kind::kRetired, command.job_id, slot);
   if (slot < 0) {
+    // A job that just ended is reported so (after its export) first.
+    checkpoints_.WaitForJob(command.job_id);
+    ReportWritten();
     // Reported all the same, so the scheduler lets go of the job.
     report.status = absl::NotFoundError(
         absl::StrCat("job \"", command.job_id, "\" is not in a slot"));
@@ -583,22 +594,23 @@ void Trainer::ReportWritten() {
     written.swap(written_);
     groups_written_ = groups_done_;
   }
-  if (!ranks_.leader() || ranks_.Broken()) return;
+  // What was reported while the ranks were sound is delivered even if they
+  // broke since.
+  if (!ranks_.leader()) return;
+  while (!held_.empty() && held_.front().first <= groups_written_) {
+    sink_(std::move(held_.front().second));
+    held_.pop_front();
+  }
   for (TrainerReport& report : written) {
     // Checkpoints are reported as soon as they are written; anything else
     // (a job's end) after the reports before it.
     if (report.kind == TrainerReport::Kind::kCheckpoint) {
       sink_(std::move(report));
     } else {
-      Report(std::move(report));
+      Deliver(std::move(report));
     }
   }
-  while (!held_.empty() && held_.front().first <= groups_written_) {
-    sink_(std::move(held_.front().second));
-    held_.pop_front();
-  }
 }
-
 TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,
                                       int slot) const {
   const SlotJob& job = *jobs_[slot];

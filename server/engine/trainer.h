@@ -164,6 +164,8 @@ class Trainer : public JobTrainer {
   // disk: once a step is reported, the pool's checkpoint before it is
   // durable, as when checkpoints were written on this thread.
   void Report(TrainerReport report);
+  // Report's delivery, in order behind the held reports.
+  void Deliver(TrainerReport report);
   void Enqueue(std::vector<TrainerCommand> commands);
   // Applies attaches that go back to a slot (their checkpoint's) before
   // the other attaches next to them.

@@ -385,7 +385,12 @@ void JobScheduler::PrepareQueuedData() {
     job.record.spec = JobSpecToJson(prepared.spec);
     job.spec = std::move(prepared.spec);
   }
-  if (trainer_ != nullptr) FillSlots();
+  bool stopping = false;
+  {
+    absl::MutexLock inbox(&inbox_mu_);
+    stopping = stop_;
+  }
+  if (trainer_ != nullptr && !stopping) FillSlots();
 }
 
 void JobScheduler::Commit(LiveJob& job, std::vector<JobEventRecord> events) {

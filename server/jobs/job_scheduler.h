@@ -89,8 +89,8 @@ class JobScheduler {
                                    const std::string& job_id);
   // <state_dir>/checkpoints/<job_id>.
   std::string CheckpointDir(const std::string& job_id) const;
-  // Writes a running job's current adapter into `dir`; `done` runs on the
-  // trainer thread. NOT_FOUND (through `done`) if it is not in a slot.
+  // Writes a running job's current adapter into `dir`; `done` runs on a
+  // trainer's thread. NOT_FOUND (through `done`) if it is not in a slot.
   void ExportRunning(const std::string& job_id, const std::string& dir,
                      std::function<void(absl::Status)> done);
   std::string AdapterDir(const std::string& adapter_id) const;

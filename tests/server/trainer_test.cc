@@ -6,9 +6,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
+#include "adapters/peft_files.h"
 #include "core/model/llama_model.h"
 #include "server/engine/checkpoint.h"
 #include "tests/common/test_dir.h"
@@ -44,6 +46,11 @@ class Reports {
     });
     EXPECT_TRUE(seen) << "no report for " << job;
     return found;
+  }
+
+  std::vector<TrainerReport> All() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reports_;
   }
 
  private:
@@ -109,6 +116,48 @@ TEST(TrainerTest, ResumedJobsGetTheirSlotBackBeforeNewJobs) {
   EXPECT_GT(resumed.resumed_step, 0);
   EXPECT_EQ(fresh.slot, 1);
   EXPECT_EQ(fresh.resumed_step, -1);
+  trainer.Stop();
+}
+
+// A retire that comes while a job's last step trains finds the job gone:
+// the job's end (written after its export) is reported before the retire's
+// "not in a slot", so the scheduler sees the job finish first, and the
+// exported adapter it then owns is on disk.
+TEST(TrainerTest, AJobsEndIsReportedBeforeARetireThatFindsItGone) {
+  TrainerOptions options;
+  options.pool.capacity = 1;
+  options.checkpoint_root = FreshTestDir("checkpoints");
+  Reports reports;
+  Trainer trainer(LoadModel(), options, reports.Sink());
+  trainer.Start();
+  const std::string exports = FreshTestDir("exports");
+  for (int i = 0; i < 12; ++i) {
+    const std::string job = "job-" + std::to_string(i);
+    AttachCommand command = Command(job, 3);
+    command.spec.training.max_steps = 1;
+    const std::string final_dir = exports + "/" + job;
+    command.final_adapter_dir = final_dir;
+    trainer.Attach(std::move(command));
+    reports.WaitFor(TrainerReport::Kind::kAttached, job);
+    trainer.Retire(job);  // Before, during or after its one step.
+    const TrainerReport retired =
+        reports.WaitFor(TrainerReport::Kind::kRetired, job);
+    int finished_at = -1;
+    int retired_at = -1;
+    const std::vector<TrainerReport> all = reports.All();
+    for (size_t at = 0; at < all.size(); ++at) {
+      if (all[at].job_id != job) continue;
+      if (all[at].kind == TrainerReport::Kind::kFinished) finished_at = at;
+      if (all[at].kind == TrainerReport::Kind::kRetired) retired_at = at;
+    }
+    if (retired.status.ok()) continue;  // Retired before its step ended.
+    // The retire found no slot: the job had ended, and said so first.
+    ASSERT_GE(finished_at, 0) << job;
+    EXPECT_LT(finished_at, retired_at) << job;
+    EXPECT_TRUE(all[finished_at].status.ok()) << all[finished_at].status;
+    EXPECT_TRUE(std::filesystem::exists(final_dir + "/" + kPeftWeightsFile))
+        << job;
+  }
   trainer.Stop();
 }
 
