@@ -39,8 +39,9 @@
 // The parts: this loop (trainer.cc), the commands it applies
 // (trainer_commands.h; a new command is one type there and one Apply
 // overload here), attaching jobs (trainer_attach.cc), finishing and
-// exporting them (trainer_finish.cc), the checkpoint policy and its writer
-// thread (pool_checkpointer.h) and the ranks (rank_coordinator.h).
+// exporting them (trainer_finish.cc), checkpointing slots and reporting
+// (trainer_reports.cc), the checkpoint policy and its writer thread
+// (pool_checkpointer.h) and the ranks (rank_coordinator.h).
 #ifndef LORAPLEX_SERVER_ENGINE_TRAINER_H_
 #define LORAPLEX_SERVER_ENGINE_TRAINER_H_
 
