@@ -421,14 +421,14 @@ size_t DataBytes(const torch::Tensor& tensor) {
   return tensor.numel() * tensor.element_size();
 }
 
-// Runs `work` (which lays out tensors) with the library's exceptions as
-// errors about `what`.
-template <typename Work>
-auto LayOut(const std::string& what, Work work) -> decltype(work()) {
+// LayOutOrThrow with the library's exceptions as errors about `what`.
+absl::StatusOr<SafetensorsLayout> LayOut(
+    const std::string& what, const std::vector<NamedTensor>& tensors,
+    const std::map<std::string, std::string>& metadata) {
   // Exceptions can only come from preparing the header and the tensors,
   // before any file exists (and a file's writer cleans up regardless).
   try {
-    return work();
+    return LayOutOrThrow(tensors, metadata);
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": tensor names and metadata must be valid UTF-8: ", e.what()));
@@ -444,9 +444,8 @@ auto LayOut(const std::string& what, Work work) -> decltype(work()) {
 absl::Status WriteSafetensors(
     const std::string& path, const std::vector<NamedTensor>& tensors,
     const std::map<std::string, std::string>& metadata) {
-  LORAPLEX_ASSIGN_OR_RETURN(SafetensorsLayout layout, LayOut(path, [&] {
-                              return LayOutOrThrow(tensors, metadata);
-                            }));
+  LORAPLEX_ASSIGN_OR_RETURN(SafetensorsLayout layout,
+                            LayOut(path, tensors, metadata));
   LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> file,
                             AtomicFileWriter::Create(path));
   LORAPLEX_RETURN_IF_ERROR(
@@ -461,9 +460,8 @@ absl::Status WriteSafetensors(
 absl::StatusOr<std::string> EncodeSafetensors(
     const std::vector<NamedTensor>& tensors,
     const std::map<std::string, std::string>& metadata) {
-  LORAPLEX_ASSIGN_OR_RETURN(
-      SafetensorsLayout layout,
-      LayOut("safetensors", [&] { return LayOutOrThrow(tensors, metadata); }));
+  LORAPLEX_ASSIGN_OR_RETURN(SafetensorsLayout layout,
+                            LayOut("safetensors", tensors, metadata));
   std::string bytes = std::move(layout.header);
   for (const torch::Tensor& tensor : layout.tensors) {
     bytes.append(static_cast<const char*>(tensor.data_ptr()),

@@ -338,8 +338,7 @@ void Trainer::Apply(PauseJob& command) {
       JobReport(TrainerReport::Kind::kPaused, command.job_id, slot);
   if (slot < 0 || pool_.state(slot) != SlotState::kTraining) {
     // A job that just ended is reported so (after its export) first.
-    checkpoints_.WaitForJob(command.job_id);
-    ReportWritten();
+    ReportWrittenFor(command.job_id);
     report.status = absl::FailedPreconditionError(
         absl::StrCat("job \"", command.job_id, "\" is not training in a slot"));
   } else {
@@ -366,8 +365,7 @@ void Trainer::Apply(RetireJob& command) {
       JobReport(TrainerReport::Kind::kRetired, command.job_id, slot);
   if (slot < 0) {
     // A job that just ended is reported so (after its export) first.
-    checkpoints_.WaitForJob(command.job_id);
-    ReportWritten();
+    ReportWrittenFor(command.job_id);
     // Reported all the same, so the scheduler lets go of the job.
     report.status = absl::NotFoundError(
         absl::StrCat("job \"", command.job_id, "\" is not in a slot"));

@@ -225,6 +225,9 @@ class Trainer : public JobTrainer {
   // Reports what the writer has finished, and the reports that waited for
   // the pool checkpoints now written.
   void ReportWritten();
+  // Waits until the job's queued checkpoints and export are written, then
+  // ReportWritten().
+  void ReportWrittenFor(const std::string& job_id);
   // Checkpoints every training slot at this step boundary, then records
   // the group as the pool's last complete checkpoint.
   void CheckpointPool();

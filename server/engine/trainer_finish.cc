@@ -76,8 +76,7 @@ void Trainer::FinishJob(int slot, absl::Status status) {
   RetireSlot(slot).IgnoreError();
   if (exports) return;
   // Its checkpoints are on disk (and reported) before its end is.
-  checkpoints_.WaitForJob(job_id);
-  ReportWritten();
+  ReportWrittenFor(job_id);
   Report(std::move(report));
 }
 

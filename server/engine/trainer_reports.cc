@@ -150,4 +150,9 @@ void Trainer::ReportWritten() {
     }
   }
 }
+void Trainer::ReportWrittenFor(const std::string& job_id) {
+  checkpoints_.WaitForJob(job_id);
+  ReportWritten();
+}
+
 }  // namespace loraplex
