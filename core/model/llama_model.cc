@@ -2,8 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -23,6 +25,45 @@ absl::Status TorchError(const c10::Error& e) {
 }
 
 }  // namespace
+
+KvCache::KvCache(const ModelConfig& config, int64_t rows, int64_t capacity,
+                 torch::ScalarType dtype, torch::Device device) {
+  auto options = torch::TensorOptions().dtype(dtype).device(device);
+  const std::vector<int64_t> shape = {rows, config.num_key_value_heads,
+                                      capacity, config.head_dim};
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    keys_.push_back(torch::zeros(shape, options));
+    values_.push_back(torch::zeros(shape, options));
+  }
+  auto index_options =
+      torch::TensorOptions().dtype(torch::kInt64).device(device);
+  positions_ = torch::full({rows, capacity}, -1, index_options);
+  next_positions_ = torch::zeros({rows}, index_options);
+}
+
+void KvCache::KeepRows(const std::vector<int64_t>& rows) {
+  torch::Tensor index =
+      torch::tensor(rows, torch::TensorOptions().dtype(torch::kInt64))
+          .to(positions_.device());
+  for (torch::Tensor& t : keys_) t = t.index_select(0, index);
+  for (torch::Tensor& t : values_) t = t.index_select(0, index);
+  positions_ = positions_.index_select(0, index);
+  next_positions_ = next_positions_.index_select(0, index);
+}
+
+void KvCache::Reserve(int64_t count) {
+  const int64_t capacity = positions_.size(1);
+  if (columns_ + count <= capacity) return;
+  const int64_t grown = std::max(columns_ + count, 2 * capacity);
+  auto grow = [&](torch::Tensor& t, int64_t dim, double fill) {
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[dim] = grown - capacity;
+    t = torch::cat({t, torch::full(shape, fill, t.options())}, dim);
+  };
+  for (torch::Tensor& t : keys_) grow(t, 2, 0.0);
+  for (torch::Tensor& t : values_) grow(t, 2, 0.0);
+  grow(positions_, 1, -1.0);
+}
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
     const std::string& dir, const ModelLoadOptions& options) {
@@ -143,10 +184,36 @@ std::vector<torch::Tensor> LlamaModel::Project(
   return outputs;
 }
 
+torch::Tensor LlamaModel::CachedAttentionMask(
+    const KvCache& cache, const torch::Tensor& positions) const {
+  const int64_t seq = positions.size(1);
+  const int64_t columns = cache.columns_;
+  torch::Tensor key = cache.positions_.narrow(1, 0, columns).unsqueeze(1);
+  torch::Tensor query = positions.unsqueeze(2);  // [rows, seq, 1]
+  torch::Tensor visible = (key >= 0) & (key <= query);
+  if (config_.sliding_window.has_value()) {
+    visible = visible & (query - key < *config_.sliding_window);
+  }
+  // A padding query sees only its own column, so its softmax is never empty
+  // (see AttentionMask).
+  auto index_options =
+      torch::TensorOptions().dtype(torch::kInt64).device(device_);
+  torch::Tensor own_column =
+      torch::arange(columns, index_options).view({1, 1, columns}) ==
+      torch::arange(columns - seq, columns, index_options).view({1, seq, 1});
+  visible = visible | (own_column & (query < 0));
+  return torch::zeros(visible.sizes(),
+                      torch::TensorOptions().dtype(dtype_).device(device_))
+      .masked_fill(visible.logical_not(),
+                   -std::numeric_limits<float>::infinity())
+      .unsqueeze(1);
+}
+
 torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
                                     const RopeTables& rope,
                                     const torch::Tensor& mask,
-                                    const ProjectionDelta* delta) const {
+                                    const ProjectionDelta* delta,
+                                    KvCache* cache) const {
   const int64_t batch = x.size(0);
   const int64_t seq = x.size(1);
   const int64_t head_dim = config_.head_dim;
@@ -162,6 +229,13 @@ torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
   torch::Tensor v = heads(qkv[2], config_.num_key_value_heads);
   q = RotaryEmbedding::Apply(q, rope);
   k = RotaryEmbedding::Apply(k, rope);
+  if (cache != nullptr) {
+    const int64_t first = cache->columns_ - seq;
+    cache->keys_[layer].narrow(2, first, seq).copy_(k);
+    cache->values_[layer].narrow(2, first, seq).copy_(v);
+    k = cache->keys_[layer].narrow(2, 0, cache->columns_);
+    v = cache->values_[layer].narrow(2, 0, cache->columns_);
+  }
   const int64_t groups =
       config_.num_attention_heads / config_.num_key_value_heads;
   if (groups > 1) {
@@ -206,6 +280,69 @@ absl::StatusOr<torch::Tensor> LlamaModel::ForwardHidden(
   LORAPLEX_RETURN_IF_ERROR(ValidateBatch(input_ids, lengths));
   try {
     return HiddenStates(input_ids, lengths, delta);
+  } catch (const c10::Error& e) {
+    return TorchError(e);
+  }
+}
+
+absl::StatusOr<torch::Tensor> LlamaModel::ForwardCached(
+    const torch::Tensor& input_ids, const torch::Tensor& valid, KvCache& cache,
+    const ProjectionDelta* delta) const {
+  if (!input_ids.defined() || input_ids.dim() != 2 ||
+      input_ids.scalar_type() != torch::kInt64 || input_ids.numel() == 0 ||
+      input_ids.size(0) != cache.rows()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_ids must be a non-empty int64 tensor of shape [",
+                     cache.rows(), ", seq]"));
+  }
+  if (valid.defined() && (valid.sizes() != input_ids.sizes() ||
+                          valid.scalar_type() != torch::kBool)) {
+    return absl::InvalidArgumentError(
+        "valid must be a bool tensor shaped as input_ids");
+  }
+  const int64_t min_id = input_ids.min().item<int64_t>();
+  const int64_t max_id = input_ids.max().item<int64_t>();
+  if (min_id < 0 || max_id >= config_.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token ids must lie in [0, ", config_.vocab_size,
+                     "), got [", min_id, ", ", max_id, "]"));
+  }
+  try {
+    const int64_t seq = input_ids.size(1);
+    torch::Tensor real =
+        valid.defined()
+            ? valid.to(device_)
+            : torch::ones(
+                  input_ids.sizes(),
+                  torch::TensorOptions().dtype(torch::kBool).device(device_));
+    torch::Tensor counts = real.to(torch::kInt64).cumsum(1);
+    torch::Tensor positions =
+        torch::where(real, cache.next_positions_.unsqueeze(1) + counts - 1,
+                     torch::full_like(counts, -1));
+    const int64_t last = positions.max().item<int64_t>();
+    if (last >= config_.max_position_embeddings) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("position ", last, " exceeds max_position_embeddings ",
+                       config_.max_position_embeddings));
+    }
+    cache.Reserve(seq);
+    cache.positions_.narrow(1, cache.columns_, seq).copy_(positions);
+    cache.columns_ += seq;
+    cache.next_positions_ = cache.next_positions_ + counts.select(1, seq - 1);
+
+    const RopeTables rope =
+        rotary_.TablesAt(positions.clamp_min(0), dtype_, device_);
+    const torch::Tensor mask = CachedAttentionMask(cache, positions);
+    torch::Tensor x =
+        torch::embedding(weights_.embed_tokens, input_ids.to(device_));
+    for (int layer = 0; layer < static_cast<int>(weights_.layers.size());
+         ++layer) {
+      const LayerWeights& weights = weights_.layers[layer];
+      x = x + Attention(layer, RmsNorm(x, weights.input_norm), rope, mask,
+                        delta, &cache);
+      x = x + Mlp(layer, RmsNorm(x, weights.post_attention_norm), delta);
+    }
+    return RmsNorm(x, weights_.final_norm);
   } catch (const c10::Error& e) {
     return TorchError(e);
   }

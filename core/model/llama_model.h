@@ -41,6 +41,44 @@ class ProjectionDelta {
                      std::vector<torch::Tensor>& outputs) const = 0;
 };
 
+// Keys and values of every position each row of a batch has seen, so that
+// decoding a token costs one token's forward pass (DESIGN.md §11).
+//
+//   KvCache cache(model.config(), rows, capacity, model.dtype(), device);
+//   model.ForwardCached(prompts, prompt_valid, cache);   // prefill
+//   model.ForwardCached(next_tokens, {}, cache);          // decode, per token
+//
+// Column c of row b holds the keys of position positions[b][c], or padding
+// (position -1) — prompts of different lengths are left-padded, so every row
+// appends its next token in the same column. Keys are stored after RoPE and
+// before grouped-query heads are repeated.
+class KvCache {
+ public:
+  KvCache(const ModelConfig& config, int64_t rows, int64_t capacity,
+          torch::ScalarType dtype, torch::Device device);
+
+  int64_t rows() const { return positions_.size(0); }
+  // Columns written so far.
+  int64_t columns() const { return columns_; }
+  // Position the next token of each row takes: int64 [rows].
+  const torch::Tensor& next_positions() const { return next_positions_; }
+
+  // Keeps `rows` (indices into the current rows, in that order), e.g. to drop
+  // rows that finished decoding.
+  void KeepRows(const std::vector<int64_t>& rows);
+
+ private:
+  friend class LlamaModel;
+  // Makes room for `count` more columns.
+  void Reserve(int64_t count);
+
+  std::vector<torch::Tensor> keys_;    // Per layer [rows, kv_heads, cap, d].
+  std::vector<torch::Tensor> values_;  // Per layer [rows, kv_heads, cap, d].
+  torch::Tensor positions_;            // int64 [rows, cap]; -1: padding.
+  torch::Tensor next_positions_;       // int64 [rows].
+  int64_t columns_ = 0;
+};
+
 struct ModelLoadOptions {
   torch::Device device = torch::kCPU;
   // Compute dtype (fp32, bf16 or fp64). Unset: the checkpoint's dtype, with
@@ -79,6 +117,16 @@ class LlamaModel {
       const torch::Tensor& input_ids, const torch::Tensor& lengths,
       const ProjectionDelta* delta = nullptr) const;
 
+  // Runs the tokens `input_ids` [rows, seq] through the model after what
+  // `cache` holds, and appends them to it. `valid` (bool [rows, seq], or
+  // undefined for all true) marks real tokens; padding must come before a
+  // row's real tokens (left padding), and a row's real tokens take positions
+  // next_positions()[row], +1, ... Returns the final normed hidden states
+  // [rows, seq, hidden]; those of padding must be ignored.
+  absl::StatusOr<torch::Tensor> ForwardCached(
+      const torch::Tensor& input_ids, const torch::Tensor& valid,
+      KvCache& cache, const ProjectionDelta* delta = nullptr) const;
+
   // LM head applied to hidden states; logits in logits_dtype().
   torch::Tensor Logits(const torch::Tensor& hidden) const;
   // fp32, or fp64 for an fp64 model: logits and losses are never computed
@@ -96,9 +144,17 @@ class LlamaModel {
   std::vector<torch::Tensor> Project(int layer, const torch::Tensor& x,
                                      const std::vector<Projection>& projections,
                                      const ProjectionDelta* delta) const;
+  // With `cache`, k and v are appended to it and attention runs over every
+  // column it holds; `mask` then covers those columns.
   torch::Tensor Attention(int layer, const torch::Tensor& x,
                           const RopeTables& rope, const torch::Tensor& mask,
-                          const ProjectionDelta* delta) const;
+                          const ProjectionDelta* delta,
+                          KvCache* cache = nullptr) const;
+  // Additive mask [rows, 1, seq, columns] of the queries at `positions`
+  // (int64 [rows, seq], -1 for padding) over the cache's columns, the new
+  // ones included.
+  torch::Tensor CachedAttentionMask(const KvCache& cache,
+                                    const torch::Tensor& positions) const;
   torch::Tensor Mlp(int layer, const torch::Tensor& x,
                     const ProjectionDelta* delta) const;
   torch::Tensor HiddenStates(const torch::Tensor& input_ids,

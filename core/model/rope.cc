@@ -51,6 +51,18 @@ RopeTables RotaryEmbedding::Tables(int64_t seq_len, torch::ScalarType dtype,
   return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
 }
 
+RopeTables RotaryEmbedding::TablesAt(const torch::Tensor& positions,
+                                     torch::ScalarType dtype,
+                                     torch::Device device) const {
+  // positions · inv_freq is one product per element, as in the reference's
+  // fp32 matmul of inverse frequencies by position ids.
+  torch::Tensor freqs = positions.to(torch::kCPU, torch::kFloat32)
+                            .unsqueeze(-1)
+                            .mul(inv_freq_.view({1, 1, -1}));
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);
+  return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
+}
+
 torch::Tensor RotaryEmbedding::Apply(const torch::Tensor& x,
                                      const RopeTables& tables) {
   const int64_t half = x.size(-1) / 2;

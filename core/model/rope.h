@@ -17,7 +17,8 @@ namespace loraplex {
 // Inverse frequencies [head_dim / 2], fp32, after the configured scaling.
 torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim);
 
-// cos and sin tables of shape [seq_len, head_dim] for positions 0..seq_len-1.
+// cos and sin tables of shape [seq_len, head_dim] for positions 0..seq_len-1,
+// or [batch, 1, seq_len, head_dim] for positions given per row.
 struct RopeTables {
   torch::Tensor cos;
   torch::Tensor sin;
@@ -30,6 +31,9 @@ class RotaryEmbedding {
   // Tables for positions [0, seq_len), in `dtype` on `device`.
   RopeTables Tables(int64_t seq_len, torch::ScalarType dtype,
                     torch::Device device) const;
+  // Tables for the positions int64 [batch, seq] (each >= 0).
+  RopeTables TablesAt(const torch::Tensor& positions, torch::ScalarType dtype,
+                      torch::Device device) const;
 
   // x: [batch, heads, seq, head_dim]. Returns x rotated by position.
   static torch::Tensor Apply(const torch::Tensor& x, const RopeTables& tables);
