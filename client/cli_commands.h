@@ -22,6 +22,9 @@ void AddJobCommands(CLI::App& app, CliContext& context, CommandAction* action);
 // `adapters attach|retire|export|list`.
 void AddAdapterCommands(CLI::App& app, CliContext& context,
                         CommandAction* action);
+// `sample`.
+void AddSampleCommand(CLI::App& app, CliContext& context,
+                      CommandAction* action);
 // `quickstart`.
 void AddQuickstartCommand(CLI::App& app, CliContext& context,
                           CommandAction* action);

@@ -139,7 +139,8 @@ LoraplexClient::LoraplexClient(ClientOptions options,
       server_stub_(v1::ServerService::NewStub(channel_)),
       dataset_stub_(v1::DatasetService::NewStub(channel_)),
       job_stub_(v1::JobService::NewStub(channel_)),
-      adapter_stub_(v1::AdapterService::NewStub(channel_)) {}
+      adapter_stub_(v1::AdapterService::NewStub(channel_)),
+      sampling_stub_(v1::SamplingService::NewStub(channel_)) {}
 
 LoraplexClient::~LoraplexClient() = default;
 
@@ -557,6 +558,40 @@ absl::StatusOr<v1::ListSlotsResponse> LoraplexClient::ListSlots() {
   v1::ListSlotsRequest request;
   return CallUnary(adapter_stub_.get(), &v1::AdapterService::Stub::ListSlots,
                    request);
+}
+
+absl::StatusOr<v1::SampleResponse> LoraplexClient::Sample(
+    const v1::SampleRequest& request) {
+  return CallUnary(sampling_stub_.get(), &v1::SamplingService::Stub::Sample,
+                   request, options_.transfer_timeout);
+}
+
+absl::StatusOr<v1::SampleResponse> LoraplexClient::StreamSample(
+    const v1::SampleRequest& request,
+    const std::function<bool(const v1::SampledToken&)>& on_token) {
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.transfer_timeout);
+  std::unique_ptr<grpc::ClientReader<v1::SampleStreamChunk>> reader =
+      sampling_stub_->StreamSample(&context, request);
+  v1::SampleStreamChunk chunk;
+  std::optional<v1::SampleResponse> response;
+  bool stopped = false;
+  while (reader->Read(&chunk)) {
+    if (chunk.has_response()) {
+      response = std::move(*chunk.mutable_response());
+    } else if (chunk.has_token() && !on_token(chunk.token())) {
+      stopped = true;
+      context.TryCancel();
+      break;
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (stopped) return absl::CancelledError("the sample was cancelled");
+  LORAPLEX_RETURN_IF_ERROR(FromGrpcStatus(status));
+  if (!response.has_value()) {
+    return absl::InternalError("the sample stream ended without a response");
+  }
+  return *std::move(response);
 }
 
 }  // namespace loraplex

@@ -37,6 +37,7 @@
 #include "loraplex/v1/adapters.grpc.pb.h"
 #include "loraplex/v1/datasets.grpc.pb.h"
 #include "loraplex/v1/jobs.grpc.pb.h"
+#include "loraplex/v1/sampling.grpc.pb.h"
 #include "loraplex/v1/server.grpc.pb.h"
 
 namespace loraplex {
@@ -177,6 +178,15 @@ class LoraplexClient {
   absl::StatusOr<std::vector<v1::Adapter>> ListAllAdapters();
   absl::StatusOr<v1::ListSlotsResponse> ListSlots();
 
+  // Samples and answers the whole response (deadline: transfer_timeout,
+  // since decoding shares the trainer with training).
+  absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& request);
+  // StreamSample: `on_token` gets each token as it is drawn (return false
+  // to cancel the call: then CANCELLED); the whole response comes last.
+  absl::StatusOr<v1::SampleResponse> StreamSample(
+      const v1::SampleRequest& request,
+      const std::function<bool(const v1::SampledToken&)>& on_token);
+
  private:
   LoraplexClient(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
 
@@ -212,6 +222,7 @@ class LoraplexClient {
   std::unique_ptr<v1::DatasetService::Stub> dataset_stub_;
   std::unique_ptr<v1::JobService::Stub> job_stub_;
   std::unique_ptr<v1::AdapterService::Stub> adapter_stub_;
+  std::unique_ptr<v1::SamplingService::Stub> sampling_stub_;
 };
 
 }  // namespace loraplex

@@ -72,6 +72,7 @@ int Main(int argc, char** argv) {
   AddDatasetCommands(app, context, &action);
   AddJobCommands(app, context, &action);
   AddAdapterCommands(app, context, &action);
+  AddSampleCommand(app, context, &action);
   AddQuickstartCommand(app, context, &action);
 
   try {

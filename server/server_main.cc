@@ -36,6 +36,7 @@
 #include "server/service/adapter_service.h"
 #include "server/service/dataset_service.h"
 #include "server/service/job_service.h"
+#include "server/service/sampling_service.h"
 #include "server/service/server_info_service.h"
 
 namespace loraplex {
@@ -66,6 +67,7 @@ struct ServerFlags {
   int64_t checkpoint_interval = 100;
   int64_t min_checkpoint_interval = 10;
   int keep_checkpoints = 3;
+  double sample_share = 0.5;
 };
 
 // The last component of `dir` ("models/qwen/" -> "qwen").
@@ -370,6 +372,8 @@ int Serve(const ServerFlags& flags, Logger& logger) {
       absl::StrCat(flags.state_dir, "/checkpoints");
   trainer_options.checkpoint_interval = flags.checkpoint_interval;
   trainer_options.keep_checkpoints = flags.keep_checkpoints;
+  trainer_options.sample_share = flags.sample_share;
+  trainer_options.tokenizer = tokenizer->get();
   trainer_options.dist = dist ? &*dist : nullptr;
   std::mutex fatal_mu;
   absl::Status fatal;
@@ -401,6 +405,8 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     return adapter.config;
   };
   context.base_model_name = model_name;
+  context.chat_template = parse_options.chat_template;
+  context.chat_template_error = parse_options.chat_template_error;
   context.state_dir = flags.state_dir;
   context.device = flags.device;
   context.version = LORAPLEX_VERSION;
@@ -414,6 +420,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   JobServiceImpl job_service(&context, &hub);
   AdapterServiceImpl adapter_service(&context);
   ServerInfoServiceImpl info_service(&context);
+  SamplingServiceImpl sampling_service(&context);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -445,6 +452,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   builder.RegisterService(&job_service);
   builder.RegisterService(&adapter_service);
   builder.RegisterService(&info_service);
+  builder.RegisterService(&sampling_service);
   // Training and scheduling run before the first request can arrive.
   trainer.Start();
   if (absl::Status status = scheduler.Start(&trainer); !status.ok()) {
@@ -571,6 +579,10 @@ int main(int argc, char** argv) {
   app.add_option("--token-budget", flags.token_budget,
                  "Most padded tokens per micro-batch (0: no limit)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--sample-share", flags.sample_share,
+                 "Share of the trainer's time decoding takes while jobs train")
+      ->check(CLI::Range(0.05, 0.95))
       ->capture_default_str();
   app.add_option("--throughput-log-seconds", flags.throughput_log_seconds,
                  "Seconds between throughput log lines (0: none)")

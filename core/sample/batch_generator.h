@@ -26,17 +26,12 @@
 #include "absl/status/statusor.h"
 #include "core/lora/lora_weights.h"
 #include "core/model/llama_model.h"
+#include "core/sample/sample_output.h"
 #include "core/sample/sampling_params.h"
 #include "core/sample/token_sampler.h"
 #include "core/tokenizer/tokenizer.h"
 
 namespace loraplex {
-
-enum class StopReason {
-  kLength,      // max_tokens generated.
-  kStopToken,   // A token of stop_token_ids (kept as the last token).
-  kStopString,  // The text reached one of the stop strings.
-};
 
 struct SampleRequest {
   std::vector<int64_t> prompt;
@@ -45,24 +40,6 @@ struct SampleRequest {
   SamplingParams params;
   // Samples drawn from this prompt.
   int64_t n = 1;
-};
-
-struct GeneratedSample {
-  std::vector<int64_t> tokens;
-  // log p(token) under the model, per generated token (log_softmax of the
-  // fp32 logits, before temperature and filtering).
-  std::vector<double> logprobs;
-  // params.top_logprobs alternatives per generated token.
-  std::vector<std::vector<TokenLogprob>> top;
-  StopReason stop_reason = StopReason::kLength;
-  // The generated text (with a tokenizer), cut before a matched stop string.
-  std::string text;
-};
-
-struct SampleResult {
-  // log p(prompt[t] | prompt[:t]) for t >= 1 (when params.prompt_logprobs).
-  std::vector<double> prompt_logprobs;
-  std::vector<GeneratedSample> samples;
 };
 
 class BatchGenerator {

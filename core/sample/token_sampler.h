@@ -12,14 +12,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/sample/sample_output.h"
 #include "core/sample/sampling_params.h"
 
 namespace loraplex {
-
-struct TokenLogprob {
-  int64_t id = 0;
-  double logprob = 0;
-};
 
 // Draw `step` of the random stream `stream`, uniform in [0, 1), from
 // SplitMix64 (no LibTorch generator, so draws are the same in every build).

@@ -187,6 +187,7 @@ void Trainer::Run() {
       break;
     }
   }
+  AbandonSampling(absl::UnavailableError("the server is shutting down"));
   checkpoints_.Flush();  // Stopping: every checkpoint on disk.
   ReportWritten();
   if (ranks_.Broken() && options_.on_fatal) options_.on_fatal(ranks_.failure());
@@ -194,7 +195,8 @@ void Trainer::Run() {
 
 bool Trainer::NextBatch(std::deque<TrainerCommand>& batch) {
   const bool busy = pending_checkpoint_ || !TrainableSlots().empty() ||
-                    !pool_.SlotsIn(SlotState::kEvaluating).empty();
+                    !pool_.SlotsIn(SlotState::kEvaluating).empty() ||
+                    !sampling_.empty();
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || busy || !commands_.empty() || !written_.empty() ||
@@ -264,8 +266,15 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
     if (jobs_[slot]) EvaluateOnly(slot);
   }
   if (ranks_.Broken()) return false;
+  const auto train_start = std::chrono::steady_clock::now();
   const std::vector<int> stepped = TrainStep();
+  const double train_seconds =
+      stepped.empty() ? 0.0
+                      : std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - train_start)
+                            .count();
   pending_checkpoint_ = CheckpointDue(stepped);
+  if (!ranks_.Broken()) RunSampling(train_seconds);
   PublishSlots();
   return !ranks_.Broken();
 }

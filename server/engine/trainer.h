@@ -63,6 +63,7 @@
 #include "adapters/slot_pool.h"
 #include "core/dist/process_group.h"
 #include "core/model/llama_model.h"
+#include "core/sample/batch_generator.h"
 #include "core/train/co_batch_step.h"
 #include "server/engine/pool_checkpointer.h"
 #include "server/engine/rank_coordinator.h"
@@ -91,6 +92,14 @@ struct TrainerOptions {
   // Ranks other than 0: whether rank 0 writes checkpoints (the others take
   // part in gathering the optimizer state).
   bool leader_checkpoints = false;
+  // The share of the trainer's time that decoding takes while jobs train,
+  // in (0, 1): after each training step, sampling runs decode steps until
+  // it has used share / (1 - share) of that step's time (at least one step).
+  // With nothing to train, decoding runs alone.
+  double sample_share = 0.5;
+  // Decodes sampled text and stop strings (must outlive the trainer); null:
+  // requests with stop strings fail, texts are empty.
+  const Tokenizer* tokenizer = nullptr;
   // Called on the trainer thread when the ranks can no longer train together
   // (a collective failed: a rank died or stopped answering). The thread then
   // ends without reporting more; every rank should be restarted, and the
@@ -122,6 +131,7 @@ class Trainer : public JobTrainer {
   void Pause(const std::string& job_id) override;
   void Export(const std::string& job_id, const std::string& dir,
               std::function<void(absl::Status)> done) override;
+  void Sample(SampleCommand command) override;
   // The pool's slots, less any kRetiring after a failed retire.
   int capacity() const override { return pool_.capacity() - retiring_.load(); }
   std::vector<SlotInfo> Slots() const override;
@@ -183,10 +193,31 @@ class Trainer : public JobTrainer {
   template <typename Command>
   void Prepare(Command&) {}
   void Prepare(AttachJob& command);
+  void Prepare(SampleJob& command);
   void Apply(AttachJob& command);
   void Apply(RetireJob& command);
   void Apply(PauseJob& command);
   void Apply(ExportJob& command);
+  void Apply(SampleJob& command);
+
+  // Sampling (trainer_sampling.cc). The requests applied at one step
+  // boundary decode together, as one group.
+  struct SamplingGroup {
+    std::vector<SampleJob> jobs;
+    std::unique_ptr<BatchGenerator> generator;
+  };
+  // Starts the group of the requests applied this iteration (each alone
+  // if they fail together).
+  void StartSampling();
+  // Starts decoding `jobs` together; on failure a single job is answered,
+  // several go back to sample_arrivals_.
+  absl::Status StartGroup(std::vector<SampleJob> jobs);
+  // Decode steps for every group, for the time share of a training step
+  // that took `train_seconds` (nothing trained: until every group is done
+  // or a command waits); answers the requests of groups that finish.
+  void RunSampling(double train_seconds);
+  // Answers every request still decoding with `status`.
+  void AbandonSampling(const absl::Status& status);
   std::vector<int> TrainableSlots() const;
   // Retires the slot and forgets its job; on failure the slot stays
   // kRetiring (retried every iteration), and when data parallel the ranks
@@ -244,6 +275,8 @@ class Trainer : public JobTrainer {
   // checkpointed at the start of the next iteration, on every rank.
   bool pending_checkpoint_ = false;
   std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
+  std::vector<SampleJob> sample_arrivals_;      // Trainer only.
+  std::vector<std::unique_ptr<SamplingGroup>> sampling_;  // Trainer only.
   // Pool checkpoints queued, and those known written; reports made after
   // the n-th was queued wait in held_ until it is written.
   int64_t groups_queued_ = 0;

@@ -35,8 +35,13 @@ std::optional<Entry> PlanEntry(const PauseJob& command) {
 
 std::optional<Entry> PlanEntry(const ExportJob&) { return std::nullopt; }
 
+std::optional<Entry> PlanEntry(const SampleJob&) { return std::nullopt; }
+
 void AbandonOne(ExportJob& command, const absl::Status& status) {
   if (command.done) std::exchange(command.done, nullptr)(status);
+}
+void AbandonOne(SampleJob& job, const absl::Status& status) {
+  if (job.command.done) std::exchange(job.command.done, nullptr)(status, 0);
 }
 template <typename Command>
 void AbandonOne(Command&, const absl::Status&) {}

@@ -61,7 +61,17 @@ struct ExportJob {
   std::function<void(absl::Status)> done;
 };
 
-using TrainerCommand = std::variant<AttachJob, RetireJob, PauseJob, ExportJob>;
+// Samples from a running job's current weights, adapter files or the base
+// (trainer_sampling.cc), decoding between training steps. Rank 0's alone.
+struct SampleJob {
+  SampleCommand command;
+  // Prepare: the adapter files' weights, or why they cannot be used.
+  std::shared_ptr<LoraWeights> weights;
+  absl::Status prepared;
+};
+
+using TrainerCommand =
+    std::variant<AttachJob, RetireJob, PauseJob, ExportJob, SampleJob>;
 
 // What the other ranks apply of `command`: none for rank 0's commands and
 // for an attach that failed on rank 0 before the plan.

@@ -222,6 +222,14 @@ void JobScheduler::ExportRunning(const std::string& job_id,
   trainer_->Export(job_id, dir, std::move(done));
 }
 
+void JobScheduler::Sample(SampleCommand command) {
+  if (trainer_ == nullptr) {
+    command.done(absl::UnavailableError("the server is starting"), 0);
+    return;
+  }
+  trainer_->Sample(std::move(command));
+}
+
 void JobScheduler::OnTrainerReport(TrainerReport report) {
   {
     absl::MutexLock lock(&inbox_mu_);

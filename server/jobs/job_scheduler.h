@@ -93,6 +93,8 @@ class JobScheduler {
   // trainer's thread. NOT_FOUND (through `done`) if it is not in a slot.
   void ExportRunning(const std::string& job_id, const std::string& dir,
                      std::function<void(absl::Status)> done);
+  // Samples on the trainer (JobTrainer::Sample).
+  void Sample(SampleCommand command);
   std::string AdapterDir(const std::string& adapter_id) const;
   // The trainer's slots as of its last iteration.
   std::vector<SlotInfo> Slots() const { return trainer_->Slots(); }

@@ -22,7 +22,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/data/sequences.h"
+#include "core/sample/sample_output.h"
+#include "core/sample/sampling_params.h"
 #include "core/train/step_metrics.h"
 #include "server/jobs/job_spec.h"
 
@@ -54,6 +57,28 @@ struct AttachCommand {
   bool recovering = false;
   // The job's configuration as stored, recorded in its checkpoints.
   nlohmann::json job_spec;
+};
+
+// One sampling request (DESIGN.md §11), validated at the edge.
+struct SampleCommand {
+  std::string tenant;
+  // The weights: a running job's current adapter (`job_id`), the PEFT files
+  // in `adapter_dir` (a stored adapter, a finished job's, a checkpoint's),
+  // or the base model (both empty).
+  std::string job_id;
+  std::string adapter_dir;
+  // The step `adapter_dir`'s weights were taken at (a checkpoint's), to
+  // report; a running job's is the trainer's to fill in.
+  int64_t weights_step = 0;
+  std::vector<int64_t> prompt;
+  SamplingParams params;
+  int64_t n = 1;
+  // After each generated token, on the trainer's thread (may be empty; must
+  // return quickly): the sample's index and the sample so far.
+  std::function<void(int64_t sample, const GeneratedSample& so_far)> on_token;
+  // Once, with the result and the step of the weights sampled (on the
+  // trainer's thread or the caller's; must return quickly).
+  std::function<void(absl::StatusOr<SampleResult> result, int64_t step)> done;
 };
 
 // A snapshot of one slot, published after every trainer iteration.
@@ -118,6 +143,12 @@ class JobTrainer {
   // when no slot holds the job; UNAVAILABLE when the trainer stops first.
   virtual void Export(const std::string& job_id, const std::string& dir,
                       std::function<void(absl::Status)> done) = 0;
+
+  // Samples from the command's weights between training steps and calls
+  // its `done`: NOT_FOUND when no slot holds its job, INVALID_ARGUMENT when
+  // its adapter files do not fit the base, UNAVAILABLE when the trainer
+  // stops first.
+  virtual void Sample(SampleCommand command) = 0;
 
   // Slots that can take jobs. Thread-safe.
   virtual int capacity() const = 0;

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/chat/chat_template.h"
 #include "core/lora/lora_config.h"
 #include "core/model/model_config.h"
 #include "core/runtime/exception_message.h"
@@ -40,6 +41,12 @@ struct ServiceLimits {
   int64_t min_checkpoint_interval = 1;
   int slot_capacity = 8;
   int slots_per_tenant = 8;
+  // Sample / StreamSample calls a tenant may have in flight.
+  int max_samples_per_tenant = 16;
+  // Samples per request (SampleRequest.n).
+  int max_samples_per_request = 16;
+  // Generated tokens per sample.
+  int64_t max_sample_tokens = 4096;
 };
 
 struct ServiceContext {
@@ -55,6 +62,10 @@ struct ServiceContext {
   // which needs LibTorch: the program gives it, the handlers have none).
   std::function<absl::StatusOr<LoraConfig>(const std::string& dir)>
       check_adapter;
+  // Renders chat prompts for sampling; null when the model has no template
+  // (then chat_template_error may say why one could not be used).
+  const ChatTemplate* chat_template = nullptr;
+  absl::Status chat_template_error;
   std::string base_model_name;
   std::string state_dir;
   std::string device;

@@ -52,6 +52,10 @@ class FakeTrainer : public JobTrainer {
               std::function<void(absl::Status)> done) override {
     done(absl::NotFoundError(job_id));
   }
+  void Sample(SampleCommand command) override {
+    command.done(absl::UnimplementedError("the fake trainer cannot sample"),
+                 0);
+  }
   int capacity() const override { return capacity_; }
   std::vector<SlotInfo> Slots() const override { return {}; }
 

@@ -1,0 +1,208 @@
+// `loraplex sample`: generate from the base model, a stored adapter, a job
+// (its current weights while it runs) or a checkpoint. Streams the text as
+// it is drawn; --json prints the whole response (token ids, logprobs).
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/cli_commands.h"
+#include "core/common/read_file.h"
+#include "nlohmann/json.hpp"
+#include "proto/resource_names.h"
+
+namespace loraplex {
+namespace {
+
+struct SampleFlags {
+  std::string adapter;
+  std::string job;
+  std::string checkpoint;
+  std::string prompt;
+  std::string messages_file;
+  std::string tokens;
+  int n = 1;
+  int64_t max_tokens = 256;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  int top_logprobs = 0;
+  bool prompt_logprobs = false;
+  bool ignore_eos = false;
+};
+
+// The messages of a JSON file: a list of {"role", "content"} objects, or an
+// object with such a "messages" list (one line of a chat dataset).
+absl::Status ReadMessages(const std::string& path, v1::ChatPrompt* prompt) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  nlohmann::json parsed = nlohmann::json::parse(*text, nullptr, false);
+  if (parsed.is_object() && parsed.contains("messages")) {
+    parsed = parsed["messages"];
+  }
+  if (!parsed.is_array() || parsed.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     ": expected a JSON list of messages or an object "
+                     "with \"messages\""));
+  }
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const nlohmann::json& message = parsed[i];
+    if (!message.is_object() || !message.contains("role") ||
+        !message["role"].is_string() || !message.contains("content") ||
+        !message["content"].is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": message ", i,
+                       " needs string \"role\" and \"content\" fields"));
+    }
+    v1::ChatMessage* out = prompt->add_messages();
+    out->set_role(message["role"].get<std::string>());
+    out->set_content(message["content"].get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::SampleRequest> RequestOf(const SampleFlags& flags) {
+  v1::SampleRequest request;
+  const int prompts = !flags.prompt.empty() + !flags.messages_file.empty() +
+                      !flags.tokens.empty();
+  if (prompts != 1) {
+    return absl::InvalidArgumentError(
+        "sample needs exactly one of --prompt TEXT, --messages FILE and "
+        "--tokens IDS");
+  }
+  if (!flags.prompt.empty()) request.set_text(flags.prompt);
+  if (!flags.messages_file.empty()) {
+    absl::Status read =
+        ReadMessages(flags.messages_file, request.mutable_messages());
+    if (!read.ok()) return read;
+  }
+  if (!flags.tokens.empty()) {
+    for (absl::string_view piece : absl::StrSplit(flags.tokens, ',')) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(piece, &id)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--tokens: \"", piece,
+                         "\" is not a token id (give ids like 1,2,3)"));
+      }
+      request.mutable_tokens()->add_ids(id);
+    }
+  }
+  const int weights =
+      !flags.adapter.empty() + !flags.job.empty() + !flags.checkpoint.empty();
+  if (weights > 1) {
+    return absl::InvalidArgumentError(
+        "give at most one of --adapter, --job and --checkpoint (none: the "
+        "base model)");
+  }
+  if (!flags.adapter.empty()) {
+    absl::StatusOr<std::string> name = ResourceName(kAdapters, flags.adapter);
+    if (!name.ok()) return name.status();
+    request.set_adapter(*name);
+  }
+  if (!flags.job.empty()) {
+    absl::StatusOr<std::string> name = ResourceName(kJobs, flags.job);
+    if (!name.ok()) return name.status();
+    request.set_job(*name);
+  }
+  if (!flags.checkpoint.empty()) request.set_checkpoint(flags.checkpoint);
+  request.set_n(flags.n);
+  request.set_max_tokens(flags.max_tokens);
+  request.set_temperature(flags.temperature);
+  request.set_top_p(flags.top_p);
+  request.set_top_k(flags.top_k);
+  if (flags.seed.has_value()) request.set_seed(*flags.seed);
+  for (const std::string& stop : flags.stop) request.add_stop(stop);
+  request.set_top_logprobs(flags.top_logprobs);
+  request.set_prompt_logprobs(flags.prompt_logprobs);
+  request.set_ignore_eos(flags.ignore_eos);
+  return request;
+}
+
+int RunSample(const CliContext& context, const SampleFlags& flags) {
+  absl::StatusOr<v1::SampleRequest> request = RequestOf(flags);
+  if (!request.ok()) return context.UsageError(request.status().message());
+  auto client = context.Connect();
+  if (!client.ok()) return context.UsageError(client.status().message());
+  if (context.options().json || flags.n > 1) {
+    absl::StatusOr<v1::SampleResponse> response = (*client)->Sample(*request);
+    if (!response.ok()) return context.ReportError(response.status());
+    if (context.PrintJsonIfRequested(*response)) return kExitSuccess;
+    for (int i = 0; i < response->samples_size(); ++i) {
+      context.out() << "--- sample " << i + 1 << " ---\n"
+                    << response->samples(i).text() << "\n";
+    }
+    return kExitSuccess;
+  }
+  std::string printed;
+  absl::StatusOr<v1::SampleResponse> response =
+      (*client)->StreamSample(*request, [&](const v1::SampledToken& token) {
+        context.out() << token.text() << std::flush;
+        printed += token.text();
+        return static_cast<bool>(context.out());
+      });
+  if (!response.ok()) return context.ReportError(response.status());
+  // The response's text is the whole sample: print what the stream held
+  // back (text that could have been the start of a stop string).
+  const std::string& text = response->samples(0).text();
+  if (text.compare(0, printed.size(), printed) == 0) {
+    context.out() << text.substr(printed.size());
+  }
+  context.out() << "\n";
+  return kExitSuccess;
+}
+
+}  // namespace
+
+void AddSampleCommand(CLI::App& app, CliContext& context,
+                      CommandAction* action) {
+  auto flags = std::make_shared<SampleFlags>();
+  CLI::App* sample = app.add_subcommand(
+      "sample",
+      "Generate text from the base model, a stored adapter, a job (its "
+      "current weights while it runs) or a checkpoint");
+  sample->add_option("--prompt", flags->prompt, "Prompt text")->group("Prompt");
+  sample
+      ->add_option("--messages", flags->messages_file,
+                   "JSON file of chat messages, rendered with the model's "
+                   "chat template")
+      ->group("Prompt");
+  sample->add_option("--tokens", flags->tokens, "Prompt token ids: 1,2,3")
+      ->group("Prompt");
+  sample->add_option("--adapter", flags->adapter, "Adapter ID or adapters/ID")
+      ->group("Weights");
+  sample->add_option("--job", flags->job, "Job ID or jobs/ID")
+      ->group("Weights");
+  sample
+      ->add_option("--checkpoint", flags->checkpoint,
+                   "jobs/ID/checkpoints/STEP")
+      ->group("Weights");
+  sample->add_option("-n,--n", flags->n, "Samples to draw")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  sample->add_option("--max-tokens", flags->max_tokens, "Tokens per sample")
+      ->capture_default_str();
+  sample->add_option("--temperature", flags->temperature, "0 for greedy")
+      ->capture_default_str();
+  sample->add_option("--top-p", flags->top_p)->capture_default_str();
+  sample->add_option("--top-k", flags->top_k, "0: off")->capture_default_str();
+  sample->add_option("--seed", flags->seed,
+                     "Seed (default: random, shown with --json)");
+  sample->add_option("--stop", flags->stop, "Stop string (repeatable)");
+  sample->add_option("--logprobs", flags->top_logprobs,
+                     "Alternatives per token (with --json)");
+  sample->add_flag("--prompt-logprobs", flags->prompt_logprobs,
+                   "Also the prompt's logprobs (with --json)");
+  sample->add_flag("--ignore-eos", flags->ignore_eos,
+                   "Do not stop at the tokenizer's EOS");
+  SetAction(sample, action,
+            [&context, flags] { return RunSample(context, *flags); });
+}
+
+}  // namespace loraplex
