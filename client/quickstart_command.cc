@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli_commands.h"
@@ -190,10 +191,32 @@ int RunQuickstart(const CliContext& context, const QuickstartFlags& flags) {
   }
   say << "\n";
   table.Print(say);
+  // Each trained adapter answers one prompt (greedy), as a first look.
+  const bool json = context.options().json;
+  for (const v1::Job& job : final_jobs.jobs()) {
+    if (job.status() != v1::JOB_STATUS_SUCCEEDED || json) continue;
+    v1::SampleRequest request;
+    request.set_text(kQuickstartSamplePrompt);
+    request.set_job(job.name());
+    request.set_temperature(0);
+    request.set_max_tokens(16);
+    request.add_stop("\n");
+    absl::StatusOr<v1::SampleResponse> sample = (*client)->Sample(request);
+    if (!sample.ok()) {
+      context.ReportError(sample.status(), address);
+      export_failed = true;
+      continue;
+    }
+    say << "Sample " << ResourceId(job.name()) << ": \""
+        << absl::CEscape(kQuickstartSamplePrompt) << "\" -> \""
+        << absl::CEscape(sample->samples(0).text()) << "\"\n";
+  }
   if (!context.PrintJsonIfRequested(final_jobs) && all_succeeded) {
     say << "\nThe adapters are PEFT directories: load one with\n"
         << "  PeftModel.from_pretrained(base_model, \"" << flags.dir
-        << "/adapters/" << ResourceId(created.front().name()) << "\")\n";
+        << "/adapters/" << ResourceId(created.front().name()) << "\")\n"
+        << "or sample one here: loraplex sample --job "
+        << ResourceId(created.front().name()) << " --prompt \"...\"\n";
   }
 
   if (local_server != nullptr) {

@@ -14,6 +14,8 @@
 namespace loraplex {
 
 inline constexpr int kQuickstartExampleCount = 64;
+// The prompt each trained adapter answers at the end of the quickstart.
+inline constexpr char kQuickstartSamplePrompt[] = "reverse: lamp\n";
 
 struct QuickstartExample {
   std::string prompt;

@@ -99,6 +99,44 @@ TEST_F(CliServerTest, UploadTrainWaitAndExport) {
   EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
 }
 
+TEST_F(CliServerTest, SampleStreamsTextAndPrintsJson) {
+  // Streamed text equals the whole response's text (greedy, the same
+  // request).
+  const CliResult streamed =
+      Run({"sample", "--prompt", "reverse: lamp\n", "--temperature", "0",
+           "--max-tokens", "6", "--ignore-eos"});
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.Describe() << server_->Log();
+  const CliResult json = Run(
+      {"--json", "sample", "--prompt", "reverse: lamp\n", "--temperature", "0",
+       "--max-tokens", "6", "--ignore-eos", "--logprobs", "3", "--seed", "9"});
+  ASSERT_EQ(json.exit_code, 0) << json.Describe();
+  const auto response = nlohmann::json::parse(json.out);
+  ASSERT_EQ(response["samples"].size(), 1u);
+  const auto& sample = response["samples"][0];
+  EXPECT_EQ(sample["tokens"].size(), 6u);
+  EXPECT_EQ(sample["logprobs"].size(), 6u);
+  EXPECT_EQ(sample["topLogprobs"][0]["alternatives"].size(), 3u);
+  EXPECT_EQ(sample["stopReason"], "STOP_REASON_LENGTH");
+  EXPECT_EQ(response["seed"], "9");
+  EXPECT_EQ(streamed.out, sample["text"].get<std::string>() + "\n");
+
+  const CliResult several = Run({"sample", "--prompt", "a", "-n", "2",
+                                 "--max-tokens", "3", "--seed", "1"});
+  EXPECT_EQ(several.exit_code, 0) << several.Describe();
+  EXPECT_THAT(several.out, HasSubstr("--- sample 2 ---"));
+
+  const CliResult two_prompts =
+      Run({"sample", "--prompt", "a", "--tokens", "1,2"});
+  EXPECT_EQ(two_prompts.exit_code, 2);
+  EXPECT_THAT(two_prompts.err, HasSubstr("exactly one of --prompt"));
+  const CliResult bad_ids = Run({"sample", "--tokens", "1,x"});
+  EXPECT_EQ(bad_ids.exit_code, 2);
+  EXPECT_THAT(bad_ids.err, HasSubstr("\"x\" is not a token id"));
+  const CliResult no_job = Run({"sample", "--prompt", "a", "--job", "nope"});
+  EXPECT_EQ(no_job.exit_code, 1);
+  EXPECT_THAT(no_job.err, HasSubstr("NOT_FOUND"));
+}
+
 TEST_F(CliServerTest, QuickstartUsesTheRunningServer) {
   const std::string dir = FreshTestDir("quickstart");
   const CliResult result = Run({"quickstart", "--dir", dir, "--steps", "3"});
@@ -113,6 +151,12 @@ TEST_F(CliServerTest, QuickstartUsesTheRunningServer) {
   }
   for (const char* text : {"adamw", "muon", "adam", "LOSS", "->"}) {
     EXPECT_THAT(result.out, HasSubstr(text));
+  }
+  // It ends by sampling each trained adapter once.
+  for (const std::string& job_dir : job_dirs) {
+    EXPECT_THAT(result.out,
+                HasSubstr("Sample " + job_dir + ": \"reverse: lamp\\n\" -> \""))
+        << result.out;
   }
 }
 
