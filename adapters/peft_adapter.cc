@@ -331,6 +331,13 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
               absl::StrCat(name, " is not a floating-point tensor"));
           continue;
         }
+        // Such an adapter would train nothing (every step skipped as
+        // non-finite) and sample garbage.
+        if (!torch::isfinite(tensor).all().item<bool>()) {
+          problems.push_back(
+              absl::StrCat(name, " holds NaN or infinite values"));
+          continue;
+        }
         // An fp64 slot's checkpoint keeps its fp64 weights: it resumes
         // exactly.
         (lora_a ? module.a : module.b) =

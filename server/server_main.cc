@@ -466,6 +466,17 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     return fail(absl::UnavailableError(
         absl::StrCat("cannot listen on ", flags.listen)));
   }
+  // Health checks by service name (what Kubernetes' gRPC probes and
+  // grpc_health_probe -service send) answer as the whole server does.
+  if (grpc::HealthCheckServiceInterface* health =
+          server->GetHealthCheckService()) {
+    for (const char* name :
+         {"loraplex.v1.DatasetService", "loraplex.v1.JobService",
+          "loraplex.v1.AdapterService", "loraplex.v1.ServerService",
+          "loraplex.v1.SamplingService"}) {
+      health->SetServingStatus(name, true);
+    }
+  }
   const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
   const std::string address = absl::StrCat(host, ":", port);
   logger.Info("loraplex-server ", LORAPLEX_VERSION, " serving ", model_name,

@@ -110,12 +110,11 @@ std::unique_ptr<ProjectionDelta> BatchGenerator::Delta() const {
 absl::Status BatchGenerator::Prefill() {
   const int64_t rows = static_cast<int64_t>(active_.size());
   int64_t width = 0;
-  int64_t longest_total = 0;
+  int64_t most_tokens = 0;
   for (const Row& row : active_) {
     const SampleRequest& request = requests_[row.request];
-    const int64_t length = static_cast<int64_t>(request.prompt.size());
-    width = std::max(width, length);
-    longest_total = std::max(longest_total, length + request.params.max_tokens);
+    width = std::max(width, static_cast<int64_t>(request.prompt.size()));
+    most_tokens = std::max(most_tokens, request.params.max_tokens);
   }
   torch::Tensor ids = torch::zeros({rows, width}, torch::kInt64);
   torch::Tensor valid = torch::zeros({rows, width}, torch::kBool);
@@ -127,10 +126,11 @@ absl::Status BatchGenerator::Prefill() {
         .copy_(torch::tensor(prompt, torch::kInt64));
     valid[i].narrow(0, pad, prompt.size()).fill_(true);
   }
-  // Left padding makes the cache `width` columns wide plus one per token.
-  cache_ =
-      std::make_unique<KvCache>(model_.config(), rows, width + longest_total,
-                                model_.dtype(), model_.device());
+  // Left padding makes the cache `width` columns wide plus one per token
+  // (the last token drawn is never fed back).
+  cache_ = std::make_unique<KvCache>(model_.config(), rows,
+                                     width + most_tokens - 1, model_.dtype(),
+                                     model_.device());
   std::unique_ptr<ProjectionDelta> delta = Delta();
   LORAPLEX_ASSIGN_OR_RETURN(
       torch::Tensor hidden,
@@ -201,19 +201,16 @@ bool BatchGenerator::ReachedStopString(const Row& row) {
   return StopStringCut(*text, params.stop) != std::string::npos;
 }
 
-void BatchGenerator::Finish(GeneratedSample& sample) {
+void BatchGenerator::Finish(const Row& row) {
   if (tokenizer_ == nullptr) return;
+  GeneratedSample& sample = SampleOf(row);
   absl::StatusOr<std::string> text = tokenizer_->Decode(sample.tokens);
   if (!text.ok()) return;
   sample.text = std::move(*text);
   if (sample.stop_reason == StopReason::kStopString) {
-    for (size_t r = 0; r < requests_.size(); ++r) {
-      for (const GeneratedSample& s : results_[r].samples) {
-        if (&s != &sample) continue;
-        const size_t cut = StopStringCut(sample.text, requests_[r].params.stop);
-        if (cut != std::string::npos) sample.text.resize(cut);
-      }
-    }
+    const size_t cut =
+        StopStringCut(sample.text, requests_[row.request].params.stop);
+    if (cut != std::string::npos) sample.text.resize(cut);
   }
 }
 
@@ -246,7 +243,7 @@ absl::Status BatchGenerator::Advance(const torch::Tensor& logits) {
     } else {
       finished = false;
     }
-    if (finished) Finish(sample);
+    if (finished) Finish(row);
     if (listener_) listener_(row.request, row.sample, sample);
     if (!finished) {
       keep.push_back(static_cast<int64_t>(i));

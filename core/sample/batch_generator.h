@@ -85,7 +85,8 @@ class BatchGenerator {
   absl::Status Advance(const torch::Tensor& logits);
   GeneratedSample& SampleOf(const Row& row);
   bool ReachedStopString(const Row& row);
-  void Finish(GeneratedSample& sample);
+  // Decodes a finished sample's text.
+  void Finish(const Row& row);
 
   const LlamaModel& model_;
   std::vector<SampleRequest> requests_;

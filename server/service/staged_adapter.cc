@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "adapters/peft_files.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
@@ -55,8 +56,12 @@ absl::StatusOr<std::unique_ptr<StagedAdapter>> StagedAdapter::Create(
     }
   }();
   if (!lora.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("files: ", lora.status().message()));
+    // The caller sent files, not a directory: name them without the
+    // server's state path.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "files: ", absl::StrReplaceAll(lora.status().message(),
+                                       {{staged->staged_ + "/", ""},
+                                        {staged->staged_, "the adapter"}})));
   }
   record.lora = LoraConfigToJson(*lora);
   return staged;

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -182,6 +183,15 @@ TEST_F(BadPeftAdapterTest, UnexpectedTensor) {
   WriteTensors();
   EXPECT_THAT(Error(), HasSubstr("unexpected tensor base_model.model.model."
                                  "layers.0.mlp.up_proj.lora_A.weight"));
+}
+
+TEST_F(BadPeftAdapterTest, NonFiniteValues) {
+  tensors_[0].tensor.fill_(std::numeric_limits<float>::quiet_NaN());
+  tensors_[1].tensor[0][0] = std::numeric_limits<float>::infinity();
+  WriteTensors();
+  const std::string error = Error();
+  EXPECT_THAT(error, HasSubstr(tensors_[0].name + " holds NaN or infinite"));
+  EXPECT_THAT(error, HasSubstr(tensors_[1].name + " holds NaN or infinite"));
 }
 
 TEST_F(BadPeftAdapterTest, ShapeMismatchWithTheBase) {

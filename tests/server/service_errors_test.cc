@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "core/model/model_presets.h"
@@ -18,6 +19,7 @@ namespace loraplex {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kAliceToken[] = "alice-token-0123456789";
 constexpr char kBobToken[] = "bob-token-0123456789ab";
@@ -190,6 +192,42 @@ TEST_F(ServiceErrorsTest, SequencesPastTheModelsPositionsAreRefusedAtCreate) {
   auto bob_jobs = bob_->ListAllJobs();
   ASSERT_TRUE(bob_jobs.ok());
   EXPECT_TRUE(bob_jobs->empty());
+}
+
+TEST_F(ServiceErrorsTest, BadAdapterUploadsNameTheFilesNotTheStatePath) {
+  auto config = LoadModelConfig(state_ + "/models/tiny");
+  ASSERT_TRUE(config.ok()) << config.status();
+  LoraWeights weights(*config, torch::kCPU);
+  LoraConfig lora;
+  lora.rank = 4;
+  ASSERT_TRUE(weights.Bind(lora).ok());
+  weights.InitPeft(1);
+  {
+    torch::NoGradGuard no_grad;
+    weights.parameters()[0].fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  auto files = EncodePeftAdapter(weights, "tiny");
+  ASSERT_TRUE(files.ok()) << files.status();
+  v1::AttachAdapterRequest attach;
+  attach.mutable_files()->set_adapter_config_json(files->config);
+  attach.mutable_files()->set_adapter_model_safetensors(files->weights);
+  attach.mutable_job()->set_training_dataset(dataset_);
+  absl::Status status = alice_->AttachAdapter(attach).status();
+  ExpectError(status, absl::StatusCode::kInvalidArgument,
+              "lora_A.weight holds NaN or infinite values");
+  EXPECT_THAT(std::string(status.message()),
+              Not(HasSubstr(std::filesystem::absolute(state_).string())));
+  EXPECT_THAT(std::string(status.message()), Not(HasSubstr(".staged")));
+
+  attach.mutable_files()->set_adapter_config_json("{\"r\": 4");
+  status = alice_->AttachAdapter(attach).status();
+  ExpectError(status, absl::StatusCode::kInvalidArgument,
+              "files: adapter_config.json");
+  EXPECT_THAT(std::string(status.message()), Not(HasSubstr(".staged")));
+  // Nothing was stored.
+  auto adapters = alice_->ListAllAdapters();
+  ASSERT_TRUE(adapters.ok());
+  EXPECT_TRUE(adapters->empty());
 }
 
 TEST_F(ServiceErrorsTest, BadDatasetsAreRejectedWithLineNumbers) {

@@ -50,6 +50,32 @@ TEST(ServiceHealthTest, StandardHealthServiceReportsServing) {
           &context, request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(Bytes(response), std::string("\x08\x01", 2));
+  // By service name too: HealthCheckRequest{service: NAME} is field 1.
+  for (const std::string name :
+       {"loraplex.v1.DatasetService", "loraplex.v1.JobService",
+        "loraplex.v1.AdapterService", "loraplex.v1.ServerService",
+        "loraplex.v1.SamplingService", "loraplex.v1.NoSuchService"}) {
+    grpc::Slice named(std::string("\x0a") + static_cast<char>(name.size()) +
+                      name);
+    grpc::ByteBuffer named_request(&named, 1);
+    grpc::ByteBuffer named_response;
+    grpc::ClientContext named_context;
+    named_context.set_deadline(std::chrono::system_clock::now() +
+                               std::chrono::seconds(10));
+    grpc::Status named_status =
+        grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+            channel.get(),
+            grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
+                                      grpc::internal::RpcMethod::NORMAL_RPC),
+            &named_context, named_request, &named_response);
+    if (name == "loraplex.v1.NoSuchService") {
+      EXPECT_EQ(named_status.error_code(), grpc::StatusCode::NOT_FOUND);
+      continue;
+    }
+    ASSERT_TRUE(named_status.ok())
+        << name << ": " << named_status.error_message();
+    EXPECT_EQ(Bytes(named_response), std::string("\x08\x01", 2)) << name;
+  }
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
@@ -91,7 +117,7 @@ TEST(ServiceReflectionTest, ListsTheLoraplexServices) {
   for (const char* service :
        {"loraplex.v1.DatasetService", "loraplex.v1.JobService",
         "loraplex.v1.AdapterService", "loraplex.v1.ServerService",
-        "grpc.health.v1.Health"}) {
+        "loraplex.v1.SamplingService", "grpc.health.v1.Health"}) {
     EXPECT_THAT(bytes, HasSubstr(service));
   }
   grpc::Status status;
