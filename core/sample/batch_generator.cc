@@ -128,9 +128,9 @@ absl::Status BatchGenerator::Prefill() {
   }
   // Left padding makes the cache `width` columns wide plus one per token
   // (the last token drawn is never fed back).
-  cache_ = std::make_unique<KvCache>(model_.config(), rows,
-                                     width + most_tokens - 1, model_.dtype(),
-                                     model_.device());
+  cache_ =
+      std::make_unique<KvCache>(model_.config(), rows, width + most_tokens - 1,
+                                model_.dtype(), model_.device());
   std::unique_ptr<ProjectionDelta> delta = Delta();
   LORAPLEX_ASSIGN_OR_RETURN(
       torch::Tensor hidden,
@@ -183,6 +183,20 @@ absl::Status BatchGenerator::Step() {
     return absl::InternalError(
         absl::StrCat("decode step failed: ", e.what_without_backtrace()));
   }
+}
+
+void BatchGenerator::Cancel(size_t request) {
+  std::vector<int64_t> keep;
+  std::vector<Row> still;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    if (active_[i].request == request) continue;
+    keep.push_back(static_cast<int64_t>(i));
+    still.push_back(active_[i]);
+  }
+  if (still.size() == active_.size()) return;
+  if (!still.empty()) cache_->KeepRows(keep);
+  active_ = std::move(still);
+  if (active_.empty()) cache_.reset();
 }
 
 GeneratedSample& BatchGenerator::SampleOf(const Row& row) {

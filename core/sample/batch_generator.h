@@ -58,6 +58,9 @@ class BatchGenerator {
 
   // One decode step for every unfinished row.
   absl::Status Step();
+  // Stops decoding `request` (its rows leave the batch; its result keeps
+  // what was drawn so far). The other requests are not affected.
+  void Cancel(size_t request);
   bool done() const { return active_.empty(); }
   // The results in request order, once done().
   std::vector<SampleResult> TakeResults();

@@ -173,6 +173,14 @@ void Trainer::RunSampling(double train_seconds) {
     }
     for (auto it = sampling_.begin(); it != sampling_.end();) {
       SamplingGroup& group = **it;
+      for (size_t i = 0; i < group.jobs.size(); ++i) {
+        SampleJob& job = group.jobs[i];
+        if (job.command.done && job.command.cancelled &&
+            job.command.cancelled()) {
+          group.generator->Cancel(i);
+          Answer(job, absl::CancelledError("the caller cancelled the sample"));
+        }
+      }
       absl::Status stepped =
           group.generator->done() ? absl::OkStatus() : group.generator->Step();
       if (!stepped.ok()) {

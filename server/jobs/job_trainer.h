@@ -76,6 +76,9 @@ struct SampleCommand {
   // After each generated token, on the trainer's thread (may be empty; must
   // return quickly): the sample's index and the sample so far.
   std::function<void(int64_t sample, const GeneratedSample& so_far)> on_token;
+  // Polled between decode steps (may be empty): true when the caller has
+  // gone, so decoding stops and `done` gets CANCELLED.
+  std::function<bool()> cancelled;
   // Once, with the result and the step of the weights sampled (on the
   // trainer's thread or the caller's; must return quickly).
   std::function<void(absl::StatusOr<SampleResult> result, int64_t step)> done;

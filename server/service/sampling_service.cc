@@ -203,16 +203,20 @@ class SampleStreamReactor
     absl::MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
+      cancelled_ = true;
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed"));
       return;
     }
     NextLocked();
   }
   void OnCancel() override {
+    cancelled_ = true;
     absl::MutexLock lock(&mu_);
     FinishLocked(
         grpc::Status(grpc::StatusCode::CANCELLED, "the sample was cancelled"));
   }
+  // The client went away (or the stream broke): decoding can stop.
+  bool cancelled() const { return cancelled_; }
   void OnDone() override { Release(); }
 
   // Finishes at once (the request never reached the trainer).
@@ -316,6 +320,7 @@ class SampleStreamReactor
   const std::vector<std::string> stops_;
   size_t holdback_ = 0;
   std::atomic<int> owners_{1};
+  std::atomic<bool> cancelled_{false};
   absl::Mutex flush_mu_;  // Taken before mu_.
   std::map<int64_t, Stream> streams_ ABSL_GUARDED_BY(flush_mu_);
   absl::Mutex mu_;
@@ -433,25 +438,29 @@ grpc::ServerUnaryReactor* SamplingServiceImpl::Sample(
     admissions->Leave(tenant);
     reactor->Finish(ToGrpcStatus(status));
   };
-  context->work->Post([context, request, response, tenant = *tenant, finish] {
-    absl::StatusOr<SampleCommand> command =
-        SampleCommandOf(*context, tenant, *request);
-    if (!command.ok()) {
-      finish(command.status());
-      return;
-    }
-    // The prompt and params, for the response.
-    auto shared = std::make_shared<SampleCommand>(*command);
-    command->done = [context, shared, response, finish](
-                        absl::StatusOr<SampleResult> result, int64_t step) {
-      context->work->Post(
-          [shared, response, finish, result = std::move(result), step] {
-            if (result.ok()) SampleResponseOf(*shared, *result, step, response);
-            finish(result.status());
-          });
-    };
-    context->scheduler->Sample(*std::move(command));
-  });
+  context->work->Post(
+      [context, call, request, response, tenant = *tenant, finish] {
+        absl::StatusOr<SampleCommand> command =
+            SampleCommandOf(*context, tenant, *request);
+        if (!command.ok()) {
+          finish(command.status());
+          return;
+        }
+        // The call stays open (and `call` valid) until `done` finishes it.
+        command->cancelled = [call] { return call->IsCancelled(); };
+        // The prompt and params, for the response.
+        auto shared = std::make_shared<SampleCommand>(*command);
+        command->done = [context, shared, response, finish](
+                            absl::StatusOr<SampleResult> result, int64_t step) {
+          context->work->Post(
+              [shared, response, finish, result = std::move(result), step] {
+                if (result.ok())
+                  SampleResponseOf(*shared, *result, step, response);
+                finish(result.status());
+              });
+        };
+        context->scheduler->Sample(*std::move(command));
+      });
   return reactor;
 }
 
@@ -482,6 +491,7 @@ SamplingServiceImpl::StreamSample(grpc::CallbackServerContext* call,
       return;
     }
     auto shared = std::make_shared<SampleCommand>(*command);
+    command->cancelled = [reactor] { return reactor->cancelled(); };
     command->on_token = [reactor](int64_t sample,
                                   const GeneratedSample& so_far) {
       reactor->OnToken(sample, so_far.tokens.back(), so_far.logprobs.back());

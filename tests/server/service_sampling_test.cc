@@ -99,6 +99,17 @@ TEST(ServiceSamplingTest, GreedyAndStopStringsEqualTransformers) {
     }
   }
 
+  // A client that stops reading cancels its sample; the server goes on.
+  int seen = 0;
+  v1::SampleRequest long_request = TokenRequest(prompt, 100);
+  long_request.set_ignore_eos(true);
+  auto cancelled = client->StreamSample(
+      long_request, [&](const v1::SampledToken&) { return ++seen < 2; });
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled);
+  auto after = client->Sample(TokenRequest(prompt, 3));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->samples(0).tokens_size(), 3);
+
   // Bad requests name the field.
   v1::SampleRequest too_many = TokenRequest(prompt, 4);
   too_many.set_n(17);

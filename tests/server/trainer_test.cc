@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -158,6 +159,51 @@ TEST(TrainerTest, AJobsEndIsReportedBeforeARetireThatFindsItGone) {
     EXPECT_TRUE(std::filesystem::exists(final_dir + "/" + kPeftWeightsFile))
         << job;
   }
+  trainer.Stop();
+}
+
+// A sample whose caller has gone stops decoding and is answered CANCELLED;
+// a sample beside it finishes as it would alone.
+TEST(TrainerTest, ACancelledSampleStopsAndTheOthersFinish) {
+  TrainerOptions options;
+  options.pool.capacity = 1;
+  Reports reports;
+  Trainer trainer(LoadModel(), options, reports.Sink());
+  trainer.Start();
+  std::mutex mu;
+  std::condition_variable changed;
+  std::vector<absl::StatusOr<SampleResult>> answers(2, absl::UnknownError(""));
+  int answered = 0;
+  std::atomic<int> tokens_seen{0};
+  for (int i = 0; i < 2; ++i) {
+    SampleCommand command;
+    command.prompt = {1, 2, 3};
+    command.params.max_tokens = i == 0 ? 2000 : 20;
+    command.params.seed = 5;
+    if (i == 0) {
+      command.on_token = [&](int64_t, const GeneratedSample&) {
+        ++tokens_seen;
+      };
+      command.cancelled = [&] { return tokens_seen.load() >= 3; };
+    }
+    command.done = [&, i](absl::StatusOr<SampleResult> result, int64_t) {
+      std::lock_guard<std::mutex> lock(mu);
+      answers[i] = std::move(result);
+      ++answered;
+      changed.notify_all();
+    };
+    trainer.Sample(std::move(command));
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(changed.wait_for(lock, std::chrono::seconds(60),
+                                 [&] { return answered == 2; }));
+  }
+  EXPECT_EQ(answers[0].status().code(), absl::StatusCode::kCancelled)
+      << answers[0].status();
+  EXPECT_LT(tokens_seen.load(), 100);
+  ASSERT_TRUE(answers[1].ok()) << answers[1].status();
+  EXPECT_EQ(answers[1]->samples[0].tokens.size(), 20u);
   trainer.Stop();
 }
 

@@ -187,5 +187,27 @@ TEST(SeededSamplingTest, ReportedLogprobsAreThoseOfThePlainModel) {
   }
 }
 
+TEST(SeededSamplingTest, ACancelledRequestLeavesTheOthersAsTheyWere) {
+  std::unique_ptr<LlamaModel> model = LoadModel();
+  ASSERT_NE(model, nullptr);
+  SampleRequest other = Seeded(42, 2);
+  other.prompt = {7, 8, 9};
+  auto alone = BatchGenerator::Generate(*model, {other}, nullptr);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  auto generator =
+      BatchGenerator::Start(*model, {Seeded(3, 2), other}, nullptr);
+  ASSERT_TRUE(generator.ok()) << generator.status();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*generator)->Step().ok());
+  (*generator)->Cancel(0);
+  while (!(*generator)->done()) ASSERT_TRUE((*generator)->Step().ok());
+  std::vector<SampleResult> results = (*generator)->TakeResults();
+  for (const GeneratedSample& sample : results[0].samples) {
+    EXPECT_EQ(sample.tokens.size(), 4u);  // The prefill's token + 3 steps.
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(results[1].samples[i].tokens, (*alone)[0].samples[i].tokens);
+  }
+}
+
 }  // namespace
 }  // namespace loraplex
