@@ -98,6 +98,17 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights,
       device_(device),
       rotary_(config_.rope, config_.head_dim) {}
 
+absl::Status LlamaModel::CheckTokenIds(const torch::Tensor& input_ids) const {
+  const int64_t min_id = input_ids.min().item<int64_t>();
+  const int64_t max_id = input_ids.max().item<int64_t>();
+  if (min_id < 0 || max_id >= config_.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token ids must lie in [0, ", config_.vocab_size,
+                     "), got [", min_id, ", ", max_id, "]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::ValidateBatch(const torch::Tensor& input_ids,
                                        const torch::Tensor& lengths) const {
   if (!input_ids.defined() || input_ids.dim() != 2 ||
@@ -119,13 +130,7 @@ absl::Status LlamaModel::ValidateBatch(const torch::Tensor& input_ids,
                                                    seq, "], got [", min_len,
                                                    ", ", max_len, "]"));
   }
-  const int64_t min_id = input_ids.min().item<int64_t>();
-  const int64_t max_id = input_ids.max().item<int64_t>();
-  if (min_id < 0 || max_id >= config_.vocab_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token ids must lie in [0, ", config_.vocab_size,
-                     "), got [", min_id, ", ", max_id, "]"));
-  }
+  LORAPLEX_RETURN_IF_ERROR(CheckTokenIds(input_ids));
   if (seq > config_.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sequence length ", seq, " exceeds max_position_embeddings ",
@@ -300,13 +305,7 @@ absl::StatusOr<torch::Tensor> LlamaModel::ForwardCached(
     return absl::InvalidArgumentError(
         "valid must be a bool tensor shaped as input_ids");
   }
-  const int64_t min_id = input_ids.min().item<int64_t>();
-  const int64_t max_id = input_ids.max().item<int64_t>();
-  if (min_id < 0 || max_id >= config_.vocab_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token ids must lie in [0, ", config_.vocab_size,
-                     "), got [", min_id, ", ", max_id, "]"));
-  }
+  LORAPLEX_RETURN_IF_ERROR(CheckTokenIds(input_ids));
   try {
     const int64_t seq = input_ids.size(1);
     torch::Tensor real =

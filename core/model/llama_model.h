@@ -134,6 +134,8 @@ class LlamaModel {
   torch::ScalarType logits_dtype() const;
 
  private:
+  // INVALID_ARGUMENT unless every id is in [0, vocab).
+  absl::Status CheckTokenIds(const torch::Tensor& input_ids) const;
   absl::Status ValidateBatch(const torch::Tensor& input_ids,
                              const torch::Tensor& lengths) const;
   torch::Tensor AttentionMask(const torch::Tensor& lengths,

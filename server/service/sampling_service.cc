@@ -421,15 +421,20 @@ void SampleResponseOf(const SampleCommand& command, const SampleResult& result,
   response->set_weights_step(weights_step);
 }
 
+absl::StatusOr<std::string> SamplingServiceImpl::Admit(
+    grpc::CallbackServerContext* call) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string tenant, Authenticate(*context_, call));
+  LORAPLEX_RETURN_IF_ERROR(admissions_->Enter(tenant));
+  return tenant;
+}
+
 grpc::ServerUnaryReactor* SamplingServiceImpl::Sample(
     grpc::CallbackServerContext* call, const v1::SampleRequest* request,
     v1::SampleResponse* response) {
   grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
-  absl::StatusOr<std::string> tenant = Authenticate(*context_, call);
-  absl::Status admitted =
-      tenant.ok() ? admissions_->Enter(*tenant) : tenant.status();
-  if (!admitted.ok()) {
-    reactor->Finish(ToGrpcStatus(admitted));
+  absl::StatusOr<std::string> tenant = Admit(call);
+  if (!tenant.ok()) {
+    reactor->Finish(ToGrpcStatus(tenant.status()));
     return reactor;
   }
   const ServiceContext* context = context_;
@@ -470,11 +475,9 @@ SamplingServiceImpl::StreamSample(grpc::CallbackServerContext* call,
   auto* reactor = new SampleStreamReactor(
       context_,
       std::vector<std::string>(request->stop().begin(), request->stop().end()));
-  absl::StatusOr<std::string> tenant = Authenticate(*context_, call);
-  absl::Status admitted =
-      tenant.ok() ? admissions_->Enter(*tenant) : tenant.status();
-  if (!admitted.ok()) {
-    reactor->Fail(ToGrpcStatus(admitted));
+  absl::StatusOr<std::string> tenant = Admit(call);
+  if (!tenant.ok()) {
+    reactor->Fail(ToGrpcStatus(tenant.status()));
     return reactor;
   }
   const ServiceContext* context = context_;

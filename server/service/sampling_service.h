@@ -44,6 +44,10 @@ class SamplingServiceImpl final : public v1::SamplingService::CallbackService {
   };
 
  private:
+  // The caller's tenant, counted in flight (Admissions::Leave when its
+  // call is answered).
+  absl::StatusOr<std::string> Admit(grpc::CallbackServerContext* call);
+
   const ServiceContext* context_;
   std::shared_ptr<Admissions> admissions_;
 };

@@ -29,16 +29,13 @@ std::string Bytes(const grpc::ByteBuffer& buffer) {
   return bytes;
 }
 
-TEST(ServiceHealthTest, StandardHealthServiceReportsServing) {
-  auto server = StartServer(FreshTestDir("state"), 1);
-  ASSERT_NE(server, nullptr);
-  auto channel = grpc::CreateChannel(server->address(),
-                                     grpc::InsecureChannelCredentials());
-  // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message;
-  // the answer HealthCheckResponse{status: SERVING} encodes as 08 01.
-  grpc::Slice empty_message(std::string{});
-  grpc::ByteBuffer request(&empty_message, 1);
-  grpc::ByteBuffer response;
+// One grpc.health.v1.Health/Check call with the encoded request `body`;
+// the encoded response in *response.
+grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
+                         const std::string& body, std::string* response) {
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer answer;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));
@@ -47,34 +44,36 @@ TEST(ServiceHealthTest, StandardHealthServiceReportsServing) {
           channel.get(),
           grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
                                     grpc::internal::RpcMethod::NORMAL_RPC),
-          &context, request, &response);
+          &context, request, &answer);
+  if (status.ok()) *response = Bytes(answer);
+  return status;
+}
+
+TEST(ServiceHealthTest, StandardHealthServiceReportsServing) {
+  auto server = StartServer(FreshTestDir("state"), 1);
+  ASSERT_NE(server, nullptr);
+  auto channel = grpc::CreateChannel(server->address(),
+                                     grpc::InsecureChannelCredentials());
+  // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message;
+  // the answer HealthCheckResponse{status: SERVING} encodes as 08 01.
+  std::string response;
+  grpc::Status status = HealthCheck(channel, "", &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
-  EXPECT_EQ(Bytes(response), std::string("\x08\x01", 2));
+  EXPECT_EQ(response, std::string("\x08\x01", 2));
   // By service name too: HealthCheckRequest{service: NAME} is field 1.
   for (const std::string name :
        {"loraplex.v1.DatasetService", "loraplex.v1.JobService",
         "loraplex.v1.AdapterService", "loraplex.v1.ServerService",
         "loraplex.v1.SamplingService", "loraplex.v1.NoSuchService"}) {
-    grpc::Slice named(std::string("\x0a") + static_cast<char>(name.size()) +
-                      name);
-    grpc::ByteBuffer named_request(&named, 1);
-    grpc::ByteBuffer named_response;
-    grpc::ClientContext named_context;
-    named_context.set_deadline(std::chrono::system_clock::now() +
-                               std::chrono::seconds(10));
-    grpc::Status named_status =
-        grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-            channel.get(),
-            grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
-                                      grpc::internal::RpcMethod::NORMAL_RPC),
-            &named_context, named_request, &named_response);
+    status = HealthCheck(
+        channel, std::string("\x0a") + static_cast<char>(name.size()) + name,
+        &response);
     if (name == "loraplex.v1.NoSuchService") {
-      EXPECT_EQ(named_status.error_code(), grpc::StatusCode::NOT_FOUND);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
       continue;
     }
-    ASSERT_TRUE(named_status.ok())
-        << name << ": " << named_status.error_message();
-    EXPECT_EQ(Bytes(named_response), std::string("\x08\x01", 2)) << name;
+    ASSERT_TRUE(status.ok()) << name << ": " << status.error_message();
+    EXPECT_EQ(response, std::string("\x08\x01", 2)) << name;
   }
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
