@@ -160,11 +160,7 @@ torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
   torch::Tensor diagonal = (key == query).unsqueeze(0);  // [1, T, T]
   visible = (visible.unsqueeze(0) & valid.unsqueeze(1)) |
             (diagonal & valid.logical_not().unsqueeze(2));  // [B, T, T]
-  return torch::zeros(visible.sizes(),
-                      torch::TensorOptions().dtype(dtype_).device(device_))
-      .masked_fill(visible.logical_not(),
-                   -std::numeric_limits<float>::infinity())
-      .unsqueeze(1);
+  return AdditiveMask(visible);
 }
 
 torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x,
@@ -189,6 +185,14 @@ std::vector<torch::Tensor> LlamaModel::Project(
   return outputs;
 }
 
+torch::Tensor LlamaModel::AdditiveMask(const torch::Tensor& visible) const {
+  return torch::zeros(visible.sizes(),
+                      torch::TensorOptions().dtype(dtype_).device(device_))
+      .masked_fill(visible.logical_not(),
+                   -std::numeric_limits<float>::infinity())
+      .unsqueeze(1);
+}
+
 torch::Tensor LlamaModel::CachedAttentionMask(
     const KvCache& cache, const torch::Tensor& positions) const {
   const int64_t seq = positions.size(1);
@@ -207,11 +211,7 @@ torch::Tensor LlamaModel::CachedAttentionMask(
       torch::arange(columns, index_options).view({1, 1, columns}) ==
       torch::arange(columns - seq, columns, index_options).view({1, seq, 1});
   visible = visible | (own_column & (query < 0));
-  return torch::zeros(visible.sizes(),
-                      torch::TensorOptions().dtype(dtype_).device(device_))
-      .masked_fill(visible.logical_not(),
-                   -std::numeric_limits<float>::infinity())
-      .unsqueeze(1);
+  return AdditiveMask(visible);
 }
 
 torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
@@ -266,14 +266,22 @@ torch::Tensor LlamaModel::HiddenStates(const torch::Tensor& input_ids,
                                        const torch::Tensor& lengths,
                                        const ProjectionDelta* delta) const {
   const int64_t seq = input_ids.size(1);
-  torch::Tensor ids = input_ids.to(device_);
-  torch::Tensor x = torch::embedding(weights_.embed_tokens, ids);
-  const RopeTables rope = rotary_.Tables(seq, dtype_, device_);
-  const torch::Tensor mask = AttentionMask(lengths, seq);
+  return Decoder(input_ids, rotary_.Tables(seq, dtype_, device_),
+                 AttentionMask(lengths, seq), delta, nullptr);
+}
+
+torch::Tensor LlamaModel::Decoder(const torch::Tensor& input_ids,
+                                  const RopeTables& rope,
+                                  const torch::Tensor& mask,
+                                  const ProjectionDelta* delta,
+                                  KvCache* cache) const {
+  torch::Tensor x =
+      torch::embedding(weights_.embed_tokens, input_ids.to(device_));
   for (int layer = 0; layer < static_cast<int>(weights_.layers.size());
        ++layer) {
     const LayerWeights& weights = weights_.layers[layer];
-    x = x + Attention(layer, RmsNorm(x, weights.input_norm), rope, mask, delta);
+    x = x + Attention(layer, RmsNorm(x, weights.input_norm), rope, mask, delta,
+                      cache);
     x = x + Mlp(layer, RmsNorm(x, weights.post_attention_norm), delta);
   }
   return RmsNorm(x, weights_.final_norm);
@@ -329,19 +337,9 @@ absl::StatusOr<torch::Tensor> LlamaModel::ForwardCached(
     cache.columns_ += seq;
     cache.next_positions_ = cache.next_positions_ + counts.select(1, seq - 1);
 
-    const RopeTables rope =
-        rotary_.TablesAt(positions.clamp_min(0), dtype_, device_);
-    const torch::Tensor mask = CachedAttentionMask(cache, positions);
-    torch::Tensor x =
-        torch::embedding(weights_.embed_tokens, input_ids.to(device_));
-    for (int layer = 0; layer < static_cast<int>(weights_.layers.size());
-         ++layer) {
-      const LayerWeights& weights = weights_.layers[layer];
-      x = x + Attention(layer, RmsNorm(x, weights.input_norm), rope, mask,
-                        delta, &cache);
-      x = x + Mlp(layer, RmsNorm(x, weights.post_attention_norm), delta);
-    }
-    return RmsNorm(x, weights_.final_norm);
+    return Decoder(input_ids,
+                   rotary_.TablesAt(positions.clamp_min(0), dtype_, device_),
+                   CachedAttentionMask(cache, positions), delta, &cache);
   } catch (const c10::Error& e) {
     return TorchError(e);
   }

@@ -159,6 +159,13 @@ class LlamaModel {
                                     const torch::Tensor& positions) const;
   torch::Tensor Mlp(int layer, const torch::Tensor& x,
                     const ProjectionDelta* delta) const;
+  // The -inf/0 mask [rows, 1, queries, keys] of bool `visible`.
+  torch::Tensor AdditiveMask(const torch::Tensor& visible) const;
+  // Embedding, every layer and the final norm, for the forward passes with
+  // and without a cache.
+  torch::Tensor Decoder(const torch::Tensor& input_ids, const RopeTables& rope,
+                        const torch::Tensor& mask, const ProjectionDelta* delta,
+                        KvCache* cache) const;
   torch::Tensor HiddenStates(const torch::Tensor& input_ids,
                              const torch::Tensor& lengths,
                              const ProjectionDelta* delta) const;

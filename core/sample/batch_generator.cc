@@ -23,23 +23,6 @@ int64_t StopTailTokens(const SamplingParams& params) {
   return 2 * static_cast<int64_t>(longest) + 4;
 }
 
-// Where the text is cut: before the stop string whose first occurrence ends
-// first.
-size_t StopStringCut(const std::string& text,
-                     const std::vector<std::string>& stops) {
-  size_t cut = std::string::npos;
-  size_t best_end = std::string::npos;
-  for (const std::string& stop : stops) {
-    const size_t at = text.find(stop);
-    if (at == std::string::npos) continue;
-    if (best_end == std::string::npos || at + stop.size() < best_end) {
-      best_end = at + stop.size();
-      cut = at;
-    }
-  }
-  return cut;
-}
-
 }  // namespace
 
 BatchGenerator::BatchGenerator(const LlamaModel& model,
@@ -187,13 +170,16 @@ absl::Status BatchGenerator::Step() {
 
 void BatchGenerator::Cancel(size_t request) {
   std::vector<int64_t> keep;
-  std::vector<Row> still;
   for (size_t i = 0; i < active_.size(); ++i) {
-    if (active_[i].request == request) continue;
-    keep.push_back(static_cast<int64_t>(i));
-    still.push_back(active_[i]);
+    if (active_[i].request != request) keep.push_back(static_cast<int64_t>(i));
   }
-  if (still.size() == active_.size()) return;
+  KeepActive(keep);
+}
+
+void BatchGenerator::KeepActive(const std::vector<int64_t>& keep) {
+  if (keep.size() == active_.size()) return;
+  std::vector<Row> still;
+  for (int64_t i : keep) still.push_back(active_[i]);
   if (!still.empty()) cache_->KeepRows(keep);
   active_ = std::move(still);
   if (active_.empty()) cache_.reset();
@@ -232,7 +218,6 @@ absl::Status BatchGenerator::Advance(const torch::Tensor& logits) {
   torch::Tensor all_logprobs =
       torch::log_softmax(logits.to(torch::kFloat64), -1);
   std::vector<int64_t> keep;
-  std::vector<Row> still;
   for (size_t i = 0; i < active_.size(); ++i) {
     const Row& row = active_[i];
     const SamplingParams& params = requests_[row.request].params;
@@ -259,16 +244,9 @@ absl::Status BatchGenerator::Advance(const torch::Tensor& logits) {
     }
     if (finished) Finish(row);
     if (listener_) listener_(row.request, row.sample, sample);
-    if (!finished) {
-      keep.push_back(static_cast<int64_t>(i));
-      still.push_back(row);
-    }
+    if (!finished) keep.push_back(static_cast<int64_t>(i));
   }
-  if (still.size() != active_.size() && !still.empty()) {
-    cache_->KeepRows(keep);
-  }
-  active_ = std::move(still);
-  if (active_.empty()) cache_.reset();
+  KeepActive(keep);
   return absl::OkStatus();
 }
 

@@ -86,6 +86,8 @@ class BatchGenerator {
   // Appends the token chosen from logits [rows, vocab] to each active row
   // and drops rows that finished.
   absl::Status Advance(const torch::Tensor& logits);
+  // Keeps the active rows at indices `keep` (in order), in the cache too.
+  void KeepActive(const std::vector<int64_t>& keep);
   GeneratedSample& SampleOf(const Row& row);
   bool ReachedStopString(const Row& row);
   // Decodes a finished sample's text.

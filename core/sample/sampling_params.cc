@@ -67,4 +67,19 @@ absl::Status ValidateSamplingParams(const SamplingParams& params,
   return absl::OkStatus();
 }
 
+size_t StopStringCut(const std::string& text,
+                     const std::vector<std::string>& stops) {
+  size_t cut = std::string::npos;
+  size_t best_end = std::string::npos;
+  for (const std::string& stop : stops) {
+    const size_t at = text.find(stop);
+    if (at == std::string::npos) continue;
+    if (best_end == std::string::npos || at + stop.size() < best_end) {
+      best_end = at + stop.size();
+      cut = at;
+    }
+  }
+  return cut;
+}
+
 }  // namespace loraplex

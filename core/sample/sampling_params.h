@@ -56,6 +56,11 @@ absl::Status ValidateSamplingParams(const SamplingParams& params,
                                     const SamplingLimits& limits,
                                     const std::string& prefix = "");
 
+// Where `text` is cut for `stops`: at the start of the stop string whose
+// first occurrence ends first; npos when none occurs.
+size_t StopStringCut(const std::string& text,
+                     const std::vector<std::string>& stops);
+
 }  // namespace loraplex
 
 #endif  // LORAPLEX_CORE_SAMPLE_SAMPLING_PARAMS_H_
