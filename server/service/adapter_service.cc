@@ -240,34 +240,24 @@ AdapterServiceImpl::ExportAdapter(grpc::CallbackServerContext* call,
     }
     if (request->has_adapter()) {
       LORAPLEX_ASSIGN_OR_RETURN(
-          std::string id,
-          ParseResourceName(request->adapter(), "adapters", "adapter"));
-      LORAPLEX_RETURN_IF_ERROR(
-          context_->store->GetAdapter(tenant, id).status());
-      dir = context_->scheduler->AdapterDir(id);
+          dir,
+          FindStoredAdapter(*context_, tenant, request->adapter(), "adapter"));
       return absl::OkStatus();
     }
     if (!request->has_job()) {
       return absl::InvalidArgumentError(
           "source is required: set job, adapter or checkpoint");
     }
-    LORAPLEX_ASSIGN_OR_RETURN(std::string id,
-                              ParseResourceName(request->job(), "jobs", "job"));
-    LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
-                              context_->store->GetJob(tenant, id));
-    if (job.status == JobStatus::kSucceeded && !job.adapter_id.empty()) {
-      dir = context_->scheduler->AdapterDir(job.adapter_id);
-      return absl::OkStatus();
+    LORAPLEX_ASSIGN_OR_RETURN(JobWeights weights,
+                              FindJobWeights(*context_, tenant, request->job(),
+                                             "an adapter to export"));
+    if (!weights.running_job_id.empty()) {
+      // A running job: the trainer writes a snapshot between two steps.
+      dir = absl::StrCat(context_->state_dir, "/tmp/", NewResourceId("export"));
+      running_job_id = weights.running_job_id;
+    } else {
+      dir = weights.dir;
     }
-    if (job.status != JobStatus::kRunning || job.training_dataset_id.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job \"", id, "\" is ", JobStatusName(job.status),
-          ": only a running training job or a succeeded one has an adapter "
-          "to export"));
-    }
-    // A running job: the trainer writes a snapshot between two steps.
-    dir = absl::StrCat(context_->state_dir, "/tmp/", NewResourceId("export"));
-    running_job_id = id;
     return absl::OkStatus();
   }();
   if (!status.ok() || running_job_id.empty()) {

@@ -53,6 +53,37 @@ absl::Status CheckCheckpoint(const std::string& dir, absl::string_view field) {
       absl::StrCat(field, ": the checkpoint is damaged: ", status.message()));
 }
 
+absl::StatusOr<std::string> FindStoredAdapter(const ServiceContext& context,
+                                              const std::string& tenant,
+                                              absl::string_view name,
+                                              absl::string_view field) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string id,
+                            ParseResourceName(name, "adapters", field));
+  LORAPLEX_RETURN_IF_ERROR(context.store->GetAdapter(tenant, id).status());
+  return context.scheduler->AdapterDir(id);
+}
+
+absl::StatusOr<JobWeights> FindJobWeights(const ServiceContext& context,
+                                          const std::string& tenant,
+                                          absl::string_view name,
+                                          absl::string_view what) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string id,
+                            ParseResourceName(name, "jobs", "job"));
+  LORAPLEX_ASSIGN_OR_RETURN(JobRecord job, context.store->GetJob(tenant, id));
+  JobWeights weights;
+  if (job.status == JobStatus::kSucceeded && !job.adapter_id.empty()) {
+    weights.dir = context.scheduler->AdapterDir(job.adapter_id);
+    return weights;
+  }
+  if (job.status != JobStatus::kRunning || job.training_dataset_id.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", id, "\" is ", JobStatusName(job.status),
+        ": only a running training job or a succeeded one has ", what));
+  }
+  weights.running_job_id = id;
+  return weights;
+}
+
 absl::Status ListJobCheckpoints(const ServiceContext& context,
                                 const std::string& tenant,
                                 const std::string& job_id,

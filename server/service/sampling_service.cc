@@ -92,10 +92,8 @@ absl::Status ResolveWeights(const ServiceContext& context,
   switch (request.weights_case()) {
     case v1::SampleRequest::kAdapter: {
       LORAPLEX_ASSIGN_OR_RETURN(
-          std::string id,
-          ParseResourceName(request.adapter(), "adapters", "adapter"));
-      LORAPLEX_RETURN_IF_ERROR(context.store->GetAdapter(tenant, id).status());
-      command.adapter_dir = context.scheduler->AdapterDir(id);
+          command.adapter_dir,
+          FindStoredAdapter(context, tenant, request.adapter(), "adapter"));
       return absl::OkStatus();
     }
     case v1::SampleRequest::kCheckpoint: {
@@ -111,22 +109,11 @@ absl::Status ResolveWeights(const ServiceContext& context,
       return absl::OkStatus();
     }
     case v1::SampleRequest::kJob: {
-      LORAPLEX_ASSIGN_OR_RETURN(
-          std::string id, ParseResourceName(request.job(), "jobs", "job"));
-      LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
-                                context.store->GetJob(tenant, id));
-      if (job.status == JobStatus::kSucceeded && !job.adapter_id.empty()) {
-        command.adapter_dir = context.scheduler->AdapterDir(job.adapter_id);
-        return absl::OkStatus();
-      }
-      if (job.status != JobStatus::kRunning ||
-          job.training_dataset_id.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "job \"", id, "\" is ", JobStatusName(job.status),
-            ": only a running training job or a succeeded one has weights to "
-            "sample from"));
-      }
-      command.job_id = id;
+      LORAPLEX_ASSIGN_OR_RETURN(JobWeights weights,
+                                FindJobWeights(context, tenant, request.job(),
+                                               "weights to sample from"));
+      command.adapter_dir = weights.dir;
+      command.job_id = weights.running_job_id;
       return absl::OkStatus();
     }
     case v1::SampleRequest::WEIGHTS_NOT_SET:
@@ -268,10 +255,8 @@ class SampleStreamReactor
         }
         // A stop string already in the text ends it before the string; one
         // still to come can start only in the last holdback_ bytes.
-        size_t match = std::string::npos;
-        for (const std::string& stop : stops_) {
-          match = std::min(match, text->find(stop));
-        }
+        // The same cut as the final text's.
+        const size_t match = StopStringCut(*text, stops_);
         if (match != std::string::npos) {
           stable = std::min(stable, match);
         } else {
