@@ -9,205 +9,14 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/split_mix.h"
 #include "core/common/status_macros.h"
-#include "core/lora/multi_lora.h"
 #include "core/optim/grad_clip.h"
+#include "core/train/micro_batch.h"
 
 namespace loraplex {
 namespace {
 
-// One sequence of the co-batch.
-struct Row {
-  size_t owner = 0;    // Index of the slot (or adapter) it belongs to.
-  int64_t row_id = 0;  // Its index in the owner's batch (dropout masks).
-  const Sequence* sequence = nullptr;
-  double weight = 0.0;  // Loss weight per target token: 1 / owner's targets.
-};
-
-// Consecutive rows of one owner inside a micro-batch.
-struct Piece {
-  size_t owner = 0;
-  std::vector<Row> rows;
-  int64_t longest = 0;
-};
-
-int64_t Length(const Row& row) {
-  return static_cast<int64_t>(row.sequence->input_ids.size());
-}
-
-bool Fits(int64_t rows, int64_t longest, int64_t budget) {
-  return budget <= 0 || rows * longest <= budget;
-}
-
-// Cuts each owner's rows (in order) into pieces under the budget, then packs
-// consecutive pieces into micro-batches. A piece depends only on its owner's
-// rows, so a slot is cut the same way whoever else trains.
-std::vector<std::vector<Piece>> PlanMicroBatches(const std::vector<Row>& rows,
-                                                 int64_t budget) {
-  std::vector<Piece> pieces;
-  for (const Row& row : rows) {
-    const int64_t len = Length(row);
-    Piece* last = pieces.empty() ? nullptr : &pieces.back();
-    if (last == nullptr || last->owner != row.owner ||
-        !Fits(static_cast<int64_t>(last->rows.size()) + 1,
-              std::max(last->longest, len), budget)) {
-      pieces.push_back(Piece{row.owner, {}, 0});
-      last = &pieces.back();
-    }
-    last->rows.push_back(row);
-    last->longest = std::max(last->longest, len);
-  }
-  std::vector<std::vector<Piece>> batches;
-  int64_t batch_rows = 0;
-  int64_t batch_longest = 0;
-  for (Piece& piece : pieces) {
-    const int64_t rows_after =
-        batch_rows + static_cast<int64_t>(piece.rows.size());
-    const int64_t longest_after = std::max(batch_longest, piece.longest);
-    if (batches.empty() || !Fits(rows_after, longest_after, budget)) {
-      batches.emplace_back();
-      batch_rows = 0;
-      batch_longest = 0;
-    }
-    batch_rows += static_cast<int64_t>(piece.rows.size());
-    batch_longest = std::max(batch_longest, piece.longest);
-    batches.back().push_back(std::move(piece));
-  }
-  return batches;
-}
-
-// A micro-batch as tensors, plus which owner each target token belongs to.
-struct MicroBatch {
-  torch::Tensor input_ids;       // [rows, longest]
-  torch::Tensor lengths;         // [rows]
-  torch::Tensor target_index;    // [targets] flat positions that predict
-  torch::Tensor target_labels;   // [targets]
-  torch::Tensor target_weights;  // [targets] in the logits' dtype
-  std::vector<size_t> target_owner;
-};
-
-MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces, int64_t pad_id,
-                           torch::Device device,
-                           torch::ScalarType weight_dtype) {
-  int64_t rows = 0;
-  int64_t longest = 0;
-  for (const Piece& p : pieces) {
-    rows += static_cast<int64_t>(p.rows.size());
-    longest = std::max(longest, p.longest);
-  }
-  std::vector<int64_t> ids(rows * longest, pad_id);
-  std::vector<int64_t> lengths;
-  std::vector<int64_t> index;
-  std::vector<int64_t> labels;
-  std::vector<double> weights;
-  MicroBatch batch;
-  int64_t r = 0;
-  for (const Piece& p : pieces) {
-    for (const Row& row : p.rows) {
-      const Sequence& seq = *row.sequence;
-      const int64_t len = Length(row);
-      std::copy(seq.input_ids.begin(), seq.input_ids.end(),
-                ids.begin() + r * longest);
-      lengths.push_back(len);
-      // Position t-1 predicts token t.
-      for (int64_t t = 1; t < len; ++t) {
-        if (seq.loss_mask[t] == 0) continue;
-        index.push_back(r * longest + t - 1);
-        labels.push_back(seq.input_ids[t]);
-        weights.push_back(row.weight);
-        batch.target_owner.push_back(row.owner);
-      }
-      ++r;
-    }
-  }
-  auto to_device = [&](auto& values, torch::ScalarType dtype,
-                       std::vector<int64_t> shape) {
-    return torch::from_blob(values.data(), shape, dtype)
-        .to(device, dtype, false, true);
-  };
-  const int64_t targets = static_cast<int64_t>(index.size());
-  batch.input_ids = to_device(ids, torch::kInt64, {rows, longest});
-  batch.lengths = to_device(lengths, torch::kInt64, {rows});
-  batch.target_index = to_device(index, torch::kInt64, {targets});
-  batch.target_labels = to_device(labels, torch::kInt64, {targets});
-  batch.target_weights =
-      torch::from_blob(weights.data(), {targets}, torch::kFloat64)
-          .to(device, weight_dtype, /*non_blocking=*/false, /*copy=*/true);
-  return batch;
-}
-
-std::vector<LoraSegment> Segments(const std::vector<Piece>& pieces,
-                                  const std::vector<const LoraWeights*>& owners,
-                                  const std::vector<uint64_t>& dropout_seeds,
-                                  bool training) {
-  std::vector<LoraSegment> segments;
-  for (const Piece& p : pieces) {
-    LoraSegment segment;
-    segment.weights = owners[p.owner];
-    segment.rows = static_cast<int64_t>(p.rows.size());
-    segment.training = training;
-    segment.dropout_seed = dropout_seeds.empty() ? 0 : dropout_seeds[p.owner];
-    for (const Row& row : p.rows) {
-      segment.row_ids.push_back(row.row_id);
-      segment.row_lengths.push_back(Length(row));
-    }
-    segments.push_back(std::move(segment));
-  }
-  return segments;
-}
-
-// Runs one micro-batch and adds each owner's weighted loss to `losses`.
-// With `backward`, gradients of the weighted loss accumulate in the LoRA
-// parameters. The LM head runs in chunks of target tokens, each chunk
-// differentiated on its own, so only one chunk of logits is alive at once.
-absl::Status RunMicroBatch(const LlamaModel& model,
-                           const std::vector<Piece>& pieces,
-                           const std::vector<const LoraWeights*>& owners,
-                           const std::vector<uint64_t>& dropout_seeds,
-                           bool backward, const CoBatchOptions& options,
-                           std::vector<double>& losses) {
-  const MicroBatch batch = BuildMicroBatch(pieces, /*pad_id=*/0, model.device(),
-                                           model.logits_dtype());
-  const MultiLoraDelta delta(
-      Segments(pieces, owners, dropout_seeds, /*training=*/backward));
-  LORAPLEX_ASSIGN_OR_RETURN(
-      torch::Tensor hidden,
-      model.ForwardHidden(batch.input_ids, batch.lengths, &delta));
-  torch::Tensor targets =
-      hidden.reshape({-1, hidden.size(-1)}).index_select(0, batch.target_index);
-  const int64_t chunk = std::max<int64_t>(1, options.loss_chunk_tokens);
-  std::vector<torch::Tensor> chunks = targets.detach().split(chunk, 0);
-  std::vector<torch::Tensor> grads;
-  std::vector<torch::Tensor> contributions;
-  int64_t start = 0;
-  for (torch::Tensor& part : chunks) {
-    const int64_t n = part.size(0);
-    if (backward) part.requires_grad_(true);
-    torch::Tensor logits = model.Logits(part);
-    torch::Tensor ce = torch::nn::functional::cross_entropy(
-        logits, batch.target_labels.narrow(0, start, n),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(
-            torch::kNone));
-    torch::Tensor contribution = ce * batch.target_weights.narrow(0, start, n);
-    if (backward) {
-      contribution.sum().backward();
-      grads.push_back(part.grad());
-    }
-    contributions.push_back(contribution.detach());
-    start += n;
-  }
-  if (backward) {
-    targets.backward(torch::cat(grads, 0).to(targets.scalar_type()));
-  }
-  torch::Tensor per_token =
-      torch::cat(contributions, 0).to(torch::kCPU, torch::kFloat64);
-  const double* values = per_token.data_ptr<double>();
-  for (size_t i = 0; i < batch.target_owner.size(); ++i) {
-    losses[batch.target_owner[i]] += values[i];
-  }
-  return absl::OkStatus();
-}
-
-// Rows of every owner in order, each weighted by 1 / (owner's targets).
+// Rows of every slot in order, each target token weighted by 1 / (the
+// slot's target tokens): the slot's masked mean cross-entropy.
 std::vector<Row> WeightedRows(
     const std::vector<std::vector<const Sequence*>>& batches,
     std::vector<int64_t>& targets, std::vector<int64_t>& tokens) {
@@ -224,11 +33,46 @@ std::vector<Row> WeightedRows(
     const double weight =
         targets[owner] > 0 ? 1.0 / static_cast<double>(targets[owner]) : 0.0;
     for (size_t i = 0; i < batches[owner].size(); ++i) {
-      rows.push_back(
-          Row{owner, static_cast<int64_t>(i), batches[owner][i], weight});
+      const Sequence& seq = *batches[owner][i];
+      Row row{owner, static_cast<int64_t>(i), &seq.input_ids, {}};
+      // Position t-1 predicts token t.
+      for (size_t t = 1; t < seq.input_ids.size(); ++t) {
+        if (seq.loss_mask[t] == 0) continue;
+        row.targets.positions.push_back(static_cast<int64_t>(t) - 1);
+        row.targets.labels.push_back(seq.input_ids[t]);
+        row.targets.weights.push_back(weight);
+      }
+      rows.push_back(std::move(row));
     }
   }
   return rows;
+}
+
+// The rows of a forward/backward call: position i of each datum predicts
+// its k target tokens, each with its own inputs.
+void AppendCallRows(const ForwardBackwardCall& call, size_t owner,
+                    std::vector<Row>& rows) {
+  for (size_t d = 0; d < call.data->size(); ++d) {
+    const Datum& datum = (*call.data)[d];
+    const int64_t k = datum.targets_per_position;
+    Row row{owner, static_cast<int64_t>(d), &datum.input_ids, {}};
+    RowTargets& t = row.targets;
+    for (int64_t i = 0; i < datum.positions(); ++i) {
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t at = static_cast<size_t>(i * k + j);
+        t.positions.push_back(i);
+        t.labels.push_back(datum.target_tokens[at]);
+        if (LossFnTakesWeights(call.loss.fn)) {
+          t.weights.push_back(datum.weights[at]);
+        }
+        if (LossFnTakesSamplerInputs(call.loss.fn)) {
+          t.sampler_logprobs.push_back(datum.sampler_logprobs[i]);
+          t.advantages.push_back(datum.advantages[i]);
+        }
+      }
+    }
+    rows.push_back(std::move(row));
+  }
 }
 
 // INVALID_ARGUMENT unless `weights` were shaped for a model like `model`.
@@ -245,6 +89,115 @@ absl::Status CheckAdapterFits(const LoraWeights& weights,
         absl::StrCat("adapter ", index, " was shaped for another base model"));
   }
   return absl::OkStatus();
+}
+
+// INVALID_ARGUMENT unless every call can run on `model` beside `slots`.
+absl::Status CheckCalls(const LlamaModel& model,
+                        const std::vector<TrainingSlot*>& slots,
+                        const std::vector<ForwardBackwardCall>& calls,
+                        const StepSync* sync) {
+  if (calls.empty()) return absl::OkStatus();
+  if (sync != nullptr && sync->world_size > 1) {
+    return absl::FailedPreconditionError(
+        "forward/backward calls do not run data parallel yet");
+  }
+  const ModelConfig& config = model.config();
+  DatumLimits limits;
+  limits.vocab_size = config.vocab_size;
+  limits.max_positions = config.max_position_embeddings;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const ForwardBackwardCall& call = calls[c];
+    const std::string what = absl::StrCat("call ", c, " of the pass");
+    if (call.data == nullptr || call.data->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " has no data"));
+    }
+    if (call.adapter == nullptr) {
+      if (call.backward) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " has gradients but no adapter"));
+      }
+    } else {
+      if (!call.adapter->bound()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, "'s adapter is not bound"));
+      }
+      LORAPLEX_RETURN_IF_ERROR(CheckAdapterFits(*call.adapter, config, c));
+      for (const TrainingSlot* slot : slots) {
+        if (&slot->weights == call.adapter) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(what, "'s adapter is a training slot's"));
+        }
+      }
+    }
+    for (size_t d = 0; d < call.data->size(); ++d) {
+      LORAPLEX_RETURN_IF_ERROR(ValidateDatum((*call.data)[d], call.loss, limits,
+                                             absl::StrCat("data[", d, "].")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The gradients the calls' adapters held before a pass, set aside while
+// it runs: AddBack adds them to the pass's own, PutBack restores them.
+class GradStash {
+ public:
+  explicit GradStash(const std::vector<ForwardBackwardCall>& calls) {
+    for (const ForwardBackwardCall& call : calls) {
+      if (!call.backward || call.adapter == nullptr) continue;
+      for (const torch::Tensor& param : call.adapter->parameters()) {
+        if (std::any_of(
+                params_.begin(), params_.end(),
+                [&](const torch::Tensor& t) { return t.is_same(param); })) {
+          continue;  // Two calls of one adapter.
+        }
+        params_.push_back(param);
+        saved_.push_back(param.grad());
+        torch::Tensor p = param;
+        p.mutable_grad() = torch::Tensor();
+      }
+    }
+  }
+
+  void AddBack() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      torch::Tensor& grad = params_[i].mutable_grad();
+      if (!saved_[i].defined()) continue;
+      if (grad.defined()) {
+        saved_[i].add_(grad);
+      }
+      grad = saved_[i];
+    }
+    params_.clear();
+    saved_.clear();
+  }
+
+  void PutBack() {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      params_[i].mutable_grad() = saved_[i];
+    }
+    params_.clear();
+    saved_.clear();
+  }
+
+ private:
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> saved_;
+};
+
+// A call's output: its loss, and its logprobs cut per datum.
+ForwardBackwardOutput CallOutput(const std::vector<Datum>& data, double loss,
+                                 std::vector<double> logprobs) {
+  ForwardBackwardOutput out;
+  out.loss = loss;
+  size_t at = 0;
+  for (const Datum& datum : data) {
+    const size_t n = datum.target_tokens.size();
+    out.logprobs.emplace_back(logprobs.begin() + at, logprobs.begin() + at + n);
+    at += n;
+    out.tokens += datum.positions();
+  }
+  return out;
 }
 
 // Zeroes the gradients of all the slot's weights in place: a data-parallel
@@ -304,8 +257,9 @@ absl::Status AfterSum(const StepSync* sync, absl::Status status) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
+absl::StatusOr<CoBatchResult> RunCoBatchPass(
     const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
+    const std::vector<ForwardBackwardCall>& calls,
     const CoBatchOptions& options) {
   for (size_t i = 0; i < slots.size(); ++i) {
     if (!slots[i]->trainable() || slots[i]->done()) {
@@ -323,10 +277,11 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
       }
     }
   }
+  const StepSync* sync = options.sync;
+  LORAPLEX_RETURN_IF_ERROR(CheckCalls(model, slots, calls, sync));
   std::vector<DataCursor> cursors;
   std::vector<std::vector<const Sequence*>> batches;
-  std::vector<const LoraWeights*> owners;
-  std::vector<uint64_t> seeds;
+  PassOwners owners;
   for (TrainingSlot* slot : slots) {
     cursors.push_back(*slot->cursor);
     std::vector<const Sequence*> batch;
@@ -334,16 +289,16 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
       batch.push_back(&slot->data->sequences[index]);
     }
     batches.push_back(std::move(batch));
-    owners.push_back(&slot->weights);
+    owners.adapters.push_back(&slot->weights);
     // Dropout seed of this step: a function of the job's seed and step.
-    seeds.push_back(
+    owners.dropout_seeds.push_back(
         SplitMix64(slot->training.seed ^
                    SplitMix64(static_cast<uint64_t>(slot->counters.steps))));
+    owners.losses.push_back(LossFnSpec{});
   }
   std::vector<int64_t> targets;
   std::vector<int64_t> tokens;
   std::vector<Row> rows = WeightedRows(batches, targets, tokens);
-  const StepSync* sync = options.sync;
   if (sync != nullptr && sync->world_size > 1) {
     // Row r of slot i goes to rank (rows of slots before i + r) % world:
     // the ranks take turns across the whole co-batch, so leftover rows do
@@ -360,6 +315,19 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
                               }),
                rows.end());
   }
+  // Calls with gradients train beside the slots; forward-only calls run
+  // after them without autograd.
+  std::vector<Row> forward_rows;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    owners.adapters.push_back(calls[c].adapter);
+    owners.dropout_seeds.push_back(calls[c].dropout_seed);
+    owners.losses.push_back(calls[c].loss);
+    AppendCallRows(calls[c], slots.size() + c,
+                   calls[c].backward ? rows : forward_rows);
+  }
+  std::vector<std::vector<double>> logprobs(owners.adapters.size());
+  PassSums sums{std::vector<double>(owners.adapters.size(), 0.0),
+                calls.empty() ? nullptr : &logprobs};
   std::vector<double> losses(slots.size(), 0.0);
 
   auto restore = [&]() {
@@ -369,17 +337,31 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     }
   };
   absl::Status local;
+  // The calls' gradients of earlier calls wait aside while this pass adds
+  // its own, so a failure can put them back untouched.
+  GradStash stash(calls);
   try {
     for (TrainingSlot* slot : slots) ZeroGrads(*slot);
     for (const std::vector<Piece>& micro :
          PlanMicroBatches(rows, options.token_budget)) {
-      local = RunMicroBatch(model, micro, owners, seeds,
-                            /*backward=*/true, options, losses);
+      local = RunMicroBatch(model, micro, owners, /*backward=*/true,
+                            options.loss_chunk_tokens, sums);
       if (!local.ok()) break;
+    }
+    if (local.ok() && !forward_rows.empty()) {
+      torch::NoGradGuard no_grad;
+      for (const std::vector<Piece>& micro :
+           PlanMicroBatches(forward_rows, options.token_budget)) {
+        local = RunMicroBatch(model, micro, owners, /*backward=*/false,
+                              options.loss_chunk_tokens, sums);
+        if (!local.ok()) break;
+      }
     }
   } catch (const c10::Error& e) {
     local = TorchError("training step failed", e);
   }
+  std::copy(sums.losses.begin(), sums.losses.begin() + slots.size(),
+            losses.begin());
   if (sync != nullptr) {
     // Every rank takes part in the sum even when its own part failed, and
     // then all of them fail together: none is left waiting.
@@ -394,9 +376,23 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     }
     if (local.ok()) local = summed;
   }
+  if (local.ok()) {
+    try {
+      stash.AddBack();
+    } catch (const c10::Error& e) {
+      local = TorchError("adding up the calls' gradients failed", e);
+    }
+  }
   if (!local.ok()) {
     restore();
+    stash.PutBack();
     return local;
+  }
+  CoBatchResult result;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    result.calls.push_back(CallOutput(*calls[c].data,
+                                      sums.losses[slots.size() + c],
+                                      std::move(logprobs[slots.size() + c])));
   }
 
   // Decide every slot's fate (and clip) before any optimizer steps, so a
@@ -467,7 +463,16 @@ absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
                        status.message()));
     }
   }
-  return metrics;
+  result.slots = std::move(metrics);
+  return result;
+}
+
+absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
+    const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
+    const CoBatchOptions& options) {
+  LORAPLEX_ASSIGN_OR_RETURN(CoBatchResult result,
+                            RunCoBatchPass(model, slots, {}, options));
+  return std::move(result.slots);
 }
 
 absl::StatusOr<double> EvalLoss(const LlamaModel& model,
@@ -496,19 +501,20 @@ absl::StatusOr<double> EvalLoss(const LlamaModel& model,
   if (targets[0] == 0) {
     return absl::InvalidArgumentError("evaluation sequences have no targets");
   }
-  std::vector<double> losses(1, 0.0);
+  PassOwners owners{{adapter}, {}, {LossFnSpec{}}};
+  PassSums sums{{0.0}};
   torch::NoGradGuard no_grad;
   try {
     for (const std::vector<Piece>& micro :
          PlanMicroBatches(rows, options.token_budget)) {
-      LORAPLEX_RETURN_IF_ERROR(RunMicroBatch(model, micro, {adapter}, {},
-                                             /*backward=*/false, options,
-                                             losses));
+      LORAPLEX_RETURN_IF_ERROR(RunMicroBatch(model, micro, owners,
+                                             /*backward=*/false,
+                                             options.loss_chunk_tokens, sums));
     }
   } catch (const c10::Error& e) {
     return TorchError("evaluation failed", e);
   }
-  return losses[0];
+  return sums.losses[0];
 }
 
 }  // namespace loraplex

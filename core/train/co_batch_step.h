@@ -28,6 +28,7 @@
 #include "core/lora/lora_weights.h"
 #include "core/model/llama_model.h"
 #include "core/train/dist_hooks.h"
+#include "core/train/loss_fn.h"
 #include "core/train/step_metrics.h"
 #include "core/train/training_slot.h"
 
@@ -50,6 +51,44 @@ struct CoBatchOptions {
   // and steps on its full gradient. nullptr: one process.
   const StepSync* sync = nullptr;
 };
+
+// A client-driven forward (and backward) over `data` (DESIGN.md §12): each
+// datum's target tokens through `loss`, summed with no normalisation. With
+// `backward`, the gradients of that sum are added to those already in
+// `adapter`'s parameters (they add up over calls until the caller steps and
+// zeroes them); without, nothing changes.
+struct ForwardBackwardCall {
+  LoraWeights* adapter = nullptr;  // Bound; nullptr: the base alone (forward).
+  const std::vector<Datum>* data = nullptr;
+  LossFnSpec loss;
+  bool backward = true;
+  // Seed of the call's dropout masks (row i of the call is row i of them).
+  uint64_t dropout_seed = 0;
+};
+
+struct ForwardBackwardOutput {
+  // Per datum, log p of each target token (N·k values, as target_tokens).
+  std::vector<std::vector<double>> logprobs;
+  double loss = 0.0;   // The sum over every target token of every datum.
+  int64_t tokens = 0;  // Input tokens of all datums.
+};
+
+struct CoBatchResult {
+  std::vector<SlotStepMetrics> slots;        // slots[i] of the pass.
+  std::vector<ForwardBackwardOutput> calls;  // calls[i] of the pass.
+};
+
+// One co-batched pass: a training step of every slot in `slots` (as
+// TrainCoBatchStep) together with every call in `calls` (each a valid
+// Datum list for its loss, ValidateDatum), all rows through the base at
+// once. A call's gradients are exactly its own, whichever slots and calls
+// share the pass. An error before the slots' optimizer steps leaves every
+// slot, and every call's gradients, as they were. Calls do not run data
+// parallel yet (FAILED_PRECONDITION with a sync over more than one rank).
+absl::StatusOr<CoBatchResult> RunCoBatchPass(
+    const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
+    const std::vector<ForwardBackwardCall>& calls,
+    const CoBatchOptions& options);
 
 // Trains one step of every slot in `slots` (each trainable(), not done(),
 // listed once, shaped for `model`); metrics[i] belongs to slots[i]. An

@@ -10,7 +10,9 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -154,6 +156,140 @@ INSTANTIATE_TEST_SUITE_P(
 
 // All of a slot's optimizer state is zero: moments, momentum buffers and
 // step counters.
+// A forward/backward call's adapter and data on the tiny model: `count`
+// random datums for `loss`.
+struct CallFixture {
+  std::unique_ptr<LoraWeights> adapter;
+  std::vector<Datum> data;
+  LossFnSpec loss;
+};
+
+CallFixture MakeCall(const LlamaModel& model, torch::ScalarType dtype,
+                     const char* loss, LoraConfig lora, uint64_t seed) {
+  CallFixture call;
+  call.adapter =
+      std::make_unique<LoraWeights>(model.config(), torch::kCPU, dtype);
+  EXPECT_TRUE(call.adapter->Bind(lora).ok());
+  call.adapter->InitPeft(seed);
+  RandomizeB(*call.adapter, seed, 0.05);
+  std::map<std::string, double> config;
+  if (std::string(loss) == "dro") config["beta"] = 0.3;
+  call.loss = *LossFnSpecOf(loss, config);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  const int64_t vocab = model.config().vocab_size;
+  for (int length : {6, 13, 9}) {
+    Datum datum;
+    for (int i = 0; i < length; ++i) {
+      datum.input_ids.push_back(static_cast<int64_t>(rng() % vocab));
+      datum.target_tokens.push_back(static_cast<int64_t>(rng() % vocab));
+      const double u = static_cast<double>(rng() % 1000) / 1000.0;
+      if (LossFnTakesWeights(call.loss.fn)) {
+        datum.weights.push_back(u - 0.3);
+      } else {
+        datum.sampler_logprobs.push_back(-4.0 - u);
+        datum.advantages.push_back(1.0 - 2.0 * u);
+      }
+    }
+    call.data.push_back(std::move(datum));
+  }
+  return call;
+}
+
+std::vector<torch::Tensor> Grads(const LoraWeights& weights) {
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : weights.parameters()) {
+    grads.push_back(p.grad().defined() ? p.grad().clone()
+                                       : torch::zeros_like(p));
+  }
+  return grads;
+}
+
+// Jobs' steps and client forward/backward calls in one pass: each job's
+// slot ends where it would alone, and each call's loss, logprobs and
+// accumulated gradients equal those of the call alone (fp64). Without
+// this, a call's rows would disturb a job's step or leak into another
+// call's gradients.
+TEST(CoBatchStepTest, JobsAndForwardBackwardCallsTogetherEqualEachAlone) {
+  const LlamaModel& model = TinyModel64();
+  const int kSteps = 3;
+  const std::vector<SlotAttachRequest> requests = MixedRequests();
+  LoraConfig with_dropout;
+  with_dropout.rank = 4;
+  with_dropout.alpha = 8;
+  with_dropout.dropout = 0.1;
+  LoraConfig attention;
+  attention.rank = 2;
+  attention.alpha = 2;
+  attention.targets = {Projection::kQ, Projection::kV};
+  auto calls_for = [&]() {
+    std::vector<CallFixture> calls;
+    calls.push_back(
+        MakeCall(model, torch::kFloat64, "cross_entropy", with_dropout, 11));
+    calls.push_back(MakeCall(model, torch::kFloat64, "ppo", attention, 12));
+    calls.push_back(MakeCall(model, torch::kFloat64, "dro", with_dropout, 13));
+    return calls;
+  };
+  auto call_of = [](CallFixture& c, int step) {
+    ForwardBackwardCall call{c.adapter.get(), &c.data, c.loss};
+    call.dropout_seed = 1000 + static_cast<uint64_t>(step);
+    return call;
+  };
+  CoBatchOptions options;
+  options.token_budget = 40;
+  options.loss_chunk_tokens = 7;
+
+  std::vector<std::vector<torch::Tensor>> slots_alone;
+  for (const SlotAttachRequest& request : requests) {
+    SlotPool alone(model.config(), {.capacity = 1, .dtype = torch::kFloat64});
+    ASSERT_TRUE(alone.Attach(request).ok());
+    Train(alone, kSteps, options, model);
+    slots_alone.push_back(Snapshot(alone.slot(0).weights));
+  }
+  std::vector<CallFixture> calls_alone = calls_for();
+  std::vector<std::vector<double>> losses_alone(calls_alone.size());
+  for (int step = 0; step < kSteps; ++step) {
+    for (size_t c = 0; c < calls_alone.size(); ++c) {
+      auto result =
+          RunCoBatchPass(model, {}, {call_of(calls_alone[c], step)}, options);
+      ASSERT_TRUE(result.ok()) << result.status();
+      losses_alone[c].push_back(result->calls[0].loss);
+    }
+  }
+
+  SlotPool together(model.config(), {.capacity = 4, .dtype = torch::kFloat64});
+  for (const SlotAttachRequest& request : requests) {
+    ASSERT_TRUE(together.Attach(request).ok());
+  }
+  std::vector<CallFixture> calls = calls_for();
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<ForwardBackwardCall> pass;
+    for (CallFixture& c : calls) pass.push_back(call_of(c, step));
+    auto result = RunCoBatchPass(model, together.ActiveSlots(), pass, options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->slots.size(), requests.size());
+    ASSERT_EQ(result->calls.size(), calls.size());
+    for (size_t c = 0; c < calls.size(); ++c) {
+      EXPECT_NEAR(result->calls[c].loss, losses_alone[c][step],
+                  kFp64IdentityBound * std::abs(losses_alone[c][step]))
+          << "call " << c << " step " << step;
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_LE(
+        MaxRelativeDiff(Snapshot(together.slot(static_cast<int>(i)).weights),
+                        slots_alone[i]),
+        kFp64IdentityBound)
+        << requests[i].job_id;
+  }
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const std::vector<torch::Tensor> grads = Grads(*calls[c].adapter);
+    EXPECT_GT(grads[0].abs().max().item<double>(), 0.0) << "call " << c;
+    EXPECT_LE(MaxRelativeDiff(grads, Grads(*calls_alone[c].adapter)),
+              kFp64IdentityBound)
+        << "call " << c;
+  }
+}
+
 void ExpectStateZero(const SlotOptimizer& optimizer) {
   for (const OptimizerChild& child : optimizer.children()) {
     for (const ParamStateRef& ref : child.states()) {
