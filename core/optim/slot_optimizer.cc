@@ -291,6 +291,38 @@ void SlotOptimizer::SetLr(double lr) {
   }
 }
 
+absl::Status SlotOptimizer::SetHyperparameters(const OptimizerConfig& config) {
+  LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
+  if (config.family != config_.family) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.family: the slot's optimizer is ",
+                     OptimizerFamilyName(config_.family), ", not ",
+                     OptimizerFamilyName(config.family)));
+  }
+  for (OptimizerChild& child : children_) {
+    for (auto& group : child.optimizer->param_groups()) {
+      torch::optim::OptimizerOptions& options = group.options();
+      if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+        adamw->betas({config.beta1, config.beta2})
+            .eps(config.eps)
+            .weight_decay(config.weight_decay);
+      } else if (auto* adam =
+                     dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+        adam->betas({config.beta1, config.beta2})
+            .eps(config.eps)
+            .weight_decay(config.weight_decay);
+      } else if (auto* muon = dynamic_cast<MuonOptions*>(&options)) {
+        muon->momentum(config.momentum)
+            .nesterov(config.nesterov)
+            .weight_decay(config.weight_decay);
+      }
+    }
+  }
+  config_ = config;
+  SetLr(config.lr);
+  return absl::OkStatus();
+}
+
 double SlotOptimizer::lr() const {
   if (children_.empty()) return empty_lr_;
   return children_.front().optimizer->param_groups().front().options().get_lr();

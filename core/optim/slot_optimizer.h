@@ -77,6 +77,13 @@ class SlotOptimizer {
   void ZeroState();
   // Sets the learning rate of every child's every parameter group.
   void SetLr(double lr);
+  // Replaces the hyperparameters of every child (lr, weight decay; betas
+  // and eps of the Adam family and of the muon family's AdamW child; Muon's
+  // momentum and Nesterov flag) with `config`'s, keeping all state: a
+  // client that drives its own schedule sets them before each step.
+  // INVALID_ARGUMENT naming the field for a bad config or another family
+  // (nothing changes then).
+  absl::Status SetHyperparameters(const OptimizerConfig& config);
   double lr() const;
 
   const OptimizerConfig& config() const { return config_; }

@@ -467,6 +467,50 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
   return result;
 }
 
+absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
+                                                const OptimizerConfig& step,
+                                                double grad_clip) {
+  if (!slot.weights.bound() || !slot.optimizer) {
+    return absl::FailedPreconditionError("the slot has no optimizer");
+  }
+  if (!(grad_clip >= 0) || !std::isfinite(grad_clip)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grad_clip_norm must be a finite number >= 0, got ", grad_clip));
+  }
+  // Checked (and refused without change) before anything moves.
+  LORAPLEX_RETURN_IF_ERROR(slot.optimizer->SetHyperparameters(step));
+  std::vector<torch::Tensor> params = slot.weights.parameters();
+  const bool any =
+      std::any_of(params.begin(), params.end(),
+                  [](const torch::Tensor& p) { return p.grad().defined(); });
+  SlotStepMetrics metrics;
+  metrics.lr = step.lr;
+  auto drop_grads = [&] {
+    for (torch::Tensor& param : params) param.mutable_grad() = torch::Tensor();
+  };
+  try {
+    if (!any) {
+      metrics.skipped = true;
+      metrics.skip_reason = "no gradients since the last step";
+    } else {
+      const GradNorm norm = ClipGradNorm(params, grad_clip);
+      metrics.grad_norm = norm.norm;
+      if (!norm.finite) {
+        metrics.skipped = true;
+        metrics.skip_reason = "gradient norm is not finite";
+      }
+    }
+    if (!metrics.skipped) slot.optimizer->Step();
+  } catch (const c10::Error& e) {
+    drop_grads();
+    return TorchError("optimizer step failed", e);
+  }
+  drop_grads();
+  if (metrics.skipped) ++slot.counters.skipped_steps;
+  ++slot.counters.steps;
+  return metrics;
+}
+
 absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
     const CoBatchOptions& options) {

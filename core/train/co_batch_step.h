@@ -90,6 +90,19 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
     const std::vector<ForwardBackwardCall>& calls,
     const CoBatchOptions& options);
 
+// Steps a client-driven slot (weights and optimizer, no data or schedule)
+// on the gradients its forward/backward calls accumulated, with the
+// hyperparameters `step` (its family must be the optimizer's): clips the
+// gradient norm to `grad_clip` (0: no clipping), steps, and drops the
+// gradients, so the next calls accumulate afresh. Skipped (the weights and
+// optimizer state unchanged, the gradients dropped) when no call added
+// gradients since the last step or their norm is not finite. Counts the
+// step in slot.counters. INVALID_ARGUMENT for a bad `step` or grad_clip
+// (nothing changes).
+absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
+                                                const OptimizerConfig& step,
+                                                double grad_clip);
+
 // Trains one step of every slot in `slots` (each trainable(), not done(),
 // listed once, shaped for `model`); metrics[i] belongs to slots[i]. An
 // error in the forward/backward or clipping (e.g. a LibTorch failure)
