@@ -41,6 +41,8 @@ absl::string_view SlotStateName(SlotState state) {
       return "training";
     case SlotState::kEvaluating:
       return "evaluating";
+    case SlotState::kSession:
+      return "session";
     case SlotState::kTrained:
       return "trained";
     case SlotState::kRetiring:
@@ -108,6 +110,9 @@ absl::Status SlotPool::CheckRequest(const SlotAttachRequest& request) const {
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(request.optimizer));
   LORAPLEX_RETURN_IF_ERROR(ValidateLrScheduleConfig(request.schedule));
   LORAPLEX_RETURN_IF_ERROR(ValidateTrainingConfig(request.training));
+  if (request.session && request.data != nullptr) {
+    return absl::InvalidArgumentError("a session's slot takes no data");
+  }
   if (request.data != nullptr) {
     const std::vector<Sequence>& sequences = request.data->sequences;
     if (sequences.empty()) {
@@ -140,7 +145,7 @@ absl::Status SlotPool::Prepare(const SlotAttachRequest& request, int index) {
   slot.training = request.training;
   slot.optimizer.reset();
   ForgetJob(slot);
-  if (request.data == nullptr) return absl::OkStatus();
+  if (request.data == nullptr && !request.session) return absl::OkStatus();
 
   std::vector<torch::Tensor> owned = slot.weights.parameters();
   if (options_.claims != nullptr) {
@@ -160,6 +165,10 @@ absl::Status SlotPool::Prepare(const SlotAttachRequest& request, int index) {
           : BuildSlotOptimizer(request.optimizer, owned);
   LORAPLEX_RETURN_IF_ERROR(built.status());
   SlotOptimizer optimizer = *std::move(built);
+  if (request.session) {
+    slot.optimizer.emplace(std::move(optimizer));
+    return absl::OkStatus();
+  }
   LORAPLEX_ASSIGN_OR_RETURN(
       LrScheduler scheduler,
       LrScheduler::Create(request.schedule, request.optimizer.lr));
@@ -210,8 +219,9 @@ absl::StatusOr<int> SlotPool::Attach(const SlotAttachRequest& request) {
     ForgetJob(slot);
     return status;
   }
-  entry.state =
-      request.data == nullptr ? SlotState::kEvaluating : SlotState::kTraining;
+  entry.state = request.session           ? SlotState::kSession
+                : request.data == nullptr ? SlotState::kEvaluating
+                                          : SlotState::kTraining;
   entry.job_id = request.job_id;
   return free;
 }

@@ -35,8 +35,9 @@
 
 namespace loraplex {
 
-// DESIGN.md §5: kFree → kTraining → kTrained → kRetiring → kFree, or
-// kFree → kEvaluating → kRetiring → kFree. A retire that succeeds goes
+// DESIGN.md §5: kFree → kTraining → kTrained → kRetiring → kFree,
+// kFree → kEvaluating → kRetiring → kFree, or kFree → kSession → kRetiring
+// → kFree. A retire that succeeds goes
 // straight to kFree from any attached state; kRetiring is where a slot
 // stays while zeroing it keeps failing.
 enum class SlotState {
@@ -44,6 +45,9 @@ enum class SlotState {
   kTraining,    // Holds a job with steps left: it trains in every co-batch.
   kEvaluating,  // Holds an adapter attached for evaluation only (no data,
                 // no optimizer): evaluated, never trained.
+  kSession,     // Holds a client-driven training session's adapter and
+                // optimizer (no data, no schedule): it trains only through
+                // the session's forward/backward calls and steps.
   kTrained,     // Its job has trained its last step (the counters reached
                 // total_steps): no more steps; it waits to be validated,
                 // exported and retired.
@@ -78,6 +82,9 @@ struct SlotAttachRequest {
   // Start from these weights (its config replaces `lora`) instead of
   // PEFT's initialisation seeded with training.seed.
   std::shared_ptr<const PeftAdapter> initial_weights;
+  // A training session's slot (kSession): weights and the optimizer, no
+  // data (which must be null) and no schedule.
+  bool session = false;
   // The slot to take when it is free, else the lowest free one (-1). A job
   // resumed from a checkpoint goes back to its slot, so the rows of a
   // co-batch keep their order.

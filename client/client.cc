@@ -140,7 +140,8 @@ LoraplexClient::LoraplexClient(ClientOptions options,
       dataset_stub_(v1::DatasetService::NewStub(channel_)),
       job_stub_(v1::JobService::NewStub(channel_)),
       adapter_stub_(v1::AdapterService::NewStub(channel_)),
-      sampling_stub_(v1::SamplingService::NewStub(channel_)) {}
+      sampling_stub_(v1::SamplingService::NewStub(channel_)),
+      session_stub_(v1::TrainingSessionService::NewStub(channel_)) {}
 
 LoraplexClient::~LoraplexClient() = default;
 
@@ -564,6 +565,66 @@ absl::StatusOr<v1::SampleResponse> LoraplexClient::Sample(
     const v1::SampleRequest& request) {
   return CallUnary(sampling_stub_.get(), &v1::SamplingService::Stub::Sample,
                    request, options_.transfer_timeout);
+}
+
+absl::StatusOr<v1::Session> LoraplexClient::CreateSession(
+    const v1::CreateSessionRequest& request) {
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::CreateSession, request,
+                   options_.transfer_timeout);
+}
+
+absl::StatusOr<v1::Session> LoraplexClient::GetSession(
+    const std::string& name) {
+  v1::GetSessionRequest request;
+  request.set_name(name);
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::GetSession, request);
+}
+
+absl::StatusOr<v1::ListSessionsResponse> LoraplexClient::ListSessions() {
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::ListSessions,
+                   v1::ListSessionsRequest());
+}
+
+absl::StatusOr<v1::SessionResult> LoraplexClient::ForwardBackward(
+    const v1::ForwardBackwardRequest& request) {
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::ForwardBackward, request,
+                   options_.transfer_timeout);
+}
+
+absl::StatusOr<v1::SessionResult> LoraplexClient::OptimStep(
+    const v1::OptimStepRequest& request) {
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::OptimStep, request,
+                   options_.transfer_timeout);
+}
+
+absl::StatusOr<v1::SessionResult> LoraplexClient::SaveWeightsForSampler(
+    const v1::SaveWeightsForSamplerRequest& request) {
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::SaveWeightsForSampler,
+                   request, options_.transfer_timeout);
+}
+
+absl::StatusOr<v1::RetrieveResultResponse> LoraplexClient::RetrieveResult(
+    const v1::RetrieveResultRequest& request) {
+  const int64_t wait_ms =
+      request.timeout_ms() == 0 ? 30000 : request.timeout_ms();
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::RetrieveResult, request,
+                   options_.timeout + absl::Milliseconds(wait_ms));
+}
+
+absl::StatusOr<v1::Session> LoraplexClient::CloseSession(
+    const std::string& name) {
+  v1::CloseSessionRequest request;
+  request.set_name(name);
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::CloseSession, request,
+                   options_.transfer_timeout);
 }
 
 absl::StatusOr<v1::SampleResponse> LoraplexClient::StreamSample(

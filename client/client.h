@@ -39,6 +39,7 @@
 #include "loraplex/v1/jobs.grpc.pb.h"
 #include "loraplex/v1/sampling.grpc.pb.h"
 #include "loraplex/v1/server.grpc.pb.h"
+#include "loraplex/v1/sessions.grpc.pb.h"
 
 namespace loraplex {
 
@@ -187,6 +188,24 @@ class LoraplexClient {
       const v1::SampleRequest& request,
       const std::function<bool(const v1::SampledToken&)>& on_token);
 
+  // TrainingSessionService. The calls that run on the trainer
+  // (ForwardBackward, OptimStep, SaveWeightsForSampler, CloseSession)
+  // have transfer_timeout as their deadline; a call cut short keeps
+  // running on the server, and RetrieveResult collects it by seq_id.
+  absl::StatusOr<v1::Session> CreateSession(
+      const v1::CreateSessionRequest& request);
+  absl::StatusOr<v1::Session> GetSession(const std::string& name);
+  absl::StatusOr<v1::ListSessionsResponse> ListSessions();
+  absl::StatusOr<v1::SessionResult> ForwardBackward(
+      const v1::ForwardBackwardRequest& request);
+  absl::StatusOr<v1::SessionResult> OptimStep(
+      const v1::OptimStepRequest& request);
+  absl::StatusOr<v1::SessionResult> SaveWeightsForSampler(
+      const v1::SaveWeightsForSamplerRequest& request);
+  absl::StatusOr<v1::RetrieveResultResponse> RetrieveResult(
+      const v1::RetrieveResultRequest& request);
+  absl::StatusOr<v1::Session> CloseSession(const std::string& name);
+
  private:
   LoraplexClient(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
 
@@ -223,6 +242,7 @@ class LoraplexClient {
   std::unique_ptr<v1::JobService::Stub> job_stub_;
   std::unique_ptr<v1::AdapterService::Stub> adapter_stub_;
   std::unique_ptr<v1::SamplingService::Stub> sampling_stub_;
+  std::unique_ptr<v1::TrainingSessionService::Stub> session_stub_;
 };
 
 }  // namespace loraplex

@@ -24,6 +24,7 @@ namespace loraplex {
 inline constexpr absl::string_view kDatasets = "datasets";
 inline constexpr absl::string_view kJobs = "jobs";
 inline constexpr absl::string_view kAdapters = "adapters";
+inline constexpr absl::string_view kSessions = "sessions";
 // A job's checkpoints: "jobs/{id}/checkpoints/{step}".
 inline constexpr absl::string_view kCheckpoints = "checkpoints";
 

@@ -33,11 +33,13 @@
 #include "server/engine/rank_setup.h"
 #include "server/engine/trainer.h"
 #include "server/jobs/job_scheduler.h"
+#include "server/jobs/session_manager.h"
 #include "server/service/adapter_service.h"
 #include "server/service/dataset_service.h"
 #include "server/service/job_service.h"
 #include "server/service/sampling_service.h"
 #include "server/service/server_info_service.h"
+#include "server/service/session_service.h"
 
 namespace loraplex {
 namespace {
@@ -389,8 +391,12 @@ int Serve(const ServerFlags& flags, Logger& logger) {
                     scheduler.OnTrainerReport(std::move(report));
                   });
   WorkQueue work(2);
+  SessionManagerOptions session_options;
+  session_options.base_model = export_name;
+  SessionManager sessions(&scheduler, &trainer, store->get(), session_options);
 
   ServiceContext context;
+  context.sessions = &sessions;
   context.store = store->get();
   context.scheduler = &scheduler;
   context.datasets = &datasets;
@@ -421,6 +427,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   AdapterServiceImpl adapter_service(&context);
   ServerInfoServiceImpl info_service(&context);
   SamplingServiceImpl sampling_service(&context);
+  SessionServiceImpl session_service(&context);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -453,6 +460,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   builder.RegisterService(&adapter_service);
   builder.RegisterService(&info_service);
   builder.RegisterService(&sampling_service);
+  builder.RegisterService(&session_service);
   // Training and scheduling run before the first request can arrive.
   trainer.Start();
   if (absl::Status status = scheduler.Start(&trainer); !status.ok()) {
@@ -473,7 +481,8 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     for (const char* name :
          {"loraplex.v1.DatasetService", "loraplex.v1.JobService",
           "loraplex.v1.AdapterService", "loraplex.v1.ServerService",
-          "loraplex.v1.SamplingService"}) {
+          "loraplex.v1.SamplingService",
+          "loraplex.v1.TrainingSessionService"}) {
       health->SetServingStatus(name, true);
     }
   }
@@ -506,6 +515,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   }
   // Calls still open after a second (watch streams, idle connections of
   // clients) are cancelled; clients resume watches from their last event.
+  sessions.Stop();  // No session call is left waiting for its turn.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   logger.Debug("gRPC server stopped");
   // The trainer first, so the scheduler stores everything it reported.

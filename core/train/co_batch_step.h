@@ -66,13 +66,6 @@ struct ForwardBackwardCall {
   uint64_t dropout_seed = 0;
 };
 
-struct ForwardBackwardOutput {
-  // Per datum, log p of each target token (N·k values, as target_tokens).
-  std::vector<std::vector<double>> logprobs;
-  double loss = 0.0;   // The sum over every target token of every datum.
-  int64_t tokens = 0;  // Input tokens of all datums.
-};
-
 struct CoBatchResult {
   std::vector<SlotStepMetrics> slots;        // slots[i] of the pass.
   std::vector<ForwardBackwardOutput> calls;  // calls[i] of the pass.

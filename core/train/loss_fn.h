@@ -84,6 +84,14 @@ struct Datum {
   int64_t positions() const { return static_cast<int64_t>(input_ids.size()); }
 };
 
+// What a forward/backward call computed.
+struct ForwardBackwardOutput {
+  // Per datum, log p of each target token (N·k values, as target_tokens).
+  std::vector<std::vector<double>> logprobs;
+  double loss = 0.0;   // The sum over every target token of every datum.
+  int64_t tokens = 0;  // Input tokens of all datums.
+};
+
 struct DatumLimits {
   int64_t vocab_size = 0;
   int64_t max_positions = 0;  // The model's max_position_embeddings.

@@ -69,6 +69,7 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
       pool_(model_->config(),
             PoolOptions(options.pool, *model_, ranks_.data_parallel())),
       jobs_(pool_.capacity()),
+      sessions_(pool_.capacity()),
       slots_(pool_.capacity()) {
   if (ranks_.distributed()) {
     sync_ = ranks_.data_parallel()->Sync(pool_);
@@ -188,6 +189,7 @@ void Trainer::Run() {
     }
   }
   AbandonSampling(absl::UnavailableError("the server is shutting down"));
+  AbandonSessions(absl::UnavailableError("the server is shutting down"));
   checkpoints_.Flush();  // Stopping: every checkpoint on disk.
   ReportWritten();
   if (ranks_.Broken() && options_.on_fatal) options_.on_fatal(ranks_.failure());
@@ -196,7 +198,7 @@ void Trainer::Run() {
 bool Trainer::NextBatch(std::deque<TrainerCommand>& batch) {
   const bool busy = pending_checkpoint_ || !TrainableSlots().empty() ||
                     !pool_.SlotsIn(SlotState::kEvaluating).empty() ||
-                    !sampling_.empty();
+                    !sampling_.empty() || SessionWorkPending();
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || busy || !commands_.empty() || !written_.empty() ||
@@ -267,12 +269,14 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
   }
   if (ranks_.Broken()) return false;
   const auto train_start = std::chrono::steady_clock::now();
-  const std::vector<int> stepped = TrainStep();
+  std::vector<PassCall> calls = TakeSessionCalls();
+  const bool trained = !TrainableSlots().empty() || !calls.empty();
+  const std::vector<int> stepped = TrainStep(calls);
   const double train_seconds =
-      stepped.empty() ? 0.0
-                      : std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - train_start)
-                            .count();
+      !trained ? 0.0
+               : std::chrono::duration<double>(
+                     std::chrono::steady_clock::now() - train_start)
+                     .count();
   pending_checkpoint_ = CheckpointDue(stepped);
   if (!ranks_.Broken()) RunSampling(train_seconds);
   PublishSlots();
@@ -416,16 +420,45 @@ absl::Status Trainer::RetireSlot(int slot) {
   return status;
 }
 
-std::vector<int> Trainer::TrainStep() {
+std::vector<int> Trainer::TrainStep(std::vector<PassCall>& calls) {
   const std::vector<int> ids = TrainableSlots();
   std::vector<int> stepped;
-  if (ids.empty()) return stepped;
+  if (ids.empty() && calls.empty()) return stepped;
   std::vector<TrainingSlot*> slots;
   for (int slot : ids) slots.push_back(&pool_.slot(slot));
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<SlotStepMetrics>> metrics = CatchTorch(
-      "training step",
-      [&] { return TrainCoBatchStep(*model_, slots, options_.co_batch); });
+  const std::vector<ForwardBackwardCall> pass = PassCallsOf(calls);
+  absl::StatusOr<CoBatchResult> together = CatchTorch("training step", [&] {
+    return RunCoBatchPass(*model_, slots, pass, options_.co_batch);
+  });
+  absl::StatusOr<std::vector<SlotStepMetrics>> metrics =
+      together.ok() ? absl::StatusOr<std::vector<SlotStepMetrics>>(
+                          std::move(together->slots))
+                    : together.status();
+  if (together.ok()) {
+    AnswerCalls(calls, std::move(together->calls));
+  } else if (!pass.empty()) {
+    // Apart, so that no session's call fails another's work or a job's
+    // step (a failed pass leaves every slot and call as it was): the jobs'
+    // step alone, then each call alone.
+    if (!slots.empty()) {
+      metrics = CatchTorch("training step", [&] {
+        return TrainCoBatchStep(*model_, slots, options_.co_batch);
+      });
+    }
+    for (size_t i = 0; i < calls.size(); ++i) {
+      absl::StatusOr<CoBatchResult> alone = CatchTorch("forward/backward", [&] {
+        return RunCoBatchPass(*model_, {}, {pass[i]}, options_.co_batch);
+      });
+      std::vector<PassCall> one;
+      one.push_back(std::move(calls[i]));
+      AnswerCalls(one, alone.ok()
+                           ? absl::StatusOr<std::vector<ForwardBackwardOutput>>(
+                                 std::move(alone->calls))
+                           : alone.status());
+    }
+  }
+  if (ids.empty()) return stepped;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -501,6 +534,16 @@ void Trainer::PublishSlots() {
     if (pool_.state(i) == SlotState::kFree) continue;
     SlotInfo& info = slots[i];
     info.attached = true;
+    if (sessions_[i]) {
+      const TrainingSlot& training = pool_.slot(i);
+      info.session_id = sessions_[i]->session_id;
+      info.tenant = sessions_[i]->tenant;
+      info.rank = training.weights.config().rank;
+      info.family = sessions_[i]->family;
+      info.step = training.counters.steps;
+      if (training.optimizer) info.lr = training.optimizer->lr();
+      continue;
+    }
     if (!jobs_[i]) continue;  // kRetiring: taken, by no job.
     const TrainingSlot& training = pool_.slot(i);
     info.job_id = jobs_[i]->job_id;

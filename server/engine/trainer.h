@@ -132,6 +132,8 @@ class Trainer : public JobTrainer {
   void Export(const std::string& job_id, const std::string& dir,
               std::function<void(absl::Status)> done) override;
   void Sample(SampleCommand command) override;
+  void OpenSession(SessionOpenCommand command) override;
+  void RunSessionOp(SessionOp op) override;
   // The pool's slots, less any kRetiring after a failed retire.
   int capacity() const override { return pool_.capacity() - retiring_.load(); }
   std::vector<SlotInfo> Slots() const override;
@@ -154,6 +156,23 @@ class Trainer : public JobTrainer {
     int64_t tokens = 0;
     double tokens_per_second = 0.0;
     std::optional<double> validation_loss;
+  };
+
+  // What the trainer remembers about the training session in a slot
+  // (trainer_sessions.cc).
+  struct SlotSession {
+    std::string session_id;
+    std::string tenant;
+    std::string family;
+    uint64_t seed = 0;
+    int64_t calls = 0;  // Forward/backward calls so far (dropout seeds).
+    std::deque<SessionOp> ops;  // Waiting, in the session's order.
+  };
+  // A session's forward/backward call taken into an iteration's pass.
+  struct PassCall {
+    int slot = -1;
+    SessionOp op;
+    uint64_t dropout_seed = 0;
   };
 
   void Run();
@@ -199,6 +218,24 @@ class Trainer : public JobTrainer {
   void Apply(PauseJob& command);
   void Apply(ExportJob& command);
   void Apply(SampleJob& command);
+  void Apply(OpenSessionJob& command);
+  void Apply(SessionWork& command);
+
+  // Sessions (trainer_sessions.cc). The slot holding the session, or -1.
+  int SessionSlotOf(const std::string& session_id) const;
+  bool SessionWorkPending() const;
+  // Applies each session's waiting operations in order up to its next
+  // forward/backward call, and returns those calls for this iteration's
+  // pass.
+  std::vector<PassCall> TakeSessionCalls();
+  void ApplySessionOp(int slot, SessionOp op);
+  // Answers every session operation still waiting with `status`.
+  void AbandonSessions(const absl::Status& status);
+  // The pass's forward/backward calls as the co-batched step takes them.
+  std::vector<ForwardBackwardCall> PassCallsOf(std::vector<PassCall>& calls);
+  // Answers the calls from the pass's outputs, or with its error.
+  void AnswerCalls(std::vector<PassCall>& calls,
+                   absl::StatusOr<std::vector<ForwardBackwardOutput>> outputs);
 
   // Sampling (trainer_sampling.cc). The requests applied at one step
   // boundary decode together, as one group.
@@ -225,8 +262,9 @@ class Trainer : public JobTrainer {
   absl::Status RetireSlot(int slot);
   // Retires a slot attached for `job_id` that the trainer did not take.
   void FreeSlot(int slot, const std::string& job_id);
-  // The slots that trained a step and are still attached.
-  std::vector<int> TrainStep();
+  // Trains the jobs' step together with the sessions' `calls` (answered
+  // here); returns the slots that trained a step and are still attached.
+  std::vector<int> TrainStep(std::vector<PassCall>& calls);
   // A report of `kind` with the slot's job, step and token counts.
   TrainerReport ProgressReport(TrainerReport::Kind kind, int slot) const;
   void EvaluateOnly(int slot);
@@ -275,7 +313,8 @@ class Trainer : public JobTrainer {
   // checkpointed at the start of the next iteration, on every rank.
   bool pending_checkpoint_ = false;
   std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
-  std::vector<SampleJob> sample_arrivals_;      // Trainer only.
+  std::vector<std::unique_ptr<SlotSession>> sessions_;    // Per slot, as jobs_.
+  std::vector<SampleJob> sample_arrivals_;                // Trainer only.
   std::vector<std::unique_ptr<SamplingGroup>> sampling_;  // Trainer only.
   // Pool checkpoints queued, and those known written; reports made after
   // the n-th was queued wait in held_ until it is written.

@@ -37,11 +37,21 @@ std::optional<Entry> PlanEntry(const ExportJob&) { return std::nullopt; }
 
 std::optional<Entry> PlanEntry(const SampleJob&) { return std::nullopt; }
 
+std::optional<Entry> PlanEntry(const OpenSessionJob&) { return std::nullopt; }
+
+std::optional<Entry> PlanEntry(const SessionWork&) { return std::nullopt; }
+
 void AbandonOne(ExportJob& command, const absl::Status& status) {
   if (command.done) std::exchange(command.done, nullptr)(status);
 }
 void AbandonOne(SampleJob& job, const absl::Status& status) {
   if (job.command.done) std::exchange(job.command.done, nullptr)(status, 0);
+}
+void AbandonOne(OpenSessionJob& open, const absl::Status& status) {
+  if (open.command.done) std::exchange(open.command.done, nullptr)(status);
+}
+void AbandonOne(SessionWork& work, const absl::Status& status) {
+  if (work.op.done) std::exchange(work.op.done, nullptr)(status);
 }
 template <typename Command>
 void AbandonOne(Command&, const absl::Status&) {}

@@ -70,8 +70,19 @@ struct SampleJob {
   absl::Status prepared;
 };
 
-using TrainerCommand =
-    std::variant<AttachJob, RetireJob, PauseJob, ExportJob, SampleJob>;
+// Opens a training session in a free slot (trainer_sessions.cc). Rank 0's
+// alone: sessions do not run data parallel.
+struct OpenSessionJob {
+  SessionOpenCommand command;
+};
+
+// Queues one operation of an open session. Rank 0's alone.
+struct SessionWork {
+  SessionOp op;
+};
+
+using TrainerCommand = std::variant<AttachJob, RetireJob, PauseJob, ExportJob,
+                                    SampleJob, OpenSessionJob, SessionWork>;
 
 // What the other ranks apply of `command`: none for rank 0's commands and
 // for an attach that failed on rank 0 before the plan.

@@ -274,6 +274,35 @@ void JobScheduler::Run() {
   }
 }
 
+absl::Status JobScheduler::ReserveSessionSlot(const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  if (trainer_ == nullptr) {
+    return absl::UnavailableError("the server is not scheduling yet");
+  }
+  const int capacity = trainer_->capacity();
+  if (reserved_ >= capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "all ", capacity,
+        " adapter slots are in use by jobs and sessions; close a session or "
+        "wait for a job to end"));
+  }
+  if (reserved_by_tenant_[tenant] >= options_.slots_per_tenant) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("your jobs and sessions hold all ",
+                     options_.slots_per_tenant, " slots of your quota"));
+  }
+  ++reserved_;
+  ++reserved_by_tenant_[tenant];
+  return absl::OkStatus();
+}
+
+void JobScheduler::ReleaseSessionSlot(const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  --reserved_;
+  --reserved_by_tenant_[tenant];
+  FillSlots();
+}
+
 void JobScheduler::FillSlots() {
   const int capacity = trainer_->capacity();
   // The jobs that go next, in queue order under the quotas. They are

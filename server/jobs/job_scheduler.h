@@ -96,6 +96,14 @@ class JobScheduler {
   // Samples on the trainer (JobTrainer::Sample).
   void Sample(SampleCommand command);
   std::string AdapterDir(const std::string& adapter_id) const;
+  // Training sessions (session_manager.h) hold slots beside the jobs: one
+  // for a new session of `tenant` if the pool and the tenant's quota have
+  // one, else RESOURCE_EXHAUSTED. Queued jobs wait while sessions hold the
+  // slots.
+  absl::Status ReserveSessionSlot(const std::string& tenant);
+  // The session's slot is free again (its close was applied, or it never
+  // opened).
+  void ReleaseSessionSlot(const std::string& tenant);
   // The trainer's slots as of its last iteration.
   std::vector<SlotInfo> Slots() const { return trainer_->Slots(); }
 

@@ -24,8 +24,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/data/sequences.h"
+#include "core/lora/lora_config.h"
+#include "core/optim/optimizer_config.h"
 #include "core/sample/sample_output.h"
 #include "core/sample/sampling_params.h"
+#include "core/train/loss_fn.h"
 #include "core/train/step_metrics.h"
 #include "server/jobs/job_spec.h"
 
@@ -84,10 +87,53 @@ struct SampleCommand {
   std::function<void(absl::StatusOr<SampleResult> result, int64_t step)> done;
 };
 
+// Opens a client-driven training session in a free slot (DESIGN.md §12):
+// its adapter (PEFT's initialisation seeded with `seed`) and optimizer,
+// trained only by its own operations.
+struct SessionOpenCommand {
+  std::string session_id;
+  std::string tenant;
+  LoraConfig lora;  // Validated.
+  OptimizerConfig optimizer;
+  uint64_t seed = 0;
+  // With the slot, or why none was opened (on the trainer's thread).
+  std::function<void(absl::StatusOr<int> slot)> done;
+};
+
+// What a session operation returns.
+struct SessionOpResult {
+  ForwardBackwardOutput forward_backward;  // kForwardBackward, kForward.
+  SlotStepMetrics step;                    // kOptimStep.
+  int64_t steps = 0;                       // The session's optimizer steps.
+};
+
+// One operation of an open session. A session's operations apply in the
+// order they were given; forward/backward calls of every session and the
+// jobs' steps run as one co-batched pass per trainer iteration.
+struct SessionOp {
+  enum class Kind {
+    kForwardBackward,  // Adds the gradients of `loss` over `data`.
+    kForward,          // The same outputs, no gradients.
+    kOptimStep,        // Steps on the gradients added since the last step.
+    kSaveWeights,      // Writes the adapter as PEFT files into `dir`.
+    kClose,            // Frees the slot (moments zeroed).
+  };
+  Kind kind = Kind::kForwardBackward;
+  std::string session_id;
+  std::shared_ptr<const std::vector<Datum>> data;  // Validated.
+  LossFnSpec loss;
+  OptimizerConfig step;  // kOptimStep: this step's hyperparameters.
+  double grad_clip = 0.0;
+  std::string dir;  // kSaveWeights.
+  // Once, with the outcome (on a trainer's thread; must return quickly).
+  std::function<void(absl::StatusOr<SessionOpResult>)> done;
+};
+
 // A snapshot of one slot, published after every trainer iteration.
 struct SlotInfo {
   bool attached = false;
   std::string job_id;
+  std::string session_id;  // Set instead of job_id for a session's slot.
   std::string tenant;
   int64_t rank = 0;
   std::string family;  // "adamw", "adam", "muon"; empty when evaluating.
@@ -152,6 +198,15 @@ class JobTrainer {
   // its adapter files do not fit the base, UNAVAILABLE when the trainer
   // stops first.
   virtual void Sample(SampleCommand command) = 0;
+
+  // Opens a session in a free slot; `done` gets the slot, or
+  // RESOURCE_EXHAUSTED (no free slot), INVALID_ARGUMENT (its config),
+  // FAILED_PRECONDITION (sessions do not run data parallel), UNAVAILABLE
+  // when the trainer stops first.
+  virtual void OpenSession(SessionOpenCommand command) = 0;
+  // Queues one operation of an open session (NOT_FOUND through `done` when
+  // no slot holds the session).
+  virtual void RunSessionOp(SessionOp op) = 0;
 
   // Slots that can take jobs. Thread-safe.
   virtual int capacity() const = 0;

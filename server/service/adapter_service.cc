@@ -333,7 +333,11 @@ grpc::ServerUnaryReactor* AdapterServiceImpl::ListSlots(
                                     : v1::SLOT_STATE_FREE);
       // Another tenant's slot shows only that it is taken.
       if (!info.attached || info.tenant != tenant) continue;
-      slot->set_job(FormatResourceName("jobs", info.job_id));
+      if (info.session_id.empty()) {
+        slot->set_job(FormatResourceName(kJobs, info.job_id));
+      } else {
+        slot->set_session(FormatResourceName(kSessions, info.session_id));
+      }
       slot->set_rank(info.rank);
       if (info.family == "adamw") slot->set_family(v1::OPTIMIZER_FAMILY_ADAMW);
       if (info.family == "adam") slot->set_family(v1::OPTIMIZER_FAMILY_ADAM);

@@ -27,6 +27,7 @@
 #include "server/common/work_queue.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/job_scheduler.h"
+#include "server/jobs/session_manager.h"
 #include "server/service/auth.h"
 #include "server/store/job_store.h"
 
@@ -47,6 +48,9 @@ struct ServiceLimits {
   int max_samples_per_request = 16;
   // Generated tokens per sample.
   int64_t max_sample_tokens = 4096;
+  // Datums per ForwardBackward call, and their tokens together.
+  int64_t max_session_datums = 1024;
+  int64_t max_session_tokens = int64_t{1} << 20;
 };
 
 struct ServiceContext {
@@ -56,6 +60,7 @@ struct ServiceContext {
   const TenantAuthenticator* auth = nullptr;
   Logger* logger = nullptr;
   WorkQueue* work = nullptr;
+  SessionManager* sessions = nullptr;
   ModelConfig model;
   // Reads an adapter directory and checks it against the base model,
   // answering its LoRA configuration or INVALID_ARGUMENT (LoadPeftAdapter,

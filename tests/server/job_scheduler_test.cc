@@ -53,8 +53,13 @@ class FakeTrainer : public JobTrainer {
     done(absl::NotFoundError(job_id));
   }
   void Sample(SampleCommand command) override {
-    command.done(absl::UnimplementedError("the fake trainer cannot sample"),
-                 0);
+    command.done(absl::UnimplementedError("the fake trainer cannot sample"), 0);
+  }
+  void OpenSession(SessionOpenCommand command) override {
+    command.done(absl::UnimplementedError("the fake trainer has no sessions"));
+  }
+  void RunSessionOp(SessionOp op) override {
+    op.done(absl::UnimplementedError("the fake trainer has no sessions"));
   }
   int capacity() const override { return capacity_; }
   std::vector<SlotInfo> Slots() const override { return {}; }
