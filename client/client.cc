@@ -609,6 +609,20 @@ absl::StatusOr<v1::SessionResult> LoraplexClient::SaveWeightsForSampler(
                    request, options_.transfer_timeout);
 }
 
+absl::StatusOr<v1::SessionResult> LoraplexClient::SaveState(
+    const v1::SaveStateRequest& request) {
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::SaveState, request,
+                   options_.transfer_timeout);
+}
+
+absl::StatusOr<v1::SessionResult> LoraplexClient::LoadState(
+    const v1::LoadStateRequest& request) {
+  return CallUnary(session_stub_.get(),
+                   &v1::TrainingSessionService::Stub::LoadState, request,
+                   options_.transfer_timeout);
+}
+
 absl::StatusOr<v1::RetrieveResultResponse> LoraplexClient::RetrieveResult(
     const v1::RetrieveResultRequest& request) {
   const int64_t wait_ms =

@@ -202,6 +202,10 @@ class LoraplexClient {
       const v1::OptimStepRequest& request);
   absl::StatusOr<v1::SessionResult> SaveWeightsForSampler(
       const v1::SaveWeightsForSamplerRequest& request);
+  absl::StatusOr<v1::SessionResult> SaveState(
+      const v1::SaveStateRequest& request);
+  absl::StatusOr<v1::SessionResult> LoadState(
+      const v1::LoadStateRequest& request);
   absl::StatusOr<v1::RetrieveResultResponse> RetrieveResult(
       const v1::RetrieveResultRequest& request);
   absl::StatusOr<v1::Session> CloseSession(const std::string& name);

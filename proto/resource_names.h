@@ -25,6 +25,7 @@ inline constexpr absl::string_view kDatasets = "datasets";
 inline constexpr absl::string_view kJobs = "jobs";
 inline constexpr absl::string_view kAdapters = "adapters";
 inline constexpr absl::string_view kSessions = "sessions";
+inline constexpr absl::string_view kSessionStates = "session_states";
 // A job's checkpoints: "jobs/{id}/checkpoints/{step}".
 inline constexpr absl::string_view kCheckpoints = "checkpoints";
 

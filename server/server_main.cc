@@ -70,6 +70,7 @@ struct ServerFlags {
   int64_t min_checkpoint_interval = 10;
   int keep_checkpoints = 3;
   double sample_share = 0.5;
+  double session_idle_seconds = 1800;
 };
 
 // The last component of `dir` ("models/qwen/" -> "qwen").
@@ -393,6 +394,18 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   WorkQueue work(2);
   SessionManagerOptions session_options;
   session_options.base_model = export_name;
+  session_options.states_dir = absl::StrCat(flags.state_dir, "/session_states");
+  session_options.idle_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(flags.session_idle_seconds * 1000));
+  {
+    std::error_code created;
+    std::filesystem::create_directories(session_options.states_dir, created);
+    if (created) {
+      return fail(absl::InternalError(absl::StrCat("cannot create ",
+                                                   session_options.states_dir,
+                                                   ": ", created.message())));
+    }
+  }
   SessionManager sessions(&scheduler, &trainer, store->get(), session_options);
 
   ServiceContext context;
@@ -604,6 +617,11 @@ int main(int argc, char** argv) {
   app.add_option("--sample-share", flags.sample_share,
                  "Share of the trainer's time decoding takes while jobs train")
       ->check(CLI::Range(0.05, 0.95))
+      ->capture_default_str();
+  app.add_option("--session-idle-seconds", flags.session_idle_seconds,
+                 "A training session without a call for this long is saved "
+                 "(SaveState) and closed, freeing its slot (0: never)")
+      ->check(CLI::Range(0.0, 30.0 * 86400))
       ->capture_default_str();
   app.add_option("--throughput-log-seconds", flags.throughput_log_seconds,
                  "Seconds between throughput log lines (0: none)")

@@ -8,17 +8,87 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "adapters/peft_adapter.h"
+#include "adapters/peft_files.h"
+#include "core/common/read_file.h"
 #include "core/common/split_mix.h"
+#include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
 #include "server/engine/trainer.h"
 
 namespace loraplex {
+namespace {
+
+constexpr char kOptimizerStateFile[] = "optimizer.pt";
+constexpr char kSessionStateFile[] = "session_state.json";
+
+// A session's state as files: its adapter (PEFT), its optimizer state and
+// `meta` with its step count.
+absl::StatusOr<std::map<std::string, std::string>> SessionStateFiles(
+    const TrainingSlot& slot, const std::string& meta) {
+  LORAPLEX_ASSIGN_OR_RETURN(PeftAdapterFiles adapter,
+                            EncodePeftAdapter(slot.weights, ""));
+  std::map<std::string, std::string> files;
+  files[kPeftWeightsFile] = std::move(adapter.weights);
+  files[kPeftConfigFile] = std::move(adapter.config);
+  torch::serialize::OutputArchive archive;
+  slot.optimizer->Save(archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  files[kOptimizerStateFile] = bytes.str();
+  nlohmann::json json = nlohmann::json::parse(meta, nullptr, false);
+  if (!json.is_object()) return absl::InternalError("bad session state meta");
+  json["steps"] = slot.counters.steps;
+  files[kSessionStateFile] = json.dump(2) + "\n";
+  return files;
+}
+
+// Loads the state SessionStateFiles wrote into `dir` into the session's
+// slot: checked whole before anything changes.
+absl::Status LoadSessionState(const std::string& dir, bool with_optimizer,
+                              TrainingSlot& slot) {
+  LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
+                            LoadPeftAdapter(dir, slot.weights.model_config()));
+  if (LoraConfigToJson(adapter.config) !=
+      LoraConfigToJson(slot.weights.config())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the state's LoRA config ", LoraConfigToJson(adapter.config).dump(),
+        " is not the session's ",
+        LoraConfigToJson(slot.weights.config()).dump()));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(std::string meta_text,
+                            ReadFile(dir + "/" + kSessionStateFile));
+  const nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, false);
+  if (!meta.is_object() || !meta.contains("steps") ||
+      !meta["steps"].is_number_integer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kSessionStateFile, " of the state has no step count"));
+  }
+  if (with_optimizer) {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string bytes,
+                              ReadFile(dir + "/" + kOptimizerStateFile));
+    std::istringstream in(bytes);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    // Checked whole (family, children, shapes) before it copies.
+    LORAPLEX_RETURN_IF_ERROR(slot.optimizer->Load(archive));
+    slot.counters.steps = meta["steps"].get<int64_t>();
+  }
+  LORAPLEX_RETURN_IF_ERROR(CopyPeftAdapter(adapter, slot.weights));
+  for (torch::Tensor param : slot.weights.parameters()) {
+    param.mutable_grad() = torch::Tensor();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 void Trainer::OpenSession(SessionOpenCommand command) {
   std::vector<TrainerCommand> entry;
@@ -75,6 +145,7 @@ void Trainer::Apply(OpenSessionJob& open) {
         std::string(OptimizerFamilyName(command.optimizer.family));
     session->seed = command.seed;
     sessions_[*slot] = std::move(session);
+    PublishSlots();  // ListSlots shows the session once it is answered.
   }
   done(slot);
 }
@@ -130,21 +201,29 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
       done(result);
       return;
     }
-    case SessionOp::Kind::kSaveWeights: {
-      absl::StatusOr<PeftAdapterFiles> files = CatchTorch("save", [&] {
-        return EncodePeftAdapter(training.weights, options_.base_model_name);
-      });
+    case SessionOp::Kind::kSaveWeights:
+    case SessionOp::Kind::kSaveState: {
+      absl::StatusOr<std::map<std::string, std::string>> files = CatchTorch(
+          "saving", [&]() -> absl::StatusOr<std::map<std::string, std::string>> {
+            if (op.kind == SessionOp::Kind::kSaveState) {
+              return SessionStateFiles(training, op.state_meta);
+            }
+            LORAPLEX_ASSIGN_OR_RETURN(
+                PeftAdapterFiles adapter,
+                EncodePeftAdapter(training.weights, options_.base_model_name));
+            return std::map<std::string, std::string>{
+                {kPeftWeightsFile, std::move(adapter.weights)},
+                {kPeftConfigFile, std::move(adapter.config)}};
+          });
       if (!files.ok()) {
         done(files.status());
         return;
       }
-      std::map<std::string, std::string> named;
-      named[kPeftWeightsFile] = std::move(files->weights);
-      named[kPeftConfigFile] = std::move(files->config);
       SessionOpResult result;
       result.steps = training.counters.steps;
+      // Answered once the files are on disk (the writer thread).
       checkpoints_.WriteDirectory(
-          "session:" + session.session_id, op.dir, std::move(named),
+          "session:" + session.session_id, op.dir, *std::move(files),
           [done = std::move(done), result](absl::Status written) {
             if (written.ok()) {
               done(result);
@@ -152,6 +231,19 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
               done(written);
             }
           });
+      return;
+    }
+    case SessionOp::Kind::kLoadState: {
+      absl::Status loaded = CatchTorch("loading the state", [&] {
+        return LoadSessionState(op.dir, op.with_optimizer, training);
+      });
+      if (!loaded.ok()) {
+        done(loaded);
+        return;
+      }
+      SessionOpResult result;
+      result.steps = training.counters.steps;
+      done(result);
       return;
     }
     case SessionOp::Kind::kClose: {
@@ -167,6 +259,7 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
       checkpoints_.Forget("session:" + session.session_id);
       sessions_[slot].reset();
       retiring_ = static_cast<int>(pool_.SlotsIn(SlotState::kRetiring).size());
+      PublishSlots();
       done(result);
       return;
     }

@@ -116,6 +116,10 @@ struct SessionOp {
     kForward,          // The same outputs, no gradients.
     kOptimStep,        // Steps on the gradients added since the last step.
     kSaveWeights,      // Writes the adapter as PEFT files into `dir`.
+    kSaveState,        // Writes the adapter, the optimizer state and
+                       // `state_meta` (with "steps" added) into `dir`.
+    kLoadState,        // Loads the weights (with_optimizer: the optimizer
+                       // state and steps too) saved in `dir`.
     kClose,            // Frees the slot (moments zeroed).
   };
   Kind kind = Kind::kForwardBackward;
@@ -124,7 +128,9 @@ struct SessionOp {
   LossFnSpec loss;
   OptimizerConfig step;  // kOptimStep: this step's hyperparameters.
   double grad_clip = 0.0;
-  std::string dir;  // kSaveWeights.
+  std::string dir;              // kSaveWeights, kSaveState, kLoadState.
+  std::string state_meta;       // kSaveState: a JSON object.
+  bool with_optimizer = false;  // kLoadState.
   // Once, with the outcome (on a trainer's thread; must return quickly).
   std::function<void(absl::StatusOr<SessionOpResult>)> done;
 };

@@ -1,11 +1,14 @@
 #include "server/jobs/session_manager.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "core/common/read_file.h"
 #include "core/common/status_macros.h"
+#include "core/optim/config_json.h"
 #include "server/common/clock.h"
 #include "server/jobs/resource_id.h"
 
@@ -32,6 +35,19 @@ absl::StatusOr<OptimizerConfig> StepConfig(const OptimizerConfig& session,
         "grad_clip_norm must be a finite number >= 0, got ", step.grad_clip));
   }
   return config;
+}
+
+// The saved state's description, if `tenant` owns it.
+absl::StatusOr<nlohmann::json> ReadStateMeta(const std::string& dir,
+                                             const std::string& tenant,
+                                             const std::string& state_id) {
+  const absl::Status missing = absl::NotFoundError(
+      absl::StrCat("session state \"", state_id, "\" not found"));
+  absl::StatusOr<std::string> text = ReadFile(dir + "/session_state.json");
+  if (!text.ok()) return missing;
+  nlohmann::json meta = nlohmann::json::parse(*text, nullptr, false);
+  if (!meta.is_object() || meta.value("tenant", "") != tenant) return missing;
+  return meta;
 }
 
 }  // namespace
@@ -84,6 +100,12 @@ absl::StatusOr<SessionManager::Session*> SessionManager::Find(
   return it->second.get();
 }
 
+absl::StatusOr<SessionManager::Session*> SessionManager::FindLive(
+    const std::string& tenant, const std::string& id) {
+  if (stop_) return absl::UnavailableError("the server is shutting down");
+  return Find(tenant, id);
+}
+
 absl::StatusOr<const SessionManager::Session*> SessionManager::Find(
     const std::string& tenant, const std::string& id) const {
   auto it = sessions_.find(id);
@@ -118,8 +140,11 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
     absl::MutexLock lock(&mu_);
     sessions_[id] = std::move(session);
   }
-  command.done = [this, id, tenant,
-                  done = std::move(done)](absl::StatusOr<int> slot) {
+  timer_wake_.SignalAll();  // Its idle deadline.
+  const std::string from_state = info.spec.from_state;
+  const bool with_optimizer = info.spec.with_optimizer;
+  command.done = [this, id, tenant, from_state, with_optimizer,
+                  done = std::move(done)](absl::StatusOr<int> slot) mutable {
     absl::StatusOr<SessionInfo> answer;
     {
       absl::MutexLock lock(&mu_);
@@ -134,11 +159,80 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
                            : slot.status();
       }
     }
-    if (!answer.ok()) scheduler_->ReleaseSessionSlot(tenant);
-    done(std::move(answer));
+    if (!answer.ok()) {
+      scheduler_->ReleaseSessionSlot(tenant);
+      done(std::move(answer));
+      return;
+    }
+    if (from_state.empty()) {
+      done(std::move(answer));
+      return;
+    }
+    // The saved state goes in before the session's first operation: the
+    // caller learns its id only from this answer.
+    SessionOp load;
+    load.kind = SessionOp::Kind::kLoadState;
+    load.session_id = id;
+    load.dir = options_.states_dir + "/" + from_state;
+    load.with_optimizer = with_optimizer;
+    load.done = [this, id, tenant, done = std::move(done)](
+                    absl::StatusOr<SessionOpResult> loaded) mutable {
+      if (loaded.ok()) {
+        absl::StatusOr<SessionInfo> info;
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = sessions_.find(id);
+          if (it == sessions_.end()) {
+            info = NotFound(id);
+          } else {
+            it->second->info.steps = loaded->steps;
+            info = it->second->info;
+          }
+        }
+        done(std::move(info));
+        return;
+      }
+      // Not opened after all: the slot is freed again.
+      SessionOp close;
+      close.kind = SessionOp::Kind::kClose;
+      close.session_id = id;
+      close.done = [this, id, tenant, error = loaded.status(),
+                    done = std::move(done)](absl::StatusOr<SessionOpResult>) {
+        {
+          absl::MutexLock lock(&mu_);
+          sessions_.erase(id);
+        }
+        scheduler_->ReleaseSessionSlot(tenant);
+        done(error);
+      };
+      trainer_->RunSessionOp(std::move(close));
+    };
+    trainer_->RunSessionOp(std::move(load));
   };
   absl::MutexLock dispatch(&dispatch_mu_);
   trainer_->OpenSession(std::move(command));
+}
+
+absl::StatusOr<SessionSpec> SessionManager::StateSpec(
+    const std::string& tenant, const std::string& state_id) const {
+  LORAPLEX_ASSIGN_OR_RETURN(
+      nlohmann::json meta,
+      ReadStateMeta(options_.states_dir + "/" + state_id, tenant, state_id));
+  SessionSpec spec;
+  absl::StatusOr<LoraConfig> lora =
+      LoraConfigFromJson(meta.value("lora", nlohmann::json()));
+  absl::StatusOr<OptimizerConfig> optimizer =
+      OptimizerConfigFromJson(meta.value("optimizer", nlohmann::json()));
+  if (!lora.ok() || !optimizer.ok() || !meta.contains("seed") ||
+      !meta["seed"].is_number_unsigned()) {
+    return absl::InternalError(absl::StrCat(
+        "session state \"", state_id, "\" has an unreadable description"));
+  }
+  spec.lora = *lora;
+  spec.optimizer = *optimizer;
+  spec.seed = meta["seed"].get<uint64_t>();
+  spec.from_state = state_id;
+  return spec;
 }
 
 absl::StatusOr<SessionInfo> SessionManager::Get(const std::string& tenant,
@@ -207,8 +301,26 @@ SessionOp SessionManager::OpOf(const Session& session, int64_t seq_id,
     };
     return op;
   }
-  op.done = [this, id, seq_id,
-             kind = request.kind](absl::StatusOr<SessionOpResult> r) {
+  std::string state_id;
+  if (request.kind == SessionOp::Kind::kSaveState) {
+    state_id = NewResourceId("state");
+    op.dir = options_.states_dir + "/" + state_id;
+    nlohmann::json meta;
+    meta["tenant"] = session.info.tenant;
+    meta["display_name"] = request.display_name;
+    meta["session"] = session.info.id;
+    meta["lora"] = LoraConfigToJson(session.info.spec.lora);
+    meta["optimizer"] = OptimizerConfigToJson(session.info.spec.optimizer);
+    meta["seed"] = session.info.spec.seed;
+    meta["create_time_ms"] = NowMillis();
+    op.state_meta = meta.dump();
+  }
+  if (request.kind == SessionOp::Kind::kLoadState) {
+    op.dir = options_.states_dir + "/" + request.state;
+    op.with_optimizer = request.with_optimizer;
+  }
+  op.done = [this, id, seq_id, kind = request.kind,
+             state_id](absl::StatusOr<SessionOpResult> r) {
     if (!r.ok()) {
       Finish(id, seq_id, r.status());
       return;
@@ -217,9 +329,32 @@ SessionOp SessionManager::OpOf(const Session& session, int64_t seq_id,
     result.seq_id = seq_id;
     result.kind = kind;
     result.result = *std::move(r);
+    result.state_id = state_id;
     Finish(id, seq_id, std::move(result));
   };
   return op;
+}
+
+absl::Status SessionManager::CheckStateFits(
+    const Session& session, const SessionRequest& request) const {
+  LORAPLEX_ASSIGN_OR_RETURN(SessionSpec state,
+                            StateSpec(session.info.tenant, request.state));
+  if (LoraConfigToJson(state.lora) !=
+      LoraConfigToJson(session.info.spec.lora)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state: its LoRA config ", LoraConfigToJson(state.lora).dump(),
+        " is not the session's ",
+        LoraConfigToJson(session.info.spec.lora).dump()));
+  }
+  if (request.with_optimizer &&
+      state.optimizer.family != session.info.spec.optimizer.family) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state: its optimizer is ", OptimizerFamilyName(state.optimizer.family),
+        ", the session's ",
+        OptimizerFamilyName(session.info.spec.optimizer.family),
+        " (load it without the optimizer, or into a session of its family)"));
+  }
+  return absl::OkStatus();
 }
 
 void SessionManager::TakeReady(Session& session, std::vector<Ready>& ready) {
@@ -251,10 +386,8 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
   std::optional<Outcome> stored;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<Session*> found = Find(tenant, id);
-    if (stop_) {
-      refused = absl::UnavailableError("the server is shutting down");
-    } else if (!found.ok()) {
+    absl::StatusOr<Session*> found = FindLive(tenant, id);
+    if (!found.ok()) {
       refused = found.status();
     } else {
       Session& session = **found;
@@ -278,6 +411,14 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
         refused = absl::FailedPreconditionError(absl::StrCat(
             "the result of seq_id ", seq_id, " is no longer kept (the last ",
             options_.results_kept, " are)"));
+      } else if (!session.info.idle_state.empty()) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
+            "session \"", id, "\" was closed after ",
+            options_.idle_timeout.count() / 1000.0,
+            " s without a call; its state was saved as \"session_states/",
+            session.info.idle_state,
+            "\": CreateSession with from_state (and with_optimizer) "
+            "continues from it"));
       } else if (!session.info.open || session.closing) {
         refused = absl::FailedPreconditionError(
             absl::StrCat("session \"", id, "\" is closed"));
@@ -289,6 +430,9 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
         if (request.kind == SessionOp::Kind::kOptimStep) {
           refused =
               StepConfig(session.info.spec.optimizer, request.step).status();
+        }
+        if (request.kind == SessionOp::Kind::kLoadState) {
+          refused = CheckStateFits(session, request);
         }
         if (refused.ok()) {
           session.waiting[seq_id] = {std::move(request), std::move(done)};
@@ -353,10 +497,8 @@ void SessionManager::Retrieve(
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<Session*> found = Find(tenant, id);
-    if (stop_) {
-      refused = absl::UnavailableError("the server is shutting down");
-    } else if (!found.ok()) {
+    absl::StatusOr<Session*> found = FindLive(tenant, id);
+    if (!found.ok()) {
       refused = found.status();
     } else {
       Session& session = **found;
@@ -411,9 +553,29 @@ void SessionManager::RunTimer() {
         it = list.empty() ? session->retrievers.erase(it) : std::next(it);
       }
     }
-    if (!expired.empty()) {
+    // Sessions idle past the timeout are saved and closed.
+    std::vector<std::string> idle;
+    if (options_.idle_timeout.count() > 0) {
+      const int64_t now_ms = NowMillis();
+      const int64_t timeout_ms = options_.idle_timeout.count();
+      for (auto& [id, session] : sessions_) {
+        if (!session->info.open || session->closing ||
+            !session->running.empty() || !session->waiting.empty()) {
+          continue;
+        }
+        const int64_t left = session->info.last_activity_ms + timeout_ms - now_ms;
+        if (left <= 0) {
+          idle.push_back(id);
+        } else {
+          const auto at = now + std::chrono::milliseconds(left);
+          if (!next || at < *next) next = at;
+        }
+      }
+    }
+    if (!expired.empty() || !idle.empty()) {
       mu_.Unlock();
       for (Retriever& r : expired) r.done(std::optional<SessionResult>());
+      for (const std::string& id : idle) CloseIdle(id);
       mu_.Lock();
       continue;
     }
@@ -424,6 +586,64 @@ void SessionManager::RunTimer() {
       timer_wake_.Wait(&mu_);
     }
   }
+}
+
+void SessionManager::CloseIdle(const std::string& id) {
+  absl::MutexLock dispatch(&dispatch_mu_);
+  SessionOp save;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (stop_ || it == sessions_.end()) return;
+    Session& session = *it->second;
+    if (!session.info.open || session.closing || !session.running.empty() ||
+        !session.waiting.empty()) {
+      return;  // Busy again, or closed meanwhile.
+    }
+    session.closing = true;
+    SessionRequest request;
+    request.kind = SessionOp::Kind::kSaveState;
+    request.display_name = "saved when idle";
+    save = OpOf(session, 0, request);
+  }
+  const std::string state_dir = save.dir;
+  const std::string state_id = state_dir.substr(state_dir.rfind('/') + 1);
+  // OpOf's answer would store a result; this save is the manager's own.
+  save.done = [this, id, state_id](absl::StatusOr<SessionOpResult> saved) {
+    if (!saved.ok()) {
+      // Kept open (and tried again after another timeout): nothing of it
+      // may be lost.
+      absl::MutexLock lock(&mu_);
+      auto it = sessions_.find(id);
+      if (it != sessions_.end()) {
+        it->second->closing = false;
+        it->second->info.last_activity_ms = NowMillis();
+      }
+      return;
+    }
+    SessionOp close;
+    close.kind = SessionOp::Kind::kClose;
+    close.session_id = id;
+    close.done = [this, id, state_id](absl::StatusOr<SessionOpResult> r) {
+      std::string tenant;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = sessions_.find(id);
+        if (it == sessions_.end()) return;
+        Session& session = *it->second;
+        session.closing = false;
+        if (!r.ok()) return;
+        session.info.open = false;
+        session.info.slot = -1;
+        session.info.steps = r->steps;
+        session.info.idle_state = state_id;
+        tenant = session.info.tenant;
+      }
+      scheduler_->ReleaseSessionSlot(tenant);
+    };
+    trainer_->RunSessionOp(std::move(close));
+  };
+  trainer_->RunSessionOp(std::move(save));
 }
 
 void SessionManager::Close(const std::string& tenant, const std::string& id,

@@ -45,6 +45,10 @@ struct SessionSpec {
   LoraConfig lora;  // Validated.
   OptimizerConfig optimizer;
   uint64_t seed = 0;
+  // Start from this saved state (SessionManager::StateSpec gives its
+  // config): its weights, with_optimizer its optimizer state and steps.
+  std::string from_state;
+  bool with_optimizer = false;
 };
 
 struct SessionInfo {
@@ -57,6 +61,8 @@ struct SessionInfo {
   int64_t next_seq_id = 1;
   int64_t create_time_ms = 0;
   int64_t last_activity_ms = 0;
+  // Closed after idle_timeout without a call: the state saved then.
+  std::string idle_state;
 };
 
 // This step's hyperparameters; unset ones are the session's.
@@ -71,7 +77,9 @@ struct SessionRequest {
   std::shared_ptr<const std::vector<Datum>> data;
   LossFnSpec loss;
   OptimStepParams step;
-  std::string display_name;  // kSaveWeights: the stored adapter's.
+  std::string display_name;  // kSaveWeights, kSaveState.
+  std::string state;         // kLoadState: the state's id.
+  bool with_optimizer = false;
 };
 
 struct SessionResult {
@@ -79,6 +87,7 @@ struct SessionResult {
   SessionOp::Kind kind = SessionOp::Kind::kForwardBackward;
   SessionOpResult result;
   std::string adapter_id;  // kSaveWeights.
+  std::string state_id;    // kSaveState.
 };
 
 struct SessionManagerOptions {
@@ -90,6 +99,11 @@ struct SessionManagerOptions {
   std::chrono::milliseconds max_wait{30000};
   // base_model_name_or_path of the adapters sessions save.
   std::string base_model;
+  // Saved states go to <states_dir>/<state id>/.
+  std::string states_dir;
+  // An open session with no call for this long is saved (SaveState) and
+  // closed, freeing its slot; 0: never.
+  std::chrono::milliseconds idle_timeout{0};
 };
 
 class SessionManager {
@@ -112,6 +126,12 @@ class SessionManager {
   // Opens a session for `tenant` in a free slot: RESOURCE_EXHAUSTED when
   // none is free within the tenant's quota, or the trainer's error.
   void Create(const std::string& tenant, SessionSpec spec, InfoCallback done);
+  // The spec of a new session from `tenant`'s saved state `state_id`:
+  // its LoRA and optimizer configs and seed. NOT_FOUND for another
+  // tenant's state or an unknown one. Reads a small file.
+  absl::StatusOr<SessionSpec> StateSpec(const std::string& tenant,
+                                        const std::string& state_id) const;
+
   // NOT_FOUND for another tenant's session or an unknown one.
   absl::StatusOr<SessionInfo> Get(const std::string& tenant,
                                   const std::string& id) const;
@@ -160,8 +180,17 @@ class SessionManager {
   absl::StatusOr<Session*> Find(const std::string& tenant,
                                 const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Find, or UNAVAILABLE once stopped.
+  absl::StatusOr<Session*> FindLive(const std::string& tenant,
+                                    const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Session*> Find(const std::string& tenant,
                                       const std::string& id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT unless the state `request` loads fits the session
+  // (NOT_FOUND for another tenant's or an unknown one).
+  absl::Status CheckStateFits(const Session& session,
+                              const SessionRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the operations whose turn has come into `ready`.
   void TakeReady(Session& session, std::vector<Ready>& ready)
@@ -174,6 +203,8 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   void Finish(const std::string& session_id, int64_t seq_id, Outcome outcome);
   void RunTimer();
+  // Saves and closes the session if it is still idle (timer thread).
+  void CloseIdle(const std::string& id);
 
   JobScheduler* scheduler_;
   JobTrainer* trainer_;

@@ -38,6 +38,9 @@ void SessionToProto(const SessionInfo& info, v1::Session* session) {
   TimestampFromMillis(info.create_time_ms, session->mutable_create_time());
   TimestampFromMillis(info.last_activity_ms,
                       session->mutable_last_activity_time());
+  if (!info.idle_state.empty()) {
+    session->set_idle_state(FormatResourceName(kSessionStates, info.idle_state));
+  }
 }
 
 // Finishes `reactor` with the session `info`, or its error.
@@ -56,6 +59,17 @@ std::vector<double> Doubles(const google::protobuf::RepeatedField<T>& values) {
 
 absl::StatusOr<std::string> SessionId(const std::string& name) {
   return ParseResourceName(name, kSessions, "session");
+}
+
+// A save (of weights for the sampler, or of the state) named
+// `display_name`.
+absl::StatusOr<SessionRequest> NamedSave(SessionOp::Kind kind,
+                                         const std::string& display_name) {
+  LORAPLEX_RETURN_IF_ERROR(CheckDisplayName(display_name, "display_name"));
+  SessionRequest save;
+  save.kind = kind;
+  save.display_name = display_name;
+  return save;
 }
 
 }  // namespace
@@ -133,6 +147,15 @@ void SessionResultToProto(const SessionResult& result,
       saved->set_steps(result.result.steps);
       break;
     }
+    case SessionOp::Kind::kSaveState: {
+      v1::SavedState* saved = proto->mutable_saved_state();
+      saved->set_state(FormatResourceName(kSessionStates, result.state_id));
+      saved->set_steps(result.result.steps);
+      break;
+    }
+    case SessionOp::Kind::kLoadState:
+      proto->mutable_loaded_state()->set_steps(result.result.steps);
+      break;
     case SessionOp::Kind::kClose:
       break;
   }
@@ -145,6 +168,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
     grpc::CallbackServerContext* call, const v1::CreateSessionRequest* request,
     v1::Session* response) {
   grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+  absl::StatusOr<std::string> tenant = Authenticate(*context_, call);
   auto spec = [&]() -> absl::StatusOr<SessionSpec> {
     if (!request->base_model().empty() &&
         request->base_model() != context_->base_model_name) {
@@ -154,6 +178,26 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
     }
     LORAPLEX_RETURN_IF_ERROR(
         CheckDisplayName(request->display_name(), "display_name"));
+    if (!request->from_state().empty()) {
+      if (request->has_lora() || request->has_optimizer() ||
+          request->seed() != 0) {
+        return absl::InvalidArgumentError(
+            "lora, optimizer and seed come from from_state: leave them unset");
+      }
+      LORAPLEX_ASSIGN_OR_RETURN(
+          std::string state_id,
+          ParseResourceName(request->from_state(), kSessionStates,
+                            "from_state"));
+      LORAPLEX_ASSIGN_OR_RETURN(
+          SessionSpec spec, context_->sessions->StateSpec(*tenant, state_id));
+      spec.display_name = request->display_name();
+      spec.with_optimizer = request->with_optimizer();
+      return spec;
+    }
+    if (request->with_optimizer()) {
+      return absl::InvalidArgumentError(
+          "with_optimizer is for a session from_state");
+    }
     LORAPLEX_ASSIGN_OR_RETURN(
         JobSpec job, JobSpecFromProto(request->lora(), request->optimizer(),
                                       v1::LrSchedule(), v1::TrainingConfig()));
@@ -169,7 +213,6 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
     spec.seed = request->seed();
     return spec;
   };
-  absl::StatusOr<std::string> tenant = Authenticate(*context_, call);
   absl::StatusOr<SessionSpec> checked =
       tenant.ok() ? spec() : absl::StatusOr<SessionSpec>(tenant.status());
   if (!checked.ok()) {
@@ -276,14 +319,32 @@ grpc::ServerUnaryReactor* SessionServiceImpl::SaveWeightsForSampler(
     grpc::CallbackServerContext* call,
     const v1::SaveWeightsForSamplerRequest* request,
     v1::SessionResult* response) {
+  return Submit(call, request->session(), request->seq_id(),
+                NamedSave(SessionOp::Kind::kSaveWeights,
+                          request->display_name()),
+                response);
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::SaveState(
+    grpc::CallbackServerContext* call, const v1::SaveStateRequest* request,
+    v1::SessionResult* response) {
+  return Submit(call, request->session(), request->seq_id(),
+                NamedSave(SessionOp::Kind::kSaveState, request->display_name()),
+                response);
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::LoadState(
+    grpc::CallbackServerContext* call, const v1::LoadStateRequest* request,
+    v1::SessionResult* response) {
   absl::StatusOr<SessionRequest> native =
       [&]() -> absl::StatusOr<SessionRequest> {
-    LORAPLEX_RETURN_IF_ERROR(
-        CheckDisplayName(request->display_name(), "display_name"));
-    SessionRequest save;
-    save.kind = SessionOp::Kind::kSaveWeights;
-    save.display_name = request->display_name();
-    return save;
+    SessionRequest load;
+    load.kind = SessionOp::Kind::kLoadState;
+    LORAPLEX_ASSIGN_OR_RETURN(
+        load.state,
+        ParseResourceName(request->state(), kSessionStates, "state"));
+    load.with_optimizer = request->with_optimizer();
+    return load;
   }();
   return Submit(call, request->session(), request->seq_id(), std::move(native),
                 response);

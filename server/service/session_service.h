@@ -42,6 +42,12 @@ class SessionServiceImpl final
       grpc::CallbackServerContext* call,
       const v1::SaveWeightsForSamplerRequest* request,
       v1::SessionResult* response) override;
+  grpc::ServerUnaryReactor* SaveState(grpc::CallbackServerContext* call,
+                                      const v1::SaveStateRequest* request,
+                                      v1::SessionResult* response) override;
+  grpc::ServerUnaryReactor* LoadState(grpc::CallbackServerContext* call,
+                                      const v1::LoadStateRequest* request,
+                                      v1::SessionResult* response) override;
   grpc::ServerUnaryReactor* RetrieveResult(
       grpc::CallbackServerContext* call,
       const v1::RetrieveResultRequest* request,

@@ -382,6 +382,146 @@ TEST_F(ServiceSessionTest, SlotsSavedWeightsAndClose) {
   ASSERT_TRUE(bob_->CloseSession(b).ok());
 }
 
+// SaveState keeps weights, optimizer state and steps on disk: a new
+// session from it (with the optimizer) continues exactly as the original
+// does, also after a restart; without the optimizer it starts from the
+// weights with fresh moments; LoadState replaces an open session's. States
+// are their tenant's, and must fit the session they load into.
+TEST_F(ServiceSessionTest, SavedStatesResumeExactly) {
+  const std::string original = Open(*alice_, v1::OPTIMIZER_FAMILY_MUON, 2e-2);
+  int64_t seq = 0;
+  auto train = [&](LoraplexClient& client, const std::string& session,
+                   int64_t& at, int steps) {
+    std::vector<double> losses;
+    for (int i = 0; i < steps; ++i) {
+      auto fb = client.ForwardBackward(CrossEntropy(session, ++at));
+      EXPECT_TRUE(fb.ok()) << fb.status();
+      if (!fb.ok()) return losses;
+      losses.push_back(fb->forward_backward().loss());
+      EXPECT_TRUE(client.OptimStep(Step(session, ++at, 2e-2)).ok());
+    }
+    return losses;
+  };
+  train(*alice_, original, seq, 3);
+  v1::SaveStateRequest save;
+  save.set_session(original);
+  save.set_seq_id(++seq);
+  auto saved = alice_->SaveState(save);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->saved_state().steps(), 3);
+  const std::string state = saved->saved_state().state();
+  EXPECT_TRUE(absl::StartsWith(state, "session_states/")) << state;
+  const std::vector<double> reference = train(*alice_, original, seq, 3);
+  ASSERT_TRUE(alice_->CloseSession(original).ok());
+
+  // Only alice's; and from_state takes the state's config.
+  v1::CreateSessionRequest from;
+  from.set_from_state(state);
+  from.set_with_optimizer(true);
+  EXPECT_EQ(bob_->CreateSession(from).status().code(),
+            absl::StatusCode::kNotFound);
+  v1::CreateSessionRequest both = from;
+  both.mutable_lora()->set_rank(4);
+  EXPECT_EQ(alice_->CreateSession(both).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // After a restart, a session from the state continues exactly.
+  ASSERT_TRUE(server_->Stop().ok());
+  server_ = StartServer(state_, 3, {"--tokens-file", state_ + "/tokens"});
+  ASSERT_NE(server_, nullptr);
+  alice_ = ClientFor(*server_, kAliceToken);
+  auto resumed = alice_->CreateSession(from);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->steps(), 3);
+  EXPECT_EQ(resumed->family(), v1::OPTIMIZER_FAMILY_MUON);
+  int64_t resumed_seq = 0;
+  EXPECT_EQ(train(*alice_, resumed->name(), resumed_seq, 3), reference);
+
+  // Without the optimizer: the same weights (the first loss), fresh
+  // moments (the next differs).
+  from.set_with_optimizer(false);
+  auto fresh = alice_->CreateSession(from);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->steps(), 0);
+  int64_t fresh_seq = 0;
+  const std::vector<double> fresh_losses =
+      train(*alice_, fresh->name(), fresh_seq, 2);
+  ASSERT_EQ(fresh_losses.size(), 2u);
+  EXPECT_EQ(fresh_losses[0], reference[0]);
+  EXPECT_NE(fresh_losses[1], reference[1]);
+
+  // LoadState into the open session puts the saved weights back; a state
+  // of another LoRA shape, or another optimizer family with the
+  // optimizer, does not fit.
+  v1::LoadStateRequest load;
+  load.set_session(fresh->name());
+  load.set_seq_id(++fresh_seq);
+  load.set_state(state);
+  load.set_with_optimizer(true);
+  auto loaded = alice_->LoadState(load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->loaded_state().steps(), 3);
+  EXPECT_EQ(train(*alice_, fresh->name(), fresh_seq, 3), reference);
+  v1::CreateSessionRequest small =
+      SessionRequest(v1::OPTIMIZER_FAMILY_ADAMW, 1e-2, 1);
+  small.mutable_lora()->set_rank(4);
+  auto other = alice_->CreateSession(small);
+  ASSERT_TRUE(other.ok()) << other.status();
+  load.set_session(other->name());
+  load.set_seq_id(1);
+  auto refused = alice_->LoadState(load);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("state: its LoRA config"));
+}
+
+// A session without a call for --session-idle-seconds is saved and
+// closed: its slot is free again, a late call says where its state is,
+// and a session from that state continues where it stopped.
+TEST(ServiceSessionIdleTest, IdleSessionsAreSavedAndTheirSlotFreed) {
+  auto server = StartServer(FreshTestDir("idle"), 1,
+                            {"--session-idle-seconds=1"});
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  auto session =
+      client->CreateSession(SessionRequest(v1::OPTIMIZER_FAMILY_ADAMW, 1e-2, 3));
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::string name = session->name();
+  ASSERT_TRUE(client->ForwardBackward(CrossEntropy(name, 1)).ok());
+  ASSERT_TRUE(client->OptimStep(Step(name, 2, 1e-2)).ok());
+  auto before = client->ForwardBackward(CrossEntropy(name, 3));
+  ASSERT_TRUE(before.ok());
+  // Waits for the idle close (1 s after the last call; 60 s at most).
+  absl::StatusOr<v1::Session> closed;
+  for (int i = 0; i < 600; ++i) {
+    closed = client->GetSession(name);
+    ASSERT_TRUE(closed.ok()) << closed.status();
+    if (closed->state() == v1::SESSION_STATE_CLOSED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(closed->state(), v1::SESSION_STATE_CLOSED);
+  EXPECT_EQ(closed->steps(), 1);
+  const std::string state = closed->idle_state();
+  ASSERT_TRUE(absl::StartsWith(state, "session_states/")) << state;
+  auto late = client->OptimStep(Step(name, 4, 1e-2));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(late.status().message()),
+              HasSubstr("its state was saved as \"" + state + "\""));
+  // The one slot is free for a new session, from the saved state: the
+  // gradients of call 3 were not saved (a state holds weights and the
+  // optimizer), so it repeats call 3 and gets the same loss.
+  v1::CreateSessionRequest from;
+  from.set_from_state(state);
+  from.set_with_optimizer(true);
+  auto resumed = client->CreateSession(from);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->steps(), 1);
+  auto again = client->ForwardBackward(CrossEntropy(resumed->name(), 1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->forward_backward().loss(), before->forward_backward().loss());
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
+}
+
 // One iteration of the RL loop for one session: save the policy, sample
 // `n` one-token answers to `prompt`, reward the digits, and update with
 // `loss_fn` on group-centred advantages. Returns the mean reward.
