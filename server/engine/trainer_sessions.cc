@@ -204,7 +204,8 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
     case SessionOp::Kind::kSaveWeights:
     case SessionOp::Kind::kSaveState: {
       absl::StatusOr<std::map<std::string, std::string>> files = CatchTorch(
-          "saving", [&]() -> absl::StatusOr<std::map<std::string, std::string>> {
+          "saving",
+          [&]() -> absl::StatusOr<std::map<std::string, std::string>> {
             if (op.kind == SessionOp::Kind::kSaveState) {
               return SessionStateFiles(training, op.state_meta);
             }

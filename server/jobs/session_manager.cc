@@ -151,6 +151,7 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
       auto it = sessions_.find(id);
       if (slot.ok() && it != sessions_.end()) {
         it->second->info.open = true;
+        it->second->opened = true;
         it->second->info.slot = *slot;
         answer = it->second->info;
       } else {
@@ -559,11 +560,20 @@ void SessionManager::RunTimer() {
       const int64_t now_ms = NowMillis();
       const int64_t timeout_ms = options_.idle_timeout.count();
       for (auto& [id, session] : sessions_) {
+        const bool closed = !session->info.open && session->opened;
         if (!session->info.open || session->closing ||
             !session->running.empty() || !session->waiting.empty()) {
+          // Opening, closing or busy: looked at again in a while.
+          if (!closed) {
+            const auto at =
+                now + std::min<std::chrono::milliseconds>(
+                          options_.idle_timeout, std::chrono::seconds(1));
+            if (!next || at < *next) next = at;
+          }
           continue;
         }
-        const int64_t left = session->info.last_activity_ms + timeout_ms - now_ms;
+        const int64_t left =
+            session->info.last_activity_ms + timeout_ms - now_ms;
         if (left <= 0) {
           idle.push_back(id);
         } else {

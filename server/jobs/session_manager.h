@@ -162,6 +162,7 @@ class SessionManager {
   };
   struct Session {
     SessionInfo info;
+    bool opened = false;  // The trainer opened it (it may be closed since).
     bool closing = false;
     // Arrived ahead of their turn, by seq_id.
     std::map<int64_t, std::pair<SessionRequest, ResultCallback>> waiting;

@@ -39,7 +39,8 @@ void SessionToProto(const SessionInfo& info, v1::Session* session) {
   TimestampFromMillis(info.last_activity_ms,
                       session->mutable_last_activity_time());
   if (!info.idle_state.empty()) {
-    session->set_idle_state(FormatResourceName(kSessionStates, info.idle_state));
+    session->set_idle_state(
+        FormatResourceName(kSessionStates, info.idle_state));
   }
 }
 
@@ -319,10 +320,10 @@ grpc::ServerUnaryReactor* SessionServiceImpl::SaveWeightsForSampler(
     grpc::CallbackServerContext* call,
     const v1::SaveWeightsForSamplerRequest* request,
     v1::SessionResult* response) {
-  return Submit(call, request->session(), request->seq_id(),
-                NamedSave(SessionOp::Kind::kSaveWeights,
-                          request->display_name()),
-                response);
+  return Submit(
+      call, request->session(), request->seq_id(),
+      NamedSave(SessionOp::Kind::kSaveWeights, request->display_name()),
+      response);
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::SaveState(

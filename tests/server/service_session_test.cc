@@ -479,12 +479,12 @@ TEST_F(ServiceSessionTest, SavedStatesResumeExactly) {
 // closed: its slot is free again, a late call says where its state is,
 // and a session from that state continues where it stopped.
 TEST(ServiceSessionIdleTest, IdleSessionsAreSavedAndTheirSlotFreed) {
-  auto server = StartServer(FreshTestDir("idle"), 1,
-                            {"--session-idle-seconds=1"});
+  auto server =
+      StartServer(FreshTestDir("idle"), 1, {"--session-idle-seconds=1"});
   ASSERT_NE(server, nullptr);
   auto client = ClientFor(*server);
-  auto session =
-      client->CreateSession(SessionRequest(v1::OPTIMIZER_FAMILY_ADAMW, 1e-2, 3));
+  auto session = client->CreateSession(
+      SessionRequest(v1::OPTIMIZER_FAMILY_ADAMW, 1e-2, 3));
   ASSERT_TRUE(session.ok()) << session.status();
   const std::string name = session->name();
   ASSERT_TRUE(client->ForwardBackward(CrossEntropy(name, 1)).ok());
@@ -518,7 +518,8 @@ TEST(ServiceSessionIdleTest, IdleSessionsAreSavedAndTheirSlotFreed) {
   EXPECT_EQ(resumed->steps(), 1);
   auto again = client->ForwardBackward(CrossEntropy(resumed->name(), 1));
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->forward_backward().loss(), before->forward_backward().loss());
+  EXPECT_EQ(again->forward_backward().loss(),
+            before->forward_backward().loss());
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
