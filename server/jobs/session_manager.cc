@@ -136,13 +136,13 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
   command.optimizer = info.spec.optimizer;
   command.seed = info.spec.seed;
   const std::string id = info.id;
+  const std::string from_state = info.spec.from_state;
+  const bool with_optimizer = info.spec.with_optimizer;
   {
     absl::MutexLock lock(&mu_);
     sessions_[id] = std::move(session);
   }
   timer_wake_.SignalAll();  // Its idle deadline.
-  const std::string from_state = info.spec.from_state;
-  const bool with_optimizer = info.spec.with_optimizer;
   command.done = [this, id, tenant, from_state, with_optimizer,
                   done = std::move(done)](absl::StatusOr<int> slot) mutable {
     absl::StatusOr<SessionInfo> answer;
@@ -150,7 +150,8 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
       absl::MutexLock lock(&mu_);
       auto it = sessions_.find(id);
       if (slot.ok() && it != sessions_.end()) {
-        it->second->info.open = true;
+        // From a state: open (to calls and to the idle timer) once loaded.
+        it->second->info.open = from_state.empty();
         it->second->opened = true;
         it->second->info.slot = *slot;
         answer = it->second->info;
@@ -186,10 +187,13 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
           if (it == sessions_.end()) {
             info = NotFound(id);
           } else {
+            it->second->info.open = true;
             it->second->info.steps = loaded->steps;
+            it->second->info.last_activity_ms = NowMillis();
             info = it->second->info;
           }
         }
+        timer_wake_.SignalAll();  // Its idle deadline.
         done(std::move(info));
         return;
       }
