@@ -27,7 +27,6 @@ namespace loraplex {
 namespace {
 
 constexpr char kOptimizerStateFile[] = "optimizer.pt";
-constexpr char kSessionStateFile[] = "session_state.json";
 
 // A session's state as files: its adapter (PEFT), its optimizer state and
 // `meta` with its step count.

@@ -100,6 +100,10 @@ struct SessionOpenCommand {
   std::function<void(absl::StatusOr<int> slot)> done;
 };
 
+// The file of a saved session state (kSaveState) that describes it: a
+// JSON object with its tenant, LoRA and optimizer configs, seed and steps.
+inline constexpr char kSessionStateFile[] = "session_state.json";
+
 // What a session operation returns.
 struct SessionOpResult {
   ForwardBackwardOutput forward_backward;  // kForwardBackward, kForward.

@@ -43,7 +43,8 @@ absl::StatusOr<nlohmann::json> ReadStateMeta(const std::string& dir,
                                              const std::string& state_id) {
   const absl::Status missing = absl::NotFoundError(
       absl::StrCat("session state \"", state_id, "\" not found"));
-  absl::StatusOr<std::string> text = ReadFile(dir + "/session_state.json");
+  absl::StatusOr<std::string> text =
+      ReadFile(absl::StrCat(dir, "/", kSessionStateFile));
   if (!text.ok()) return missing;
   nlohmann::json meta = nlohmann::json::parse(*text, nullptr, false);
   if (!meta.is_object() || meta.value("tenant", "") != tenant) return missing;
