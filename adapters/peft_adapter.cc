@@ -50,6 +50,7 @@ bool PeftEntryNames(absl::string_view module, absl::string_view entry) {
 }
 
 std::string PeftModuleName(int layer, Projection projection) {
+  if (projection == Projection::kLmHead) return "lm_head";
   return absl::StrCat("model.layers.", layer, ".",
                       ProjectionModule(projection));
 }
@@ -72,6 +73,11 @@ absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
           }
         }
       }
+      if (PeftEntryNames(PeftModuleName(kLmHeadLayer, Projection::kLmHead),
+                         text)) {
+        named.insert({Projection::kLmHead, kLmHeadLayer});
+        any = true;
+      }
     }
     if (!any) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -80,7 +86,7 @@ absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
           "; supported: ", EnumNameList(kAllProjections, &ProjectionName),
           " of layers 0-", num_layers - 1,
           ", by name, suffix (\"mlp.up_proj\") or full path "
-          "(\"model.layers.0.mlp.up_proj\")"));
+          "(\"model.layers.0.mlp.up_proj\"), and lm_head"));
     }
   }
   return named;
@@ -134,6 +140,9 @@ absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
           "layer"));
     }
     projections.push_back(p);
+  }
+  if (named.count({Projection::kLmHead, kLmHeadLayer}) > 0) {
+    projections.push_back(Projection::kLmHead);
   }
   return projections;
 }
@@ -208,8 +217,7 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
 }  // namespace
 
 std::string PeftTensorName(int layer, Projection projection, bool lora_a) {
-  return absl::StrCat("base_model.model.model.layers.", layer, ".",
-                      ProjectionModule(projection),
+  return absl::StrCat("base_model.model.", PeftModuleName(layer, projection),
                       lora_a ? ".lora_A.weight" : ".lora_B.weight");
 }
 
@@ -305,45 +313,68 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
   std::vector<std::string> problems;
   std::set<std::string> expected;
   const int64_t r = adapter.config.rank;
+  auto load_module = [&](int layer, Projection p) -> absl::Status {
+    const auto [out, in] = ProjectionShape(model, p);
+    PeftModuleTensors module{layer, p, {}, {}};
+    for (bool lora_a : {true, false}) {
+      const std::string name = PeftTensorName(layer, p, lora_a);
+      expected.insert(name);
+      const std::vector<int64_t> shape =
+          lora_a ? std::vector<int64_t>{r, in} : std::vector<int64_t>{out, r};
+      const SafetensorsTensorInfo* info = file->Find(name);
+      if (info == nullptr) {
+        problems.push_back(absl::StrCat("missing tensor ", name));
+        continue;
+      }
+      if (info->shape != shape) {
+        problems.push_back(absl::StrCat(
+            name, " has shape ", ShapeText(info->shape), ", expected ",
+            ShapeText(shape), " for rank ", r, " on this base model"));
+        continue;
+      }
+      LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor tensor, file->Load(name));
+      if (!torch::isFloatingType(tensor.scalar_type())) {
+        problems.push_back(
+            absl::StrCat(name, " is not a floating-point tensor"));
+        continue;
+      }
+      // Such an adapter would train nothing (every step skipped as
+      // non-finite) and sample garbage.
+      if (!torch::isfinite(tensor).all().item<bool>()) {
+        problems.push_back(absl::StrCat(name, " holds NaN or infinite values"));
+        continue;
+      }
+      // An fp64 slot's checkpoint keeps its fp64 weights: it resumes
+      // exactly.
+      (lora_a ? module.a : module.b) =
+          tensor.to(Fp32OrFp64(tensor.scalar_type())).clone();
+    }
+    adapter.modules.push_back(std::move(module));
+    return absl::OkStatus();
+  };
   for (int layer = 0; layer < model.num_hidden_layers; ++layer) {
     for (Projection p : adapter.config.targets) {
-      const auto [out, in] = ProjectionShape(model, p);
-      PeftModuleTensors module{layer, p, {}, {}};
-      for (bool lora_a : {true, false}) {
-        const std::string name = PeftTensorName(layer, p, lora_a);
-        expected.insert(name);
-        const std::vector<int64_t> shape =
-            lora_a ? std::vector<int64_t>{r, in} : std::vector<int64_t>{out, r};
-        const SafetensorsTensorInfo* info = file->Find(name);
-        if (info == nullptr) {
-          problems.push_back(absl::StrCat("missing tensor ", name));
-          continue;
-        }
-        if (info->shape != shape) {
-          problems.push_back(absl::StrCat(
-              name, " has shape ", ShapeText(info->shape), ", expected ",
-              ShapeText(shape), " for rank ", r, " on this base model"));
-          continue;
-        }
-        LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor tensor, file->Load(name));
-        if (!torch::isFloatingType(tensor.scalar_type())) {
-          problems.push_back(
-              absl::StrCat(name, " is not a floating-point tensor"));
-          continue;
-        }
-        // Such an adapter would train nothing (every step skipped as
-        // non-finite) and sample garbage.
-        if (!torch::isfinite(tensor).all().item<bool>()) {
-          problems.push_back(
-              absl::StrCat(name, " holds NaN or infinite values"));
-          continue;
-        }
-        // An fp64 slot's checkpoint keeps its fp64 weights: it resumes
-        // exactly.
-        (lora_a ? module.a : module.b) =
-            tensor.to(Fp32OrFp64(tensor.scalar_type())).clone();
+      if (p != Projection::kLmHead) {
+        LORAPLEX_RETURN_IF_ERROR(load_module(layer, p));
       }
-      adapter.modules.push_back(std::move(module));
+    }
+  }
+  if (adapter.config.TargetsLmHead()) {
+    LORAPLEX_RETURN_IF_ERROR(load_module(kLmHeadLayer, Projection::kLmHead));
+    // PEFT saves a copy of the LM head's base weight beside its LoRA
+    // (save_embedding_layers="auto" does when lm_head is a target). The
+    // base is frozen, so the copy is the base's own weight: checked for
+    // shape and otherwise not read.
+    const std::string base_copy = "base_model.model.lm_head.base_layer.weight";
+    if (const SafetensorsTensorInfo* info = file->Find(base_copy)) {
+      expected.insert(base_copy);
+      const std::vector<int64_t> shape = {model.vocab_size, model.hidden_size};
+      if (info->shape != shape) {
+        problems.push_back(absl::StrCat(
+            base_copy, " has shape ", ShapeText(info->shape), ", expected ",
+            ShapeText(shape),
+            " (an LM head of another vocabulary than this base model's)"));
+      }
     }
   }
   for (const SafetensorsTensorInfo& info : file->tensors()) {

@@ -2,7 +2,8 @@
 // SGLang and PEFT load: a directory with `adapter_config.json` and
 // `adapter_model.safetensors` holding, for each adapted module,
 // `base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight` [r, in]
-// and `...lora_B.weight` [out, r].
+// and `...lora_B.weight` [out, r] (`base_model.model.lm_head.lora_A.weight`
+// for the LM head; vLLM does not load adapters that have one).
 //
 //   LORAPLEX_RETURN_IF_ERROR(ExportPeftAdapter(weights, "my-base", dir));
 //   LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
@@ -40,7 +41,8 @@ struct PeftAdapter {
   std::vector<PeftModuleTensors> modules;  // LoraWeights::modules() order.
 };
 
-// The safetensors key of a module's A (`lora_a` true) or B matrix.
+// The safetensors key of a module's A (`lora_a` true) or B matrix; `layer`
+// is kLmHeadLayer for the LM head.
 std::string PeftTensorName(int layer, Projection projection, bool lora_a);
 
 // The files of `weights` as a PEFT adapter, in memory, to be written
@@ -61,7 +63,8 @@ absl::Status ExportPeftAdapter(const LoraWeights& weights,
 // Reads and validates an adapter directory against `model`. Errors are
 // INVALID_ARGUMENT naming the file and the problem: unsupported settings
 // (DoRA, bias, rank/alpha patterns, modules_to_save, fan_in_fan_out, target
-// modules other than the seven projections), missing or unexpected tensors,
+// modules other than the seven projections and lm_head), missing or
+// unexpected tensors,
 // shapes that do not match the base model.
 absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
                                             const ModelConfig& model);

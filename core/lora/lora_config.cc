@@ -32,7 +32,7 @@ absl::Status ValidateLoraConfig(const LoraConfig& config) {
   if (config.targets.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("lora.target_modules must name at least one of ",
-                     EnumNameList(kAllProjections, &ProjectionName)));
+                     EnumNameList(kLoraTargets, &ProjectionName)));
   }
   for (size_t i = 1; i < config.targets.size(); ++i) {
     if (config.targets[i - 1] >= config.targets[i]) {
@@ -58,13 +58,13 @@ absl::StatusOr<std::vector<Projection>> ParseTargetModules(
   for (const nlohmann::json& name : names) {
     std::optional<Projection> projection;
     if (name.is_string()) {
-      projection = ParseEnumName(name.get<std::string>(), kAllProjections,
-                                 &ProjectionName);
+      projection =
+          ParseEnumName(name.get<std::string>(), kLoraTargets, &ProjectionName);
     }
     if (!projection.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, " names an unsupported module ", DescribeJson(name),
-          "; supported: ", EnumNameList(kAllProjections, &ProjectionName)));
+          "; supported: ", EnumNameList(kLoraTargets, &ProjectionName)));
     }
     targets.push_back(*projection);
   }

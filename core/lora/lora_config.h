@@ -1,5 +1,6 @@
 // One adapter's LoRA settings (DESIGN.md §3): rank, alpha, rsLoRA, dropout
-// and which of the seven projections it adapts.
+// and which of the seven projections (and, optionally, the LM head) it
+// adapts.
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(LoraConfig lora, LoraConfigFromJson(json));
 //   double scale = LoraScale(lora);  // alpha / r, or alpha / sqrt(r)
@@ -27,11 +28,13 @@ struct LoraConfig {
   double dropout = 0.0;
   // Scale alpha / sqrt(rank) instead of alpha / rank (Kalajdzievski 2023).
   bool use_rslora = false;
-  // Adapted projections in Projection order, no duplicates.
+  // Adapted modules in Projection order, no duplicates: the layers'
+  // projections, and Projection::kLmHead last when the LM head is adapted.
   std::vector<Projection> targets = {kAllProjections.begin(),
                                      kAllProjections.end()};
 
   bool Targets(Projection projection) const;
+  bool TargetsLmHead() const { return Targets(Projection::kLmHead); }
 };
 
 // INVALID_ARGUMENT naming the field: "lora.rank must be in [1, 256], got 0".
@@ -42,7 +45,7 @@ double LoraScale(const LoraConfig& config);
 
 // A JSON list of module names ("q_proj", ...) as projections, sorted into
 // Projection order (duplicates kept). Errors start with `field`:
-// "lora.target_modules names an unsupported module \"lm_head\"; ...".
+// "lora.target_modules names an unsupported module \"embed_tokens\"; ...".
 absl::StatusOr<std::vector<Projection>> ParseTargetModules(
     const nlohmann::json& names, absl::string_view field);
 

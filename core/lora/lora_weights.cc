@@ -27,8 +27,8 @@ LoraWeights::LoraWeights(const ModelConfig& model, torch::Device device,
     : model_(model),
       device_(device),
       dtype_(Fp32OrFp64(dtype)),
-      module_index_(model.num_hidden_layers * kNumProjections, -1),
-      storage_(model.num_hidden_layers * kNumProjections) {}
+      module_index_(model.num_hidden_layers * kNumProjections + 1, -1),
+      storage_(model.num_hidden_layers * kNumProjections + 1) {}
 
 absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& config) {
   LORAPLEX_RETURN_IF_ERROR(ValidateLoraConfig(config));
@@ -40,21 +40,28 @@ absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& config) {
   std::vector<LoraModule> modules;
   std::vector<int> module_index(module_index_.size(), -1);
   int allocated = 0;
+  auto add_module = [&](int layer, Projection p, int index) {
+    const auto [out, in] = ProjectionShape(model_, p);
+    Storage& block = storage[index];
+    if (!block.a.defined() || block.a.numel() < r * in ||
+        block.b.numel() < out * r) {
+      block.a = torch::empty({r * in}, options);
+      block.b = torch::empty({out * r}, options);
+      ++allocated;
+    }
+    module_index[index] = static_cast<int>(modules.size());
+    modules.push_back(
+        {layer, p, LeafView(block.a, r, in), LeafView(block.b, out, r)});
+  };
   try {
     for (int layer = 0; layer < model_.num_hidden_layers; ++layer) {
       for (Projection p : config.targets) {
-        const auto [out, in] = ProjectionShape(model_, p);
-        const int index = layer * kNumProjections + static_cast<int>(p);
-        Storage& block = storage[index];
-        if (!block.a.defined() || block.a.numel() < r * in) {
-          block.a = torch::empty({r * in}, options);
-          block.b = torch::empty({out * r}, options);
-          ++allocated;
-        }
-        module_index[index] = static_cast<int>(modules.size());
-        modules.push_back(
-            {layer, p, LeafView(block.a, r, in), LeafView(block.b, out, r)});
+        if (p == Projection::kLmHead) continue;
+        add_module(layer, p, layer * kNumProjections + static_cast<int>(p));
       }
+    }
+    if (config.TargetsLmHead()) {
+      add_module(kLmHeadLayer, Projection::kLmHead, LmHeadIndex());
     }
   } catch (const c10::Error& e) {
     return absl::ResourceExhaustedError(
@@ -101,9 +108,17 @@ void LoraWeights::Zero() {
 }
 
 const LoraModule* LoraWeights::Find(int layer, Projection projection) const {
-  if (layer < 0 || layer >= model_.num_hidden_layers) return nullptr;
+  if (layer < 0 || layer >= model_.num_hidden_layers ||
+      projection == Projection::kLmHead) {
+    return nullptr;
+  }
   const int index =
       module_index_[layer * kNumProjections + static_cast<int>(projection)];
+  return index < 0 ? nullptr : &modules_[index];
+}
+
+const LoraModule* LoraWeights::lm_head() const {
+  const int index = module_index_[LmHeadIndex()];
   return index < 0 ? nullptr : &modules_[index];
 }
 

@@ -1,6 +1,7 @@
 // One adapter's trainable tensors: for each adapted (layer, projection) an
 // A [rank, in] and a B [out, rank], leaves that require grad, in fp32 (or
-// fp64 for a float64 base, see core/runtime/float_dtype.h).
+// fp64 for a float64 base, see core/runtime/float_dtype.h); and when the LM
+// head is adapted, its A [rank, hidden] and B [vocab, rank].
 //
 // The tensors are views into storage that is kept across Bind() calls, so a
 // slot that is retired and attached again with a rank that fits reuses its
@@ -27,8 +28,11 @@
 
 namespace loraplex {
 
+// The layer of the LM head's module, which belongs to no layer.
+inline constexpr int kLmHeadLayer = -1;
+
 struct LoraModule {
-  int layer = 0;
+  int layer = 0;  // kLmHeadLayer for Projection::kLmHead.
   Projection projection = Projection::kQ;
   torch::Tensor a;  // [rank, in]
   torch::Tensor b;  // [out, rank]
@@ -62,10 +66,14 @@ class LoraWeights {
   torch::Device device() const { return device_; }
   torch::ScalarType dtype() const { return dtype_; }
 
-  // Adapted modules, layer-major, projections in Projection order.
+  // Adapted modules, layer-major, projections in Projection order, the LM
+  // head's last.
   const std::vector<LoraModule>& modules() const { return modules_; }
-  // The module for (layer, projection), or nullptr when not adapted.
+  // The module for (layer, projection) of a decoder layer, or nullptr when
+  // not adapted.
   const LoraModule* Find(int layer, Projection projection) const;
+  // The LM head's module, or nullptr when not adapted.
+  const LoraModule* lm_head() const;
   // A and B of every module, in modules() order (A before B).
   std::vector<torch::Tensor> parameters() const;
 
@@ -74,6 +82,7 @@ class LoraWeights {
     torch::Tensor a;  // Flat, capacity rank_capacity * in.
     torch::Tensor b;  // Flat, capacity out * rank_capacity.
   };
+  int LmHeadIndex() const { return model_.num_hidden_layers * kNumProjections; }
 
   ModelConfig model_;
   torch::Device device_;
@@ -81,7 +90,8 @@ class LoraWeights {
   std::optional<LoraConfig> config_;
   double scale_ = 0.0;
   std::vector<LoraModule> modules_;
-  // By layer * kNumProjections + projection; -1 when not adapted.
+  // By layer * kNumProjections + projection, then one for the LM head; -1
+  // when not adapted.
   std::vector<int> module_index_;
   std::vector<Storage> storage_;  // Same indexing.
 };

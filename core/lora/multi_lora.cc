@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "core/common/split_mix.h"
@@ -119,6 +120,56 @@ void MultiLoraDelta::AddTo(int layer, const torch::Tensor& x,
   for (size_t j = 0; j < n; ++j) {
     if (adapted[j]) outputs[j] = torch::cat(y_parts[j], 0);
   }
+}
+
+const LoraModule* MultiLoraDelta::LmHead(size_t s) const {
+  const LoraWeights* weights = segments_[s].weights;
+  return weights == nullptr ? nullptr : weights->lm_head();
+}
+
+torch::Tensor MultiLoraDelta::LmHeadInput(size_t s,
+                                          const torch::Tensor& x) const {
+  const LoraSegment& segment = segments_[s];
+  torch::Tensor wide = x.to(segment.weights->dtype());
+  if (!UsesDropout(segment)) return wide;
+  return Dropout(segment, wide, kLmHeadLayer, Projection::kLmHead);
+}
+
+torch::Tensor MultiLoraDelta::AddToLogits(const torch::Tensor& hidden,
+                                          const torch::Tensor& logits,
+                                          int64_t first_row) const {
+  const int64_t rows = hidden.size(0);
+  std::vector<torch::Tensor> parts;
+  bool any = false;
+  int64_t segment_first = 0;
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const LoraSegment& segment = segments_[s];
+    const int64_t first = std::max(segment_first, first_row);
+    const int64_t last =
+        std::min(segment_first + segment.rows, first_row + rows);
+    segment_first += segment.rows;
+    if (first >= last) continue;
+    torch::Tensor part = logits.narrow(0, first - first_row, last - first);
+    if (const LoraModule* module = LmHead(s)) {
+      torch::Tensor x = hidden.narrow(0, first - first_row, last - first);
+      // Dropout masks are drawn per row over its positions.
+      TORCH_CHECK(!UsesDropout(segment) ||
+                      (x.dim() == 3 && last - first == segment.rows),
+                  "LM-head dropout needs a segment's whole rows");
+      const double scale = segment.weights->scale();
+      torch::Tensor delta = LmHeadInput(s, x)
+                                .matmul(module->a.t())
+                                .mul(scale)
+                                .matmul(module->b.t());
+      part = part + delta.to(part.scalar_type());
+      any = true;
+    }
+    parts.push_back(part);
+  }
+  TORCH_CHECK(segment_first >= first_row + rows, "the adapter segments cover ",
+              segment_first, " rows but the logits reach row ",
+              first_row + rows);
+  return any ? torch::cat(parts, 0) : logits;
 }
 
 }  // namespace loraplex

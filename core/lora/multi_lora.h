@@ -12,7 +12,8 @@
 // zero tensor per segment (the x[a:b] slicing trap). A segment's A matrices
 // for projections that share an input (q/k/v, gate/up) are concatenated so
 // the input is read once; with dropout each projection draws its own mask,
-// as PEFT does.
+// as PEFT does. An adapter that targets the LM head adds
+// scale · dropout(h) Aᵀ Bᵀ to its rows' logits the same way (AddToLogits).
 #ifndef LORAPLEX_CORE_LORA_MULTI_LORA_H_
 #define LORAPLEX_CORE_LORA_MULTI_LORA_H_
 
@@ -51,7 +52,17 @@ class MultiLoraDelta : public ProjectionDelta {
              const std::vector<Projection>& projections,
              std::vector<torch::Tensor>& outputs) const override;
 
+  torch::Tensor AddToLogits(const torch::Tensor& hidden,
+                            const torch::Tensor& logits,
+                            int64_t first_row) const override;
+
   const std::vector<LoraSegment>& segments() const { return segments_; }
+
+  // Segment s's LM-head module, or nullptr when it has none.
+  const LoraModule* LmHead(size_t s) const;
+  // The input of segment s's LM-head LoRA: its final hidden states x [rows,
+  // seq, hidden] in the adapter's dtype, dropped out in training.
+  torch::Tensor LmHeadInput(size_t s, const torch::Tensor& x) const;
 
  private:
   bool UsesDropout(const LoraSegment& segment) const;

@@ -345,9 +345,13 @@ absl::StatusOr<torch::Tensor> LlamaModel::ForwardCached(
   }
 }
 
-torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden) const {
-  return torch::nn::functional::linear(hidden, weights_.lm_head)
-      .to(logits_dtype());
+torch::Tensor LlamaModel::Logits(const torch::Tensor& hidden,
+                                 const ProjectionDelta* delta,
+                                 int64_t first_row) const {
+  torch::Tensor logits = torch::nn::functional::linear(hidden, weights_.lm_head)
+                             .to(logits_dtype());
+  if (delta == nullptr) return logits;
+  return delta->AddToLogits(hidden, logits, first_row);
 }
 
 torch::ScalarType LlamaModel::logits_dtype() const {
@@ -365,7 +369,7 @@ absl::StatusOr<torch::Tensor> LlamaModel::Forward(
   LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor hidden,
                             ForwardHidden(input_ids, lengths, delta));
   try {
-    return Logits(hidden);
+    return Logits(hidden, delta);
   } catch (const c10::Error& e) {
     return TorchError(e);
   }

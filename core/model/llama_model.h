@@ -39,6 +39,14 @@ class ProjectionDelta {
   virtual void AddTo(int layer, const torch::Tensor& x,
                      const std::vector<Projection>& projections,
                      std::vector<torch::Tensor>& outputs) const = 0;
+  // Returns `logits` [rows, ..., vocab], the base LM head's output on
+  // `hidden` [rows, ..., hidden], plus the adapters' LM-head terms. Those
+  // rows are the batch's rows first_row, first_row + 1, ...
+  virtual torch::Tensor AddToLogits(const torch::Tensor& /*hidden*/,
+                                    const torch::Tensor& logits,
+                                    int64_t /*first_row*/) const {
+    return logits;
+  }
 };
 
 // Keys and values of every position each row of a batch has seen, so that
@@ -127,8 +135,12 @@ class LlamaModel {
       const torch::Tensor& input_ids, const torch::Tensor& valid,
       KvCache& cache, const ProjectionDelta* delta = nullptr) const;
 
-  // LM head applied to hidden states; logits in logits_dtype().
-  torch::Tensor Logits(const torch::Tensor& hidden) const;
+  // LM head applied to hidden states; logits in logits_dtype(). With
+  // `delta`, its LM-head terms are added; hidden's rows are the delta's rows
+  // first_row, first_row + 1, ...
+  torch::Tensor Logits(const torch::Tensor& hidden,
+                       const ProjectionDelta* delta = nullptr,
+                       int64_t first_row = 0) const;
   // fp32, or fp64 for an fp64 model: logits and losses are never computed
   // in bf16.
   torch::ScalarType logits_dtype() const;

@@ -61,6 +61,8 @@ std::array<int64_t, 2> ProjectionShape(const ModelConfig& config,
       return {config.intermediate_size, hidden};
     case Projection::kDown:
       return {hidden, config.intermediate_size};
+    case Projection::kLmHead:
+      return {config.vocab_size, hidden};
   }
   return {0, 0};
 }
@@ -73,6 +75,8 @@ bool ProjectionHasBias(const ModelConfig& config, Projection projection) {
       return config.qkv_bias;
     case Projection::kO:
       return config.o_bias;
+    case Projection::kLmHead:
+      return false;
     default:
       return config.mlp_bias;
   }

@@ -130,7 +130,10 @@ absl::Status BatchGenerator::Prefill() {
       const int64_t length = static_cast<int64_t>(prompt.size());
       if (length < 2) continue;
       torch::Tensor logprobs = torch::log_softmax(
-          model_.Logits(hidden[i].narrow(0, width - length, length - 1))
+          model_
+              .Logits(
+                  hidden.narrow(0, i, 1).narrow(1, width - length, length - 1),
+                  delta.get(), /*first_row=*/i)[0]
               .to(torch::kCPU, torch::kFloat64),
           -1);
       torch::Tensor next =
@@ -141,7 +144,7 @@ absl::Status BatchGenerator::Prefill() {
           picked.data_ptr<double>(), picked.data_ptr<double>() + length - 1);
     }
     torch::Tensor last = hidden.select(1, width - 1);
-    return Advance(model_.Logits(last).to(torch::kCPU));
+    return Advance(model_.Logits(last, delta.get()).to(torch::kCPU));
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("prefill failed: ", e.what_without_backtrace()));
@@ -161,7 +164,8 @@ absl::Status BatchGenerator::Step() {
       model_.ForwardCached(ids, torch::Tensor(), *cache_, delta.get()));
   try {
     torch::NoGradGuard no_grad;
-    return Advance(model_.Logits(hidden.select(1, 0)).to(torch::kCPU));
+    return Advance(
+        model_.Logits(hidden.select(1, 0), delta.get()).to(torch::kCPU));
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("decode step failed: ", e.what_without_backtrace()));

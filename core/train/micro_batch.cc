@@ -29,11 +29,15 @@ struct MicroBatch {
   torch::Tensor weights;
   torch::Tensor sampler_logprobs;
   torch::Tensor advantages;
-  // Consecutive target ranges of one owner: (owner, first, count).
+  // Consecutive target ranges of one owner: (owner, first, count), from the
+  // piece (its index, first row and row count) that holds them.
   struct Range {
     size_t owner;
     int64_t first;
     int64_t count;
+    size_t piece;
+    int64_t first_row;
+    int64_t rows;
   };
   std::vector<Range> ranges;
 };
@@ -56,9 +60,11 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces,
   std::vector<double> advantages;
   MicroBatch batch;
   int64_t r = 0;
-  for (const Piece& p : pieces) {
+  for (size_t piece = 0; piece < pieces.size(); ++piece) {
+    const Piece& p = pieces[piece];
     const LossFn fn = owners.losses[p.owner].fn;
     const int64_t first = static_cast<int64_t>(index.size());
+    const int64_t first_row = r;
     for (const Row* row : p.rows) {
       const RowTargets& t = row->targets;
       std::copy(row->input_ids->begin(), row->input_ids->end(),
@@ -77,7 +83,10 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces,
       ++r;
     }
     const int64_t count = static_cast<int64_t>(index.size()) - first;
-    if (count > 0) batch.ranges.push_back({p.owner, first, count});
+    if (count > 0) {
+      batch.ranges.push_back(
+          {p.owner, first, count, piece, first_row, r - first_row});
+    }
   }
   auto to_device = [&](std::vector<int64_t>& values,
                        std::vector<int64_t> shape) {
@@ -128,6 +137,69 @@ std::vector<LoraSegment> Segments(const std::vector<Piece>& pieces,
 
 torch::Tensor Slice(const torch::Tensor& t, int64_t first, int64_t count) {
   return t.defined() ? t.narrow(0, first, count) : t;
+}
+
+// The LM-head LoRA term of one range of target tokens whose adapter adapts
+// the LM head: low = scale · x Aᵀ [count, rank] at its targets, x the final
+// hidden states as the delta gives them (dropped out in training). The
+// loss chunks continue from `leaf`, a detached copy, as they continue from
+// the detached hidden states; its gradient flows back through `low`.
+struct LmHeadTerm {
+  const LoraModule* module = nullptr;
+  torch::Tensor low;
+  torch::Tensor leaf;
+};
+
+std::vector<LmHeadTerm> LmHeadTerms(const MicroBatch& batch,
+                                    const MultiLoraDelta& delta,
+                                    const torch::Tensor& hidden,
+                                    bool backward) {
+  std::vector<LmHeadTerm> terms(batch.ranges.size());
+  const int64_t longest = hidden.size(1);
+  for (size_t i = 0; i < batch.ranges.size(); ++i) {
+    const MicroBatch::Range& range = batch.ranges[i];
+    const LoraModule* module = delta.LmHead(range.piece);
+    if (module == nullptr) continue;
+    const torch::Tensor x = delta.LmHeadInput(
+        range.piece, hidden.narrow(0, range.first_row, range.rows));
+    const torch::Tensor local =
+        batch.target_index.narrow(0, range.first, range.count) -
+        range.first_row * longest;
+    const double scale = delta.segments()[range.piece].weights->scale();
+    LmHeadTerm& term = terms[i];
+    term.module = module;
+    term.low = x.reshape({-1, x.size(-1)})
+                   .index_select(0, local)
+                   .matmul(module->a.t())
+                   .mul(scale);
+    term.leaf = term.low.detach();
+    if (backward) term.leaf.requires_grad_(true);
+  }
+  return terms;
+}
+
+// `logits` [n, vocab] of target tokens start.. start + n - 1 plus the LM-head
+// terms of the ranges that have one.
+torch::Tensor WithLmHeadTerms(const torch::Tensor& logits, int64_t start,
+                              const MicroBatch& batch,
+                              const std::vector<LmHeadTerm>& terms) {
+  const int64_t n = logits.size(0);
+  std::vector<torch::Tensor> parts;
+  for (size_t i = 0; i < batch.ranges.size(); ++i) {
+    const MicroBatch::Range& range = batch.ranges[i];
+    const int64_t first = std::max(range.first, start);
+    const int64_t last = std::min(range.first + range.count, start + n);
+    if (first >= last) continue;
+    torch::Tensor part = logits.narrow(0, first - start, last - first);
+    if (terms[i].module != nullptr) {
+      part = part + terms[i]
+                        .leaf.narrow(0, first - range.first, last - first)
+                        .matmul(terms[i].module->b.t())
+                        .to(part.scalar_type());
+    }
+    parts.push_back(part);
+  }
+  return torch::cat(parts, 0);
 }
 
 }  // namespace
@@ -209,6 +281,11 @@ absl::Status RunMicroBatch(const LlamaModel& model,
       model.ForwardHidden(batch.input_ids, batch.lengths, &delta));
   torch::Tensor targets =
       hidden.reshape({-1, hidden.size(-1)}).index_select(0, batch.target_index);
+  const std::vector<LmHeadTerm> heads =
+      LmHeadTerms(batch, delta, hidden, backward);
+  const bool any_head =
+      std::any_of(heads.begin(), heads.end(),
+                  [](const LmHeadTerm& t) { return t.module != nullptr; });
   const int64_t chunk = std::max<int64_t>(1, loss_chunk_tokens);
   std::vector<torch::Tensor> chunks = targets.detach().split(chunk, 0);
   std::vector<torch::Tensor> grads;
@@ -219,6 +296,7 @@ absl::Status RunMicroBatch(const LlamaModel& model,
     const int64_t n = part.size(0);
     if (backward) part.requires_grad_(true);
     torch::Tensor logits = model.Logits(part);
+    if (any_head) logits = WithLmHeadTerms(logits, start, batch, heads);
     // log p of each target: minus its cross-entropy.
     torch::Tensor p = -torch::nn::functional::cross_entropy(
         logits, batch.target_labels.narrow(0, start, n),
@@ -247,7 +325,15 @@ absl::Status RunMicroBatch(const LlamaModel& model,
     start += n;
   }
   if (backward) {
-    targets.backward(torch::cat(grads, 0).to(targets.scalar_type()));
+    std::vector<torch::Tensor> outputs = {targets};
+    std::vector<torch::Tensor> output_grads = {
+        torch::cat(grads, 0).to(targets.scalar_type())};
+    for (const LmHeadTerm& term : heads) {
+      if (term.module == nullptr) continue;
+      outputs.push_back(term.low);
+      output_grads.push_back(term.leaf.grad());
+    }
+    torch::autograd::backward(outputs, output_grads);
   }
   auto values_of = [](const std::vector<torch::Tensor>& parts) {
     return torch::cat(parts, 0).to(torch::kCPU, torch::kFloat64).contiguous();

@@ -98,7 +98,7 @@ TEST(PeftAdapterTest, RoundTripGivesIdenticalWeightsAndLogits) {
   lora.alpha = 3.5;
   lora.use_rslora = true;
   lora.targets = {Projection::kK, Projection::kO, Projection::kGate,
-                  Projection::kDown};
+                  Projection::kDown, Projection::kLmHead};
   ASSERT_TRUE(weights.Bind(lora).ok());
   weights.InitPeft(11);
   RandomizeB(weights, 2, 0.1);
@@ -126,6 +126,80 @@ TEST(PeftAdapterTest, RoundTripGivesIdenticalWeightsAndLogits) {
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(torch::equal(model.Forward(ids, lengths, &original).value(),
                            model.Forward(ids, lengths, &reloaded).value()));
+}
+
+// An adapter PEFT saved with LoRA on q_proj, v_proj and lm_head loads with
+// the LM head's module last, and exports again under PEFT's names, shapes
+// and values.
+TEST(PeftAdapterTest, LmHeadAdapterSavedByPeftLoadsAndExportsAgain) {
+  const std::string peft_dir =
+      FixturePath("golden/sampling/llama_gqa/adapter_c");
+  const ModelConfig config = GqaConfig();
+  auto adapter = LoadPeftAdapter(peft_dir, config);
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ(adapter->config.targets,
+            (std::vector<Projection>{Projection::kQ, Projection::kV,
+                                     Projection::kLmHead}));
+  ASSERT_EQ(adapter->modules.size(), 2u * config.num_hidden_layers + 1);
+  const PeftModuleTensors& head = adapter->modules.back();
+  EXPECT_EQ(head.projection, Projection::kLmHead);
+  EXPECT_EQ(head.layer, kLmHeadLayer);
+  EXPECT_EQ(head.a.sizes(), (std::vector<int64_t>{4, config.hidden_size}));
+  EXPECT_EQ(head.b.sizes(), (std::vector<int64_t>{config.vocab_size, 4}));
+
+  LoraWeights weights(config, torch::kCPU);
+  ASSERT_TRUE(weights.Bind(adapter->config).ok());
+  ASSERT_TRUE(CopyPeftAdapter(*adapter, weights).ok());
+  ASSERT_NE(weights.lm_head(), nullptr);
+  EXPECT_EQ(weights.Find(0, Projection::kLmHead), nullptr);
+  const std::string dir = FreshTestDir();
+  ASSERT_TRUE(ExportPeftAdapter(weights, "llama_gqa", dir).ok());
+  const std::string ours_path = dir + "/adapter_model.safetensors";
+  const std::string theirs_path = peft_dir + "/adapter_model.safetensors";
+  // PEFT also saves a copy of the frozen base LM head (its
+  // save_embedding_layers); the export leaves it out, PEFT loads it without.
+  const std::string base_copy = "base_model.model.lm_head.base_layer.weight";
+  std::map<std::string, std::vector<int64_t>> expected_shapes =
+      TensorShapes(theirs_path);
+  ASSERT_EQ(expected_shapes.erase(base_copy), 1u);
+  EXPECT_EQ(TensorShapes(ours_path), expected_shapes);
+  auto ours = SafetensorsFile::Open(ours_path);
+  auto theirs = SafetensorsFile::Open(theirs_path);
+  ASSERT_TRUE(ours.ok() && theirs.ok());
+  for (const SafetensorsTensorInfo& info : (*theirs)->tensors()) {
+    if (info.name == base_copy) continue;
+    EXPECT_TRUE(torch::equal((*ours)->Load(info.name).value(),
+                             (*theirs)->Load(info.name).value()))
+        << info.name;
+  }
+  EXPECT_EQ(ReadJson(dir + "/adapter_config.json")["target_modules"]
+                .get<std::set<std::string>>(),
+            ReadJson(peft_dir + "/adapter_config.json")["target_modules"]
+                .get<std::set<std::string>>());
+}
+
+TEST(PeftAdapterTest, LmHeadBaseCopyOfAnotherVocabularyIsRefused) {
+  const std::string source = FixturePath("golden/sampling/llama_gqa/adapter_c");
+  const std::string dir = FreshTestDir();
+  std::filesystem::copy_file(source + "/adapter_config.json",
+                             dir + "/adapter_config.json");
+  auto file = SafetensorsFile::Open(source + "/adapter_model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const ModelConfig config = GqaConfig();
+  std::vector<NamedTensor> tensors;
+  for (const SafetensorsTensorInfo& info : (*file)->tensors()) {
+    torch::Tensor t = (*file)->Load(info.name).value().clone();
+    if (info.name == "base_model.model.lm_head.base_layer.weight") {
+      t = torch::zeros({config.vocab_size + 1, config.hidden_size});
+    }
+    tensors.push_back({info.name, t});
+  }
+  ASSERT_TRUE(
+      WriteSafetensors(dir + "/adapter_model.safetensors", tensors).ok());
+  auto adapter = LoadPeftAdapter(dir, config);
+  EXPECT_EQ(adapter.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(adapter.status().message()),
+              HasSubstr("an LM head of another vocabulary"));
 }
 
 // A copy of the q_v_r4 PEFT adapter to break in one way.
@@ -208,6 +282,14 @@ TEST_F(BadPeftAdapterTest, RankDisagreesWithTensors) {
   config_["r"] = 8;
   WriteConfig();
   EXPECT_THAT(Error(), HasSubstr("expected [8, 32] for rank 8"));
+}
+
+TEST_F(BadPeftAdapterTest, LmHeadNamedWithoutItsTensors) {
+  config_["target_modules"] = {"q_proj", "v_proj", "lm_head"};
+  WriteConfig();
+  EXPECT_THAT(
+      Error(),
+      HasSubstr("missing tensor base_model.model.lm_head.lora_A.weight"));
 }
 
 TEST_F(BadPeftAdapterTest, UnsupportedModule) {

@@ -33,10 +33,10 @@ std::vector<SlotAttachRequest> MixedRequests() {
   requests.push_back(TrainRequest("adamw", OptimizerFamily::kAdamW, 4, kAll,
                                   Sequences(ReversalJsonl(10, 1), 16), 101));
   requests.back().lora.dropout = 0.1;
-  requests.push_back(
-      TrainRequest("muon", OptimizerFamily::kMuon, 8,
-                   {Projection::kQ, Projection::kV, Projection::kO},
-                   Sequences(ReversalJsonl(7, 2), 12), 102));
+  requests.push_back(TrainRequest(
+      "muon", OptimizerFamily::kMuon, 8,
+      {Projection::kQ, Projection::kV, Projection::kO, Projection::kLmHead},
+      Sequences(ReversalJsonl(7, 2), 12), 102));
   requests.back().training.batch_size = 2;
   requests.push_back(
       TrainRequest("adam", OptimizerFamily::kAdam, 2,
@@ -217,6 +217,7 @@ TEST(CoBatchStepTest, JobsAndForwardBackwardCallsTogetherEqualEachAlone) {
   with_dropout.rank = 4;
   with_dropout.alpha = 8;
   with_dropout.dropout = 0.1;
+  with_dropout.targets.push_back(Projection::kLmHead);
   LoraConfig attention;
   attention.rank = 2;
   attention.alpha = 2;

@@ -43,6 +43,26 @@ TEST(LoraConfigTest, TargetsAreSortedAndRoundTrip) {
   EXPECT_EQ(again->rank, 4);
 }
 
+// The LM head is a target only when named, and sorts after the layers'
+// projections; it may be the only one.
+TEST(LoraConfigTest, LmHeadIsAnOptInTarget) {
+  auto config =
+      LoraConfigFromJson({{"target_modules", {"lm_head", "v_proj", "q_proj"}}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->targets,
+            (std::vector<Projection>{Projection::kQ, Projection::kV,
+                                     Projection::kLmHead}));
+  EXPECT_TRUE(config->TargetsLmHead());
+  EXPECT_EQ(LoraConfigToJson(*config)["target_modules"],
+            nlohmann::json({"q_proj", "v_proj", "lm_head"}));
+  auto alone = LoraConfigFromJson({{"target_modules", {"lm_head"}}});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_TRUE(alone->TargetsLmHead());
+  auto defaults = LoraConfigFromJson(nlohmann::json::object());
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_FALSE(defaults->TargetsLmHead());
+}
+
 TEST(LoraConfigTest, ErrorsNameTheField) {
   EXPECT_THAT(Error(LoraConfigFromJson({{"rank", 0}}).status()),
               HasSubstr("lora.rank must be in [1, 256], got 0"));
@@ -53,9 +73,11 @@ TEST(LoraConfigTest, ErrorsNameTheField) {
   EXPECT_THAT(Error(LoraConfigFromJson({{"dropout", 1.0}}).status()),
               HasSubstr("lora.dropout must be in [0, 1)"));
   EXPECT_THAT(
-      Error(LoraConfigFromJson({{"target_modules", {"lm_head"}}}).status()),
+      Error(
+          LoraConfigFromJson({{"target_modules", {"embed_tokens"}}}).status()),
       HasSubstr("lora.target_modules names an unsupported module "
-                "\"lm_head\"; supported: q_proj, k_proj"));
+                "\"embed_tokens\"; supported: q_proj, k_proj, v_proj, o_proj, "
+                "gate_proj, up_proj, down_proj, lm_head"));
   EXPECT_THAT(
       Error(LoraConfigFromJson({{"target_modules", {"q_proj", "q_proj"}}})
                 .status()),

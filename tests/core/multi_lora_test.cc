@@ -180,9 +180,11 @@ TEST(MultiLoraTest, GradientsStayInTheirSegment) {
   LoraWeights a(model.config(), torch::kCPU);
   LoraWeights b(model.config(), torch::kCPU);
   ASSERT_TRUE(a.Bind(Config(4, {Projection::kQ, Projection::kK, Projection::kV,
-                                Projection::kUp}))
+                                Projection::kUp, Projection::kLmHead}))
                   .ok());
-  ASSERT_TRUE(b.Bind(Config(2, {Projection::kV, Projection::kDown})).ok());
+  ASSERT_TRUE(b.Bind(Config(2, {Projection::kV, Projection::kDown,
+                                Projection::kLmHead}))
+                  .ok());
   a.InitPeft(1);
   b.InitPeft(2);
   RandomizeB(a, 5, 0.05);
@@ -299,6 +301,44 @@ TEST(MultiLoraTest, DropoutIsSeededPerRowAndOffInEvaluation) {
   // A row's mask depends on its id, not its position in the batch.
   torch::Tensor swapped = run(true, 1, {1, 0});
   EXPECT_FALSE(torch::allclose(trained[0], swapped[0]));
+}
+
+// LoRA on the LM head alone: it changes only the logits (not the hidden
+// states), its dropout acts in training only, and each row's mask is its
+// own.
+TEST(MultiLoraTest, LmHeadAdapterChangesTheLogitsWithItsOwnDropout) {
+  const LlamaModel& model = TinyModel();
+  LoraWeights a(model.config(), torch::kCPU);
+  LoraConfig config = Config(4, {Projection::kLmHead});
+  config.dropout = 0.5;
+  ASSERT_TRUE(a.Bind(config).ok());
+  ASSERT_EQ(a.modules().size(), 1u);
+  a.InitPeft(1);
+  RandomizeB(a, 2, 0.05);
+  torch::manual_seed(3);
+  torch::Tensor ids = torch::randint(0, 259, {2, 8}, torch::kInt64);
+  torch::Tensor lengths = torch::tensor({8, 5}, torch::kInt64);
+  torch::NoGradGuard no_grad;
+  auto run = [&](bool training, std::vector<int64_t> row_ids) {
+    LoraSegment segment{&a, 2, training, 1, row_ids, {8, 5}};
+    MultiLoraDelta delta({segment});
+    EXPECT_TRUE(torch::equal(model.ForwardHidden(ids, lengths, &delta).value(),
+                             model.ForwardHidden(ids, lengths).value()));
+    return model.Forward(ids, lengths, &delta).value();
+  };
+  const torch::Tensor base = model.Forward(ids, lengths).value();
+  const torch::Tensor eval = run(false, {0, 1});
+  // Closed form: base logits + scale · h Aᵀ Bᵀ.
+  const torch::Tensor hidden = model.ForwardHidden(ids, lengths).value();
+  const LoraModule& head = *a.lm_head();
+  EXPECT_TRUE(torch::allclose(
+      eval, base + a.scale() * hidden.matmul(head.a.t()).matmul(head.b.t()),
+      1e-5, 1e-6));
+  EXPECT_FALSE(torch::allclose(eval, base));
+  const torch::Tensor trained = run(true, {0, 1});
+  EXPECT_FALSE(torch::allclose(eval, trained));
+  EXPECT_TRUE(torch::equal(trained, run(true, {0, 1})));
+  EXPECT_FALSE(torch::allclose(trained[0], run(true, {1, 0})[0]));
 }
 
 // A bf16 base: the LoRA branch runs in fp32 and its output is added in

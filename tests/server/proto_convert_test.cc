@@ -245,8 +245,8 @@ TEST(JobSpecFromProtoTest, BadValuesNameTheField) {
   const std::vector<Case> cases = {
       {[](ConfigProtos& p) { p.lora.set_rank(0); },
        "lora.rank must be in [1, 256], got 0"},
-      {[](ConfigProtos& p) { p.lora.add_target_modules("lm_head"); },
-       "lora.target_modules names an unsupported module \"lm_head\""},
+      {[](ConfigProtos& p) { p.lora.add_target_modules("embed_tokens"); },
+       "lora.target_modules names an unsupported module \"embed_tokens\""},
       {[](ConfigProtos& p) { p.optimizer.set_lr(-1); },
        "optimizer.lr must be a finite number >= 0, got -1"},
       {[](ConfigProtos& p) { p.optimizer.add_betas(0.9); },

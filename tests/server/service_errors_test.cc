@@ -79,7 +79,7 @@ TEST_F(ServiceErrorsTest, EachInvalidCreateJobFieldIsNamed) {
   ExpectError(Create([](R& r) { r.mutable_lora()->set_dropout(1.5); }),
               kInvalid, "lora.dropout");
   ExpectError(
-      Create([](R& r) { r.mutable_lora()->add_target_modules("lm_head"); }),
+      Create([](R& r) { r.mutable_lora()->add_target_modules("embed_tokens"); }),
       kInvalid, "lora.target_modules");
   ExpectError(Create([](R& r) { r.mutable_optimizer()->set_lr(-1); }), kInvalid,
               "optimizer.lr");

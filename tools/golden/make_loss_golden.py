@@ -5,8 +5,9 @@ What it produces
 ----------------
 Under ``tests/fixtures/golden/losses/`` (or ``--out``), for the base
 ``llama_gqa`` (``make_model_golden.py``) with each of the PEFT adapters
-``sampling/llama_gqa/adapter_a`` (r=4 on q/v) and ``adapter_b`` (r=8,
-rsLoRA, all seven projections) from ``make_sampling_golden.py``:
+``sampling/llama_gqa/adapter_a`` (r=4 on q/v), ``adapter_b`` (r=8,
+rsLoRA, all seven projections) and ``adapter_c`` (r=4 on q/v and the LM
+head) from ``make_sampling_golden.py``:
 
 * ``cases.json``: three datums (model_input token ids of 5, 8 and 11
   tokens; ``target_tokens``; float ``weights``, negative ones included;
@@ -70,7 +71,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO_ROOT / "tests" / "fixtures" / "golden"
 DEFAULT_OUT = GOLDEN_ROOT / "losses"
 BASE = "llama_gqa"
-ADAPTERS = ["adapter_a", "adapter_b"]
+ADAPTERS = ["adapter_a", "adapter_b", "adapter_c"]
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
 LENGTHS = [5, 8, 11]
 TOPK = 3

@@ -11,8 +11,11 @@ Under ``tests/fixtures/golden/sampling/`` (or ``--out``):
   alpha=8 on q_proj + v_proj; ``adapter_b`` is r=8, alpha=16, rsLoRA, on all
   seven projections. Their weights are seeded normal values large enough to
   change what the model generates.
+* ``<base>/adapter_c``: r=4, alpha=8 on q_proj, v_proj and lm_head (LoRA on
+  the LM head), seeded after the prompts are chosen for the others (the seed
+  is advanced until its greedy choices have no near-ties).
 * ``<base>/greedy.json``: for three prompts (token ids) and each of the
-  weights ``base``, ``adapter_a``, ``adapter_b``, transformers'
+  weights ``base``, ``adapter_a``, ``adapter_b``, ``adapter_c``, transformers'
   ``generate(do_sample=False, max_new_tokens=10)`` on that prompt alone
   (unpadded, eager attention, fp32), with
 
@@ -85,6 +88,12 @@ ADAPTERS = [
     dict(name="adapter_a", r=4, lora_alpha=8, targets=["q_proj", "v_proj"], use_rslora=False, seed=7001, std=0.3),
     dict(name="adapter_b", r=8, lora_alpha=16, targets=ALL, use_rslora=True, seed=7002, std=0.15),
 ]
+# LoRA on the LM head too: made after the prompts are chosen for the two
+# above (so their cases do not move), re-seeded until its greedy choices
+# have no near-ties on those prompts.
+LM_HEAD_ADAPTER = dict(
+    name="adapter_c", r=4, lora_alpha=8, targets=["q_proj", "v_proj", "lm_head"], use_rslora=False, seed=7003, std=0.3
+)
 MAX_NEW_TOKENS = 10
 TOP = 5
 MIN_MARGIN = 1e-3
@@ -198,6 +207,16 @@ def run_base(base: str, out: Path) -> None:
             break
     else:
         raise SystemExit(f"{base}: no prompt set without near-ties")
+    for attempt in range(50):
+        spec = dict(LM_HEAD_ADAPTER, seed=LM_HEAD_ADAPTER["seed"] + 10 * attempt)
+        make_adapter(base_dir, spec, case_dir / spec["name"])
+        model = PeftModel.from_pretrained(load(base_dir), str(case_dir / spec["name"])).eval()
+        lm_head_cases = [dict(greedy(model, prompt, eos), weights=spec["name"]) for prompt in prompts]
+        if min(c["min_margin"] for c in lm_head_cases) >= MIN_MARGIN:
+            break
+    else:
+        raise SystemExit(f"{base}: no {LM_HEAD_ADAPTER['name']} seed without near-ties")
+    cases += lm_head_cases
     distinct = {tuple(c["tokens"]) for c in cases}
     assert len(distinct) >= 6, f"{base}: the adapters barely change the generations"
     body = dict(base=base, eos_token_id=eos, max_new_tokens=MAX_NEW_TOKENS, prompt_seed=seed, cases=cases)

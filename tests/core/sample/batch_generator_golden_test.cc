@@ -1,8 +1,9 @@
 // The sampler against transformers + PEFT (tools/golden/
 // make_sampling_golden.py): greedy tokens identical to `generate`, logprobs,
 // top alternatives and prompt logprobs within 1e-4, for three base layouts
-// (GQA, Qwen2 biases, Mistral's sliding window), rows of different adapters
-// in one batch, and stop strings that end generation where transformers'
+// (GQA, Qwen2 biases, Mistral's sliding window), adapters on attention, on
+// every projection and on the LM head, rows of different adapters in one
+// batch, and stop strings that end generation where transformers'
 // stop_strings does.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -35,7 +36,7 @@ GoldenBase LoadBase(const std::string& base) {
   auto model = LlamaModel::Load(GoldenPath(base), {.dtype = torch::kFloat32});
   EXPECT_TRUE(model.ok()) << model.status();
   loaded.model = std::move(*model);
-  for (const char* name : {"adapter_a", "adapter_b"}) {
+  for (const char* name : {"adapter_a", "adapter_b", "adapter_c"}) {
     auto adapter = LoadPeftAdapter(GoldenPath("sampling/" + base + "/" + name),
                                    loaded.model->config());
     EXPECT_TRUE(adapter.ok()) << adapter.status();
