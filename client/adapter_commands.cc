@@ -1,4 +1,5 @@
 // `loraplex adapters attach|retire|export|list`.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -31,6 +32,19 @@ struct AdapterFlags {
   std::string checkpoint;  // export --checkpoint.
   std::string out_dir;
 };
+
+// Whether the PEFT adapter in `dir` has LoRA on lm_head (which vLLM does
+// not load).
+bool AdaptsLmHead(const std::string& dir) {
+  std::ifstream file(dir + "/" + kPeftConfigFile);
+  const nlohmann::json config =
+      nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object()) return false;
+  auto targets = config.find("target_modules");
+  if (targets == config.end() || !targets->is_array()) return false;
+  return std::find(targets->begin(), targets->end(), "lm_head") !=
+         targets->end();
+}
 
 int RunAttach(const CliContext& context, const AdapterFlags& flags) {
   v1::AttachAdapterRequest request;
@@ -172,6 +186,10 @@ int RunExport(const CliContext& context, const AdapterFlags& flags) {
   context.out() << "Exported " << source << " to " << flags.out_dir << " ("
                 << absl::StrJoin(names, ", ") << "; "
                 << FormatBytes(total_bytes) << ")\n";
+  if (AdaptsLmHead(flags.out_dir)) {
+    context.err() << "Note: this adapter has LoRA on lm_head; PEFT loads it, "
+                     "vLLM does not.\n";
+  }
   return kExitSuccess;
 }
 

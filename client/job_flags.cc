@@ -150,7 +150,8 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
   AddBoolFlag(command, flags, lora, "--rslora", &flags->rslora,
               "Rank-stabilised scaling alpha / sqrt(r)");
   AddFlagOption(command, flags, lora, "--targets", &flags->targets,
-                "Adapted projections, e.g. q_proj,v_proj (default: all)");
+                "Adapted modules, e.g. q_proj,v_proj; lm_head adds LoRA on "
+                "the LM head (default: the seven projections)");
 
   const std::string optim = "Optimizer";
   AddEnumOption(command, flags, optim, "--optimizer", &flags->optimizer,
@@ -279,9 +280,9 @@ absl::Status ApplyJobFlags(const JobFlags& flags,
       lora->add_target_modules(std::string(absl::StripAsciiWhitespace(target)));
     }
     if (lora->target_modules().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--targets must list projections like q_proj,v_proj, got \"",
-          flags.targets, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--targets must list modules like q_proj,v_proj, got \"",
+                       flags.targets, "\""));
     }
   }
 

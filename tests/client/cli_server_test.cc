@@ -70,12 +70,14 @@ TEST_F(CliServerTest, UploadTrainWaitAndExport) {
 
   const CliResult create =
       Run({"--json", "jobs", "create", "--dataset", dataset_name, "--rank", "4",
-           "--seq-len", "64", "--batch-size", "2", "--max-steps", "3", "--lr",
-           "0.002", "--wait"});
+           "--targets", "q_proj,v_proj,lm_head", "--seq-len", "64",
+           "--batch-size", "2", "--max-steps", "3", "--lr", "0.002", "--wait"});
   ASSERT_EQ(create.exit_code, 0) << create.Describe() << server_->Log();
   const auto job = nlohmann::json::parse(create.out);
   EXPECT_EQ(job["status"], "JOB_STATUS_SUCCEEDED");
   EXPECT_EQ(job["lora"]["rank"], "4");
+  EXPECT_EQ(job["lora"]["targetModules"],
+            nlohmann::json({"q_proj", "v_proj", "lm_head"}));
   const std::string job_name = job["name"];
 
   const CliResult list = Run({"jobs", "list"});
@@ -90,6 +92,7 @@ TEST_F(CliServerTest, UploadTrainWaitAndExport) {
   const CliResult exported =
       Run({"adapters", "export", job_name, "--out", out_dir});
   ASSERT_EQ(exported.exit_code, 0) << exported.Describe();
+  EXPECT_THAT(exported.err, HasSubstr("LoRA on lm_head; PEFT loads it, vLLM"));
   EXPECT_EQ(FileNames(out_dir),
             (std::vector<std::string>{"adapter_config.json",
                                       "adapter_model.safetensors"}));

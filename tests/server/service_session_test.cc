@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/safetensors/safetensors.h"
 #include "tests/server/service_fixture.h"
 
 namespace loraplex {
@@ -299,9 +300,19 @@ TEST_F(ServiceSessionTest, BadRequestsAreRefusedWithTheField) {
 
 // Sessions hold slots beside jobs: with every slot taken a new session is
 // refused, and a closed session's slot goes to the next one. A closed
-// session takes no more work; the weights it saved sample and export.
+// session takes no more work; the weights it saved sample and export (with
+// LoRA on the LM head, under PEFT's names).
 TEST_F(ServiceSessionTest, SlotsSavedWeightsAndClose) {
-  const std::string a = Open(*alice_, v1::OPTIMIZER_FAMILY_ADAMW, 5e-2);
+  v1::CreateSessionRequest with_head =
+      SessionRequest(v1::OPTIMIZER_FAMILY_ADAMW, 5e-2, 5);
+  for (const char* module : {"q_proj", "v_proj", "lm_head"}) {
+    with_head.mutable_lora()->add_target_modules(module);
+  }
+  auto opened = alice_->CreateSession(with_head);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_THAT(opened->lora().target_modules(),
+              ::testing::ElementsAre("q_proj", "v_proj", "lm_head"));
+  const std::string a = opened->name();
   const std::string b = Open(*bob_, v1::OPTIMIZER_FAMILY_ADAM);
   auto dataset = alice_->UploadDatasetContents(ReversalJsonl(8, 1), "d");
   ASSERT_TRUE(dataset.ok());
@@ -353,7 +364,26 @@ TEST_F(ServiceSessionTest, SlotsSavedWeightsAndClose) {
   const std::string dir = FreshTestDir("export");
   v1::ExportAdapterRequest export_request;
   export_request.set_adapter(adapter);
-  EXPECT_TRUE(alice_->ExportAdapter(export_request, dir).ok());
+  ASSERT_TRUE(alice_->ExportAdapter(export_request, dir).ok());
+  {
+    std::ifstream config_file(dir + "/adapter_config.json");
+    const nlohmann::json config = nlohmann::json::parse(config_file);
+    EXPECT_EQ(config["target_modules"],
+              nlohmann::json({"q_proj", "v_proj", "lm_head"}));
+    auto weights = SafetensorsFile::Open(dir + "/adapter_model.safetensors");
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    const SafetensorsTensorInfo* head_b =
+        (*weights)->Find("base_model.model.lm_head.lora_B.weight");
+    ASSERT_NE(head_b, nullptr);
+    EXPECT_EQ(head_b->shape, (std::vector<int64_t>{259, 8}));
+    // Trained: PEFT's B starts at zero.
+    EXPECT_GT((*weights)
+                  ->Load("base_model.model.lm_head.lora_B.weight")
+                  ->abs()
+                  .max()
+                  .item<double>(),
+              0.0);
+  }
 
   // Close: the slot goes to the next session; the closed one takes no
   // more work but answers for what it did.
