@@ -64,8 +64,7 @@ absl::Status ExportPeftAdapter(const LoraWeights& weights,
 // INVALID_ARGUMENT naming the file and the problem: unsupported settings
 // (DoRA, bias, rank/alpha patterns, modules_to_save, fan_in_fan_out, target
 // modules other than the seven projections and lm_head), missing or
-// unexpected tensors,
-// shapes that do not match the base model.
+// unexpected tensors, shapes that do not match the base model.
 absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
                                             const ModelConfig& model);
 

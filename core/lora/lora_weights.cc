@@ -43,8 +43,7 @@ absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& config) {
   auto add_module = [&](int layer, Projection p, int index) {
     const auto [out, in] = ProjectionShape(model_, p);
     Storage& block = storage[index];
-    if (!block.a.defined() || block.a.numel() < r * in ||
-        block.b.numel() < out * r) {
+    if (!block.a.defined() || block.a.numel() < r * in) {
       block.a = torch::empty({r * in}, options);
       block.b = torch::empty({out * r}, options);
       ++allocated;
