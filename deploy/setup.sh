@@ -19,7 +19,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libsqlite3-dev libssl-dev libcli11-dev nlohmann-json3-dev
   # Tokenizers and distributed training.
-  libsentencepiece-dev libpcre2-dev libutf8proc-dev libgloo-dev
+  libsentencepiece-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libgloo-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
 )

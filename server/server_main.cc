@@ -32,6 +32,8 @@
 #include "server/common/work_queue.h"
 #include "server/engine/rank_setup.h"
 #include "server/engine/trainer.h"
+#include "server/http/http_listener.h"
+#include "server/http/tinker_api.h"
 #include "server/jobs/job_scheduler.h"
 #include "server/jobs/session_manager.h"
 #include "server/service/adapter_service.h"
@@ -51,6 +53,7 @@ struct ServerFlags {
   std::string model_name;
   std::string state_dir = "./loraplex-state";
   std::string listen = "127.0.0.1:50051";
+  std::string http_listen;  // Off.
   int slots = 8;
   int slots_per_tenant = 0;
   int64_t max_rank = 64;
@@ -246,6 +249,14 @@ absl::Status CheckFlags(const ServerFlags& flags,
       !flags.insecure_allow_remote) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--listen ", flags.listen,
+        " is not a loopback address and there is no --tokens-file: anyone "
+        "who can reach it could use the server. Give --tokens-file, or "
+        "--insecure-allow-remote to accept that."));
+  }
+  if (!flags.http_listen.empty() && !IsLoopback(flags.http_listen) &&
+      !auth.requires_tokens() && !flags.insecure_allow_remote) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http-listen ", flags.http_listen,
         " is not a loopback address and there is no --tokens-file: anyone "
         "who can reach it could use the server. Give --tokens-file, or "
         "--insecure-allow-remote to accept that."));
@@ -501,6 +512,30 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   }
   const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
   const std::string address = absl::StrCat(host, ":", port);
+  // The Tinker REST API, when asked for.
+  TinkerApi tinker(&context, TinkerApiOptions());
+  std::unique_ptr<HttpListener> http;
+  if (!flags.http_listen.empty()) {
+    HttpListenerOptions http_options;
+    http_options.address = flags.http_listen;
+    http_options.tls_cert = flags.tls_cert;
+    http_options.tls_key = flags.tls_key;
+    absl::StatusOr<std::unique_ptr<HttpListener>> started = HttpListener::Start(
+        http_options,
+        [&](httplib::Server& routes) { tinker.Register(routes); });
+    if (!started.ok()) {
+      server->Shutdown();
+      sessions.Stop();
+      trainer.Stop();
+      scheduler.Stop();
+      return fail(started.status());
+    }
+    http = *std::move(started);
+    const std::string http_host =
+        flags.http_listen.substr(0, flags.http_listen.rfind(':'));
+    logger.Info("Tinker API on ", flags.tls_cert.empty() ? "http" : "https",
+                "://", http_host, ":", http->port(), "/api/v1");
+  }
   logger.Info("loraplex-server ", LORAPLEX_VERSION, " serving ", model_name,
               " (", model_config.num_hidden_layers, " layers, hidden ",
               model_config.hidden_size, ") with ", flags.slots, " slots on ",
@@ -529,6 +564,8 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   // Calls still open after a second (watch streams, idle connections of
   // clients) are cancelled; clients resume watches from their last event.
   sessions.Stop();  // No session call is left waiting for its turn.
+  tinker.Stop();    // Nor a long poll.
+  if (http != nullptr) http->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   logger.Debug("gRPC server stopped");
   // The trainer first, so the scheduler stores everything it reported.
@@ -575,6 +612,8 @@ int main(int argc, char** argv) {
   app.add_option("--listen", flags.listen,
                  "Address to serve on (port 0: any free port)")
       ->capture_default_str();
+  app.add_option("--http-listen", flags.http_listen,
+                 "HOST:PORT of the Tinker REST API (HTTP; off by default)");
   app.add_option("--slots", flags.slots, "Adapter slots that train together")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();

@@ -77,7 +77,22 @@ absl::StatusOr<std::string> TenantAuthenticator::Authenticate(
         "the authorization metadata must read \"Bearer <token>\"");
   }
   value.remove_prefix(kBearer.size());
-  auto tenant = tenants_by_token_.find(absl::StripAsciiWhitespace(value));
+  return TenantOf(value);
+}
+
+absl::StatusOr<std::string> TenantAuthenticator::AuthenticateApiKey(
+    const std::optional<std::string>& api_key) const {
+  if (tenants_by_token_.empty()) return std::string(kDefaultTenant);
+  if (!api_key.has_value()) {
+    return absl::UnauthenticatedError(
+        "this server requires a key: send the header \"X-API-Key: <token>\"");
+  }
+  return TenantOf(*api_key);
+}
+
+absl::StatusOr<std::string> TenantAuthenticator::TenantOf(
+    absl::string_view token) const {
+  auto tenant = tenants_by_token_.find(absl::StripAsciiWhitespace(token));
   if (tenant == tenants_by_token_.end()) {
     return absl::UnauthenticatedError("unknown token");
   }

@@ -14,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -39,8 +40,14 @@ class TenantAuthenticator {
   // `authorization: Bearer <token>` metadata or an unknown token.
   absl::StatusOr<std::string> Authenticate(
       const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+  // The same for an HTTP call's `X-API-Key` header (std::nullopt: none
+  // sent), as the Tinker SDK sends it.
+  absl::StatusOr<std::string> AuthenticateApiKey(
+      const std::optional<std::string>& api_key) const;
 
  private:
+  absl::StatusOr<std::string> TenantOf(absl::string_view token) const;
+
   std::map<std::string, std::string, std::less<>> tenants_by_token_;
 };
 

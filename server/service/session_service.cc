@@ -115,6 +115,26 @@ absl::StatusOr<SessionRequest> ForwardBackwardRequestOf(
   return native;
 }
 
+absl::StatusOr<SessionRequest> SessionForwardBackwardOf(
+    const ServiceContext& context, const v1::ForwardBackwardRequest& request) {
+  DatumLimits limits;
+  limits.vocab_size = context.model.vocab_size;
+  limits.max_positions = context.model.max_position_embeddings;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      SessionRequest native,
+      ForwardBackwardRequestOf(request, limits,
+                               context.limits.max_session_datums));
+  int64_t tokens = 0;
+  for (const Datum& datum : *native.data) tokens += datum.positions();
+  if (tokens > context.limits.max_session_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data has ", tokens, " tokens; this server takes at most ",
+        context.limits.max_session_tokens,
+        " per call (send the rest in further calls: their gradients add up)"));
+  }
+  return native;
+}
+
 void SessionResultToProto(const SessionResult& result,
                           v1::SessionResult* proto) {
   proto->set_seq_id(result.seq_id);
@@ -279,24 +299,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Submit(
 grpc::ServerUnaryReactor* SessionServiceImpl::ForwardBackward(
     grpc::CallbackServerContext* call,
     const v1::ForwardBackwardRequest* request, v1::SessionResult* response) {
-  DatumLimits limits;
-  limits.vocab_size = context_->model.vocab_size;
-  limits.max_positions = context_->model.max_position_embeddings;
-  absl::StatusOr<SessionRequest> native = ForwardBackwardRequestOf(
-      *request, limits, context_->limits.max_session_datums);
-  if (native.ok()) {
-    int64_t tokens = 0;
-    for (const Datum& datum : *native->data) tokens += datum.positions();
-    if (tokens > context_->limits.max_session_tokens) {
-      native = absl::InvalidArgumentError(absl::StrCat(
-          "data has ", tokens, " tokens; this server takes at most ",
-          context_->limits.max_session_tokens,
-          " per call (send the rest in further calls: their gradients add "
-          "up)"));
-    }
-  }
-  return Submit(call, request->session(), request->seq_id(), std::move(native),
-                response);
+  return Submit(call, request->session(), request->seq_id(),
+                SessionForwardBackwardOf(*context_, *request), response);
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::OptimStep(

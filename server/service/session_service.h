@@ -74,6 +74,11 @@ absl::StatusOr<SessionRequest> ForwardBackwardRequestOf(
     const v1::ForwardBackwardRequest& request, const DatumLimits& limits,
     int64_t max_datums);
 
+// ForwardBackwardRequestOf with the server's limits (datums and tokens
+// per call), as the gRPC and the Tinker HTTP API take them.
+absl::StatusOr<SessionRequest> SessionForwardBackwardOf(
+    const ServiceContext& context, const v1::ForwardBackwardRequest& request);
+
 void SessionResultToProto(const SessionResult& result,
                           v1::SessionResult* proto);
 

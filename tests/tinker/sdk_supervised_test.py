@@ -1,0 +1,221 @@
+"""The official Tinker SDK (tinker==0.38.0) drives a real loraplex-server.
+
+Starts `loraplex-server --http-listen` on loopback with a fresh tiny model
+and runs a supervised loop through the SDK exactly as a Tinker user writes
+it: a LoRA training client, forward_backward with cross_entropy,
+optim_step, save_state, save_weights_and_get_sampling_client, sample,
+compute_logprobs, and a training client restored from the saved state with
+its optimizer. Asserts the loss falls, the sampler sees the trained
+weights, and the restored client continues where the first stopped.
+
+  python sdk_supervised_test.py BUILD_BIN_DIR [--trace FILE]
+
+--trace writes every HTTP request the SDK sent (method, path, headers that
+matter, body) as JSON lines, the input of the C++ replay test.
+"""
+
+import argparse
+import base64
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(bin_dir, work):
+    model = os.path.join(work, "model")
+    subprocess.run([os.path.join(bin_dir, "loraplex-make-model"), "--preset",
+                    "tiny", "--seed", "7", "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    ready = os.path.join(work, "ready")
+    grpc_port, http_port = free_port(), free_port()
+    log = open(os.path.join(work, "server.log"), "w")
+    server = subprocess.Popen(
+        [os.path.join(bin_dir, "loraplex-server"), "--model", model,
+         "--model-name", "loraplex-tiny", "--state-dir",
+         os.path.join(work, "state"), "--listen", f"127.0.0.1:{grpc_port}",
+         "--http-listen", f"127.0.0.1:{http_port}", "--threads", "1",
+         "--slots", "4", "--ready-file", ready, "--log-level", "debug"],
+        stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while not os.path.exists(ready):
+        if server.poll() is not None or time.time() > deadline:
+            log.flush()
+            sys.exit("loraplex-server did not start:\n" +
+                     open(os.path.join(work, "server.log")).read())
+        time.sleep(0.05)
+    return server, f"http://127.0.0.1:{http_port}"
+
+
+def install_trace(path):
+    """Records each request httpx sends (the SDK's transport)."""
+    import httpx
+    out = open(path, "w")
+    original = httpx.AsyncClient.send
+
+    async def send(self, request, *args, **kwargs):
+        body = request.content if hasattr(request, "_content") else b""
+        record = {
+            "method": request.method,
+            "path": request.url.path,
+            "content_type": request.headers.get("content-type", ""),
+            "body_base64": base64.b64encode(body).decode(),
+        }
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+        return await original(self, request, *args, **kwargs)
+
+    httpx.AsyncClient.send = send
+
+
+def datum(types, tokens):
+    """Next-token prediction over `tokens`, every position weighted."""
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": types.TensorData(
+                data=tokens[1:], dtype="int64", shape=[len(tokens) - 1]),
+            "weights": types.TensorData(
+                data=[1.0] * (len(tokens) - 1), dtype="float32",
+                shape=[len(tokens) - 1]),
+        })
+
+
+def total_loss(output):
+    return output.metrics["loss:sum"]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bin_dir")
+    parser.add_argument("--trace")
+    args = parser.parse_args()
+    os.environ["TINKER_TELEMETRY"] = "0"
+    if args.trace:
+        # The SDK's own transport otherwise; httpx can be traced.
+        os.environ["TINKER_FEATURE_GATES"] = ""
+        install_trace(args.trace)
+
+    import tinker
+    from tinker import types
+
+    work = tempfile.mkdtemp(prefix="loraplex-tinker-")
+    server, base_url = start_server(args.bin_dir, work)
+    try:
+        client = tinker.ServiceClient(base_url=base_url, api_key="tml-local")
+        caps = client.get_server_capabilities()
+        assert [m.model_name for m in caps.supported_models] == \
+            ["loraplex-tiny"], caps
+
+        training = client.create_lora_training_client(
+            base_model="loraplex-tiny", rank=4, seed=3).result()
+        info = training.get_info()
+        assert info.model_data.model_name == "loraplex-tiny", info
+        assert info.lora_rank == 4, info
+
+        batch = [datum(types, [5, 17, 33, 9, 41, 12, 7, 28]),
+                 datum(types, [3, 44, 21, 19, 2, 36, 50, 11, 8])]
+        positions = sum(len(d.loss_fn_inputs["weights"].data) for d in batch)
+        losses = []
+        for step in range(8):
+            fwdbwd = training.forward_backward(batch, "cross_entropy")
+            optim = training.optim_step(types.AdamParams(learning_rate=2e-2))
+            out = fwdbwd.result()
+            optim.result()
+            losses.append(total_loss(out))
+            # The loss is the SUM of -logprob over weighted targets.
+            logprobs = [lp for o in out.loss_fn_outputs
+                        for lp in o["logprobs"].data]
+            assert len(logprobs) == positions, len(logprobs)
+            assert math.isclose(-sum(logprobs), losses[-1], rel_tol=1e-4), \
+                (sum(logprobs), losses[-1])
+        print("losses", [round(x, 4) for x in losses])
+        assert losses[-1] < 0.5 * losses[0], losses
+
+        # A forward-only pass sees the trained weights and changes nothing.
+        forward = training.forward(batch, "cross_entropy").result()
+        assert total_loss(forward) < losses[0]
+
+        state = training.save_state("after-8").result()
+        assert state.path.startswith("tinker://") and \
+            state.path.endswith("/weights/after-8"), state.path
+
+        sampler = training.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints([5, 17, 33])
+        params = types.SamplingParams(max_tokens=5, temperature=0.0, stop=[])
+        sample = sampler.sample(prompt, num_samples=2,
+                                sampling_params=params).result()
+        assert len(sample.sequences) == 2
+        for seq in sample.sequences:
+            assert seq.stop_reason == "length", seq.stop_reason
+            assert len(seq.tokens) == 5 and len(seq.logprobs) == 5
+        # Greedy from the trained adapter continues the trained text.
+        assert list(sample.sequences[0].tokens[:2]) == [9, 41], \
+            sample.sequences[0].tokens
+        logprobs = sampler.compute_logprobs(
+            types.ModelInput.from_ints([5, 17, 33, 9, 41])).result()
+        assert logprobs[0] is None and len(logprobs) == 5, logprobs
+        assert all(lp is not None and lp < 0 for lp in logprobs[1:])
+
+        base = client.create_sampling_client(
+            base_model="loraplex-tiny").result()
+        base_lp = base.compute_logprobs(
+            types.ModelInput.from_ints([5, 17, 33, 9, 41])).result()
+        assert sum(base_lp[1:]) < sum(logprobs[1:]), (base_lp, logprobs)
+
+        # Restored with its optimizer: the next step equals the first
+        # client's next step.
+        restored = client.create_training_client_from_state_with_optimizer(
+            state.path).result()
+        a = training.forward_backward(batch, "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        b = restored.forward_backward(batch, "cross_entropy")
+        restored.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        la, lb = total_loss(a.result()), total_loss(b.result())
+        assert math.isclose(la, lb, rel_tol=1e-6), (la, lb)
+        assert math.isclose(la, total_loss(forward), rel_tol=1e-6)
+        after_a = training.forward(batch, "cross_entropy").result()
+        after_b = restored.forward(batch, "cross_entropy").result()
+        assert math.isclose(total_loss(after_a), total_loss(after_b),
+                            rel_tol=1e-6)
+
+        # A user error is reported, not retried for ever.
+        try:
+            client.create_lora_training_client(base_model="other-model",
+                                               rank=4).result()
+        except Exception as error:
+            # The SDK wraps the 400 (BadRequestError) it got.
+            chain = f"{error} {error.__cause__} {error.__context__}"
+            assert "base_model" in chain, chain
+        else:
+            raise AssertionError("a wrong base_model was accepted")
+        client.holder.close() if hasattr(client.holder, "close") else None
+        print("OK")
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        raise
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        if server.returncode not in (0, -15):
+            print(open(os.path.join(work, "server.log")).read())
+            sys.exit(f"loraplex-server exited with {server.returncode}")
+
+
+if __name__ == "__main__":
+    main()
