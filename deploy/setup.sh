@@ -20,8 +20,8 @@ PACKAGES=(
   libabsl-dev libsqlite3-dev libssl-dev libcli11-dev nlohmann-json3-dev
   # Tokenizers and distributed training.
   libsentencepiece-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libgloo-dev
-  # Tests and benchmarks.
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # Tests and benchmarks (the Tinker SDK test runs in a Python venv).
+  libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv
 )
 
 die() {
@@ -100,9 +100,22 @@ as_user() {
   fi
 }
 
+# The project's Python environment (ignored by git): the pinned Tinker SDK
+# that tests/tinker drives the server with. CMake finds it at .venv unless
+# LORAPLEX_VENV names another directory.
+venv="${LORAPLEX_VENV:-.venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "==> creating the Python environment $venv"
+  as_user python3 -m venv "$venv" || die "cannot create the venv $venv"
+fi
+echo "==> installing tests/tinker/requirements.txt into $venv"
+as_user "$venv/bin/pip" install -q --disable-pip-version-check \
+  -r tests/tinker/requirements.txt || die "pip install into $venv failed"
+
 jobs=$(nproc 2>/dev/null || echo 2)
 echo "==> configuring and building in ./build with $jobs job(s)"
-as_user cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ||
+as_user cmake -S . -B build -DCMAKE_BUILD_TYPE=Release \
+  -DLORAPLEX_VENV="$(cd "$venv" && pwd)" ||
   die "cmake configure failed"
 as_user cmake --build build -j"$jobs" || die "build failed"
 echo "==> done: programs are in build/bin; test with:"

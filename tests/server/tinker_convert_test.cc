@@ -1,0 +1,448 @@
+// The Tinker API's bodies to and from loraplex's requests: each field as
+// the tinker==0.38.0 SDK writes or reads it (proto/response_conv.py,
+// request_conv.py and types/ of the SDK).
+#include "server/http/tinker_convert.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace loraplex {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+template <typename T>
+std::string Bytes(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()),
+                     values.size() * sizeof(T));
+}
+
+template <typename T>
+std::vector<T> Values(const std::string& bytes) {
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
+tinker_public::Tensor Dense(tinker_public::DType dtype, std::string bytes,
+                            std::vector<int64_t> shape) {
+  tinker_public::Tensor tensor;
+  tensor.set_dtype(dtype);
+  tensor.set_dense(std::move(bytes));
+  for (int64_t dim : shape) tensor.add_shape(dim);
+  return tensor;
+}
+
+// What the SDK sends for next-token prediction over `tokens`, the input in
+// two chunks.
+tinker_public::ForwardBackwardRequest CrossEntropyRequest() {
+  tinker_public::ForwardBackwardRequest request;
+  request.set_model_id("s:train:0");
+  request.set_seq_id(3);
+  request.set_loss_fn("cross_entropy");
+  tinker_public::Datum* datum = request.add_data();
+  datum->add_model_input()->mutable_encoded_text()->set_tokens(
+      Bytes(std::vector<int32_t>{5, 17}));
+  datum->add_model_input()->mutable_encoded_text()->set_tokens(
+      Bytes(std::vector<int32_t>{33}));
+  (*datum->mutable_loss_fn_inputs())["target_tokens"] = Dense(
+      tinker_public::DTYPE_INT64, Bytes(std::vector<int64_t>{17, 33, 9}), {3});
+  (*datum->mutable_loss_fn_inputs())["weights"] =
+      Dense(tinker_public::DTYPE_FLOAT32,
+            Bytes(std::vector<float>{1.0f, 0.5f, -2.0f}), {3});
+  return request;
+}
+
+TEST(TinkerConvertTest, ForwardBackwardBodyBecomesTheNativeRequest) {
+  absl::StatusOr<v1::ForwardBackwardRequest> native =
+      NativeForwardBackward(CrossEntropyRequest());
+  ASSERT_TRUE(native.ok()) << native.status();
+  EXPECT_EQ(native->seq_id(), 3);
+  EXPECT_EQ(native->loss_fn(), "cross_entropy");
+  EXPECT_FALSE(native->forward_only());
+  ASSERT_EQ(native->data_size(), 1);
+  const v1::Datum& datum = native->data(0);
+  EXPECT_THAT(datum.input_ids(), ElementsAre(5, 17, 33));
+  EXPECT_THAT(datum.target_tokens(), ElementsAre(17, 33, 9));
+  EXPECT_EQ(datum.targets_per_position(), 1);
+  // Negative weights pass: custom losses on the client send -dC/dlogp.
+  EXPECT_THAT(datum.weights(), ElementsAre(1.0f, 0.5f, -2.0f));
+  EXPECT_THAT(TargetsPerPosition(*native), ElementsAre(1));
+}
+
+TEST(TinkerConvertTest, TheV2LossConfigWinsAndTextIsRefused) {
+  tinker_public::ForwardBackwardRequest request = CrossEntropyRequest();
+  request.set_loss_fn("ppo");
+  (*request.mutable_loss_fn_config())["clip_low_threshold"] = 0.5;
+  (*request.mutable_loss_fn_config())["clip_high_threshold"] = 1.5;
+  (*request.mutable_loss_fn_config_v2())["clip_low_threshold"].set_number(0.7);
+  absl::StatusOr<v1::ForwardBackwardRequest> native =
+      NativeForwardBackward(request);
+  ASSERT_TRUE(native.ok()) << native.status();
+  EXPECT_DOUBLE_EQ(native->loss_fn_config().at("clip_low_threshold"), 0.7);
+  EXPECT_DOUBLE_EQ(native->loss_fn_config().at("clip_high_threshold"), 1.5);
+
+  (*request.mutable_loss_fn_config_v2())["mode"].set_text("fast");
+  absl::Status refused = NativeForwardBackward(request).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("loss_fn_config.mode"));
+}
+
+TEST(TinkerConvertTest, SparseTopKTargetsAreExpanded) {
+  // [N=2, K=3] weights as CSR: row 0 has (0, 0.75) and (2, 0.25), row 1
+  // has (1, 1.0).
+  tinker_public::ForwardBackwardRequest request = CrossEntropyRequest();
+  tinker_public::Datum* datum = request.mutable_data(0);
+  datum->mutable_model_input()->RemoveLast();
+  (*datum->mutable_loss_fn_inputs())["target_tokens"] =
+      Dense(tinker_public::DTYPE_INT64,
+            Bytes(std::vector<int64_t>{17, 18, 19, 33, 34, 35}), {2, 3});
+  tinker_public::Tensor& weights =
+      (*datum->mutable_loss_fn_inputs())["weights"];
+  weights.Clear();
+  weights.set_dtype(tinker_public::DTYPE_FLOAT32);
+  weights.add_shape(2);
+  weights.add_shape(3);
+  weights.mutable_sparse_csr()->set_values(
+      Bytes(std::vector<float>{0.75f, 0.25f, 1.0f}));
+  weights.mutable_sparse_csr()->set_crow_indices(
+      Bytes(std::vector<int64_t>{0, 2, 3}));
+  weights.mutable_sparse_csr()->set_col_indices(
+      Bytes(std::vector<int64_t>{0, 2, 1}));
+  absl::StatusOr<v1::ForwardBackwardRequest> native =
+      NativeForwardBackward(request);
+  ASSERT_TRUE(native.ok()) << native.status();
+  EXPECT_EQ(native->data(0).targets_per_position(), 3);
+  EXPECT_THAT(native->data(0).weights(),
+              ElementsAre(0.75f, 0.0f, 0.25f, 0.0f, 1.0f, 0.0f));
+  EXPECT_THAT(TargetsPerPosition(*native), ElementsAre(3));
+
+  weights.mutable_sparse_csr()->set_col_indices(
+      Bytes(std::vector<int64_t>{0, 3, 1}));
+  absl::Status refused = NativeForwardBackward(request).status();
+  EXPECT_THAT(refused.message(),
+              HasSubstr("data[0].loss_fn_inputs.weights: column index 3"));
+}
+
+TEST(TinkerConvertTest, MalformedDatumsNameTheirField) {
+  struct Case {
+    const char* what;
+    void (*spoil)(tinker_public::Datum*);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"an image chunk",
+       [](tinker_public::Datum* d) {
+         d->mutable_model_input(1)->mutable_image()->set_data("png");
+       },
+       "data[0].model_input[1]: only encoded_text"},
+      {"tokens not a multiple of 4 bytes",
+       [](tinker_public::Datum* d) {
+         d->mutable_model_input(0)->mutable_encoded_text()->set_tokens("abcde");
+       },
+       "data[0].model_input[0] has 5 bytes"},
+      {"a shape that does not match the values",
+       [](tinker_public::Datum* d) {
+         (*d->mutable_loss_fn_inputs())["weights"].set_shape(0, 4);
+       },
+       "data[0].loss_fn_inputs.weights has 3 values; its shape says 4"},
+      {"three dimensions",
+       [](tinker_public::Datum* d) {
+         tinker_public::Tensor& w = (*d->mutable_loss_fn_inputs())["weights"];
+         w.add_shape(1);
+         w.add_shape(1);
+       },
+       "must have shape [N] or [N, K]"},
+      {"fractional target tokens",
+       [](tinker_public::Datum* d) {
+         (*d->mutable_loss_fn_inputs())["target_tokens"] =
+             Dense(tinker_public::DTYPE_FLOAT32,
+                   Bytes(std::vector<float>{1.5f, 2.0f, 3.0f}), {3});
+       },
+       "target_tokens must hold integers"},
+      {"an unknown input",
+       [](tinker_public::Datum* d) {
+         (*d->mutable_loss_fn_inputs())["mask"] =
+             Dense(tinker_public::DTYPE_FLOAT32,
+                   Bytes(std::vector<float>{1.0f}), {1});
+       },
+       "loss_fn_inputs.mask is not supported"},
+      {"no targets",
+       [](tinker_public::Datum* d) {
+         d->mutable_loss_fn_inputs()->erase("target_tokens");
+       },
+       "target_tokens is required"},
+      {"a bfloat16 tensor",
+       [](tinker_public::Datum* d) {
+         (*d->mutable_loss_fn_inputs())["weights"].set_dtype(
+             tinker_public::DTYPE_BFLOAT16);
+       },
+       "dtype DTYPE_BFLOAT16 is not supported"},
+      {"provenance spans",
+       [](tinker_public::Datum* d) { d->add_model_input_spans(); },
+       "provenance spans are not supported"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    tinker_public::ForwardBackwardRequest request = CrossEntropyRequest();
+    c.spoil(request.mutable_data(0));
+    absl::Status status = NativeForwardBackward(request).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr(c.message));
+  }
+}
+
+// Reads an output as the SDK's deserialize_forward_backward_output does:
+// per record, per datum, the float32 values between its byte offsets and
+// the shape [elements / prod(trailing), *trailing].
+struct ReadDatum {
+  std::vector<float> values;
+  std::vector<int64_t> shape;
+};
+std::vector<ReadDatum> ReadLikeTheSdk(
+    const tinker_public::ForwardBackwardOutput& out) {
+  std::vector<ReadDatum> datums;
+  for (const tinker_public::ArrayRecord& record : out.loss_fn_outputs()) {
+    const tinker_public::BatchedTensor& field = record.fields().at("logprobs");
+    EXPECT_EQ(field.dtype(), tinker_public::DTYPE_FLOAT32);
+    const std::vector<int64_t> offsets = Values<int64_t>(field.offsets());
+    const std::vector<float> data = Values<float>(field.data());
+    EXPECT_EQ(static_cast<int64_t>(offsets.size()), record.num_datums() + 1);
+    int64_t trailing = 1;
+    for (int64_t dim : field.trailing_shape()) trailing *= dim;
+    for (size_t i = 0; i + 1 < offsets.size(); ++i) {
+      ReadDatum datum;
+      datum.values.assign(data.begin() + offsets[i] / 4,
+                          data.begin() + offsets[i + 1] / 4);
+      datum.shape = {static_cast<int64_t>(datum.values.size()) / trailing};
+      datum.shape.insert(datum.shape.end(), field.trailing_shape().begin(),
+                         field.trailing_shape().end());
+      datums.push_back(datum);
+    }
+  }
+  return datums;
+}
+
+TEST(TinkerConvertTest, OutputsAreArrayRecordsShapedLikeTheTargets) {
+  ForwardBackwardOutput output;
+  output.logprobs = {{-0.5, -1.25}, {-2.0, -3.0, -4.0, -5.0}, {-0.125}};
+  output.loss = 7.5;
+  tinker_public::ForwardBackwardOutput out;
+  // The second datum has K = 2 targets per position.
+  TinkerForwardBackwardOutput(output, {1, 2, 1}, &out);
+  EXPECT_EQ(out.loss_fn_output_type(), "ArrayRecord");
+  ASSERT_EQ(out.metrics().size(), 1u);
+  EXPECT_DOUBLE_EQ(out.metrics().at("loss:sum"), 7.5);
+  // A record shares its trailing shape: one per run of equal K.
+  EXPECT_EQ(out.loss_fn_outputs_size(), 3);
+  std::vector<ReadDatum> datums = ReadLikeTheSdk(out);
+  ASSERT_EQ(datums.size(), 3u);
+  EXPECT_THAT(datums[0].values, ElementsAre(-0.5f, -1.25f));
+  EXPECT_THAT(datums[0].shape, ElementsAre(2));
+  EXPECT_THAT(datums[1].values, ElementsAre(-2.0f, -3.0f, -4.0f, -5.0f));
+  EXPECT_THAT(datums[1].shape, ElementsAre(2, 2));
+  EXPECT_THAT(datums[2].values, ElementsAre(-0.125f));
+  EXPECT_THAT(datums[2].shape, ElementsAre(1));
+
+  tinker_public::ForwardBackwardOutput same_k;
+  TinkerForwardBackwardOutput(output, {1, 1, 1}, &same_k);
+  EXPECT_EQ(same_k.loss_fn_outputs_size(), 1);
+  EXPECT_EQ(same_k.loss_fn_outputs(0).num_datums(), 3);
+}
+
+TEST(TinkerConvertTest, LoraConfigSwitchesChooseTheTargets) {
+  uint64_t seed = 99;
+  absl::StatusOr<LoraConfig> all =
+      TinkerLoraConfig(nlohmann::json{{"rank", 8}}, &seed);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->rank, 8);
+  EXPECT_DOUBLE_EQ(all->alpha, kTinkerLoraAlpha);
+  EXPECT_EQ(all->targets.size(), kAllProjections.size() + 1);
+  EXPECT_TRUE(all->TargetsLmHead());
+  EXPECT_EQ(seed, 99u);  // Unchanged without a seed.
+
+  absl::StatusOr<LoraConfig> attn =
+      TinkerLoraConfig(nlohmann::json{{"rank", 4},
+                                      {"seed", 12},
+                                      {"train_mlp", false},
+                                      {"train_unembed", false}},
+                       &seed);
+  ASSERT_TRUE(attn.ok()) << attn.status();
+  EXPECT_THAT(attn->targets, ElementsAre(Projection::kQ, Projection::kK,
+                                         Projection::kV, Projection::kO));
+  EXPECT_EQ(seed, 12u);
+
+  absl::StatusOr<LoraConfig> mlp = TinkerLoraConfig(
+      nlohmann::json{{"rank", 4}, {"train_attn", false}}, &seed);
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  EXPECT_THAT(mlp->targets,
+              ElementsAre(Projection::kGate, Projection::kUp, Projection::kDown,
+                          Projection::kLmHead));
+
+  EXPECT_THAT(TinkerLoraConfig(nlohmann::json{{"train_attn", false}}, &seed)
+                  .status()
+                  .message(),
+              HasSubstr("lora_config.rank is required"));
+  EXPECT_THAT(TinkerLoraConfig(nlohmann::json{{"rank", 4},
+                                              {"train_attn", false},
+                                              {"train_mlp", false},
+                                              {"train_unembed", false}},
+                               &seed)
+                  .status()
+                  .message(),
+              HasSubstr("nothing would train"));
+  EXPECT_THAT(
+      TinkerLoraConfig(nlohmann::json{{"rank", "8"}}, &seed).status().message(),
+      HasSubstr("lora_config.rank"));
+}
+
+TEST(TinkerConvertTest, OptimizerFamiliesAndSteps) {
+  absl::StatusOr<OptimizerConfig> absent = TinkerOptimizerConfig(nullptr);
+  ASSERT_TRUE(absent.ok());
+  EXPECT_EQ(absent->family, OptimizerFamily::kAdamW);
+  const nlohmann::json dimuon = {{"type", "dimuon"}, {"version", 1}};
+  EXPECT_EQ(TinkerOptimizerConfig(&dimuon)->family, OptimizerFamily::kMuon);
+  const nlohmann::json sgd = {{"type", "sgd"}};
+  EXPECT_THAT(TinkerOptimizerConfig(&sgd).status().message(),
+              HasSubstr("optimizer_config.type"));
+
+  // The SDK always sends every Adam field; absent ones take its defaults.
+  absl::StatusOr<OptimStepParams> adam = TinkerOptimStep(nlohmann::json{
+      {"adam_params", {{"learning_rate", 0.003}, {"grad_clip_norm", 1.5}}}});
+  ASSERT_TRUE(adam.ok()) << adam.status();
+  EXPECT_DOUBLE_EQ(*adam->lr, 0.003);
+  EXPECT_DOUBLE_EQ(*adam->beta1, 0.9);
+  EXPECT_DOUBLE_EQ(*adam->beta2, 0.95);
+  EXPECT_DOUBLE_EQ(*adam->eps, 1e-12);
+  EXPECT_DOUBLE_EQ(*adam->weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(adam->grad_clip, 1.5);
+  EXPECT_FALSE(adam->momentum.has_value());
+
+  absl::StatusOr<OptimStepParams> muon = TinkerOptimStep(nlohmann::json{
+      {"optimizer_params",
+       {{"type", "dimuon"}, {"learning_rate", 0.02}, {"beta1", 0.8}}}});
+  ASSERT_TRUE(muon.ok()) << muon.status();
+  EXPECT_DOUBLE_EQ(*muon->lr, 0.02);
+  EXPECT_DOUBLE_EQ(*muon->momentum, 0.8);
+  EXPECT_FALSE(muon->beta2.has_value());
+
+  EXPECT_THAT(
+      TinkerOptimStep(nlohmann::json{{"model_id", "m"}}).status().message(),
+      HasSubstr("adam_params or optimizer_params"));
+  EXPECT_THAT(
+      TinkerOptimStep(nlohmann::json{{"adam_params", {{"beta1", "high"}}}})
+          .status()
+          .message(),
+      HasSubstr("adam_params.beta1"));
+}
+
+nlohmann::json SampleBody(nlohmann::json params) {
+  return {{"num_samples", 2},
+          {"prompt",
+           {{"chunks",
+             {{{"type", "encoded_text"}, {"tokens", {5, 17}}},
+              {{"type", "encoded_text"}, {"tokens", {33}}}}}}},
+          {"sampling_params", params},
+          {"sampling_session_id", "s:sample:0"},
+          {"seq_id", 0},
+          {"prompt_logprobs", true},
+          {"type", "sample"}};
+}
+
+TEST(TinkerConvertTest, SampleRequestsAndTheirStops) {
+  absl::StatusOr<v1::SampleRequest> plain =
+      NativeSampleRequest(SampleBody({{"max_tokens", 7},
+                                      {"seed", 4},
+                                      {"temperature", 0.5},
+                                      {"top_k", -1},
+                                      {"top_p", 0.9}}));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_THAT(plain->tokens().ids(), ElementsAre(5, 17, 33));
+  EXPECT_EQ(plain->n(), 2);
+  EXPECT_EQ(plain->max_tokens(), 7);
+  EXPECT_EQ(plain->seed(), 4u);
+  EXPECT_DOUBLE_EQ(plain->temperature(), 0.5);
+  EXPECT_DOUBLE_EQ(plain->top_p(), 0.9);
+  EXPECT_EQ(plain->top_k(), 0);  // -1: off.
+  EXPECT_TRUE(plain->prompt_logprobs());
+  // No stop given: EOS stops.
+  EXPECT_FALSE(plain->ignore_eos());
+  EXPECT_EQ(plain->stop_size(), 0);
+  EXPECT_EQ(plain->stop_token_ids_size(), 0);
+
+  absl::StatusOr<v1::SampleRequest> none =
+      NativeSampleRequest(SampleBody({{"stop", nlohmann::json::array()}}));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->ignore_eos());  // []: not even EOS.
+  EXPECT_FALSE(none->has_seed());
+
+  absl::StatusOr<v1::SampleRequest> text =
+      NativeSampleRequest(SampleBody({{"stop", "\n\nUser:"}}));
+  ASSERT_TRUE(text.ok());
+  EXPECT_THAT(text->stop(), ElementsAre("\n\nUser:"));
+  EXPECT_FALSE(text->ignore_eos());
+
+  absl::StatusOr<v1::SampleRequest> ids =
+      NativeSampleRequest(SampleBody({{"stop", {128009, 128001}}}));
+  ASSERT_TRUE(ids.ok());
+  EXPECT_THAT(ids->stop_token_ids(), ElementsAre(128009, 128001));
+
+  EXPECT_THAT(
+      NativeSampleRequest(SampleBody({{"stop", {"a", 5}}})).status().message(),
+      HasSubstr("not both"));
+  EXPECT_THAT(
+      NativeSampleRequest(SampleBody({{"top_k", 0}})).status().message(),
+      HasSubstr("sampling_params.top_k"));
+  nlohmann::json topk = SampleBody(nlohmann::json::object());
+  topk["topk_sample_logprobs"] = 5;
+  EXPECT_THAT(NativeSampleRequest(topk).status().message(),
+              HasSubstr("topk_sample_logprobs"));
+  nlohmann::json image = SampleBody(nlohmann::json::object());
+  image["prompt"]["chunks"][1] = {{"type", "image"}, {"data", "x"}};
+  EXPECT_THAT(NativeSampleRequest(image).status().message(),
+              HasSubstr("prompt.chunks[1]"));
+}
+
+TEST(TinkerConvertTest, SampleResponsesAsTheSdkReadsThem) {
+  v1::SampleResponse native;
+  v1::Sample* stopped = native.add_samples();
+  stopped->add_tokens(9);
+  stopped->add_tokens(2);
+  stopped->add_logprobs(-0.25);
+  stopped->add_logprobs(-1.5);
+  stopped->set_stop_reason(v1::STOP_REASON_STOP_TOKEN);
+  v1::Sample* cut = native.add_samples();
+  cut->add_tokens(11);
+  cut->add_logprobs(-3.0);
+  cut->set_stop_reason(v1::STOP_REASON_LENGTH);
+  native.add_prompt_logprobs(-2.0);
+  native.add_prompt_logprobs(-4.0);
+
+  tinker_public::SampleResponse out;
+  TinkerSampleResponse(native, /*prompt_logprobs=*/true, &out);
+  ASSERT_EQ(out.sequences_size(), 2);
+  EXPECT_EQ(out.sequences(0).stop_reason(), tinker_public::STOP_REASON_STOP);
+  EXPECT_THAT(Values<int32_t>(out.sequences(0).tokens()), ElementsAre(9, 2));
+  EXPECT_THAT(Values<float>(out.sequences(0).logprobs()),
+              ElementsAre(-0.25f, -1.5f));
+  EXPECT_EQ(out.sequences(1).stop_reason(), tinker_public::STOP_REASON_LENGTH);
+  // One per prompt token, the first NaN (the SDK's None).
+  std::vector<float> prompt = Values<float>(out.prompt_logprobs());
+  ASSERT_EQ(prompt.size(), 3u);
+  EXPECT_TRUE(std::isnan(prompt[0]));
+  EXPECT_EQ(prompt[1], -2.0f);
+  EXPECT_EQ(prompt[2], -4.0f);
+
+  tinker_public::SampleResponse without;
+  TinkerSampleResponse(native, /*prompt_logprobs=*/false, &without);
+  EXPECT_FALSE(without.has_prompt_logprobs());
+}
+
+}  // namespace
+}  // namespace loraplex
