@@ -330,6 +330,7 @@ absl::StatusOr<std::string> TinkerApi::FinishSession(
     if (it == sessions_.end() || it->second != tenant) {
       return absl::NotFoundError(absl::StrCat("no session ", session));
     }
+    sessions_.erase(it);  // Later calls naming it are refused.
     for (auto model = models_.begin(); model != models_.end();) {
       if (model->second.session == session) {
         native_ids.push_back(model->second.native_id);

@@ -58,22 +58,31 @@ def start_server(bin_dir, work):
 
 
 def install_trace(path):
-    """Records each request httpx sends (the SDK's transport)."""
+    """Records each request httpx sends (the SDK's transport) with its
+    response, one JSON line each, in the order they were sent."""
     import httpx
     out = open(path, "w")
     original = httpx.AsyncClient.send
 
+    def b64(data):
+        return base64.b64encode(data).decode()
+
     async def send(self, request, *args, **kwargs):
-        body = request.content if hasattr(request, "_content") else b""
         record = {
             "method": request.method,
             "path": request.url.path,
             "content_type": request.headers.get("content-type", ""),
-            "body_base64": base64.b64encode(body).decode(),
+            "accept": request.headers.get("accept", ""),
+            "body": b64(request.content),
         }
+        response = await original(self, request, *args, **kwargs)
+        await response.aread()
+        record["status"] = response.status_code
+        record["response_type"] = response.headers.get("content-type", "")
+        record["response"] = b64(response.content)
         out.write(json.dumps(record) + "\n")
         out.flush()
-        return await original(self, request, *args, **kwargs)
+        return response
 
     httpx.AsyncClient.send = send
 
@@ -102,8 +111,6 @@ def main():
     args = parser.parse_args()
     os.environ["TINKER_TELEMETRY"] = "0"
     if args.trace:
-        # The SDK's own transport otherwise; httpx can be traced.
-        os.environ["TINKER_FEATURE_GATES"] = ""
         install_trace(args.trace)
 
     import tinker
@@ -199,7 +206,8 @@ def main():
             assert "base_model" in chain, chain
         else:
             raise AssertionError("a wrong base_model was accepted")
-        client.holder.close() if hasattr(client.holder, "close") else None
+        # Ends the session (sessions/{id}/finish), freeing its slots.
+        client.close("success").result()
         print("OK")
     except BaseException:
         import traceback
