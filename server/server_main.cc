@@ -33,6 +33,7 @@
 #include "server/engine/rank_setup.h"
 #include "server/engine/trainer.h"
 #include "server/http/http_listener.h"
+#include "server/http/metrics.h"
 #include "server/http/tinker_api.h"
 #include "server/jobs/job_scheduler.h"
 #include "server/jobs/session_manager.h"
@@ -520,9 +521,11 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     http_options.address = flags.http_listen;
     http_options.tls_cert = flags.tls_cert;
     http_options.tls_key = flags.tls_key;
-    absl::StatusOr<std::unique_ptr<HttpListener>> started = HttpListener::Start(
-        http_options,
-        [&](httplib::Server& routes) { tinker.Register(routes); });
+    absl::StatusOr<std::unique_ptr<HttpListener>> started =
+        HttpListener::Start(http_options, [&](httplib::Server& routes) {
+          tinker.Register(routes);
+          RegisterMetrics(routes, &context);
+        });
     if (!started.ok()) {
       server->Shutdown();
       sessions.Stop();
@@ -613,7 +616,8 @@ int main(int argc, char** argv) {
                  "Address to serve on (port 0: any free port)")
       ->capture_default_str();
   app.add_option("--http-listen", flags.http_listen,
-                 "HOST:PORT of the Tinker REST API (HTTP; off by default)");
+                 "HOST:PORT of the HTTP listener: the Tinker REST API and "
+                 "/metrics (off by default)");
   app.add_option("--slots", flags.slots, "Adapter slots that train together")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();

@@ -23,7 +23,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import re
 import time
+import urllib.request
 
 
 def free_port():
@@ -54,7 +56,7 @@ def start_server(bin_dir, work):
             sys.exit("loraplex-server did not start:\n" +
                      open(os.path.join(work, "server.log")).read())
         time.sleep(0.05)
-    return server, f"http://127.0.0.1:{http_port}"
+    return server, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
 
 
 def install_trace(path):
@@ -87,6 +89,49 @@ def install_trace(path):
     httpx.AsyncClient.send = send
 
 
+def scrape(base_url):
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as reply:
+        assert reply.headers["Content-Type"].startswith("text/plain"), \
+            reply.headers
+        return reply.read().decode()
+
+
+def check_job_metrics(bin_dir, work, base_url, grpc_address):
+    """A job started with the CLI shows in /metrics while it runs."""
+    cli = [os.path.join(bin_dir, "loraplex"), "--server", grpc_address,
+           "--json"]
+    data = os.path.join(work, "train.jsonl")
+    with open(data, "w") as f:
+        for i in range(16):
+            f.write(json.dumps({"text": f"metrics line {i} " * 3}) + "\n")
+    dataset = json.loads(subprocess.run(
+        cli + ["datasets", "upload", data, "--name", "metrics"], check=True,
+        capture_output=True, text=True).stdout)
+    job = json.loads(subprocess.run(
+        cli + ["jobs", "create", "--dataset", dataset["name"], "--max-steps",
+               "100000", "--seq-len", "32", "--rank", "2"], check=True,
+        capture_output=True, text=True).stdout)
+    job_id = job["name"].split("/")[-1]
+    pattern = re.compile(
+        r'^loraplex_job_step\{tenant="default",job="' + re.escape(job_id) +
+        r'"\} (\d+)$', re.M)
+    deadline = time.time() + 120
+    while True:
+        text = scrape(base_url)
+        found = pattern.search(text)
+        if found and int(found.group(1)) >= 2:
+            break
+        assert time.time() < deadline, text
+        time.sleep(0.2)
+    for family in ("loraplex_job_loss", "loraplex_job_lr",
+                   "loraplex_job_grad_norm",
+                   "loraplex_job_tokens_per_second"):
+        assert f'{family}{{tenant="default",job="{job_id}"}}' in text, family
+    assert 'loraplex_jobs{status="running"} 1' in text, text
+    subprocess.run(cli + ["jobs", "cancel", job_id], check=True,
+                   capture_output=True)
+
+
 def datum(types, tokens):
     """Next-token prediction over `tokens`, every position weighted."""
     return types.Datum(
@@ -117,7 +162,7 @@ def main():
     from tinker import types
 
     work = tempfile.mkdtemp(prefix="loraplex-tinker-")
-    server, base_url = start_server(args.bin_dir, work)
+    server, base_url, grpc_address = start_server(args.bin_dir, work)
     try:
         client = tinker.ServiceClient(base_url=base_url, api_key="tml-local")
         caps = client.get_server_capabilities()
@@ -148,6 +193,13 @@ def main():
                 (sum(logprobs), losses[-1])
         print("losses", [round(x, 4) for x in losses])
         assert losses[-1] < 0.5 * losses[0], losses
+
+        # The session's slot and steps are in /metrics.
+        text = scrape(base_url)
+        assert 'loraplex_slots{state="busy"} 1' in text, text
+        assert re.search(r'^loraplex_session_step\{tenant="default",'
+                         r'session="[^"]+",slot="\d+"\} 8$', text, re.M), text
+        check_job_metrics(args.bin_dir, work, base_url, grpc_address)
 
         # A forward-only pass sees the trained weights and changes nothing.
         forward = training.forward(batch, "cross_entropy").result()
