@@ -2,7 +2,8 @@
 // a protocol regression shows here even where PyPI (and so the SDK) is out
 // of reach. tests/fixtures/tinker/sdk_trace.jsonl is what
 // tests/tinker/sdk_supervised_test.py --trace wrote with tinker==0.38.0:
-// every request the SDK sent in its supervised loop, sampling and restore,
+// every request the SDK sent in its supervised loop, sampling, restore and
+// short RL loops (importance sampling with AdamW, PPO with Muon),
 // with the server's answer.
 //
 // Ids the server makes up (sessions, futures) differ from run to run: the

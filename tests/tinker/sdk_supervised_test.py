@@ -132,6 +132,48 @@ def check_job_metrics(bin_dir, work, base_url, grpc_address):
                    capture_output=True)
 
 
+def rl_rewards(client, types, optimizer, step_params, loss_fn, iterations):
+    """The RL loop as a Tinker user writes it: sample one-token answers from
+    the current policy, reward digits, update on group-centred advantages.
+    Digits are 10 of the byte tokenizer's 259 ids. Returns the mean reward
+    per iteration."""
+    training = client.create_lora_training_client(
+        base_model="loraplex-tiny", rank=4, seed=11,
+        optimizer=optimizer).result()
+    prompt = list(b"Answer with a digit: ")
+    rewards = []
+    for i in range(iterations):
+        sampler = training.save_weights_and_get_sampling_client().result()
+        params = types.SamplingParams(max_tokens=1, temperature=1.0,
+                                      seed=1000 + i, stop=[])
+        result = sampler.sample(types.ModelInput.from_ints(prompt),
+                                num_samples=16, sampling_params=params).result()
+        answers = [(seq.tokens[0], seq.logprobs[0]) for seq in result.sequences]
+        reward = [1.0 if ord("0") <= t <= ord("9") else 0.0 for t, _ in answers]
+        mean = sum(reward) / len(reward)
+        rewards.append(mean)
+        data = []
+        for (token, logprob), r in zip(answers, reward):
+            n = len(prompt)
+            # Only the answer is scored: the prompt has advantage 0.
+            data.append(types.Datum(
+                model_input=types.ModelInput.from_ints(prompt),
+                loss_fn_inputs={
+                    "target_tokens": types.TensorData(
+                        data=prompt[1:] + [token], dtype="int64", shape=[n]),
+                    "logprobs": types.TensorData(
+                        data=[0.0] * (n - 1) + [logprob], dtype="float32",
+                        shape=[n]),
+                    "advantages": types.TensorData(
+                        data=[0.0] * (n - 1) + [(r - mean) / 16],
+                        dtype="float32", shape=[n]),
+                }))
+        out = training.forward_backward(data, loss_fn).result()
+        assert "loss:sum" in out.metrics, out.metrics
+        training.optim_step(step_params).result()
+    return rewards
+
+
 def datum(types, tokens):
     """Next-token prediction over `tokens`, every position weighted."""
     return types.Datum(
@@ -247,6 +289,23 @@ def main():
         after_b = restored.forward(batch, "cross_entropy").result()
         assert math.isclose(total_loss(after_a), total_loss(after_b),
                             rel_tol=1e-6)
+
+        # RL through the SDK: importance sampling with AdamW, PPO with
+        # loraplex's Muon (Tinker's "dimuon" optimizer type).
+        for name, optimizer, params, loss_fn in (
+                ("adamw", None, types.AdamParams(learning_rate=2e-2),
+                 "importance_sampling"),
+                ("muon", types.DimuonOptimizerConfig(),
+                 types.DimuonParams(learning_rate=5e-2), "ppo")):
+            # A recording keeps the trace small: its replay checks the
+            # protocol, not the learning.
+            iterations = 4 if args.trace else 30
+            rewards = rl_rewards(client, types, optimizer, params, loss_fn,
+                                 iterations)
+            last = sum(rewards[-5:]) / len(rewards[-5:])
+            print(name, loss_fn, "reward", rewards[0], "->", last)
+            assert args.trace or (rewards[0] < 0.25 and last > 0.6), \
+                (name, rewards)
 
         # A user error is reported, not retried for ever.
         try:
