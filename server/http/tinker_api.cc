@@ -102,18 +102,6 @@ std::string FutureAnswer(const std::string& request_id) {
   return nlohmann::json{{"request_id", request_id}}.dump();
 }
 
-std::string OptimizerType(OptimizerFamily family) {
-  switch (family) {
-    case OptimizerFamily::kAdamW:
-      return "adamw";
-    case OptimizerFamily::kAdam:
-      return "adam";
-    case OptimizerFamily::kMuon:
-      return "muon";
-  }
-  return "adamw";
-}
-
 // The checkpoint name of a save: Tinker allows what makes a path segment.
 absl::Status CheckCheckpointName(const std::string& name) {
   LORAPLEX_RETURN_IF_ERROR(CheckDisplayName(name, "path"));
@@ -210,6 +198,10 @@ void TinkerApi::Serve(const httplib::Request& request,
                               context_->auth->AuthenticateApiKey(key));
     try {
       return (this->*handler)(tenant, request);
+    } catch (const nlohmann::json::exception& error) {
+      // A field of the wrong type, read with json::value().
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the request body has a field of the wrong type: ", error.what()));
     } catch (const std::exception& error) {
       return absl::InternalError(ExceptionMessage(error));
     }
@@ -227,8 +219,11 @@ std::string TinkerApi::NewFuture(const std::string& tenant) {
   const auto now = std::chrono::steady_clock::now();
   absl::MutexLock lock(&mu_);
   for (auto it = futures_.begin(); it != futures_.end();) {
-    const bool expired = it->second.outcome.has_value() &&
-                         now - it->second.finished > options_.result_ttl;
+    const Future& f = it->second;
+    const bool expired =
+        f.outcome.has_value() &&
+        (now - f.finished > options_.result_ttl ||
+         (f.retrieved && now - f.retrieved_at > options_.retrieved_ttl));
     it = expired ? futures_.erase(it) : std::next(it);
   }
   futures_[id].tenant = tenant;
@@ -275,6 +270,10 @@ void TinkerApi::RetrieveFuture(const httplib::Request& request,
       }
       if (it->second.outcome.has_value()) {
         outcome = it->second.outcome;
+        if (!it->second.retrieved) {
+          it->second.retrieved = true;
+          it->second.retrieved_at = std::chrono::steady_clock::now();
+        }
         break;
       }
       if (stopped_) {
@@ -377,13 +376,29 @@ std::string TinkerApi::OpenModel(const std::string& tenant,
   return future;
 }
 
+absl::StatusOr<TinkerApi::NewModel> TinkerApi::NewModelOf(
+    const std::string& tenant, const nlohmann::json& body) const {
+  NewModel model;
+  LORAPLEX_ASSIGN_OR_RETURN(model.session, StringField(body, "session_id"));
+  LORAPLEX_ASSIGN_OR_RETURN(int64_t model_seq_id,
+                            IntegerField(body, "model_seq_id"));
+  model.id = absl::StrCat(model.session, ":train:", model_seq_id);
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(model.session);
+  if (it == sessions_.end() || it->second != tenant) {
+    return absl::NotFoundError(absl::StrCat("no session ", model.session));
+  }
+  if (models_.count(model.id) > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_seq_id ", model_seq_id, " of session ",
+                     model.session, " is already a model"));
+  }
+  return model;
+}
+
 absl::StatusOr<std::string> TinkerApi::CreateModel(
     const std::string& tenant, const httplib::Request& request) {
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json body, JsonBody(request));
-  LORAPLEX_ASSIGN_OR_RETURN(std::string session,
-                            StringField(body, "session_id"));
-  LORAPLEX_ASSIGN_OR_RETURN(int64_t model_seq_id,
-                            IntegerField(body, "model_seq_id"));
   const std::string base = body.value("base_model", "");
   if (base != context_->base_model_name) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -402,23 +417,11 @@ absl::StatusOr<std::string> TinkerApi::CreateModel(
   const nlohmann::json* optimizer =
       body.contains("optimizer_config") ? &body["optimizer_config"] : nullptr;
   LORAPLEX_ASSIGN_OR_RETURN(spec.optimizer, TinkerOptimizerConfig(optimizer));
-  const std::string model_id = absl::StrCat(session, ":train:", model_seq_id);
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session);
-    if (it == sessions_.end() || it->second != tenant) {
-      return absl::NotFoundError(absl::StrCat("no session ", session));
-    }
-    if (models_.count(model_id) > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model_seq_id ", model_seq_id, " of session ", session,
-                       " is already a model"));
-    }
-  }
+  LORAPLEX_ASSIGN_OR_RETURN(NewModel model, NewModelOf(tenant, body));
   const std::string future =
-      OpenModel(tenant, session, model_id, std::move(spec),
-                nlohmann::json{{"model_id", model_id}});
-  return nlohmann::json{{"request_id", future}, {"model_id", model_id}}.dump();
+      OpenModel(tenant, model.session, model.id, std::move(spec),
+                nlohmann::json{{"model_id", model.id}});
+  return nlohmann::json{{"request_id", future}, {"model_id", model.id}}.dump();
 }
 
 absl::StatusOr<TinkerApi::Model> TinkerApi::FindModel(
@@ -445,7 +448,8 @@ absl::StatusOr<std::string> TinkerApi::GetInfo(
       {"is_lora", true},
       {"lora_rank", model.lora.rank},
       {"model_name", context_->base_model_name},
-      {"optimizer_config", {{"type", OptimizerType(model.optimizer.family)}}}};
+      {"optimizer_config",
+       {{"type", std::string(OptimizerFamilyName(model.optimizer.family))}}}};
   return answer.dump();
 }
 
@@ -665,30 +669,14 @@ absl::StatusOr<std::string> TinkerApi::LoadWeights(
         });
   }
   // Create-via-load: a new model of the session from the state.
-  LORAPLEX_ASSIGN_OR_RETURN(std::string session,
-                            StringField(body, "session_id"));
-  LORAPLEX_ASSIGN_OR_RETURN(int64_t model_seq_id,
-                            IntegerField(body, "model_seq_id"));
-  const std::string model_id = absl::StrCat(session, ":train:", model_seq_id);
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session);
-    if (it == sessions_.end() || it->second != tenant) {
-      return absl::NotFoundError(absl::StrCat("no session ", session));
-    }
-    if (models_.count(model_id) > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model_seq_id ", model_seq_id, " of session ", session,
-                       " is already a model"));
-    }
-  }
+  LORAPLEX_ASSIGN_OR_RETURN(NewModel model, NewModelOf(tenant, body));
   LORAPLEX_ASSIGN_OR_RETURN(SessionSpec spec,
                             context_->sessions->StateSpec(tenant, state_id));
   spec.with_optimizer = with_optimizer;
   const std::string future =
-      OpenModel(tenant, session, model_id, std::move(spec),
-                nlohmann::json{{"path", path}, {"model_id", model_id}});
-  return nlohmann::json{{"request_id", future}, {"model_id", model_id}}.dump();
+      OpenModel(tenant, model.session, model.id, std::move(spec),
+                nlohmann::json{{"path", path}, {"model_id", model.id}});
+  return nlohmann::json{{"request_id", future}, {"model_id", model.id}}.dump();
 }
 
 absl::StatusOr<std::string> TinkerApi::CreateSamplingSession(
@@ -787,18 +775,17 @@ absl::StatusOr<std::string> TinkerApi::ASample(
       absl::MutexLock lock(&mu_);
       if (--samples_in_flight_[tenant] <= 0) samples_in_flight_.erase(tenant);
     }
-    context_->work->Post([this, shared, future, prompt_logprobs,
-                          result = std::move(result), step] {
-      if (!result.ok()) {
-        Finish(future, {result.status(), "", ""});
-        return;
-      }
-      v1::SampleResponse native_response;
-      SampleResponseOf(*shared, *result, step, &native_response);
-      tinker_public::SampleResponse out;
-      TinkerSampleResponse(native_response, prompt_logprobs, &out);
-      Finish(future, {absl::OkStatus(), out.SerializeAsString(), kProtobuf});
-    });
+    // Here, on the trainer's thread: the conversion copies the tokens and
+    // logprobs once, which is quick.
+    if (!result.ok()) {
+      Finish(future, {result.status(), "", ""});
+      return;
+    }
+    v1::SampleResponse native_response;
+    SampleResponseOf(*shared, *result, step, &native_response);
+    tinker_public::SampleResponse out;
+    TinkerSampleResponse(native_response, prompt_logprobs, &out);
+    Finish(future, {absl::OkStatus(), out.SerializeAsString(), kProtobuf});
   };
   const int64_t n = command.n;
   context_->scheduler->Sample(std::move(command));

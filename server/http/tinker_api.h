@@ -53,6 +53,9 @@ struct TinkerApiOptions {
   std::chrono::milliseconds max_wait{30000};
   // A finished future's result is kept this long for retrieve_future.
   std::chrono::milliseconds result_ttl{std::chrono::minutes(30)};
+  // ... and this long once retrieved (a client whose answer was lost on
+  // the way asks again).
+  std::chrono::milliseconds retrieved_ttl{std::chrono::minutes(2)};
   // Samples a tenant may have queued or running (beyond: HTTP 429, which
   // the SDK retries).
   int64_t max_samples_per_tenant = 1024;
@@ -81,6 +84,8 @@ class TinkerApi {
     std::string tenant;
     std::optional<Outcome> outcome;
     std::chrono::steady_clock::time_point finished;
+    bool retrieved = false;
+    std::chrono::steady_clock::time_point retrieved_at;
   };
   struct Model {
     std::string tenant;
@@ -140,6 +145,15 @@ class TinkerApi {
   void RetrieveFuture(const httplib::Request& request,
                       httplib::Response& response);
 
+  // The session and id of the model a create_model or create-via-load
+  // body names: NOT_FOUND for another tenant's or an unknown session,
+  // INVALID_ARGUMENT for a model_seq_id in use.
+  struct NewModel {
+    std::string session;
+    std::string id;
+  };
+  absl::StatusOr<NewModel> NewModelOf(const std::string& tenant,
+                                      const nlohmann::json& body) const;
   // A new pending future of `tenant`'s, by id.
   std::string NewFuture(const std::string& tenant);
   void Finish(const std::string& id, Outcome outcome);
