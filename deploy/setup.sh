@@ -101,7 +101,7 @@ as_user() {
 }
 
 # The project's Python environment (ignored by git): the pinned Tinker SDK
-# that tests/tinker drives the server with. CMake finds it at .venv unless
+# that tests/tinker drives the server with, and the loraplex package. CMake finds it at .venv unless
 # LORAPLEX_VENV names another directory.
 venv="${LORAPLEX_VENV:-.venv}"
 if [ ! -x "$venv/bin/python" ]; then
@@ -111,6 +111,9 @@ fi
 echo "==> installing tests/tinker/requirements.txt into $venv"
 as_user "$venv/bin/pip" install -q --disable-pip-version-check \
   -r tests/tinker/requirements.txt || die "pip install into $venv failed"
+echo "==> installing the Python package ./python into $venv"
+as_user "$venv/bin/pip" install -q --disable-pip-version-check ./python ||
+  die "pip install ./python into $venv failed"
 
 jobs=$(nproc 2>/dev/null || echo 2)
 echo "==> configuring and building in ./build with $jobs job(s)"
