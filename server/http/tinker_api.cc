@@ -332,7 +332,10 @@ absl::StatusOr<std::string> TinkerApi::FinishSession(
     sessions_.erase(it);  // Later calls naming it are refused.
     for (auto model = models_.begin(); model != models_.end();) {
       if (model->second.session == session) {
-        native_ids.push_back(model->second.native_id);
+        // One still opening is closed when it opens (OpenModel).
+        if (!model->second.native_id.empty()) {
+          native_ids.push_back(model->second.native_id);
+        }
         model = models_.erase(model);
       } else {
         ++model;
@@ -362,14 +365,28 @@ std::string TinkerApi::OpenModel(const std::string& tenant,
       tenant, std::move(spec),
       [this, future, model, model_id,
        answer = std::move(answer)](absl::StatusOr<SessionInfo> info) mutable {
+        bool finished = false;  // The Tinker session ended meanwhile.
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = models_.find(model_id);
+          finished = it == models_.end();
+          if (!info.ok() || finished) {
+            if (!finished) models_.erase(it);
+          } else {
+            model.native_id = info->id;
+            it->second = model;
+          }
+        }
         if (!info.ok()) {
           Finish(future, {info.status(), "", ""});
           return;
         }
-        model.native_id = info->id;
-        {
-          absl::MutexLock lock(&mu_);
-          models_[model_id] = model;
+        if (finished) {
+          context_->sessions->Close(model.tenant, info->id,
+                                    [](absl::StatusOr<SessionInfo>) {});
+          Finish(future, {absl::FailedPreconditionError(absl::StrCat(
+                             "session ", model.session, " was finished"))});
+          return;
         }
         Finish(future, {absl::OkStatus(), answer.dump(), kJson});
       });
@@ -377,7 +394,7 @@ std::string TinkerApi::OpenModel(const std::string& tenant,
 }
 
 absl::StatusOr<TinkerApi::NewModel> TinkerApi::NewModelOf(
-    const std::string& tenant, const nlohmann::json& body) const {
+    const std::string& tenant, const nlohmann::json& body) {
   NewModel model;
   LORAPLEX_ASSIGN_OR_RETURN(model.session, StringField(body, "session_id"));
   LORAPLEX_ASSIGN_OR_RETURN(int64_t model_seq_id,
@@ -393,6 +410,10 @@ absl::StatusOr<TinkerApi::NewModel> TinkerApi::NewModelOf(
         absl::StrCat("model_seq_id ", model_seq_id, " of session ",
                      model.session, " is already a model"));
   }
+  // Reserved until its session opens (native_id empty meanwhile).
+  Model& reserved = models_[model.id];
+  reserved.tenant = tenant;
+  reserved.session = model.session;
   return model;
 }
 
@@ -428,9 +449,10 @@ absl::StatusOr<TinkerApi::Model> TinkerApi::FindModel(
     const std::string& tenant, const std::string& model_id) const {
   absl::MutexLock lock(&mu_);
   auto it = models_.find(model_id);
-  if (it == models_.end() || it->second.tenant != tenant) {
+  if (it == models_.end() || it->second.tenant != tenant ||
+      it->second.native_id.empty()) {
     return absl::NotFoundError(
-        absl::StrCat("no model ", model_id, " (unknown, or not open)"));
+        absl::StrCat("no model ", model_id, " (unknown, or not open yet)"));
   }
   return it->second;
 }
@@ -669,10 +691,10 @@ absl::StatusOr<std::string> TinkerApi::LoadWeights(
         });
   }
   // Create-via-load: a new model of the session from the state.
-  LORAPLEX_ASSIGN_OR_RETURN(NewModel model, NewModelOf(tenant, body));
   LORAPLEX_ASSIGN_OR_RETURN(SessionSpec spec,
                             context_->sessions->StateSpec(tenant, state_id));
   spec.with_optimizer = with_optimizer;
+  LORAPLEX_ASSIGN_OR_RETURN(NewModel model, NewModelOf(tenant, body));
   const std::string future =
       OpenModel(tenant, model.session, model.id, std::move(spec),
                 nlohmann::json{{"path", path}, {"model_id", model.id}});

@@ -152,8 +152,9 @@ class TinkerApi {
     std::string session;
     std::string id;
   };
+  // Reserves the id until the model opens (OpenModel).
   absl::StatusOr<NewModel> NewModelOf(const std::string& tenant,
-                                      const nlohmann::json& body) const;
+                                      const nlohmann::json& body);
   // A new pending future of `tenant`'s, by id.
   std::string NewFuture(const std::string& tenant);
   void Finish(const std::string& id, Outcome outcome);
