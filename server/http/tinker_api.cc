@@ -385,7 +385,8 @@ std::string TinkerApi::OpenModel(const std::string& tenant,
           context_->sessions->Close(model.tenant, info->id,
                                     [](absl::StatusOr<SessionInfo>) {});
           Finish(future, {absl::FailedPreconditionError(absl::StrCat(
-                             "session ", model.session, " was finished"))});
+                              "session ", model.session, " was finished")),
+                          "", ""});
           return;
         }
         Finish(future, {absl::OkStatus(), answer.dump(), kJson});
