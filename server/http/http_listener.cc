@@ -10,6 +10,11 @@
 
 namespace loraplex {
 
+std::optional<std::string> ApiKeyHeader(const httplib::Request& request) {
+  if (!request.has_header("X-API-Key")) return std::nullopt;
+  return request.get_header_value("X-API-Key");
+}
+
 absl::StatusOr<std::unique_ptr<HttpListener>> HttpListener::Start(
     const HttpListenerOptions& options,
     const std::function<void(httplib::Server&)>& add_routes) {

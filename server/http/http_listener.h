@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -19,6 +20,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 }  // namespace httplib
 
 namespace loraplex {
@@ -33,6 +35,9 @@ struct HttpListenerOptions {
   // Largest request body.
   size_t max_body_bytes = size_t{256} << 20;
 };
+
+// The X-API-Key header of `request` (the Tinker SDK's key), if it has one.
+std::optional<std::string> ApiKeyHeader(const httplib::Request& request);
 
 class HttpListener {
  public:

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "server/http/http_listener.h"
 
 namespace loraplex {
 namespace {
@@ -143,15 +144,12 @@ void RegisterMetrics(httplib::Server& server, const ServiceContext* context) {
     absl::StatusOr<std::string> text = [&]() -> absl::StatusOr<std::string> {
       std::string tenant;
       if (context->auth->requires_tokens()) {
-        std::optional<std::string> key;
-        if (request.has_header("X-API-Key")) {
-          key = request.get_header_value("X-API-Key");
-        } else {
-          const std::string authorization =
-              request.get_header_value("Authorization");
-          if (absl::StartsWithIgnoreCase(authorization, "Bearer ")) {
-            key = authorization.substr(7);
-          }
+        std::optional<std::string> key = ApiKeyHeader(request);
+        const std::string authorization =
+            request.get_header_value("Authorization");
+        if (!key.has_value() &&
+            absl::StartsWithIgnoreCase(authorization, "Bearer ")) {
+          key = authorization.substr(7);
         }
         LORAPLEX_ASSIGN_OR_RETURN(tenant,
                                   context->auth->AuthenticateApiKey(key));

@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
 #include "proto/resource_names.h"
+#include "server/http/http_listener.h"
 #include "server/http/tinker_convert.h"
 #include "server/jobs/resource_id.h"
 #include "server/service/sampling_service.h"
@@ -50,10 +50,14 @@ int HttpStatusOf(absl::StatusCode code) {
   }
 }
 
-std::string ErrorBody(const absl::Status& status) {
-  nlohmann::json body = {{"error", std::string(status.message())},
-                         {"code", absl::StatusCodeToString(status.code())}};
-  return body.dump();
+// An error answer: {"error", "code"} with the HTTP status of its code.
+void Refuse(const absl::Status& status, httplib::Response& response) {
+  response.status = HttpStatusOf(status.code());
+  response.set_content(
+      nlohmann::json{{"error", std::string(status.message())},
+                     {"code", absl::StatusCodeToString(status.code())}}
+          .dump(),
+      kJson);
 }
 
 // A failed future as the SDK reads it (RequestFailedResponse): a caller's
@@ -190,12 +194,7 @@ void TinkerApi::Register(httplib::Server& server) {
 void TinkerApi::Serve(const httplib::Request& request,
                       httplib::Response& response, Handler handler) {
   absl::StatusOr<std::string> answer = [&]() -> absl::StatusOr<std::string> {
-    std::optional<std::string> key;
-    if (request.has_header("X-API-Key")) {
-      key = request.get_header_value("X-API-Key");
-    }
-    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
-                              context_->auth->AuthenticateApiKey(key));
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant, TenantOf(request));
     try {
       return (this->*handler)(tenant, request);
     } catch (const nlohmann::json::exception& error) {
@@ -210,8 +209,12 @@ void TinkerApi::Serve(const httplib::Request& request,
     response.set_content(*answer, kJson);
     return;
   }
-  response.status = HttpStatusOf(answer.status().code());
-  response.set_content(ErrorBody(answer.status()), kJson);
+  Refuse(answer.status(), response);
+}
+
+absl::StatusOr<std::string> TinkerApi::TenantOf(
+    const httplib::Request& request) const {
+  return context_->auth->AuthenticateApiKey(ApiKeyHeader(request));
 }
 
 std::string TinkerApi::NewFuture(const std::string& tenant) {
@@ -241,15 +244,8 @@ void TinkerApi::Finish(const std::string& id, Outcome outcome) {
 
 void TinkerApi::RetrieveFuture(const httplib::Request& request,
                                httplib::Response& response) {
-  auto fail = [&](const absl::Status& status) {
-    response.status = HttpStatusOf(status.code());
-    response.set_content(ErrorBody(status), kJson);
-  };
-  std::optional<std::string> key;
-  if (request.has_header("X-API-Key")) {
-    key = request.get_header_value("X-API-Key");
-  }
-  absl::StatusOr<std::string> tenant = context_->auth->AuthenticateApiKey(key);
+  auto fail = [&](const absl::Status& status) { Refuse(status, response); };
+  absl::StatusOr<std::string> tenant = TenantOf(request);
   if (!tenant.ok()) return fail(tenant.status());
   absl::StatusOr<nlohmann::json> body = JsonBody(request);
   if (!body.ok()) return fail(body.status());
@@ -312,10 +308,7 @@ absl::StatusOr<std::string> TinkerApi::Heartbeat(
   LORAPLEX_ASSIGN_OR_RETURN(std::string session,
                             StringField(body, "session_id"));
   absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(session);
-  if (it == sessions_.end() || it->second != tenant) {
-    return absl::NotFoundError(absl::StrCat("no session ", session));
-  }
+  LORAPLEX_RETURN_IF_ERROR(CheckSession(tenant, session));
   return std::string("{}");
 }
 
@@ -325,11 +318,8 @@ absl::StatusOr<std::string> TinkerApi::FinishSession(
   std::vector<std::string> native_ids;
   {
     absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session);
-    if (it == sessions_.end() || it->second != tenant) {
-      return absl::NotFoundError(absl::StrCat("no session ", session));
-    }
-    sessions_.erase(it);  // Later calls naming it are refused.
+    LORAPLEX_RETURN_IF_ERROR(CheckSession(tenant, session));
+    sessions_.erase(session);  // Later calls naming it are refused.
     for (auto model = models_.begin(); model != models_.end();) {
       if (model->second.session == session) {
         // One still opening is closed when it opens (OpenModel).
@@ -402,10 +392,7 @@ absl::StatusOr<TinkerApi::NewModel> TinkerApi::NewModelOf(
                             IntegerField(body, "model_seq_id"));
   model.id = absl::StrCat(model.session, ":train:", model_seq_id);
   absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(model.session);
-  if (it == sessions_.end() || it->second != tenant) {
-    return absl::NotFoundError(absl::StrCat("no session ", model.session));
-  }
+  LORAPLEX_RETURN_IF_ERROR(CheckSession(tenant, model.session));
   if (models_.count(model.id) > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model_seq_id ", model_seq_id, " of session ",
@@ -456,6 +443,37 @@ absl::StatusOr<TinkerApi::Model> TinkerApi::FindModel(
         absl::StrCat("no model ", model_id, " (unknown, or not open yet)"));
   }
   return it->second;
+}
+
+absl::Status TinkerApi::CheckSession(const std::string& tenant,
+                                     const std::string& session) const {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end() || it->second != tenant) {
+    return absl::NotFoundError(absl::StrCat("no session ", session));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TinkerApi::Sampler> TinkerApi::FindSampler(
+    const std::string& tenant, const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = samplers_.find(id);
+  if (it == samplers_.end() || it->second.tenant != tenant) {
+    return absl::NotFoundError(absl::StrCat("no sampler ", id));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::string> TinkerApi::SavedId(
+    const std::map<std::string, SavedPath>& saved, const std::string& tenant,
+    const std::string& path, absl::string_view unknown) const {
+  auto it = saved.find(path);
+  if (it == saved.end() || it->second.tenant != tenant) {
+    return absl::NotFoundError(absl::StrCat(
+        unknown, " ", path,
+        " (paths given out before a server restart are not kept)"));
+  }
+  return it->second.id;
 }
 
 absl::StatusOr<std::string> TinkerApi::GetInfo(
@@ -665,13 +683,8 @@ absl::StatusOr<std::string> TinkerApi::LoadWeights(
   std::string state_id;
   {
     absl::MutexLock lock(&mu_);
-    auto it = states_.find(path);
-    if (it == states_.end() || it->second.tenant != tenant) {
-      return absl::NotFoundError(absl::StrCat(
-          "no saved state ", path,
-          " (paths given out before a server restart are not kept)"));
-    }
-    state_id = it->second.id;
+    LORAPLEX_ASSIGN_OR_RETURN(state_id,
+                              SavedId(states_, tenant, path, "no saved state"));
   }
   if (body.contains("model_id")) {
     // The deprecated TrainingClient.load_state: into an open model.
@@ -713,18 +726,11 @@ absl::StatusOr<std::string> TinkerApi::CreateSamplingSession(
   const std::string model_path = body.value("model_path", "");
   {
     absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session);
-    if (it == sessions_.end() || it->second != tenant) {
-      return absl::NotFoundError(absl::StrCat("no session ", session));
-    }
+    LORAPLEX_RETURN_IF_ERROR(CheckSession(tenant, session));
     if (!model_path.empty()) {
-      auto saved = sampler_weights_.find(model_path);
-      if (saved == sampler_weights_.end() || saved->second.tenant != tenant) {
-        return absl::NotFoundError(absl::StrCat(
-            "model_path: no sampler weights ", model_path,
-            " (paths given out before a server restart are not kept)"));
-      }
-      sampler.adapter_id = saved->second.id;
+      LORAPLEX_ASSIGN_OR_RETURN(sampler.adapter_id,
+                                SavedId(sampler_weights_, tenant, model_path,
+                                        "model_path: no sampler weights"));
       sampler.model_path = model_path;
     }
   }
@@ -744,16 +750,10 @@ absl::StatusOr<std::string> TinkerApi::CreateSamplingSession(
 absl::StatusOr<std::string> TinkerApi::GetSampler(
     const std::string& tenant, const httplib::Request& request) {
   const std::string id = request.matches[1];
-  absl::MutexLock lock(&mu_);
-  auto it = samplers_.find(id);
-  if (it == samplers_.end() || it->second.tenant != tenant) {
-    return absl::NotFoundError(absl::StrCat("no sampler ", id));
-  }
+  LORAPLEX_ASSIGN_OR_RETURN(Sampler sampler, FindSampler(tenant, id));
   nlohmann::json answer = {{"sampler_id", id},
                            {"base_model", context_->base_model_name}};
-  if (!it->second.model_path.empty()) {
-    answer["model_path"] = it->second.model_path;
-  }
+  if (!sampler.model_path.empty()) answer["model_path"] = sampler.model_path;
   return answer.dump();
 }
 
@@ -762,15 +762,7 @@ absl::StatusOr<std::string> TinkerApi::ASample(
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json body, JsonBody(request));
   LORAPLEX_ASSIGN_OR_RETURN(std::string sampler_id,
                             StringField(body, "sampling_session_id"));
-  Sampler sampler;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = samplers_.find(sampler_id);
-    if (it == samplers_.end() || it->second.tenant != tenant) {
-      return absl::NotFoundError(absl::StrCat("no sampler ", sampler_id));
-    }
-    sampler = it->second;
-  }
+  LORAPLEX_ASSIGN_OR_RETURN(Sampler sampler, FindSampler(tenant, sampler_id));
   LORAPLEX_ASSIGN_OR_RETURN(v1::SampleRequest native,
                             NativeSampleRequest(body));
   if (!sampler.adapter_id.empty()) {

@@ -155,6 +155,20 @@ class TinkerApi {
   // Reserves the id until the model opens (OpenModel).
   absl::StatusOr<NewModel> NewModelOf(const std::string& tenant,
                                       const nlohmann::json& body);
+  // The caller's tenant, from its X-API-Key header.
+  absl::StatusOr<std::string> TenantOf(const httplib::Request& request) const;
+  // NOT_FOUND unless `session` is an open Tinker session of `tenant`.
+  absl::Status CheckSession(const std::string& tenant,
+                            const std::string& session) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Sampler> FindSampler(const std::string& tenant,
+                                      const std::string& id) const;
+  // The id `path` names in `saved` for `tenant`; NOT_FOUND starting with
+  // `unknown` otherwise.
+  absl::StatusOr<std::string> SavedId(
+      const std::map<std::string, SavedPath>& saved, const std::string& tenant,
+      const std::string& path, absl::string_view unknown) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new pending future of `tenant`'s, by id.
   std::string NewFuture(const std::string& tenant);
   void Finish(const std::string& id, Outcome outcome);

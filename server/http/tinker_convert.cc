@@ -478,7 +478,7 @@ absl::StatusOr<v1::SampleRequest> NativeSampleRequest(
   native.set_top_k(top_k == -1 ? 0 : top_k);
   const nlohmann::json* stop = params.Raw("stop");
   if (stop != nullptr && !stop->is_null()) {
-    // Given stops replace none of EOS's role but one: [] means no stop.
+    // Given stops add to EOS; only [] turns every stop off, EOS too.
     if (stop->is_string()) {
       native.add_stop(stop->get<std::string>());
     } else if (stop->is_array()) {
