@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -246,21 +247,17 @@ int FollowRankZero(const ServerFlags& flags, const DistEnv& env,
 
 absl::Status CheckFlags(const ServerFlags& flags,
                         const TenantAuthenticator& auth) {
-  if (!IsLoopback(flags.listen) && !auth.requires_tokens() &&
-      !flags.insecure_allow_remote) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--listen ", flags.listen,
-        " is not a loopback address and there is no --tokens-file: anyone "
-        "who can reach it could use the server. Give --tokens-file, or "
-        "--insecure-allow-remote to accept that."));
-  }
-  if (!flags.http_listen.empty() && !IsLoopback(flags.http_listen) &&
-      !auth.requires_tokens() && !flags.insecure_allow_remote) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--http-listen ", flags.http_listen,
-        " is not a loopback address and there is no --tokens-file: anyone "
-        "who can reach it could use the server. Give --tokens-file, or "
-        "--insecure-allow-remote to accept that."));
+  const std::pair<const char*, const std::string*> listeners[] = {
+      {"--listen", &flags.listen}, {"--http-listen", &flags.http_listen}};
+  for (const auto& [flag, address] : listeners) {
+    if (!address->empty() && !IsLoopback(*address) && !auth.requires_tokens() &&
+        !flags.insecure_allow_remote) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, " ", *address,
+          " is not a loopback address and there is no --tokens-file: anyone "
+          "who can reach it could use the server. Give --tokens-file, or "
+          "--insecure-allow-remote to accept that."));
+    }
   }
   if (flags.tls_cert.empty() != flags.tls_key.empty()) {
     return absl::InvalidArgumentError(

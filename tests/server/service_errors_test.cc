@@ -78,9 +78,10 @@ TEST_F(ServiceErrorsTest, EachInvalidCreateJobFieldIsNamed) {
               "lora.rank must be at most 32");
   ExpectError(Create([](R& r) { r.mutable_lora()->set_dropout(1.5); }),
               kInvalid, "lora.dropout");
-  ExpectError(
-      Create([](R& r) { r.mutable_lora()->add_target_modules("embed_tokens"); }),
-      kInvalid, "lora.target_modules");
+  ExpectError(Create([](R& r) {
+                r.mutable_lora()->add_target_modules("embed_tokens");
+              }),
+              kInvalid, "lora.target_modules");
   ExpectError(Create([](R& r) { r.mutable_optimizer()->set_lr(-1); }), kInvalid,
               "optimizer.lr");
   ExpectError(Create([](R& r) { r.mutable_optimizer()->set_lr(0); }), kInvalid,
@@ -307,6 +308,19 @@ TEST(ServiceFlagsTest, RemoteListenWithoutTokensIsRefused) {
   EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_THAT(ReadFileForTest(state + "/err"),
               HasSubstr("not a loopback address"));
+}
+
+TEST(ServiceFlagsTest, RemoteHttpListenWithoutTokensIsRefused) {
+  const std::string state = FreshTestDir("state");
+  const std::string command = std::string(LORAPLEX_BIN_DIR) +
+                              "/loraplex-server --listen 127.0.0.1:0 "
+                              "--http-listen 0.0.0.0:0 --state-dir " +
+                              state + " 2> " + state + "/err";
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(ReadFileForTest(state + "/err"),
+              HasSubstr("--http-listen 0.0.0.0:0 is not a loopback address"));
 }
 
 // A TLS key that cannot be read is refused at start, not served as empty
