@@ -6,9 +6,11 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/split_mix.h"
 #include "core/common/status_macros.h"
+#include "core/common/test_faults.h"
 #include "core/optim/grad_clip.h"
 #include "core/train/micro_batch.h"
 
@@ -241,6 +243,15 @@ absl::Status SumOverRanks(const StepSync& sync,
   return absl::OkStatus();
 }
 
+constexpr absl::string_view kUnchangedPayload =
+    "loraplex.dev/step-left-slots-unchanged";
+
+// `status`, marked as having left every slot of the step as it was.
+absl::Status Unchanged(absl::Status status) {
+  status.SetPayload(kUnchangedPayload, absl::Cord("1"));
+  return status;
+}
+
 absl::Status TorchError(absl::string_view what, const c10::Error& e) {
   return absl::InternalError(
       absl::StrCat(what, ": ", e.what_without_backtrace()));
@@ -255,12 +266,11 @@ absl::Status AfterSum(const StepSync* sync, absl::Status status) {
                    " after the gradient sum: the ranks' slots now differ"));
 }
 
-}  // namespace
-
-absl::StatusOr<CoBatchResult> RunCoBatchPass(
-    const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
-    const std::vector<ForwardBackwardCall>& calls,
-    const CoBatchOptions& options) {
+// The checks before anything of a pass changes.
+absl::Status CheckPass(const LlamaModel& model,
+                       const std::vector<TrainingSlot*>& slots,
+                       const std::vector<ForwardBackwardCall>& calls,
+                       const StepSync* sync) {
   for (size_t i = 0; i < slots.size(); ++i) {
     if (!slots[i]->trainable() || slots[i]->done()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -277,8 +287,24 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
       }
     }
   }
+  return CheckCalls(model, slots, calls, sync);
+}
+
+}  // namespace
+
+bool StepLeftSlotsUnchanged(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kUnchangedPayload).has_value();
+}
+
+absl::StatusOr<CoBatchResult> RunCoBatchPass(
+    const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
+    const std::vector<ForwardBackwardCall>& calls,
+    const CoBatchOptions& options) {
   const StepSync* sync = options.sync;
-  LORAPLEX_RETURN_IF_ERROR(CheckCalls(model, slots, calls, sync));
+  if (absl::Status checked = CheckPass(model, slots, calls, sync);
+      !checked.ok()) {
+    return Unchanged(std::move(checked));
+  }
   std::vector<DataCursor> cursors;
   std::vector<std::vector<const Sequence*>> batches;
   PassOwners owners;
@@ -342,11 +368,15 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
   GradStash stash(calls);
   try {
     for (TrainingSlot* slot : slots) ZeroGrads(*slot);
+    for (TrainingSlot* slot : slots) {
+      local = TestFault(TestFaultPoint::kForward, slot->training.seed);
+      if (!local.ok()) break;
+    }
     for (const std::vector<Piece>& micro :
          PlanMicroBatches(rows, options.token_budget)) {
+      if (!local.ok()) break;
       local = RunMicroBatch(model, micro, owners, /*backward=*/true,
                             options.loss_chunk_tokens, sums);
-      if (!local.ok()) break;
     }
     if (local.ok() && !forward_rows.empty()) {
       torch::NoGradGuard no_grad;
@@ -386,7 +416,7 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
   if (!local.ok()) {
     restore();
     stash.PutBack();
-    return local;
+    return Unchanged(std::move(local));
   }
   CoBatchResult result;
   for (size_t c = 0; c < calls.size(); ++c) {
@@ -398,6 +428,7 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
   // Decide every slot's fate (and clip) before any optimizer steps, so a
   // failure up to here leaves every slot as it was.
   std::vector<SlotStepMetrics> metrics(slots.size());
+  const bool distributed = sync != nullptr && sync->world_size > 1;
   try {
     for (size_t i = 0; i < slots.size(); ++i) {
       TrainingSlot& slot = *slots[i];
@@ -424,28 +455,43 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
     }
   } catch (const c10::Error& e) {
     restore();
-    return AfterSum(sync, TorchError("gradient clipping failed", e));
+    absl::Status failed = TorchError("gradient clipping failed", e);
+    if (distributed) return AfterSum(sync, std::move(failed));
+    return Unchanged(std::move(failed));
   }
   for (size_t i = 0; i < slots.size(); ++i) {
     TrainingSlot& slot = *slots[i];
+    absl::Status stepped;
     try {
       if (!metrics[i].skipped) {
-        slot.scheduler->ApplyTo(*slot.optimizer);
-        slot.optimizer->Step();
-        slot.scheduler->Step(*slot.optimizer);
+        stepped = TestFault(TestFaultPoint::kOptimizer, slot.training.seed);
+        if (stepped.ok()) {
+          slot.scheduler->ApplyTo(*slot.optimizer);
+          slot.optimizer->Step();
+          slot.scheduler->Step(*slot.optimizer);
+        }
       }
       ZeroGrads(slot);
     } catch (const c10::Error& e) {
-      // Slots before i have stepped; slot i and later have not.
-      for (size_t j = i; j < slots.size(); ++j) {
-        ZeroGrads(*slots[j]);
-        *slots[j]->cursor = cursors[j];
+      stepped = TorchError("optimizer step failed", e);
+    }
+    if (!stepped.ok()) {
+      ZeroGrads(slot);
+      *slot.cursor = cursors[i];
+      if (distributed) {
+        // The other ranks step this slot: the ranks now differ.
+        for (size_t j = i + 1; j < slots.size(); ++j) {
+          ZeroGrads(*slots[j]);
+          *slots[j]->cursor = cursors[j];
+        }
+        return AfterSum(sync, absl::Status(stepped.code(),
+                                           absl::StrCat("slot ", i, ": ",
+                                                        stepped.message())));
       }
-      return AfterSum(sync,
-                      TorchError(absl::StrCat("optimizer step of slot ", i,
-                                              " failed (earlier slots "
-                                              "stepped)"),
-                                 e));
+      // One process: this slot alone fails (its weights may be partly
+      // updated); the others step as they would without it.
+      metrics[i].failure = std::string(stepped.message());
+      continue;
     }
     if (metrics[i].skipped) ++slot.counters.skipped_steps;
     ++slot.counters.steps;

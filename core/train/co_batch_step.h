@@ -100,16 +100,22 @@ absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
 // listed once, shaped for `model`); metrics[i] belongs to slots[i]. An
 // error in the forward/backward or clipping (e.g. a LibTorch failure)
 // leaves every slot's weights, state, data cursor and counters as they
-// were. Only a failure inside an optimizer step is partial: the slots
-// before it have stepped, and the message says which slot failed.
+// were (StepLeftSlotsUnchanged), so the step can be tried again with fewer
+// slots. A slot whose optimizer step fails fails alone: its metrics carry
+// the failure (its weights may be partly updated; its counters and cursor
+// are as they were) and the others step as they would without it.
 // Data parallel, a rank's failure before the sum fails the step on every
-// rank (FAILED_PRECONDITION on the others); a failure on one rank after it
-// (clipping, an optimizer step) is ABORTED there: that rank skipped the
-// parameter sync the others wait in, so the run must stop and go back to
-// a checkpoint.
+// rank (FAILED_PRECONDITION on the others, also unchanged); a failure on
+// one rank after it (clipping, an optimizer step) is ABORTED there: that
+// rank skipped the parameter sync the others wait in, so the run must stop
+// and go back to a checkpoint.
 absl::StatusOr<std::vector<SlotStepMetrics>> TrainCoBatchStep(
     const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
     const CoBatchOptions& options);
+
+// Whether `status`, an error of RunCoBatchPass or TrainCoBatchStep, left
+// every slot of the pass, and every call's gradients, as they were.
+bool StepLeftSlotsUnchanged(const absl::Status& status);
 
 // Masked mean token cross-entropy of base + `adapter` (nullptr: the base
 // alone) over `sequences`, without gradients or dropout.

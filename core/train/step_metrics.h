@@ -17,6 +17,9 @@ struct SlotStepMetrics {
   int64_t tokens = 0;  // All tokens of the batch's sequences.
   bool skipped = false;
   std::string skip_reason;  // Set when skipped.
+  // Set when this slot's optimizer step failed (TrainCoBatchStep): the
+  // step did not count, and the slot's job must stop.
+  std::string failure;
 };
 
 }  // namespace loraplex

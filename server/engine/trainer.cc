@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/common/test_faults.h"
 #include "core/runtime/exception_message.h"
 #include "server/engine/checkpoint.h"
 #include "server/engine/step_plan.h"
@@ -190,6 +191,17 @@ void Trainer::Run() {
   }
   AbandonSampling(absl::UnavailableError("the server is shutting down"));
   AbandonSessions(absl::UnavailableError("the server is shutting down"));
+  // Stopped for good (also after a failure of the ranks): what is queued
+  // and what comes later is answered at once, never left waiting.
+  std::deque<TrainerCommand> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    dropped.swap(commands_);
+  }
+  for (TrainerCommand& command : dropped) {
+    Abandon(command, absl::UnavailableError("the trainer stopped"));
+  }
   checkpoints_.Flush();  // Stopping: every checkpoint on disk.
   ReportWritten();
   if (ranks_.Broken() && options_.on_fatal) options_.on_fatal(ranks_.failure());
@@ -355,7 +367,12 @@ void Trainer::Apply(PauseJob& command) {
     report.status = absl::FailedPreconditionError(
         absl::StrCat("job \"", command.job_id, "\" is not training in a slot"));
   } else {
+    // Every rank takes part in the checkpoint; a fault only fails the
+    // pause (the ranks agree on it below).
+    const absl::Status fault = TestFault(TestFaultPoint::kPauseCheckpoint,
+                                         pool_.slot(slot).training.seed);
     report.status = CheckpointSlot(slot, /*wait=*/true);
+    if (report.status.ok()) report.status = fault;
     // Rank 0 alone writes the checkpoint: all pause or none does.
     absl::StatusOr<int> failed = ranks_.CountFailed(!report.status.ok());
     if (!failed.ok()) return;  // Broken.
@@ -388,6 +405,13 @@ void Trainer::Apply(RetireJob& command) {
   // The job's state up to here stays available (export, a new job).
   if (pool_.state(slot) == SlotState::kTraining) {
     CheckpointSlot(slot, /*wait=*/true).IgnoreError();
+  }
+  if (pool_.state(slot) != SlotState::kFree) {
+    // The steps it trained since its last step report (the scheduler drops
+    // those of a cancelled job), so its record matches its checkpoint.
+    const TrainerReport progress = ProgressReport(report.kind, slot);
+    report.step = progress.step;
+    report.tokens = progress.tokens;
   }
   report.status = RetireSlot(slot);
   Report(std::move(report));
@@ -431,22 +455,24 @@ std::vector<int> Trainer::TrainStep(std::vector<PassCall>& calls) {
   absl::StatusOr<CoBatchResult> together = CatchTorch("training step", [&] {
     return RunCoBatchPass(*model_, slots, pass, options_.co_batch);
   });
-  absl::StatusOr<std::vector<SlotStepMetrics>> metrics =
-      together.ok() ? absl::StatusOr<std::vector<SlotStepMetrics>>(
-                          std::move(together->slots))
-                    : together.status();
+  std::vector<absl::StatusOr<SlotStepMetrics>> outcomes;
   if (together.ok()) {
     AnswerCalls(calls, std::move(together->calls));
-  } else if (!pass.empty()) {
-    // Apart, so that no session's call fails another's work or a job's
-    // step (a failed pass leaves every slot and call as it was): the jobs'
-    // step alone, then each call alone.
-    if (!slots.empty()) {
-      metrics = CatchTorch("training step", [&] {
-        return TrainCoBatchStep(*model_, slots, options_.co_batch);
-      });
+    for (SlotStepMetrics& metrics : together->slots) {
+      outcomes.push_back(std::move(metrics));
     }
-    for (size_t i = 0; i < calls.size(); ++i) {
+  } else if (!StepLeftSlotsUnchanged(together.status())) {
+    outcomes.assign(slots.size(), together.status());
+  } else {
+    // Apart, so that no job's or session's data fails another's work (the
+    // failed pass left every slot and call as it was): the jobs' step
+    // alone, split further where it fails, then each call alone.
+    outcomes.assign(slots.size(), together.status());
+    if (!slots.empty()) {
+      StepInParts(slots, 0, slots.size(), /*failed_together=*/pass.empty(),
+                  outcomes);
+    }
+    for (size_t i = 0; i < calls.size() && !ranks_.Broken(); ++i) {
       absl::StatusOr<CoBatchResult> alone = CatchTorch("forward/backward", [&] {
         return RunCoBatchPass(*model_, {}, {pass[i]}, options_.co_batch);
       });
@@ -462,21 +488,27 @@ std::vector<int> Trainer::TrainStep(std::vector<PassCall>& calls) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
-  if (!metrics.ok()) {
+  for (const absl::StatusOr<SlotStepMetrics>& outcome : outcomes) {
     // The ranks failed, not the jobs: nothing is reported, and they resume
     // from their checkpoints after a restart.
-    if (metrics.status().code() == absl::StatusCode::kAborted) {
-      ranks_.FailIfDistributed(metrics.status());  // It skipped the sync.
+    if (outcome.status().code() == absl::StatusCode::kAborted) {
+      ranks_.FailIfDistributed(outcome.status());  // It skipped the sync.
     }
-    if (ranks_.Broken()) return stepped;
-    for (int slot : ids) FinishJob(slot, metrics.status());
-    return stepped;
   }
+  if (ranks_.Broken()) return stepped;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int slot = ids[i];
+    if (!outcomes[i].ok()) {
+      FinishJob(slot, outcomes[i].status());
+      continue;
+    }
+    if (!outcomes[i]->failure.empty()) {
+      FinishJob(slot, absl::InternalError(outcomes[i]->failure));
+      continue;
+    }
     SlotJob& job = *jobs_[slot];
     const TrainingSlot& training = pool_.slot(slot);
-    const SlotStepMetrics& step = (*metrics)[i];
+    const SlotStepMetrics& step = *outcomes[i];
     job.tokens += step.tokens;
     job.last_metrics.emplace();
     job.last_metrics->loss = step.loss;
@@ -511,6 +543,32 @@ std::vector<int> Trainer::TrainStep(std::vector<PassCall>& calls) {
     }
   }
   return stepped;
+}
+
+void Trainer::StepInParts(
+    const std::vector<TrainingSlot*>& slots, size_t begin, size_t end,
+    bool failed_together,
+    std::vector<absl::StatusOr<SlotStepMetrics>>& outcomes) {
+  if (ranks_.Broken()) return;
+  if (failed_together && end - begin == 1) return;  // Its error stands.
+  if (!failed_together) {
+    const std::vector<TrainingSlot*> part(slots.begin() + begin,
+                                          slots.begin() + end);
+    absl::StatusOr<std::vector<SlotStepMetrics>> result = CatchTorch(
+        "training step",
+        [&] { return TrainCoBatchStep(*model_, part, options_.co_batch); });
+    if (result.ok()) {
+      for (size_t i = begin; i < end; ++i) {
+        outcomes[i] = std::move((*result)[i - begin]);
+      }
+      return;
+    }
+    for (size_t i = begin; i < end; ++i) outcomes[i] = result.status();
+    if (end - begin == 1 || !StepLeftSlotsUnchanged(result.status())) return;
+  }
+  const size_t middle = begin + (end - begin) / 2;
+  StepInParts(slots, begin, middle, /*failed_together=*/false, outcomes);
+  StepInParts(slots, middle, end, /*failed_together=*/false, outcomes);
 }
 
 TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,

@@ -265,6 +265,14 @@ class Trainer : public JobTrainer {
   // Trains the jobs' step together with the sessions' `calls` (answered
   // here); returns the slots that trained a step and are still attached.
   std::vector<int> TrainStep(std::vector<PassCall>& calls);
+  // The jobs' step of `slots` (outcomes[i] for slots[i]) after the step of
+  // all of them failed leaving them as they were: tried in halves, and
+  // halves of the halves that fail, so only the slots that fail alone fail
+  // (with their own error) and the others train their step. Every rank
+  // takes the same halves: a step's outcome is agreed over the ranks.
+  void StepInParts(const std::vector<TrainingSlot*>& slots, size_t begin,
+                   size_t end, bool failed_together,
+                   std::vector<absl::StatusOr<SlotStepMetrics>>& outcomes);
   // A report of `kind` with the slot's job, step and token counts.
   TrainerReport ProgressReport(TrainerReport::Kind kind, int slot) const;
   void EvaluateOnly(int slot);

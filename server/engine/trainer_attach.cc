@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "adapters/peft_adapter.h"
 #include "core/common/status_macros.h"
+#include "core/common/test_faults.h"
 #include "core/runtime/exception_message.h"
 #include "server/engine/trainer.h"
 
@@ -87,6 +88,12 @@ absl::StatusOr<int> Trainer::AttachPrepared(AttachJob& command,
                                             std::optional<int64_t>& tokens) {
   const AttachCommand& attach = command.attach;
   LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(command.request));
+  if (absl::Status fault =
+          TestFault(TestFaultPoint::kAttach, command.request.training.seed);
+      !fault.ok()) {
+    FreeSlot(slot, attach.job_id);
+    return fault;
+  }
   if (ranks_.leader() && attach.resume) {
     // Later checkpoints belong to a run abandoned by a crash; the steps
     // they hold are trained again.

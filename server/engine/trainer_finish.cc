@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "adapters/peft_adapter.h"
 #include "core/common/status_macros.h"
+#include "core/common/test_faults.h"
 #include "core/runtime/exception_message.h"
 #include "server/engine/trainer.h"
 
@@ -39,6 +40,8 @@ absl::StatusOr<double> Trainer::Validate(int slot) {
   if (!job.validation) {
     return absl::FailedPreconditionError("the job has no validation data");
   }
+  LORAPLEX_RETURN_IF_ERROR(
+      TestFault(TestFaultPoint::kValidation, pool_.slot(slot).training.seed));
   absl::StatusOr<double> loss = CatchTorch("validation", [&] {
     return EvalLoss(*model_, &pool_.slot(slot).weights,
                     job.validation->sequences, options_.co_batch);

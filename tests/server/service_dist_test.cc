@@ -427,6 +427,82 @@ TEST_F(ServiceDistTest, DeadRankStopsRankZeroAndTheJobsResumeAfterARestart) {
   }
 }
 
+// Test faults (--test-faults) on rank 1 only: the ranks agree on every
+// step's outcome, so a job whose step fails on one rank fails alone, on
+// every rank, while the others train on.
+TEST(ServiceDistFaultTest, ForwardFaultOnOneRankFailsOnlyItsJob) {
+  const std::string state = FreshTestDir("state");
+  std::vector<std::string> flags = Flags("0");
+  flags.push_back("--test-faults=forward:rank=1,seed=702");
+  Ranks ranks = StartRanks(state, 2, 2, flags);
+  ASSERT_NE(ranks.server, nullptr);
+  auto client = ClientFor(*ranks.server);
+  auto dataset = client->UploadDatasetContents(ReversalJsonl(16, 1), "d");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  auto healthy = client->CreateJob(
+      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 6, 1));
+  auto faulty = client->CreateJob(
+      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 6, 702));
+  ASSERT_TRUE(healthy.ok() && faulty.ok());
+  auto failed = WaitForJob(*client, faulty->name());
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->status(), v1::JOB_STATUS_FAILED);
+  EXPECT_THAT(failed->error().message(), HasSubstr("failed on another rank"));
+  auto done = WaitForJob(*client, healthy->name());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
+      << done->error().message() << "\n"
+      << ranks.server->Log();
+  EXPECT_EQ(done->metrics().step(), 6);
+  EXPECT_TRUE(ranks.server->Stop().ok()) << ranks.server->Log();
+  EXPECT_EQ(ranks.follower().Wait(30), 0) << ranks.follower().Log();
+}
+
+// A rank whose optimizer step fails after the gradient sum has left the
+// ranks' weights apart: every rank stops (rank 0 does not hang in a
+// collective, nor in shutdown), calls are refused, and nothing stored is
+// lost: a restart resumes the job.
+TEST(ServiceDistFaultTest, FailureAfterTheSumStopsEveryRankPromptly) {
+  const std::string state = FreshTestDir("state");
+  std::vector<std::string> flags = Flags("2");
+  std::vector<std::string> follower = {
+      "--test-faults=optimizer:rank=1,seed=703"};
+  std::string job;
+  {
+    Ranks ranks =
+        StartRanks(state, 2, 2, flags, /*timeout_seconds=*/20, follower);
+    ASSERT_NE(ranks.server, nullptr);
+    auto client = ClientFor(*ranks.server);
+    auto dataset = client->UploadDatasetContents(ReversalJsonl(16, 1), "d");
+    ASSERT_TRUE(dataset.ok()) << dataset.status();
+    auto created = client->CreateJob(
+        JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 6, 703));
+    ASSERT_TRUE(created.ok()) << created.status();
+    job = created->name();
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (ranks.server->Log().find("stopped after a failure") ==
+               std::string::npos &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const absl::Status stopped = ranks.server->Stop();
+    EXPECT_THAT(std::string(stopped.message()), HasSubstr("status 1"));
+    EXPECT_THAT(ranks.server->Log(), HasSubstr("training stopped: "));
+    EXPECT_NE(ranks.follower().Wait(30), 0);
+    EXPECT_THAT(ranks.follower().Log(), HasSubstr("after the gradient sum"));
+  }
+  // On one rank without the fault the job resumes and finishes.
+  auto server = StartServer(state, 2, Flags("2"));
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  auto done = WaitForJob(*client, job);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
+      << done->error().message();
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
+}
+
 // An idle rank 0 keeps the other ranks from timing out: with a 2 s
 // timeout, a server left idle for 5 s still trains a job.
 TEST(ServiceDistStartTest, IdleServerOutlivesTheCollectiveTimeout) {

@@ -1,0 +1,139 @@
+#include "core/common/test_faults.h"
+
+#include <atomic>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+
+namespace loraplex {
+namespace {
+
+struct PointName {
+  TestFaultPoint point;
+  absl::string_view name;
+};
+
+constexpr PointName kPoints[] = {
+    {TestFaultPoint::kAttach, "attach"},
+    {TestFaultPoint::kForward, "forward"},
+    {TestFaultPoint::kOptimizer, "optimizer"},
+    {TestFaultPoint::kPauseCheckpoint, "pause_checkpoint"},
+    {TestFaultPoint::kValidation, "validation"},
+    {TestFaultPoint::kStoreWrite, "store_write"},
+};
+
+absl::string_view NameOf(TestFaultPoint point) {
+  for (const PointName& entry : kPoints) {
+    if (entry.point == point) return entry.name;
+  }
+  return "unknown";
+}
+
+struct Fault {
+  TestFaultPoint point = TestFaultPoint::kForward;
+  std::optional<uint64_t> seed;
+  std::optional<int> rank;
+  std::string op;
+  int64_t times_left = -1;  // -1: unlimited.
+};
+
+struct Armed {
+  absl::Mutex mu;
+  std::vector<Fault> faults ABSL_GUARDED_BY(mu);
+  int rank ABSL_GUARDED_BY(mu) = 0;
+};
+
+std::atomic<bool> g_armed{false};
+
+Armed& State() {
+  static Armed* state = new Armed;
+  return *state;
+}
+
+absl::Status BadSpec(absl::string_view part, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--test-faults: \"", part, "\": ", why));
+}
+
+absl::Status ParseFault(absl::string_view text, Fault& fault) {
+  std::pair<absl::string_view, absl::string_view> head =
+      absl::StrSplit(text, absl::MaxSplits(':', 1));
+  bool known = false;
+  for (const PointName& entry : kPoints) {
+    if (entry.name == head.first) {
+      fault.point = entry.point;
+      known = true;
+    }
+  }
+  if (!known) {
+    return BadSpec(text,
+                   "unknown point (attach, forward, optimizer, "
+                   "pause_checkpoint, validation, store_write)");
+  }
+  if (head.second.empty()) return absl::OkStatus();
+  for (absl::string_view pair : absl::StrSplit(head.second, ',')) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    uint64_t number = 0;
+    const bool numeric = absl::SimpleAtoi(kv.second, &number);
+    if (kv.first == "op") {
+      if (kv.second.empty()) return BadSpec(text, "op needs a name");
+      fault.op = std::string(kv.second);
+    } else if (!numeric) {
+      return BadSpec(text, absl::StrCat(kv.first, " needs a number"));
+    } else if (kv.first == "seed") {
+      fault.seed = number;
+    } else if (kv.first == "rank") {
+      fault.rank = static_cast<int>(number);
+    } else if (kv.first == "times") {
+      fault.times_left = static_cast<int64_t>(number);
+    } else {
+      return BadSpec(text, absl::StrCat("unknown key \"", kv.first,
+                                        "\" (seed, rank, op, times)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ConfigureTestFaults(absl::string_view spec, int rank) {
+  std::vector<Fault> faults;
+  for (absl::string_view text : absl::StrSplit(spec, ';', absl::SkipEmpty())) {
+    Fault fault;
+    if (absl::Status status = ParseFault(text, fault); !status.ok()) {
+      return status;
+    }
+    faults.push_back(std::move(fault));
+  }
+  Armed& state = State();
+  absl::MutexLock lock(&state.mu);
+  state.rank = rank;
+  g_armed.store(!faults.empty(), std::memory_order_relaxed);
+  state.faults = std::move(faults);
+  return absl::OkStatus();
+}
+
+absl::Status TestFault(TestFaultPoint point, std::optional<uint64_t> seed,
+                       absl::string_view op) {
+  if (!g_armed.load(std::memory_order_relaxed)) return absl::OkStatus();
+  Armed& state = State();
+  absl::MutexLock lock(&state.mu);
+  for (Fault& fault : state.faults) {
+    if (fault.point != point || fault.times_left == 0) continue;
+    if (fault.rank && *fault.rank != state.rank) continue;
+    if (fault.seed && fault.seed != seed) continue;
+    if (!fault.op.empty() && fault.op != op) continue;
+    if (fault.times_left > 0) --fault.times_left;
+    return absl::InternalError(absl::StrCat("injected fault at ", NameOf(point),
+                                            op.empty() ? "" : " ", op));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loraplex

@@ -1,0 +1,62 @@
+// Test-only fault injection: makes a chosen job's slot, or a chosen rank,
+// fail at a chosen point, so the isolation, agreement and durability paths
+// that real failures take can be tested end to end. Nothing is armed
+// unless the server is started with --test-faults=SPEC (undocumented in
+// --help; see server/README.md); with nothing armed every check is one
+// relaxed atomic load.
+//
+// SPEC is one or more faults separated by ';', each
+//
+//   POINT[:KEY=VALUE[,KEY=VALUE]...]
+//
+// POINT: attach, forward, optimizer (a slot's optimizer step, after the
+// gradient sum), pause_checkpoint, validation, store_write.
+// KEY:   seed  — only for the job whose training.seed is VALUE;
+//        rank  — only in the process of that data-parallel rank;
+//        op    — store_write only: the store operation (insert_dataset,
+//                insert_job, insert_adapter, update_jobs — the step
+//                metrics — or update_job_STATUS, e.g. update_job_CANCELLED);
+//        times — fire at most VALUE times (default: every time).
+//
+//   ConfigureTestFaults("forward:seed=7;store_write:op=update_jobs,times=1");
+//   LORAPLEX_RETURN_IF_ERROR(TestFault(TestFaultPoint::kForward, seed));
+#ifndef LORAPLEX_CORE_COMMON_TEST_FAULTS_H_
+#define LORAPLEX_CORE_COMMON_TEST_FAULTS_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace loraplex {
+
+enum class TestFaultPoint {
+  kAttach,
+  kForward,
+  kOptimizer,
+  kPauseCheckpoint,
+  kValidation,
+  kStoreWrite,
+};
+
+// Arms the faults of `spec` for this process, which is data-parallel rank
+// `rank` (replacing any armed before; "" disarms). INVALID_ARGUMENT naming
+// the bad part of a malformed spec (what was armed before stays armed).
+absl::Status ConfigureTestFaults(absl::string_view spec, int rank = 0);
+
+// OK, or the injected error (INTERNAL, "injected fault at POINT") when an
+// armed fault matches `point`, the job's training `seed` (where known) and
+// the store operation `op` (kStoreWrite), counting one firing.
+absl::Status TestFault(TestFaultPoint point,
+                       std::optional<uint64_t> seed = std::nullopt,
+                       absl::string_view op = "");
+
+// TestFault(kStoreWrite) for the store operation `op`.
+inline absl::Status StoreWriteFault(absl::string_view op) {
+  return TestFault(TestFaultPoint::kStoreWrite, std::nullopt, op);
+}
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_COMMON_TEST_FAULTS_H_

@@ -1,0 +1,61 @@
+#include "core/common/test_faults.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace loraplex {
+namespace {
+
+using ::testing::HasSubstr;
+
+class TestFaultsTest : public ::testing::Test {
+ protected:
+  void TearDown() override { ASSERT_TRUE(ConfigureTestFaults("").ok()); }
+};
+
+TEST_F(TestFaultsTest, NothingFiresUnlessArmed) {
+  EXPECT_TRUE(TestFault(TestFaultPoint::kForward, 7).ok());
+  EXPECT_TRUE(StoreWriteFault("x").ok());
+}
+
+TEST_F(TestFaultsTest, FiresForItsPointSeedRankAndOpOnly) {
+  ASSERT_TRUE(ConfigureTestFaults(
+                  "forward:seed=7;store_write:op=set_status;optimizer:rank=1",
+                  /*rank=*/0)
+                  .ok());
+  const absl::Status fired = TestFault(TestFaultPoint::kForward, 7);
+  EXPECT_EQ(fired.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(fired.message(), "injected fault at forward");
+  EXPECT_TRUE(TestFault(TestFaultPoint::kForward, 8).ok());
+  EXPECT_TRUE(TestFault(TestFaultPoint::kForward).ok());
+  EXPECT_TRUE(TestFault(TestFaultPoint::kAttach, 7).ok());
+  EXPECT_EQ(StoreWriteFault("set_status").message(),
+            "injected fault at store_write set_status");
+  EXPECT_TRUE(StoreWriteFault("insert").ok());
+  // Armed for rank 1; this process is rank 0.
+  EXPECT_TRUE(TestFault(TestFaultPoint::kOptimizer, 1).ok());
+  ASSERT_TRUE(ConfigureTestFaults("optimizer:rank=1", /*rank=*/1).ok());
+  EXPECT_FALSE(TestFault(TestFaultPoint::kOptimizer, 1).ok());
+}
+
+TEST_F(TestFaultsTest, TimesBoundsTheFirings) {
+  ASSERT_TRUE(ConfigureTestFaults("validation:times=2").ok());
+  EXPECT_FALSE(TestFault(TestFaultPoint::kValidation).ok());
+  EXPECT_FALSE(TestFault(TestFaultPoint::kValidation, 3).ok());
+  EXPECT_TRUE(TestFault(TestFaultPoint::kValidation).ok());
+}
+
+TEST_F(TestFaultsTest, MalformedSpecsAreRefusedAndArmNothing) {
+  ASSERT_TRUE(ConfigureTestFaults("forward").ok());
+  for (const char* spec : {"explode", "forward:seed=x", "forward:colour=3",
+                           "store_write:op=", "forward;attach:times=-1"}) {
+    const absl::Status status = ConfigureTestFaults(spec);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_THAT(status.message(), HasSubstr("--test-faults")) << spec;
+  }
+  // The faults armed before a refused spec stay armed.
+  EXPECT_FALSE(TestFault(TestFaultPoint::kForward).ok());
+}
+
+}  // namespace
+}  // namespace loraplex
