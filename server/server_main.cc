@@ -25,12 +25,14 @@
 #include "core/common/atomic_file.h"
 #include "core/common/read_file.h"
 #include "core/common/status_macros.h"
+#include "core/common/test_faults.h"
 #include "core/dist/dist_env.h"
 #include "core/dist/process_group.h"
 #include "core/model/model_presets.h"
 #include "core/runtime/device.h"
 #include "core/tokenizer/load_tokenizer.h"
 #include "server/common/work_queue.h"
+#include "server/engine/checkpoint_files.h"
 #include "server/engine/rank_setup.h"
 #include "server/engine/trainer.h"
 #include "server/http/http_listener.h"
@@ -44,6 +46,7 @@
 #include "server/service/sampling_service.h"
 #include "server/service/server_info_service.h"
 #include "server/service/session_service.h"
+#include "server/service/state_cleanup.h"
 
 namespace loraplex {
 namespace {
@@ -74,8 +77,10 @@ struct ServerFlags {
   int64_t checkpoint_interval = 100;
   int64_t min_checkpoint_interval = 10;
   int keep_checkpoints = 3;
+  int keep_finished_checkpoints = 1;
   double sample_share = 0.5;
   double session_idle_seconds = 1800;
+  std::string test_faults;  // Test-only (core/common/test_faults.h).
 };
 
 // The last component of `dir` ("models/qwen/" -> "qwen").
@@ -273,6 +278,13 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   };
   absl::StatusOr<DistEnv> env = DistEnvFromProcess();
   if (!env.ok()) return fail(env.status());
+  if (!flags.test_faults.empty()) {
+    if (absl::Status armed = ConfigureTestFaults(flags.test_faults, env->rank);
+        !armed.ok()) {
+      return fail(armed);
+    }
+    logger.Warning("test faults armed: ", flags.test_faults);
+  }
   if (env->rank > 0) return FollowRankZero(flags, *env, logger);
   TenantAuthenticator auth = TenantAuthenticator::SingleTenant();
   if (!flags.tokens_file.empty()) {
@@ -292,11 +304,6 @@ int Serve(const ServerFlags& flags, Logger& logger) {
           "cannot create ", flags.state_dir, "/", sub, ": ", error.message())));
     }
   }
-  // Leftovers of exports that were interrupted.
-  for (const auto& entry : fs::directory_iterator(flags.state_dir + "/tmp")) {
-    fs::remove_all(entry.path(), error);
-  }
-
   std::string model_dir = flags.model_dir;
   if (model_dir.empty()) {
     absl::StatusOr<std::string> dir = DefaultModelDir(flags.state_dir, logger);
@@ -343,6 +350,17 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   absl::StatusOr<std::unique_ptr<JobStore>> store =
       JobStore::Open(flags.state_dir + "/loraplex.db");
   if (!store.ok()) return fail(store.status());
+  // Before anything writes: what an interrupted write left goes, and
+  // finished jobs keep only their newest checkpoints.
+  absl::StatusOr<StateCleanup> cleaned =
+      CleanUpState(flags.state_dir, **store, flags.keep_finished_checkpoints);
+  if (!cleaned.ok()) return fail(cleaned.status());
+  if (cleaned->orphans > 0 || cleaned->finished_checkpoints > 0) {
+    logger.Info("state dir: removed ", cleaned->orphans,
+                " leftover(s) of interrupted writes and ",
+                cleaned->finished_checkpoints,
+                " checkpoint(s) of finished jobs");
+  }
 
   const int slots_per_tenant =
       flags.slots_per_tenant > 0 ? flags.slots_per_tenant : flags.slots;
@@ -368,7 +386,23 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   DatasetLoader datasets(flags.state_dir + "/datasets", tokenizer->get(),
                          /*cache_entries=*/4, parse_options);
   JobEventHub hub;
+  std::mutex fatal_mu;
+  absl::Status fatal;  // Set: the server shuts down (below).
   SchedulerOptions scheduler_options;
+  scheduler_options.on_job_finished = [&](const std::string& job_id) {
+    const int removed = KeepNewestCheckpoints(
+        absl::StrCat(flags.state_dir, "/checkpoints/", job_id),
+        flags.keep_finished_checkpoints);
+    if (removed > 0) {
+      logger.Debug("job ", job_id, ": removed ", removed,
+                   " checkpoint(s) (--keep-finished-checkpoints=",
+                   flags.keep_finished_checkpoints, ")");
+    }
+  };
+  scheduler_options.on_store_failure = [&](const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(fatal_mu);
+    if (fatal.ok()) fatal = status;
+  };
   scheduler_options.state_dir = flags.state_dir;
   scheduler_options.slots_per_tenant = slots_per_tenant;
   scheduler_options.throughput_log_seconds = flags.throughput_log_seconds;
@@ -387,14 +421,14 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   trainer_options.sample_share = flags.sample_share;
   trainer_options.tokenizer = tokenizer->get();
   trainer_options.dist = dist ? &*dist : nullptr;
-  std::mutex fatal_mu;
-  absl::Status fatal;
   trainer_options.on_fatal = [&](const absl::Status& status) {
     logger.Error("training stopped: ", status.message(),
                  ". Restart every rank; the jobs resume from their "
                  "checkpoints.");
+    scheduler.RefuseCommands(absl::UnavailableError(
+        absl::StrCat("training stopped: ", status.message())));
     std::lock_guard<std::mutex> lock(fatal_mu);
-    fatal = status;  // Shuts the server down (below).
+    if (fatal.ok()) fatal = status;
   };
   Trainer trainer(*std::move(model), trainer_options,
                   [&scheduler](TrainerReport report) {
@@ -563,6 +597,9 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   }
   // Calls still open after a second (watch streams, idle connections of
   // clients) are cancelled; clients resume watches from their last event.
+  // No call is left waiting for the trainer (a pause), and none is taken.
+  scheduler.RefuseCommands(
+      absl::UnavailableError("the server is shutting down"));
   sessions.Stop();  // No session call is left waiting for its turn.
   tinker.Stop();    // Nor a long poll.
   if (http != nullptr) http->Stop();
@@ -682,8 +719,16 @@ int main(int argc, char** argv) {
                  "Newest checkpoints kept per job")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  app.add_option("--keep-finished-checkpoints", flags.keep_finished_checkpoints,
+                 "Newest checkpoints kept once a job has finished (0: none; "
+                 "its final adapter is kept either way)")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   app.add_option("--ready-file", flags.ready_file,
                  "Once serving, write the bound address here");
+  // Test-only and so not in --help: makes chosen jobs or ranks fail at
+  // chosen points (core/common/test_faults.h).
+  app.add_option("--test-faults", flags.test_faults)->group("");
   CLI11_PARSE(app, argc, argv);
 
   loraplex::Logger logger(*loraplex::ParseLogLevel(flags.log_level));

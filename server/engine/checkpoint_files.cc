@@ -14,8 +14,8 @@
 #include "adapters/peft_files.h"
 #include "core/common/atomic_file.h"
 #include "core/common/read_file.h"
+#include "core/common/sha256.h"
 #include "core/common/status_macros.h"
-#include "server/common/sha256.h"
 
 namespace loraplex {
 namespace {
@@ -400,6 +400,17 @@ void RemoveCheckpointsAfter(const std::string& job_dir, int64_t step) {
   for (const CheckpointEntry& entry : StepDirs(job_dir)) {
     if (entry.step > step) RemoveCheckpointDir(entry.dir);
   }
+}
+
+int KeepNewestCheckpoints(const std::string& job_dir, int keep) {
+  const int before = static_cast<int>(ListCheckpoints(job_dir).size());
+  if (keep <= 0) {
+    std::error_code error;
+    fs::remove_all(job_dir, error);
+    return before;
+  }
+  Prune(job_dir, keep, /*keep_step=*/-1);
+  return before - static_cast<int>(ListCheckpoints(job_dir).size());
 }
 
 }  // namespace loraplex

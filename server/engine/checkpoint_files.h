@@ -141,6 +141,11 @@ int CheckpointSlotHint(const std::string& job_dir, int64_t max_step);
 // a run that was abandoned (by a crash) at an earlier checkpoint.
 void RemoveCheckpointsAfter(const std::string& job_dir, int64_t step);
 
+// A finished job's retention: keeps its newest `keep` checkpoints (0: none,
+// and job_dir goes) and removes partial directories. Returns how many
+// checkpoints it removed.
+int KeepNewestCheckpoints(const std::string& job_dir, int keep);
+
 // The pool's last complete checkpoint: job id -> step of every job that
 // was checkpointed at that step boundary and still trains.
 // <root>/pool.json, replaced atomically. A missing file is an empty pool.

@@ -63,7 +63,8 @@ absl::Status JobScheduler::Start(JobTrainer* trainer) {
       live.record.slot = -1;
       Commit(live, {StatusEvent(live.record, JobStatus::kQueued,
                                 "queued again: the server restarted; it "
-                                "continues from its latest checkpoint")});
+                                "continues from its latest checkpoint")})
+          .IgnoreError();  // Logged and counted.
     }
   }
   if (!unfinished.empty()) {
@@ -89,8 +90,23 @@ void JobScheduler::Stop() {
   }
 }
 
-absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobSpec spec,
-                                               JobData data) {
+bool JobScheduler::Holds(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  return live_.count(job_id) > 0;
+}
+
+void JobScheduler::RefuseCommands(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (!refused_.ok()) return;
+  refused_ = why;
+  for (auto& [id, job] : live_) {
+    if (job->pause_done) std::exchange(job->pause_done, nullptr)(why);
+  }
+}
+
+absl::StatusOr<JobRecord> JobScheduler::Submit(
+    JobRecord record, JobSpec spec, JobData data,
+    const std::optional<RequestKey>& request) {
   record.spec = JobSpecToJson(spec);
   record.status = JobStatus::kQueued;
   record.slot = -1;
@@ -106,8 +122,15 @@ absl::StatusOr<JobRecord> JobScheduler::Submit(JobRecord record, JobSpec spec,
                   absl::StrCat("queued: ", record.total_steps,
                                " steps for tenant ", record.tenant))};
   absl::MutexLock lock(&mu_);
-  LORAPLEX_RETURN_IF_ERROR(
-      store_->InsertJob(record, std::move(events)).status());
+  LORAPLEX_RETURN_IF_ERROR(refused_);
+  absl::Status stored =
+      store_
+          ->InsertJob(record, std::move(events),
+                      request.has_value() ? &*request : nullptr)
+          .status();
+  // An id already taken is the request's fault, not the store's.
+  if (!absl::IsAlreadyExists(stored)) CountStoreWrite(stored);
+  LORAPLEX_RETURN_IF_ERROR(stored);
   auto job = std::make_unique<LiveJob>();
   job->record = record;
   job->spec = std::move(spec);
@@ -123,14 +146,17 @@ absl::StatusOr<JobRecord> JobScheduler::Cancel(const std::string& tenant,
                                                const std::string& job_id,
                                                const std::string& reason) {
   absl::MutexLock lock(&mu_);
+  LORAPLEX_RETURN_IF_ERROR(refused_);
   LORAPLEX_ASSIGN_OR_RETURN(LiveJob * active, ActiveJob(tenant, job_id));
   LiveJob& job = *active;
-  job.record.status = JobStatus::kCancelled;
-  job.record.slot = -1;
-  job.record.end_time_ms = NowMillis();
+  JobRecord updated = job.record;
+  updated.status = JobStatus::kCancelled;
+  updated.slot = -1;
+  updated.end_time_ms = NowMillis();
+  LORAPLEX_RETURN_IF_ERROR(CommitChange(
+      job, updated, {StatusEvent(updated, JobStatus::kCancelled, reason)}));
   Dequeue(job_id);
   if (job.in_trainer) trainer_->Retire(job_id);
-  Commit(job, {StatusEvent(job.record, JobStatus::kCancelled, reason)});
   JobRecord result = job.record;
   if (!job.in_trainer) Forget(job_id);
   return result;
@@ -160,6 +186,9 @@ void JobScheduler::Dequeue(const std::string& job_id) {
 void JobScheduler::Forget(const std::string& job_id) {
   auto it = live_.find(job_id);
   if (it == live_.end()) return;
+  if (IsTerminal(it->second->record.status) && options_.on_job_finished) {
+    options_.on_job_finished(job_id);
+  }
   if (it->second->pause_done) {
     const JobRecord& record = it->second->record;
     it->second->pause_done(absl::FailedPreconditionError(absl::StrCat(
@@ -172,6 +201,7 @@ void JobScheduler::Forget(const std::string& job_id) {
 void JobScheduler::Pause(const std::string& tenant, const std::string& job_id,
                          std::function<void(absl::StatusOr<JobRecord>)> done) {
   absl::MutexLock lock(&mu_);
+  if (!refused_.ok()) return done(refused_);
   absl::StatusOr<LiveJob*> active = ActiveJob(tenant, job_id);
   if (!active.ok()) return done(active.status());
   LiveJob& job = **active;
@@ -188,16 +218,20 @@ void JobScheduler::Pause(const std::string& tenant, const std::string& job_id,
     trainer_->Pause(job_id);
     return;
   }
+  JobRecord updated = job.record;
+  updated.status = JobStatus::kPaused;
+  absl::Status stored = CommitChange(
+      job, updated,
+      {StatusEvent(updated, JobStatus::kPaused, "paused while queued")});
+  if (!stored.ok()) return done(stored);
   Dequeue(job_id);
-  job.record.status = JobStatus::kPaused;
-  Commit(job,
-         {StatusEvent(job.record, JobStatus::kPaused, "paused while queued")});
   done(job.record);
 }
 
 absl::StatusOr<JobRecord> JobScheduler::Resume(const std::string& tenant,
                                                const std::string& job_id) {
   absl::MutexLock lock(&mu_);
+  LORAPLEX_RETURN_IF_ERROR(refused_);
   LORAPLEX_ASSIGN_OR_RETURN(LiveJob * active, ActiveJob(tenant, job_id));
   LiveJob& job = *active;
   if (job.record.status != JobStatus::kPaused) {
@@ -205,12 +239,15 @@ absl::StatusOr<JobRecord> JobScheduler::Resume(const std::string& tenant,
         absl::StrCat("job \"", job_id, "\" is ",
                      JobStatusName(job.record.status), ", not PAUSED"));
   }
-  job.record.status = JobStatus::kQueued;
+  JobRecord updated = job.record;
+  updated.status = JobStatus::kQueued;
+  LORAPLEX_RETURN_IF_ERROR(CommitChange(
+      job, updated,
+      {StatusEvent(
+          updated, JobStatus::kQueued,
+          absl::StrCat("resumed: continues from step ", updated.metrics.step,
+                       " when a slot is free"))}));
   queue_.push_back(job_id);
-  Commit(job, {StatusEvent(job.record, JobStatus::kQueued,
-                           absl::StrCat("resumed: continues from step ",
-                                        job.record.metrics.step,
-                                        " when a slot is free"))});
   JobRecord result = job.record;
   if (trainer_ != nullptr) FillSlots();
   return result;
@@ -219,14 +256,22 @@ absl::StatusOr<JobRecord> JobScheduler::Resume(const std::string& tenant,
 void JobScheduler::ExportRunning(const std::string& job_id,
                                  const std::string& dir,
                                  std::function<void(absl::Status)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!refused_.ok()) return done(refused_);
+  }
   trainer_->Export(job_id, dir, std::move(done));
 }
 
 void JobScheduler::Sample(SampleCommand command) {
-  if (trainer_ == nullptr) {
-    command.done(absl::UnavailableError("the server is starting"), 0);
-    return;
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    refused = trainer_ == nullptr
+                  ? absl::UnavailableError("the server is starting")
+                  : refused_;
   }
+  if (!refused.ok()) return command.done(refused, 0);
   trainer_->Sample(std::move(command));
 }
 
@@ -279,6 +324,7 @@ absl::Status JobScheduler::ReserveSessionSlot(const std::string& tenant) {
   if (trainer_ == nullptr) {
     return absl::UnavailableError("the server is not scheduling yet");
   }
+  LORAPLEX_RETURN_IF_ERROR(refused_);
   const int capacity = trainer_->capacity();
   if (reserved_ >= capacity) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -430,13 +476,45 @@ void JobScheduler::PrepareQueuedData() {
   if (trainer_ != nullptr && !stopping) FillSlots();
 }
 
-void JobScheduler::Commit(LiveJob& job, std::vector<JobEventRecord> events) {
+absl::Status JobScheduler::Commit(LiveJob& job,
+                                  std::vector<JobEventRecord> events) {
   absl::Status stored =
       store_->UpdateJob(job.record, std::move(events)).status();
+  CountStoreWrite(stored);
   if (!stored.ok()) {
     logger_->Error("storing job ", job.record.id, ": ", stored.message());
   }
   hub_->Notify(job.record.id);
+  return stored;
+}
+
+absl::Status JobScheduler::CommitChange(LiveJob& job, const JobRecord& updated,
+                                        std::vector<JobEventRecord> events) {
+  absl::Status stored = store_->UpdateJob(updated, std::move(events)).status();
+  CountStoreWrite(stored);
+  if (!stored.ok()) {
+    logger_->Error("storing job ", updated.id, ": ", stored.message());
+    return absl::Status(
+        stored.code(),
+        absl::StrCat(
+            "the change to job \"", updated.id,
+            "\" could not be stored, so it was not made: ", stored.message()));
+  }
+  job.record = updated;
+  hub_->Notify(job.record.id);
+  return absl::OkStatus();
+}
+
+void JobScheduler::CountStoreWrite(const absl::Status& status) {
+  if (status.ok()) {
+    store_failures_ = 0;
+    return;
+  }
+  if (++store_failures_ != options_.max_store_failures) return;
+  logger_->Error("the job store failed ", store_failures_,
+                 " writes in a row (last: ", status.message(),
+                 "); stopping, as nothing more could be recorded");
+  if (options_.on_store_failure) options_.on_store_failure(status);
 }
 
 JobEventRecord JobScheduler::StatusEvent(const JobRecord& job, JobStatus status,
@@ -467,7 +545,8 @@ void JobScheduler::Fail(LiveJob& job, const absl::Status& status) {
   job.record.error_code = absl::StatusCodeToString(status.code());
   job.record.error_message = std::string(status.message());
   Commit(job, {StatusEvent(job.record, JobStatus::kFailed,
-                           std::string(status.message()))});
+                           std::string(status.message()))})
+      .IgnoreError();  // Logged and counted.
 }
 
 }  // namespace loraplex

@@ -47,6 +47,13 @@ struct SchedulerOptions {
   int slots_per_tenant = 1 << 30;
   // Seconds between throughput lines in the log; 0: none.
   double throughput_log_seconds = 30.0;
+  // Store writes that may fail in a row before `on_store_failure` is called
+  // (the server then stops: what it does could no longer be recorded).
+  int max_store_failures = 5;
+  std::function<void(const absl::Status&)> on_store_failure;
+  // Called with a job's id once it has finished and left the trainer (its
+  // checkpoints are all written): the retention of its files.
+  std::function<void(const std::string& job_id)> on_job_finished;
 };
 
 class JobScheduler {
@@ -67,11 +74,23 @@ class JobScheduler {
   // their stored status (running ones are queued again by the next Start).
   // Stop the trainer first, so nothing it finished is left unrecorded.
   void Stop();
+  // The trainer has stopped, or is about to: from now on every call that
+  // changes a job (submit, cancel, pause, resume, export of a running job,
+  // sample, a session's slot) is refused with `why` (UNAVAILABLE), and the
+  // pauses waiting for the trainer are answered with it.
+  void RefuseCommands(const absl::Status& why);
+  // Whether the job is still the scheduler's (not finished, or finished but
+  // still leaving the trainer: its last checkpoint may be being written).
+  bool Holds(const std::string& job_id);
 
   // Stores `job` as QUEUED, with `spec` (validated at the edge) as its
   // stored spec, and queues it with `data` (prepared from the spec).
   // Returns the stored record.
-  absl::StatusOr<JobRecord> Submit(JobRecord job, JobSpec spec, JobData data);
+  // With `request`, the request is recorded with the job (ALREADY_EXISTS,
+  // nothing stored, when it already is: JobStore::InsertJob).
+  absl::StatusOr<JobRecord> Submit(
+      JobRecord job, JobSpec spec, JobData data,
+      const std::optional<RequestKey>& request = std::nullopt);
   // CANCELLED with `reason`; the slot of a running job is retired.
   // FAILED_PRECONDITION when the job already finished.
   absl::StatusOr<JobRecord> Cancel(const std::string& tenant,
@@ -137,9 +156,19 @@ class JobScheduler {
   // The scheduler's thread: prepares the data of the jobs FillSlots marked
   // (datasets read and tokenized without holding mu_), then fills slots.
   void PrepareQueuedData() ABSL_LOCKS_EXCLUDED(mu_, inbox_mu_);
-  // Stores the live job's record with `events`, notifies watchers and logs
-  // status changes; drops the job from the live set once terminal.
-  void Commit(LiveJob& job, std::vector<JobEventRecord> events)
+  // Stores the live job's record with `events` and notifies watchers; a
+  // failed write is logged and counted (CountStoreWrite) and returned.
+  absl::Status Commit(LiveJob& job, std::vector<JobEventRecord> events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A change a caller asked for: `updated` is stored with `events` first,
+  // and becomes the live job's record only once it is (else the error,
+  // and the live job as it was).
+  absl::Status CommitChange(LiveJob& job, const JobRecord& updated,
+                            std::vector<JobEventRecord> events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts store writes that failed in a row; past max_store_failures the
+  // server is told to stop.
+  void CountStoreWrite(const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobEventRecord StatusEvent(const JobRecord& job, JobStatus status,
                              const std::string& message);
@@ -151,6 +180,8 @@ class JobScheduler {
   void OnPaused(LiveJob& job, const TrainerReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnCheckpoint(const LiveJob& job, const TrainerReport& report);
+  int store_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status refused_ ABSL_GUARDED_BY(mu_);  // Set by RefuseCommands.
   // The live job of `tenant` (any tenant when empty) that is not finished,
   // else NOT_FOUND or FAILED_PRECONDITION from the store.
   absl::StatusOr<LiveJob*> ActiveJob(const std::string& tenant,

@@ -23,8 +23,10 @@ void JobScheduler::HandleReports(std::deque<TrainerReport> reports) {
       updates.push_back({live_.at(id)->record, std::move(events)});
     }
     absl::Status stored = store_->UpdateJobs(std::move(updates)).status();
-    if (!stored.ok())
+    CountStoreWrite(stored);
+    if (!stored.ok()) {
       logger_->Error("storing step metrics: ", stored.message());
+    }
     for (const auto& [id, events] : step_events) hub_->Notify(id);
     step_events.clear();
   };
@@ -128,11 +130,18 @@ void JobScheduler::HandleReports(std::deque<TrainerReport> reports) {
                                report.validation_loss.value_or(0.0))
                 : absl::StrCat("trained ", report.step, " steps; adapter ",
                                job.final_adapter_id)));
-        Commit(job, std::move(events));
+        Commit(job, std::move(events)).IgnoreError();  // Logged and counted.
         break;
       }
       case TrainerReport::Kind::kRetired:
         Release(job);
+        if (cancelled && report.step > job.record.metrics.step) {
+          // Trained on until the cancel reached the trainer: the record
+          // says where its last checkpoint is.
+          job.record.metrics.step = report.step;
+          job.record.metrics.tokens = report.tokens;
+          Commit(job, {}).IgnoreError();  // Logged and counted.
+        }
         break;
       case TrainerReport::Kind::kStep:
         break;
@@ -169,7 +178,8 @@ void JobScheduler::OnAttached(LiveJob& job, const TrainerReport& report) {
                     " newer checkpoint(s) failed verification: ",
                     report.rejected_checkpoints.front(), ")");
   }
-  Commit(job, {StatusEvent(job.record, JobStatus::kRunning, message)});
+  Commit(job, {StatusEvent(job.record, JobStatus::kRunning, message)})
+      .IgnoreError();  // Logged and counted.
 }
 
 void JobScheduler::OnPaused(LiveJob& job, const TrainerReport& report) {
@@ -198,10 +208,21 @@ void JobScheduler::OnPaused(LiveJob& job, const TrainerReport& report) {
   // Paused jobs may wait long: their data is prepared again on resume.
   job.data = JobData{};
   job.data_ready = false;
-  Commit(job, {StatusEvent(job.record, JobStatus::kPaused,
-                           absl::StrCat("paused at step ", report.step,
-                                        " with a checkpoint"))});
-  if (done) done(job.record);
+  absl::Status stored =
+      Commit(job, {StatusEvent(job.record, JobStatus::kPaused,
+                               absl::StrCat("paused at step ", report.step,
+                                            " with a checkpoint"))});
+  if (!done) return;
+  if (!stored.ok()) {
+    // Paused in the trainer, with its checkpoint; the store does not say
+    // so, and a restart queues the job again from that checkpoint.
+    return done(absl::Status(
+        stored.code(),
+        absl::StrCat(
+            "job \"", job.record.id, "\" paused at step ", report.step,
+            " but its status could not be stored: ", stored.message())));
+  }
+  done(job.record);
 }
 
 void JobScheduler::OnCheckpoint(const LiveJob& job,

@@ -11,7 +11,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/common/status_macros.h"
+#include "core/common/test_faults.h"
 #include "server/store/record_rows.h"
 #include "server/store/sqlite_statement.h"
 
@@ -43,7 +46,7 @@ using store_internal::Transaction;
 
 // Stored in PRAGMA user_version; a database with a higher one was written by
 // a newer loraplex whose tables this one may misread.
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;  // 2: requests.
 constexpr int kMaxPageSize = 1000;
 constexpr int kBusyTimeoutMs = 5000;
 
@@ -120,6 +123,15 @@ CREATE TABLE IF NOT EXISTS adapters (
   lora TEXT NOT NULL,
   create_time_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS adapters_by_tenant ON adapters (tenant, row_id);
+
+CREATE TABLE IF NOT EXISTS requests (
+  tenant TEXT NOT NULL,
+  method TEXT NOT NULL,
+  request_id TEXT NOT NULL,
+  resource_id TEXT NOT NULL,
+  time_ms INTEGER NOT NULL,
+  PRIMARY KEY (tenant, method, request_id));
+CREATE INDEX IF NOT EXISTS requests_by_time ON requests (time_ms);
 )sql";
 
 absl::Status NotFound(absl::string_view kind, absl::string_view id) {
@@ -326,6 +338,36 @@ absl::StatusOr<std::string> QueryText(sqlite3* db, const char* sql) {
   return has_row ? query.Text(0) : std::string();
 }
 
+// Records that `key` created `resource_id` (dropping requests past their
+// keep time first); call inside a transaction. ALREADY_EXISTS when the key
+// is recorded.
+absl::Status RecordRequest(sqlite3* db, const RequestKey& key,
+                           const std::string& resource_id) {
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement expire,
+      Statement::Prepare(db, "DELETE FROM requests WHERE time_ms < ?"));
+  expire.BindInt(now_ms - kRequestIdKeepMs);
+  LORAPLEX_RETURN_IF_ERROR(expire.Run());
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement insert,
+      Statement::Prepare(db,
+                         "INSERT INTO requests (tenant, method, request_id, "
+                         "resource_id, time_ms) VALUES (?, ?, ?, ?, ?)"));
+  insert.BindText(key.tenant);
+  insert.BindText(key.method);
+  insert.BindText(key.request_id);
+  insert.BindText(resource_id);
+  insert.BindInt(now_ms);
+  absl::Status status = insert.Run();
+  if (absl::IsAlreadyExists(status)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id \"", key.request_id, "\" of ", key.method,
+                     " is already recorded"));
+  }
+  return status;
+}
+
 // Applies the pragmas and creates or checks the schema.
 absl::Status InitializeDatabase(sqlite3* db, const std::string& path) {
   const std::string context = absl::StrCat("database \"", path, "\"");
@@ -388,9 +430,34 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
   return store;
 }
 
-absl::Status JobStore::InsertDataset(const DatasetRecord& dataset) {
+absl::Status JobStore::InsertDataset(const DatasetRecord& dataset,
+                                     const RequestKey* request) {
+  LORAPLEX_RETURN_IF_ERROR(StoreWriteFault("insert_dataset"));
   absl::MutexLock lock(&mu_);
-  return InsertOwned(db_, kDatasets, dataset);
+  Transaction transaction(db_);
+  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
+  LORAPLEX_RETURN_IF_ERROR(InsertOwned(db_, kDatasets, dataset));
+  if (request != nullptr) {
+    LORAPLEX_RETURN_IF_ERROR(RecordRequest(db_, *request, dataset.id));
+  }
+  return transaction.Commit();
+}
+
+absl::StatusOr<std::string> JobStore::FindRequest(const RequestKey& key,
+                                                  int64_t now_ms) {
+  absl::MutexLock lock(&mu_);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(db_,
+                         "SELECT resource_id FROM requests WHERE tenant = ? "
+                         "AND method = ? AND request_id = ? AND time_ms >= ?"));
+  select.BindText(key.tenant);
+  select.BindText(key.method);
+  select.BindText(key.request_id);
+  select.BindInt(now_ms - kRequestIdKeepMs);
+  LORAPLEX_ASSIGN_OR_RETURN(bool found, select.Step());
+  if (!found) return NotFound("request", key.request_id);
+  return select.Text(0);
 }
 
 absl::StatusOr<DatasetRecord> JobStore::GetDataset(const std::string& tenant,
@@ -448,11 +515,19 @@ absl::Status JobStore::DeleteDataset(const std::string& tenant,
   erase.BindText(id);
   erase.BindText(tenant);
   LORAPLEX_RETURN_IF_ERROR(erase.Run());
+  // A repeat of the upload that stored it stores it anew.
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement requests,
+      Statement::Prepare(db_, "DELETE FROM requests WHERE resource_id = ?"));
+  requests.BindText(id);
+  LORAPLEX_RETURN_IF_ERROR(requests.Run());
   return transaction.Commit();
 }
 
 absl::StatusOr<std::vector<JobEventRecord>> JobStore::InsertJob(
-    const JobRecord& job, std::vector<JobEventRecord> events) {
+    const JobRecord& job, std::vector<JobEventRecord> events,
+    const RequestKey* request) {
+  LORAPLEX_RETURN_IF_ERROR(StoreWriteFault("insert_job"));
   absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
   LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
@@ -470,12 +545,18 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::InsertJob(
   LORAPLEX_RETURN_IF_ERROR(status);
   LORAPLEX_ASSIGN_OR_RETURN(events,
                             AppendEvents(db_, job.id, std::move(events)));
+  if (request != nullptr) {
+    LORAPLEX_RETURN_IF_ERROR(RecordRequest(db_, *request, job.id));
+  }
   LORAPLEX_RETURN_IF_ERROR(transaction.Commit());
   return events;
 }
 
 absl::StatusOr<std::vector<JobEventRecord>> JobStore::UpdateJob(
     const JobRecord& job, std::vector<JobEventRecord> events) {
+  // Named by the status written: a test fault can pick one change.
+  LORAPLEX_RETURN_IF_ERROR(
+      StoreWriteFault(absl::StrCat("update_job_", JobStatusName(job.status))));
   absl::MutexLock lock(&mu_);
   Transaction transaction(db_);
   LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
@@ -486,6 +567,7 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::UpdateJob(
 
 absl::StatusOr<std::vector<std::vector<JobEventRecord>>> JobStore::UpdateJobs(
     std::vector<JobUpdate> updates) {
+  LORAPLEX_RETURN_IF_ERROR(StoreWriteFault("update_jobs"));
   absl::MutexLock lock(&mu_);
   std::vector<std::vector<JobEventRecord>> stored;
   if (updates.empty()) return stored;
@@ -585,7 +667,97 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::ListJobEvents(
   return ReadAllRows<JobEventRecord>(select, ReadEvent);
 }
 
+absl::Status JobStore::DeleteJob(const std::string& tenant,
+                                 const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(
+          db_, "SELECT status FROM jobs WHERE id = ? AND tenant = ?"));
+  select.BindText(id);
+  select.BindText(tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(bool found, select.Step());
+  if (!found) return NotFound("job", id);
+  const std::string status = select.Text(0);
+  bool terminal = false;
+  for (JobStatus candidate : kAllJobStatuses) {
+    if (JobStatusName(candidate) == status) terminal = IsTerminal(candidate);
+  }
+  if (!terminal) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", id, "\" is ", status,
+                     "; cancel it (or let it finish) before deleting it"));
+  }
+  for (const char* sql : {"DELETE FROM job_events WHERE job_id = ?",
+                          "DELETE FROM jobs WHERE id = ?",
+                          "DELETE FROM requests WHERE resource_id = ?"}) {
+    LORAPLEX_ASSIGN_OR_RETURN(Statement erase, Statement::Prepare(db_, sql));
+    erase.BindText(id);
+    LORAPLEX_RETURN_IF_ERROR(erase.Run());
+  }
+  return transaction.Commit();
+}
+
+absl::Status JobStore::DeleteAdapter(const std::string& tenant,
+                                     const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  Transaction transaction(db_);
+  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement exists,
+      Statement::Prepare(db_,
+                         "SELECT 1 FROM adapters WHERE id = ? AND tenant = ?"));
+  exists.BindText(id);
+  exists.BindText(tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(bool found, exists.Step());
+  if (!found) return NotFound("adapter", id);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement users,
+      Statement::Prepare(db_,
+                         "SELECT id, status FROM jobs WHERE initial_adapter_id "
+                         "= ? AND status NOT IN (?, ?, ?) ORDER BY row_id "
+                         "LIMIT 1"));
+  users.BindText(id);
+  for (JobStatus status : kAllJobStatuses) {
+    if (IsTerminal(status)) users.BindText(JobStatusName(status));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(bool in_use, users.Step());
+  if (in_use) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "adapter \"", id, "\" is the starting point of job \"", users.Text(0),
+        "\" (", users.Text(1),
+        "); cancel the job or wait for it to finish before deleting it"));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement erase,
+      Statement::Prepare(db_,
+                         "DELETE FROM adapters WHERE id = ? AND tenant = ?"));
+  erase.BindText(id);
+  erase.BindText(tenant);
+  LORAPLEX_RETURN_IF_ERROR(erase.Run());
+  return transaction.Commit();
+}
+
+absl::StatusOr<std::vector<std::string>> JobStore::AllIds(Table table) {
+  const char* name = table == Table::kDatasets ? "datasets"
+                     : table == Table::kJobs   ? "jobs"
+                                               : "adapters";
+  absl::MutexLock lock(&mu_);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement select,
+      Statement::Prepare(db_, absl::StrCat("SELECT id FROM ", name)));
+  std::vector<std::string> ids;
+  for (;;) {
+    LORAPLEX_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) return ids;
+    ids.push_back(select.Text(0));
+  }
+}
+
 absl::Status JobStore::InsertAdapter(const AdapterRecord& adapter) {
+  LORAPLEX_RETURN_IF_ERROR(StoreWriteFault("insert_adapter"));
   absl::MutexLock lock(&mu_);
   return InsertOwned(db_, kAdapters, adapter);
 }

@@ -28,6 +28,16 @@ struct sqlite3;
 
 namespace loraplex {
 
+// A client's request_id: a repeat of the request it names (same tenant,
+// same method) answers with what the first one created, for
+// kRequestIdKeepMs after it.
+struct RequestKey {
+  std::string tenant;
+  std::string method;  // "CreateJob", "UploadDataset", "AttachAdapter".
+  std::string request_id;
+};
+inline constexpr int64_t kRequestIdKeepMs = int64_t{24} * 3600 * 1000;
+
 class JobStore {
  public:
   // Creates the database and its tables when missing; checks the schema
@@ -38,21 +48,31 @@ class JobStore {
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
-  // ALREADY_EXISTS for a repeated id.
-  absl::Status InsertDataset(const DatasetRecord& dataset);
+  // ALREADY_EXISTS for a repeated id. With `request`, the request is
+  // recorded as having created the dataset, in the same transaction
+  // (ALREADY_EXISTS, and nothing stored, when it already is).
+  absl::Status InsertDataset(const DatasetRecord& dataset,
+                             const RequestKey* request = nullptr);
   absl::StatusOr<DatasetRecord> GetDataset(const std::string& tenant,
                                            const std::string& id);
   // page_size in [1, 1000] (the service maps 0 to its default).
   absl::StatusOr<Page<DatasetRecord>> ListDatasets(
       const std::string& tenant, int page_size, const std::string& page_token);
   // NOT_FOUND when missing; FAILED_PRECONDITION naming the job when a job
-  // that is not terminal refers to it.
+  // that is not terminal refers to it. The request that stored it is
+  // forgotten with it.
   absl::Status DeleteDataset(const std::string& tenant, const std::string& id);
 
   // Inserts the job and appends `events` to its log (sequences assigned
   // from 1) in one transaction. ALREADY_EXISTS for a repeated id.
+  // With `request`, as InsertDataset.
   absl::StatusOr<std::vector<JobEventRecord>> InsertJob(
-      const JobRecord& job, std::vector<JobEventRecord> events);
+      const JobRecord& job, std::vector<JobEventRecord> events,
+      const RequestKey* request = nullptr);
+  // The id of what the request `key` created, if it was recorded within
+  // kRequestIdKeepMs before `now_ms`; else NOT_FOUND.
+  absl::StatusOr<std::string> FindRequest(const RequestKey& key,
+                                          int64_t now_ms);
   // Replaces every column of the stored job with `job` (matched by id) and
   // appends `events` (sequences assigned after the last one), in one
   // transaction. Returns the events as stored. NOT_FOUND for a missing job.
@@ -89,6 +109,18 @@ class JobStore {
                                            const std::string& id);
   absl::StatusOr<Page<AdapterRecord>> ListAdapters(
       const std::string& tenant, int page_size, const std::string& page_token);
+
+  // Deletes a finished job with its events (and the request that created
+  // it). NOT_FOUND when missing; FAILED_PRECONDITION when not terminal.
+  absl::Status DeleteJob(const std::string& tenant, const std::string& id);
+  // NOT_FOUND when missing; FAILED_PRECONDITION naming the job when a job
+  // that is not terminal starts from it.
+  absl::Status DeleteAdapter(const std::string& tenant, const std::string& id);
+
+  // The ids of every tenant's datasets, jobs or adapters (for the server's
+  // own use: finding files no record refers to).
+  enum class Table { kDatasets, kJobs, kAdapters };
+  absl::StatusOr<std::vector<std::string>> AllIds(Table table);
 
  private:
   explicit JobStore(sqlite3* db);

@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <atomic>
 #include <cmath>
@@ -16,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "tests/common/test_dir.h"
 
 namespace loraplex {
@@ -595,12 +598,97 @@ TEST_F(JobStoreTest, NewerSchemaVersionIsRefused) {
     std::fstream file(path_, std::ios::in | std::ios::out | std::ios::binary);
     ASSERT_TRUE(file.is_open());
     file.seekp(60);
-    const char version[4] = {0, 0, 0, 2};
+    const char version[4] = {0, 0, 0, 3};
     file.write(version, sizeof(version));
   }
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path_);
   ExpectCode(store.status(), absl::StatusCode::kFailedPrecondition,
              "newer loraplex");
+}
+
+// A database of schema version 1 (before request ids) gains the requests
+// table on open and keeps its rows.
+TEST_F(JobStoreTest, VersionOneDatabaseIsUpgraded) {
+  ASSERT_TRUE(store_->InsertJob(MakeJob("job-1", "t"), {}).ok());
+  store_.reset();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE requests; PRAGMA user_version = 1;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  Reopen();
+  EXPECT_TRUE(store_->GetJob("t", "job-1").ok());
+  const RequestKey key{"t", "CreateJob", "r"};
+  ASSERT_TRUE(store_->InsertJob(MakeJob("job-2", "t"), {}, &key).ok());
+  EXPECT_EQ(ValueOf(store_->FindRequest(key, absl::ToUnixMillis(absl::Now()))),
+            "job-2");
+}
+
+// A request id is recorded with what it created, in the same transaction:
+// a repeat stores nothing; ids are per tenant and method and expire.
+TEST_F(JobStoreTest, RequestIdsAreRecordedWithWhatTheyCreated) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  const RequestKey key{"t", "CreateJob", "r1"};
+  ExpectCode(store_->FindRequest(key, now).status(),
+             absl::StatusCode::kNotFound, "request");
+  ASSERT_TRUE(store_->InsertJob(MakeJob("job-1", "t"), {}, &key).ok());
+  EXPECT_EQ(ValueOf(store_->FindRequest(key, now)), "job-1");
+  // A second job with the same key is refused whole.
+  ExpectCode(store_->InsertJob(MakeJob("job-2", "t"), {}, &key).status(),
+             absl::StatusCode::kAlreadyExists, "request_id \"r1\"");
+  ExpectCode(store_->GetJob("t", "job-2").status(), absl::StatusCode::kNotFound,
+             "job");
+  // Other tenants and methods have their own ids.
+  const RequestKey other_tenant{"u", "CreateJob", "r1"};
+  const RequestKey other_method{"t", "UploadDataset", "r1"};
+  ASSERT_TRUE(store_->InsertJob(MakeJob("job-3", "u"), {}, &other_tenant).ok());
+  ASSERT_TRUE(
+      store_->InsertDataset(MakeDataset("data-1", "t"), &other_method).ok());
+  EXPECT_EQ(ValueOf(store_->FindRequest(other_method, now)), "data-1");
+  ExpectCode(store_->InsertDataset(MakeDataset("data-2", "t"), &other_method),
+             absl::StatusCode::kAlreadyExists, "already recorded");
+  ExpectCode(store_->GetDataset("t", "data-2").status(),
+             absl::StatusCode::kNotFound, "dataset");
+  // Kept kRequestIdKeepMs, then forgotten.
+  EXPECT_TRUE(store_->FindRequest(key, now + kRequestIdKeepMs - 60000).ok());
+  ExpectCode(store_->FindRequest(key, now + kRequestIdKeepMs + 60000).status(),
+             absl::StatusCode::kNotFound, "request");
+  // Deleting what a request created forgets the request.
+  ASSERT_TRUE(store_->DeleteDataset("t", "data-1").ok());
+  ExpectCode(store_->FindRequest(other_method, now).status(),
+             absl::StatusCode::kNotFound, "request");
+  Reopen();
+  EXPECT_EQ(ValueOf(store_->FindRequest(key, now)), "job-1");
+}
+
+TEST_F(JobStoreTest, DeleteJobAndAdapterRefuseWhatIsInUse) {
+  ASSERT_TRUE(store_->InsertAdapter(MakeAdapter("adapter-1", "t")).ok());
+  JobRecord job = MakeJob("job-1", "t", JobStatus::kRunning);
+  job.initial_adapter_id = "adapter-1";
+  const RequestKey key{"t", "CreateJob", "r"};
+  ASSERT_TRUE(
+      store_->InsertJob(job, {StatusEvent(JobStatus::kQueued, "q")}, &key)
+          .ok());
+  ExpectCode(store_->DeleteJob("t", "job-1"),
+             absl::StatusCode::kFailedPrecondition, "is RUNNING; cancel it");
+  ExpectCode(store_->DeleteAdapter("t", "adapter-1"),
+             absl::StatusCode::kFailedPrecondition,
+             "starting point of job \"job-1\" (RUNNING)");
+  ExpectCode(store_->DeleteJob("u", "job-1"), absl::StatusCode::kNotFound,
+             "job");
+  ExpectCode(store_->DeleteAdapter("u", "adapter-1"),
+             absl::StatusCode::kNotFound, "adapter");
+  job.status = JobStatus::kCancelled;
+  ASSERT_TRUE(store_->UpdateJob(job, {}).ok());
+  ASSERT_TRUE(store_->DeleteAdapter("t", "adapter-1").ok());
+  ASSERT_TRUE(store_->DeleteJob("t", "job-1").ok());
+  ExpectCode(store_->GetJob("t", "job-1").status(), absl::StatusCode::kNotFound,
+             "job");
+  EXPECT_TRUE(ValueOf(store_->ListJobEvents("job-1", 0, 10)).empty());
+  ExpectCode(store_->FindRequest(key, absl::ToUnixMillis(absl::Now())).status(),
+             absl::StatusCode::kNotFound, "request");
+  EXPECT_TRUE(ValueOf(store_->AllIds(JobStore::Table::kAdapters)).empty());
 }
 
 TEST_F(JobStoreTest, UnusableFilesAreErrors) {

@@ -212,8 +212,10 @@ TEST(ServicePauseTest, PausedJobsSlotServesAnotherAndItResumesExactly) {
 
 TEST(ServicePauseTest, CheckpointsAreListedExportedAndContinuedFrom) {
   const std::string state = FreshTestDir("state");
-  auto server = StartServer(
-      state, 1, {"--checkpoint-interval=5", "--keep-checkpoints=2"});
+  // Its checkpoints kept past its end, to continue from.
+  auto server = StartServer(state, 1,
+                            {"--checkpoint-interval=5", "--keep-checkpoints=2",
+                             "--keep-finished-checkpoints=2"});
   ASSERT_NE(server, nullptr);
   auto client = ClientFor(*server);
   auto dataset = client->UploadDatasetContents(ReversalJsonl(20, 6), "d");
