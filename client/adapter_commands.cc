@@ -280,6 +280,17 @@ void AddAdapterCommands(CLI::App& app, CliContext& context,
   SetAction(export_command, action,
             [&context, flags] { return RunExport(context, *flags); });
 
+  CLI::App* remove = adapters->add_subcommand(
+      "rm",
+      "Delete a stored adapter (refused while an unfinished job starts from "
+      "it)");
+  remove->add_option("ID", flags->id, "Adapter ID or adapters/ID")->required();
+  SetAction(remove, action, [&context, flags] {
+    return RunDeleteCommand(context, kAdapters, flags->id,
+                            &LoraplexClient::DeleteAdapter,
+                            v1::DeleteAdapterResponse());
+  });
+
   CLI::App* list = adapters->add_subcommand("list", "List stored adapters");
   SetAction(list, action, [&context] { return RunList(context); });
 }

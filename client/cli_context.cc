@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/display_format.h"
+#include "proto/resource_names.h"
 
 namespace loraplex {
 
@@ -99,6 +100,22 @@ int CliContext::TerminalWidth() const {
     return columns;
   }
   return 80;
+}
+
+int RunDeleteCommand(const CliContext& context, absl::string_view collection,
+                     const std::string& id,
+                     absl::Status (LoraplexClient::*remove)(const std::string&),
+                     const google::protobuf::Message& response) {
+  absl::StatusOr<std::string> name = ResourceName(collection, id);
+  if (!name.ok()) return context.UsageError(name.status().message());
+  auto client = context.Connect();
+  if (!client.ok()) return context.UsageError(client.status().message());
+  absl::Status status = ((**client).*remove)(*name);
+  if (!status.ok()) return context.ReportError(status);
+  if (!context.PrintJsonIfRequested(response)) {
+    context.out() << "Deleted " << *name << "\n";
+  }
+  return kExitSuccess;
 }
 
 }  // namespace loraplex

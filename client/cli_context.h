@@ -89,6 +89,13 @@ class CliContext {
   CliOptions options_;
 };
 
+// `rm`: deletes `id` of `collection` (e.g. "datasets") with `remove` and
+// prints "Deleted NAME" (with --json, `response`).
+int RunDeleteCommand(const CliContext& context, absl::string_view collection,
+                     const std::string& id,
+                     absl::Status (LoraplexClient::*remove)(const std::string&),
+                     const google::protobuf::Message& response);
+
 }  // namespace loraplex
 
 #endif  // LORAPLEX_CLIENT_CLI_CONTEXT_H_

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -16,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "core/common/atomic_file.h"
 #include "core/common/read_file.h"
+#include "core/common/sha256.h"
 #include "core/common/status_macros.h"
 
 namespace loraplex {
@@ -175,17 +178,52 @@ absl::StatusOr<v1::ServerInfo> LoraplexClient::GetServerInfo() {
                    request);
 }
 
+std::string NewRequestId() {
+  std::random_device random;
+  std::string id;
+  for (int i = 0; i < 4; ++i) {
+    absl::StrAppend(&id, absl::Hex(random(), absl::kZeroPad8));
+  }
+  return id;
+}
+
+template <typename Result>
+Result LoraplexClient::Retrying(const std::function<Result()>& call) const {
+  absl::Duration backoff = options_.retry_backoff;
+  for (int attempt = 1;; ++attempt) {
+    Result result = call();
+    const absl::StatusCode code = result.status().code();
+    const bool transient = code == absl::StatusCode::kUnavailable ||
+                           code == absl::StatusCode::kDeadlineExceeded;
+    if (!transient || attempt >= options_.attempts) return result;
+    absl::SleepFor(backoff);
+    backoff *= 2;
+  }
+}
+
 absl::StatusOr<v1::Dataset> LoraplexClient::Upload(
-    const std::string& display_name,
-    const std::function<absl::Status(std::string* chunk, bool* done)>&
-        next_chunk) {
+    const std::string& display_name, int64_t total_bytes,
+    const std::string& sha256,
+    const std::function<absl::StatusOr<ChunkSource>()>& open) {
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_display_name(display_name);
+  header.mutable_header()->set_total_bytes(total_bytes);
+  header.mutable_header()->set_sha256(sha256);
+  header.mutable_header()->set_request_id(NewRequestId());
+  return Retrying<absl::StatusOr<v1::Dataset>>(
+      [&]() -> absl::StatusOr<v1::Dataset> {
+        LORAPLEX_ASSIGN_OR_RETURN(ChunkSource next_chunk, open());
+        return UploadOnce(header, next_chunk);
+      });
+}
+
+absl::StatusOr<v1::Dataset> LoraplexClient::UploadOnce(
+    const v1::UploadDatasetRequest& header, const ChunkSource& next_chunk) {
   grpc::ClientContext context;
   PrepareContext(&context, options_.transfer_timeout);
   v1::Dataset dataset;
   std::unique_ptr<grpc::ClientWriter<v1::UploadDatasetRequest>> writer =
       dataset_stub_->UploadDataset(&context, &dataset);
-  v1::UploadDatasetRequest header;
-  header.mutable_header()->set_display_name(display_name);
   // A failed Write means the server ended the call; Finish() says why.
   bool open = writer->Write(header);
   absl::Status read_status;
@@ -218,29 +256,67 @@ absl::StatusOr<v1::Dataset> LoraplexClient::UploadDatasetFile(
     return absl::NotFoundError(
         absl::StrCat("dataset file ", path, ": ", std::strerror(errno)));
   }
-  return Upload(display_name, [&](std::string* chunk, bool* done) {
-    chunk->resize(kUploadChunkBytes);
-    in.read(chunk->data(), static_cast<std::streamsize>(chunk->size()));
-    chunk->resize(static_cast<size_t>(in.gcount()));
-    if (in.bad()) {
-      return absl::DataLossError(
-          absl::StrCat("dataset file ", path, ": read failed"));
-    }
-    *done = in.eof();
-    return absl::OkStatus();
-  });
+  // A first pass for the size and digest the server checks the upload
+  // against.
+  Sha256 digest;
+  int64_t total_bytes = 0;
+  std::string buffer(kUploadChunkBytes, '\0');
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    digest.Update(absl::string_view(buffer.data(), in.gcount()));
+    total_bytes += in.gcount();
+  }
+  if (in.bad()) {
+    return absl::DataLossError(
+        absl::StrCat("dataset file ", path, ": read failed"));
+  }
+  const std::string sha256 = digest.HexDigest();
+  // Each try reads the file from its start.
+  auto file = std::make_shared<std::ifstream>();
+  auto sent = std::make_shared<int64_t>(0);
+  return Upload(
+      display_name, total_bytes, sha256, [&]() -> absl::StatusOr<ChunkSource> {
+        file->close();
+        file->clear();
+        file->open(path, std::ios::binary);
+        *sent = 0;
+        if (!*file) {
+          return absl::NotFoundError(
+              absl::StrCat("dataset file ", path, ": ", std::strerror(errno)));
+        }
+        return ChunkSource(
+            [file, sent, path, total_bytes](std::string* chunk, bool* done) {
+              chunk->resize(kUploadChunkBytes);
+              file->read(chunk->data(),
+                         static_cast<std::streamsize>(chunk->size()));
+              chunk->resize(static_cast<size_t>(file->gcount()));
+              *sent += file->gcount();
+              if (file->bad() || (file->eof() && *sent != total_bytes)) {
+                return absl::DataLossError(
+                    absl::StrCat("dataset file ", path,
+                                 ": read failed or changed while uploading"));
+              }
+              *done = file->eof();
+              return absl::OkStatus();
+            });
+      });
 }
 
 absl::StatusOr<v1::Dataset> LoraplexClient::UploadDatasetContents(
     absl::string_view contents, const std::string& display_name) {
-  size_t offset = 0;
-  return Upload(display_name, [&](std::string* chunk, bool* done) {
-    const size_t size = std::min(kUploadChunkBytes, contents.size() - offset);
-    chunk->assign(contents.data() + offset, size);
-    offset += size;
-    *done = offset >= contents.size();
-    return absl::OkStatus();
-  });
+  return Upload(
+      display_name, static_cast<int64_t>(contents.size()), Sha256Hex(contents),
+      [contents]() -> absl::StatusOr<ChunkSource> {
+        auto offset = std::make_shared<size_t>(0);
+        return ChunkSource([contents, offset](std::string* chunk, bool* done) {
+          const size_t size =
+              std::min(kUploadChunkBytes, contents.size() - *offset);
+          chunk->assign(contents.data() + *offset, size);
+          *offset += size;
+          *done = *offset >= contents.size();
+          return absl::OkStatus();
+        });
+      });
 }
 
 absl::StatusOr<v1::Dataset> LoraplexClient::GetDataset(
@@ -284,9 +360,29 @@ absl::Status LoraplexClient::DeleteDataset(const std::string& name) {
       dataset_stub_->DeleteDataset(&context, request, &response));
 }
 
+absl::Status LoraplexClient::DeleteJob(const std::string& name) {
+  v1::DeleteJobRequest request;
+  request.set_name(name);
+  return CallUnary(job_stub_.get(), &v1::JobService::Stub::DeleteJob, request)
+      .status();
+}
+
+absl::Status LoraplexClient::DeleteAdapter(const std::string& name) {
+  v1::DeleteAdapterRequest request;
+  request.set_name(name);
+  return CallUnary(adapter_stub_.get(),
+                   &v1::AdapterService::Stub::DeleteAdapter, request)
+      .status();
+}
+
 absl::StatusOr<v1::Job> LoraplexClient::CreateJob(
-    const v1::CreateJobRequest& request) {
-  return CallUnary(job_stub_.get(), &v1::JobService::Stub::CreateJob, request);
+    const v1::CreateJobRequest& given) {
+  v1::CreateJobRequest request = given;
+  if (request.request_id().empty()) request.set_request_id(NewRequestId());
+  return Retrying<absl::StatusOr<v1::Job>>([&] {
+    return CallUnary(job_stub_.get(), &v1::JobService::Stub::CreateJob,
+                     request);
+  });
 }
 
 absl::StatusOr<v1::Job> LoraplexClient::GetJob(const std::string& name) {
@@ -405,13 +501,19 @@ absl::StatusOr<std::vector<v1::JobEvent>> LoraplexClient::ListAllJobEvents(
 }
 
 absl::StatusOr<v1::AttachAdapterResponse> LoraplexClient::AttachAdapter(
-    const v1::AttachAdapterRequest& request) {
+    const v1::AttachAdapterRequest& given) {
+  v1::AttachAdapterRequest request = given;
+  if (request.request_id().empty() && request.job().request_id().empty()) {
+    request.set_request_id(NewRequestId());
+  }
   // Uploading the adapter's files may take as long as a dataset upload.
-  return CallUnary(
-      adapter_stub_.get(), &v1::AdapterService::Stub::AttachAdapter, request,
-      request.has_files()
-          ? std::optional<absl::Duration>(options_.transfer_timeout)
-          : std::nullopt);
+  return Retrying<absl::StatusOr<v1::AttachAdapterResponse>>([&] {
+    return CallUnary(
+        adapter_stub_.get(), &v1::AdapterService::Stub::AttachAdapter, request,
+        request.has_files()
+            ? std::optional<absl::Duration>(options_.transfer_timeout)
+            : std::nullopt);
+  });
 }
 
 absl::StatusOr<v1::RetireAdapterResponse> LoraplexClient::RetireAdapter(

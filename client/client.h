@@ -58,7 +58,16 @@ struct ClientOptions {
   absl::Duration timeout = absl::Seconds(30);
   // Deadline of a whole dataset upload or adapter export.
   absl::Duration transfer_timeout = absl::Minutes(30);
+  // Tries of CreateJob, UploadDataset and AttachAdapter when one ends in
+  // UNAVAILABLE or DEADLINE_EXCEEDED: each carries a request_id (one is
+  // made when the request has none), so a retry never creates twice.
+  int attempts = 3;
+  // Wait before the first retry; doubled before each later one.
+  absl::Duration retry_backoff = absl::Milliseconds(500);
 };
+
+// A fresh random request_id (32 hex digits).
+std::string NewRequestId();
 
 // One file ExportAdapter wrote.
 struct ExportedFile {
@@ -123,8 +132,13 @@ class LoraplexClient {
   // Every page of ListDatasets, oldest first.
   absl::StatusOr<std::vector<v1::Dataset>> ListAllDatasets();
   absl::Status DeleteDataset(const std::string& name);
+  // A finished job (record, events, checkpoints) / a stored adapter.
+  absl::Status DeleteJob(const std::string& name);
+  absl::Status DeleteAdapter(const std::string& name);
 
   // JobService.
+  // CreateJob and AttachAdapter set a request_id when the request has none
+  // and retry (ClientOptions::attempts).
   absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
   absl::StatusOr<v1::Job> GetJob(const std::string& name);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(
@@ -232,12 +246,23 @@ class LoraplexClient {
   absl::StatusOr<std::vector<ExportedFile>> ReceiveExport(
       const v1::ExportAdapterRequest& request, const std::string& out_dir);
 
-  // Sends the header and then the chunks `next_chunk` fills until it sets
-  // *done (or fails).
+  // Fills *chunk with the next bytes and sets *done after the last (or
+  // fails).
+  using ChunkSource =
+      std::function<absl::Status(std::string* chunk, bool* done)>;
+  // Sends the header (with the upload's size and SHA-256, which the server
+  // checks, and a request_id) and then the chunks of a source `open` gives,
+  // a fresh one for each try.
   absl::StatusOr<v1::Dataset> Upload(
-      const std::string& display_name,
-      const std::function<absl::Status(std::string* chunk, bool* done)>&
-          next_chunk);
+      const std::string& display_name, int64_t total_bytes,
+      const std::string& sha256,
+      const std::function<absl::StatusOr<ChunkSource>()>& open);
+  absl::StatusOr<v1::Dataset> UploadOnce(const v1::UploadDatasetRequest& header,
+                                         const ChunkSource& next_chunk);
+  // `call` until it succeeds, fails otherwise than UNAVAILABLE or
+  // DEADLINE_EXCEEDED, or options_.attempts are used.
+  template <typename Result>
+  Result Retrying(const std::function<Result()>& call) const;
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -98,21 +98,6 @@ int RunGet(const CliContext& context, const DatasetFlags& flags) {
   return kExitSuccess;
 }
 
-int RunDelete(const CliContext& context, const DatasetFlags& flags) {
-  absl::StatusOr<std::string> name = ResourceName(kDatasets, flags.id);
-  if (!name.ok()) return context.UsageError(name.status().message());
-  auto client = context.Connect();
-  if (!client.ok()) return context.UsageError(client.status().message());
-  absl::Status status = (*client)->DeleteDataset(*name);
-  if (!status.ok()) return context.ReportError(status);
-  if (context.options().json) {
-    context.PrintJsonIfRequested(v1::DeleteDatasetResponse());
-  } else {
-    context.out() << "Deleted " << *name << "\n";
-  }
-  return kExitSuccess;
-}
-
 }  // namespace
 
 void AddDatasetCommands(CLI::App& app, CliContext& context,
@@ -140,8 +125,11 @@ void AddDatasetCommands(CLI::App& app, CliContext& context,
   CLI::App* remove = datasets->add_subcommand(
       "rm", "Delete a dataset (refused while a queued or running job uses it)");
   remove->add_option("ID", flags->id, "Dataset ID or datasets/ID")->required();
-  SetAction(remove, action,
-            [&context, flags] { return RunDelete(context, *flags); });
+  SetAction(remove, action, [&context, flags] {
+    return RunDeleteCommand(context, kDatasets, flags->id,
+                            &LoraplexClient::DeleteDataset,
+                            v1::DeleteDatasetResponse());
+  });
 }
 
 }  // namespace loraplex

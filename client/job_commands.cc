@@ -381,6 +381,17 @@ void AddJobCommands(CLI::App& app, CliContext& context, CommandAction* action) {
   get->add_option("ID", flags->id, "Job ID or jobs/ID")->required();
   SetAction(get, action, [&context, flags] { return RunGet(context, *flags); });
 
+  CLI::App* remove = jobs->add_subcommand(
+      "rm",
+      "Delete a finished job: its record, events and checkpoints (its "
+      "trained adapter stays)");
+  remove->add_option("ID", flags->id, "Job ID or jobs/ID")->required();
+  SetAction(remove, action, [&context, flags] {
+    return RunDeleteCommand(context, kJobs, flags->id,
+                            &LoraplexClient::DeleteJob,
+                            v1::DeleteJobResponse());
+  });
+
   CLI::App* cancel = jobs->add_subcommand("cancel", "Cancel a job");
   cancel->add_option("ID", flags->id, "Job ID or jobs/ID")->required();
   SetAction(cancel, action,

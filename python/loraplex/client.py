@@ -18,6 +18,7 @@ server's message, which names the field that is wrong.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -139,9 +140,18 @@ class Client:
         """Uploads a JSONL file; the server validates every line (an error
         names the line)."""
 
+        # Size and digest let the server refuse a stream cut short.
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(chunk_bytes):
+                digest.update(chunk)
+        total = os.path.getsize(path)
+
         def parts() -> Iterable[datasets_pb2.UploadDatasetRequest]:
             yield datasets_pb2.UploadDatasetRequest(
-                header=datasets_pb2.UploadDatasetHeader(display_name=name))
+                header=datasets_pb2.UploadDatasetHeader(
+                    display_name=name, total_bytes=total,
+                    sha256=digest.hexdigest()))
             with open(path, "rb") as f:
                 while chunk := f.read(chunk_bytes):
                     yield datasets_pb2.UploadDatasetRequest(chunk=chunk)
@@ -199,6 +209,12 @@ class Client:
     def cancel_job(self, job) -> jobs_pb2.Job:
         return self._call(self.jobs.CancelJob,
                           jobs_pb2.CancelJobRequest(name=_name("jobs", job)))
+
+    def delete_job(self, job) -> None:
+        """Deletes a finished job (record, events, checkpoints); its
+        trained adapter stays."""
+        self._call(self.jobs.DeleteJob,
+                   jobs_pb2.DeleteJobRequest(name=_name("jobs", job)))
 
     def pause_job(self, job) -> jobs_pb2.Job:
         return self._call(self.jobs.PauseJob,
@@ -322,6 +338,13 @@ class Client:
         return self._call(self.adapters.RetireAdapter,
                           adapters_pb2.RetireAdapterRequest(
                               job=_name("jobs", job)))
+
+    def delete_adapter(self, adapter) -> None:
+        """Deletes a stored adapter (refused while an unfinished job starts
+        from it)."""
+        self._call(self.adapters.DeleteAdapter,
+                   adapters_pb2.DeleteAdapterRequest(
+                       name=_name("adapters", adapter)))
 
     def export_adapter(self, source, out_dir: str | os.PathLike) -> list:
         """Writes the PEFT files (adapter_config.json,

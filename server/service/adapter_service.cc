@@ -11,6 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "adapters/peft_files.h"
 #include "core/common/atomic_file.h"
 #include "core/common/read_file.h"
@@ -21,6 +23,7 @@
 #include "server/service/checkpoint_access.h"
 #include "server/service/job_creation.h"
 #include "server/service/proto_convert.h"
+#include "server/service/request_ids.h"
 #include "server/service/staged_adapter.h"
 
 namespace loraplex {
@@ -129,6 +132,27 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::ExportAdapterChunk> {
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// The adapter directory of a job that has just left its slot, once the
+// scheduler has stored its end (waited for up to a minute); its error when
+// it did not succeed.
+absl::StatusOr<std::string> FinishedJobAdapterDir(const ServiceContext& context,
+                                                  const std::string& job_id) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  for (;;) {
+    LORAPLEX_ASSIGN_OR_RETURN(JobRecord job, context.store->GetJob("", job_id));
+    if (job.status == JobStatus::kSucceeded && !job.adapter_id.empty()) {
+      return context.scheduler->AdapterDir(job.adapter_id);
+    }
+    if (job.status != JobStatus::kRunning || absl::Now() > deadline) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job \"", job_id, "\" is ", JobStatusName(job.status),
+          ": only a running training job or a succeeded one has an adapter "
+          "to export"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* AdapterServiceImpl::AttachAdapter(
@@ -166,6 +190,24 @@ grpc::ServerUnaryReactor* AdapterServiceImpl::AttachAdapter(
 absl::Status AdapterServiceImpl::Attach(const std::string& tenant,
                                         const v1::AttachAdapterRequest& request,
                                         v1::AttachAdapterResponse* response) {
+  LORAPLEX_ASSIGN_OR_RETURN(
+      std::optional<RequestKey> key,
+      !request.request_id().empty()
+          ? RequestKeyOf(tenant, "AttachAdapter", request.request_id(),
+                         "request_id")
+          : RequestKeyOf(tenant, "AttachAdapter", request.job().request_id(),
+                         "job.request_id"));
+  LORAPLEX_ASSIGN_OR_RETURN(std::optional<JobRecord> earlier,
+                            EarlierJobOf(*context_, key));
+  if (earlier) {
+    // A repeat: the adapter and job the first request created.
+    LORAPLEX_ASSIGN_OR_RETURN(
+        AdapterRecord first,
+        context_->store->GetAdapter(tenant, earlier->initial_adapter_id));
+    LORAPLEX_RETURN_IF_ERROR(
+        AdapterToProto(first, response->mutable_adapter()));
+    return JobToProto(*earlier, response->mutable_job());
+  }
   std::unique_ptr<StagedAdapter> upload;
   AdapterRecord adapter;
   if (request.has_files()) {
@@ -189,6 +231,7 @@ absl::Status AdapterServiceImpl::Attach(const std::string& tenant,
     return absl::Status(pending.status().code(),
                         absl::StrCat("job.", pending.status().message()));
   }
+  pending->request = key;
   LORAPLEX_RETURN_IF_ERROR(
       AdapterToProto(adapter, response->mutable_adapter()));
   // An upload is stored only for a job that is queued.
@@ -274,15 +317,44 @@ AdapterServiceImpl::ExportAdapter(grpc::CallbackServerContext* call,
   }
   reactor->Retain();
   WorkQueue* work = context_->work;
+  const ServiceContext* context = context_;
   // Reading the files is left to a worker, not the trainer thread.
   context_->scheduler->ExportRunning(
-      running_job_id, dir, [reactor, dir, work](absl::Status exported) {
-        work->Post([reactor, dir, exported] {
-          reactor->Begin(exported, dir, /*temporary=*/true);
+      running_job_id, dir,
+      [reactor, dir, work, context, running_job_id](absl::Status exported) {
+        work->Post([reactor, dir, exported, context, running_job_id] {
+          if (absl::IsNotFound(exported)) {
+            // The job left its slot between the lookup and the trainer's
+            // turn: once its end is stored, its trained adapter (or why
+            // there is none) answers.
+            absl::StatusOr<std::string> final_dir =
+                FinishedJobAdapterDir(*context, running_job_id);
+            reactor->Begin(final_dir.status(),
+                           final_dir.ok() ? *final_dir : dir,
+                           /*temporary=*/!final_dir.ok());
+          } else {
+            reactor->Begin(exported, dir, /*temporary=*/true);
+          }
           reactor->Release();
         });
       });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* AdapterServiceImpl::DeleteAdapter(
+    grpc::CallbackServerContext* call, const v1::DeleteAdapterRequest* request,
+    v1::DeleteAdapterResponse* /*response*/) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string id, ParseResourceName(request->name(), "adapters", "name"));
+    LORAPLEX_RETURN_IF_ERROR(context_->store->DeleteAdapter(tenant, id));
+    std::error_code ignored;
+    std::filesystem::remove_all(context_->scheduler->AdapterDir(id), ignored);
+    context_->logger->Info("adapter ", id, " (tenant ", tenant, "): deleted");
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* AdapterServiceImpl::GetAdapter(

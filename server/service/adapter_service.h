@@ -34,6 +34,10 @@ class AdapterServiceImpl final : public v1::AdapterService::CallbackService {
   grpc::ServerUnaryReactor* ListSlots(grpc::CallbackServerContext* call,
                                       const v1::ListSlotsRequest* request,
                                       v1::ListSlotsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteAdapter(
+      grpc::CallbackServerContext* call,
+      const v1::DeleteAdapterRequest* request,
+      v1::DeleteAdapterResponse* response) override;
 
  private:
   // AttachAdapter's work, on a worker thread.

@@ -1,22 +1,31 @@
 #include "server/service/dataset_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/atomic_file.h"
+#include "core/common/sha256.h"
 #include "core/common/status_macros.h"
 #include "core/data/dataset.h"
 #include "server/common/clock.h"
-#include "server/common/sha256.h"
 #include "server/jobs/resource_id.h"
 #include "server/service/proto_convert.h"
+#include "server/service/request_ids.h"
 
 namespace loraplex {
 namespace {
+
+bool IsSha256Hex(absl::string_view text) {
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
 
 // Receives the header and the chunks, then validates and stores the file
 // on a worker thread so no gRPC thread parses a large upload.
@@ -24,7 +33,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
  public:
   UploadReactor(const ServiceContext* context,
                 grpc::CallbackServerContext* call, v1::Dataset* response)
-      : context_(context), response_(response) {
+      : context_(context), call_(call), response_(response) {
     absl::StatusOr<std::string> tenant = Authenticate(*context_, call);
     if (!tenant.ok()) {
       Finish(ToGrpcStatus(tenant.status()));
@@ -36,7 +45,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // The client has sent everything, or the call ended.
-      if (cancelled_) {
+      if (cancelled_ || call_->IsCancelled()) {
         Finish(grpc::Status(grpc::StatusCode::CANCELLED,
                             "the upload was cancelled; nothing was stored"));
         return;
@@ -45,6 +54,15 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
         Finish(ToGrpcStatus(absl::InvalidArgumentError(
             "header is required: the first message must carry the upload "
             "header")));
+        return;
+      }
+      if (declared_bytes_ &&
+          static_cast<int64_t>(contents_.size()) != *declared_bytes_) {
+        Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+            "header.total_bytes: the upload declared ", *declared_bytes_,
+            " bytes but its stream ended after ", contents_.size(),
+            " (a message the server could not parse ends it early); "
+            "nothing was stored"))));
         return;
       }
       context_->work->Post([this] {
@@ -69,7 +87,13 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
   // A cancelled upload (client gone, deadline) must not be stored with the
   // bytes that happened to arrive.
   void OnCancel() override { cancelled_ = true; }
-  void OnDone() override { delete this; }
+
+  void OnDone() override {
+    // The cancel may be seen only now (a read can fail before OnCancel
+    // runs): a dataset whose OK never reached the client is taken back.
+    if (!stored_id_.empty() && call_->IsCancelled()) Unstore();
+    delete this;
+  }
 
  private:
   absl::Status Accept() {
@@ -79,8 +103,33 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
             "header must be sent once, in the first message");
       }
       header_seen_ = true;
-      display_name_ = request_.header().display_name();
-      return CheckDisplayName(display_name_, "header.display_name");
+      const v1::UploadDatasetHeader& header = request_.header();
+      display_name_ = header.display_name();
+      LORAPLEX_RETURN_IF_ERROR(
+          CheckDisplayName(display_name_, "header.display_name"));
+      if (header.has_total_bytes()) {
+        const int64_t limit = context_->limits.max_dataset_bytes;
+        if (header.total_bytes() < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "header.total_bytes must be >= 0, got ", header.total_bytes()));
+        }
+        if (header.total_bytes() > limit) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "header.total_bytes: the dataset (", header.total_bytes(),
+              " bytes) exceeds the upload limit of ", limit,
+              " bytes (ServerInfo.max_dataset_bytes)"));
+        }
+        declared_bytes_ = header.total_bytes();
+      }
+      LORAPLEX_ASSIGN_OR_RETURN(
+          request_key_, RequestKeyOf(tenant_, "UploadDataset",
+                                     header.request_id(), "header.request_id"));
+      declared_sha256_ = header.sha256();
+      if (!declared_sha256_.empty() && !IsSha256Hex(declared_sha256_)) {
+        return absl::InvalidArgumentError(
+            "header.sha256 must be 64 lowercase hex digits");
+      }
+      return absl::OkStatus();
     }
     if (!header_seen_) {
       return absl::InvalidArgumentError(
@@ -94,11 +143,49 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
           absl::StrCat("chunk: the dataset exceeds the upload limit of ", limit,
                        " bytes (ServerInfo.max_dataset_bytes)"));
     }
+    if (declared_bytes_ &&
+        static_cast<int64_t>(contents_.size() + chunk.size()) >
+            *declared_bytes_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk: more bytes than header.total_bytes (",
+                       *declared_bytes_, ") arrived; nothing was stored"));
+    }
     contents_ += chunk;
     return absl::OkStatus();
   }
 
+  // Takes back what Store stored.
+  void Unstore() {
+    absl::Status deleted = context_->store->DeleteDataset(tenant_, stored_id_);
+    std::error_code ignored;
+    std::filesystem::remove(context_->datasets->PathOf(stored_id_), ignored);
+    if (deleted.ok()) {
+      context_->logger->Info("dataset ", stored_id_, " (tenant ", tenant_,
+                             "): the client cancelled before its answer; "
+                             "removed");
+    } else {
+      context_->logger->Error("dataset ", stored_id_, " (tenant ", tenant_,
+                              "): the client cancelled before its answer, "
+                              "but removing it failed: ",
+                              deleted.message());
+    }
+  }
+
+  // Answers with the dataset an earlier upload with the same request_id
+  // stored; false when there is none.
+  absl::StatusOr<bool> AnswerAsRepeat() {
+    LORAPLEX_ASSIGN_OR_RETURN(std::optional<std::string> id,
+                              EarlierResult(*context_, request_key_));
+    if (!id) return false;
+    LORAPLEX_ASSIGN_OR_RETURN(DatasetRecord earlier,
+                              context_->store->GetDataset(tenant_, *id));
+    DatasetToProto(earlier, response_);
+    return true;
+  }
+
   absl::Status Store() {
+    LORAPLEX_ASSIGN_OR_RETURN(bool repeat, AnswerAsRepeat());
+    if (repeat) return absl::OkStatus();
     absl::StatusOr<Dataset> dataset =
         ParseJsonlDataset(contents_, context_->datasets->tokenizer(),
                           context_->datasets->parse_options());
@@ -115,19 +202,31 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
     record.size_bytes = static_cast<int64_t>(contents_.size());
     record.num_examples = static_cast<int64_t>(dataset->examples.size());
     record.sha256 = Sha256Hex(contents_);
+    if (!declared_sha256_.empty() && declared_sha256_ != record.sha256) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "header.sha256: the bytes that arrived hash to ", record.sha256,
+          ", not the declared ", declared_sha256_, "; nothing was stored"));
+    }
     record.create_time_ms = NowMillis();
     const std::string path = context_->datasets->PathOf(record.id);
-    if (cancelled_) {
+    if (cancelled_ || call_->IsCancelled()) {
       return absl::CancelledError(
           "the upload was cancelled; nothing was stored");
     }
     LORAPLEX_RETURN_IF_ERROR(WriteFileAtomically(path, contents_));
-    absl::Status inserted = context_->store->InsertDataset(record);
+    absl::Status inserted = context_->store->InsertDataset(
+        record, request_key_ ? &*request_key_ : nullptr);
     if (!inserted.ok()) {
       std::error_code ignored;
       std::filesystem::remove(path, ignored);
+      // A repeat that ran alongside the first: the first's dataset answers.
+      if (request_key_ && absl::IsAlreadyExists(inserted)) {
+        LORAPLEX_ASSIGN_OR_RETURN(repeat, AnswerAsRepeat());
+        if (repeat) return absl::OkStatus();
+      }
       return inserted;
     }
+    stored_id_ = record.id;
     context_->logger->Info(
         "dataset ", record.id, " (tenant ", tenant_, "): stored, ",
         record.num_examples, " examples, ", dataset->num_tokens, " tokens (",
@@ -137,12 +236,17 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
   }
 
   const ServiceContext* context_;
+  grpc::CallbackServerContext* call_;
   v1::Dataset* response_;
   std::string tenant_;
   v1::UploadDatasetRequest request_;
   bool header_seen_ = false;
   std::string display_name_;
   std::string contents_;
+  std::optional<int64_t> declared_bytes_;  // header.total_bytes.
+  std::string declared_sha256_;            // header.sha256; "": none.
+  std::optional<RequestKey> request_key_;  // header.request_id's.
+  std::string stored_id_;                  // Set once Store stored it.
   std::atomic<bool> cancelled_{false};
 };
 

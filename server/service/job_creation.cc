@@ -10,6 +10,7 @@
 #include "server/jobs/resource_id.h"
 #include "server/service/checkpoint_access.h"
 #include "server/service/proto_convert.h"
+#include "server/service/request_ids.h"
 #include "server/service/staged_adapter.h"
 
 namespace loraplex {
@@ -116,6 +117,9 @@ absl::StatusOr<PendingJob> ValidateCreateJob(
                      context.model.max_position_embeddings, "), got ",
                      pending.spec.training.seq_len));
   }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      pending.request,
+      RequestKeyOf(tenant, "CreateJob", request.request_id(), "request_id"));
   record.id = NewResourceId("job");
   record.tenant = tenant;
   record.display_name = request.display_name();
@@ -158,8 +162,25 @@ absl::StatusOr<JobRecord> SubmitJob(
       JobData data,
       PrepareJobData(*context.datasets, pending.record, &pending.spec));
   if (before_queue) LORAPLEX_RETURN_IF_ERROR(before_queue());
-  return context.scheduler->Submit(std::move(pending.record),
-                                   std::move(pending.spec), std::move(data));
+  const std::optional<RequestKey> request = pending.request;
+  absl::StatusOr<JobRecord> job = context.scheduler->Submit(
+      std::move(pending.record), std::move(pending.spec), std::move(data),
+      request);
+  if (request && absl::IsAlreadyExists(job.status())) {
+    // A repeat that ran alongside the first: the first's job answers.
+    LORAPLEX_ASSIGN_OR_RETURN(std::optional<JobRecord> earlier,
+                              EarlierJobOf(context, request));
+    if (earlier) return *std::move(earlier);
+  }
+  return job;
+}
+
+absl::StatusOr<std::optional<JobRecord>> EarlierJobOf(
+    const ServiceContext& context, const std::optional<RequestKey>& request) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::optional<std::string> id,
+                            EarlierResult(context, request));
+  if (!id) return std::nullopt;
+  return context.store->GetJob(request->tenant, *id);
 }
 
 }  // namespace loraplex

@@ -10,12 +10,14 @@
 #define LORAPLEX_SERVER_SERVICE_JOB_CREATION_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "loraplex/v1/jobs.pb.h"
 #include "server/jobs/job_spec.h"
 #include "server/service/service_context.h"
+#include "server/store/job_store.h"
 #include "server/store/records.h"
 
 namespace loraplex {
@@ -23,6 +25,8 @@ namespace loraplex {
 struct PendingJob {
   JobRecord record;  // Everything but the spec, which preparation fills.
   JobSpec spec;
+  // The request's request_id (recorded with the job), if it has one.
+  std::optional<RequestKey> request;
 };
 
 // INVALID_ARGUMENT naming the field for a bad value; NOT_FOUND naming the
@@ -49,6 +53,11 @@ absl::StatusOr<JobRecord> CreateJobFromCheckpoint(
 absl::StatusOr<JobRecord> SubmitJob(
     const ServiceContext& context, PendingJob pending,
     const std::function<absl::Status()>& before_queue = nullptr);
+
+// The job that an earlier request with the key `request` created, or
+// nullopt (none, or no key): a repeat answers with it.
+absl::StatusOr<std::optional<JobRecord>> EarlierJobOf(
+    const ServiceContext& context, const std::optional<RequestKey>& request);
 
 }  // namespace loraplex
 

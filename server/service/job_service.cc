@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <deque>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "server/service/checkpoint_access.h"
 #include "server/service/job_creation.h"
 #include "server/service/proto_convert.h"
+#include "server/service/request_ids.h"
 
 namespace loraplex {
 namespace {
@@ -195,6 +197,23 @@ absl::Status CheckAfterSequence(int64_t after_sequence) {
 grpc::ServerUnaryReactor* JobServiceImpl::CreateJob(
     grpc::CallbackServerContext* call, const v1::CreateJobRequest* request,
     v1::Job* response) {
+  // A repeat of an earlier request answers with the job that one created.
+  absl::StatusOr<std::optional<JobRecord>> earlier =
+      [&]() -> absl::StatusOr<std::optional<JobRecord>> {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+                              Authenticate(*context_, call));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::optional<RequestKey> key,
+        RequestKeyOf(tenant, "CreateJob", request->request_id(), "request_id"));
+    return EarlierJobOf(*context_, key);
+  }();
+  if (!earlier.ok() || earlier->has_value()) {
+    grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+    absl::Status status = earlier.status();
+    if (status.ok()) status = JobToProto(**earlier, response);
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
   if (!request->initial_checkpoint().empty()) {
     return CreateJobFromCheckpoint(call, request, response);
   }
@@ -285,6 +304,33 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListCheckpoints(
     LORAPLEX_ASSIGN_OR_RETURN(JobRef ref,
                               NamedJob(*context_, call, request->name()));
     return ListJobCheckpoints(*context_, ref.tenant, ref.id, response);
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(
+    grpc::CallbackServerContext* call, const v1::DeleteJobRequest* request,
+    v1::DeleteJobResponse* /*response*/) {
+  return FinishUnary(call, [&]() -> absl::Status {
+    LORAPLEX_ASSIGN_OR_RETURN(JobRef ref,
+                              NamedJob(*context_, call, request->name()));
+    if (context_->scheduler->Holds(ref.id)) {
+      LORAPLEX_ASSIGN_OR_RETURN(JobRecord job,
+                                context_->store->GetJob(ref.tenant, ref.id));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job \"", ref.id, "\" is ", JobStatusName(job.status),
+          IsTerminal(job.status) ? " and still leaving its slot; try again"
+                                 : "; cancel it (or let it finish) before "
+                                   "deleting it"));
+    }
+    LORAPLEX_RETURN_IF_ERROR(context_->store->DeleteJob(ref.tenant, ref.id));
+    // The record is gone (durably) first: a restart finds no job whose
+    // files are half removed.
+    std::error_code ignored;
+    std::filesystem::remove_all(context_->scheduler->CheckpointDir(ref.id),
+                                ignored);
+    context_->logger->Info("job ", ref.id, " (tenant ", ref.tenant,
+                           "): deleted");
+    return absl::OkStatus();
   });
 }
 

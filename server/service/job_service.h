@@ -44,6 +44,10 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
       const v1::ListCheckpointsRequest* request,
       v1::ListCheckpointsResponse* response) override;
 
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* call,
+                                      const v1::DeleteJobRequest* request,
+                                      v1::DeleteJobResponse* response) override;
+
  private:
   grpc::ServerUnaryReactor* CreateJobFromCheckpoint(
       grpc::CallbackServerContext* call, const v1::CreateJobRequest* request,

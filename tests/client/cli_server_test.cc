@@ -100,6 +100,18 @@ TEST_F(CliServerTest, UploadTrainWaitAndExport) {
   const CliResult watch = Run({"jobs", "watch", job_name});
   EXPECT_EQ(watch.exit_code, 0) << watch.Describe();
   EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
+
+  // Deleting the job keeps its adapter; then the adapter goes too.
+  const CliResult removed = Run({"jobs", "rm", job_name});
+  EXPECT_EQ(removed.exit_code, 0) << removed.Describe();
+  EXPECT_EQ(removed.out, "Deleted " + job_name + "\n");
+  const CliResult gone = Run({"jobs", "get", job_name});
+  EXPECT_EQ(gone.exit_code, 1) << gone.Describe();
+  EXPECT_THAT(gone.err, HasSubstr("NOT_FOUND"));
+  const std::string adapter = job["adapter"];
+  const CliResult removed_adapter = Run({"adapters", "rm", adapter});
+  EXPECT_EQ(removed_adapter.exit_code, 0) << removed_adapter.Describe();
+  EXPECT_THAT(Run({"adapters", "list"}).out, Not(HasSubstr(adapter.substr(9))));
 }
 
 TEST_F(CliServerTest, SampleStreamsTextAndPrintsJson) {

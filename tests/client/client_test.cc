@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "client/job_progress.h"
+#include "core/common/sha256.h"
 #include "tests/client/fake_loraplex_server.h"
 #include "tests/common/test_dir.h"
 
@@ -121,6 +122,64 @@ TEST_F(ClientTest, UploadSendsHeaderThenMebibyteChunks) {
   EXPECT_EQ(server_.state().upload_display_name, "big");
   EXPECT_THAT(server_.state().upload_chunk_sizes,
               ElementsAre(kUploadChunkBytes, kUploadChunkBytes, 100u));
+  EXPECT_EQ(server_.state().upload_bytes, contents);
+}
+
+TEST_F(ClientTest, CreateJobRetriesTransientErrorsWithOneRequestId) {
+  ClientOptions options;
+  options.address = server_.address();
+  options.retry_backoff = absl::Milliseconds(1);
+  auto client = LoraplexClient::Connect(options);
+  ASSERT_TRUE(client.ok());
+  server_.state().create_failures = 2;
+  ASSERT_TRUE((*client)->CreateJob(v1::CreateJobRequest()).ok());
+  const auto& created = server_.state().created_jobs;
+  ASSERT_EQ(created.size(), 3u);
+  EXPECT_EQ(created[0].request_id().size(), 32u);
+  EXPECT_EQ(created[1].request_id(), created[0].request_id());
+  EXPECT_EQ(created[2].request_id(), created[0].request_id());
+
+  // The caller's own id is kept; a new call gets a new id.
+  v1::CreateJobRequest mine;
+  mine.set_request_id("my-id");
+  ASSERT_TRUE((*client)->CreateJob(mine).ok());
+  ASSERT_TRUE((*client)->CreateJob(v1::CreateJobRequest()).ok());
+  ASSERT_EQ(created.size(), 5u);
+  EXPECT_EQ(created[3].request_id(), "my-id");
+  EXPECT_NE(created[4].request_id(), created[0].request_id());
+
+  // Given up after `attempts`; other errors are not retried.
+  server_.state().create_failures = 5;
+  EXPECT_EQ((*client)->CreateJob(v1::CreateJobRequest()).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(created.size(), 8u);
+  server_.state().create_failures = 1;
+  server_.state().create_failure_code = grpc::StatusCode::INVALID_ARGUMENT;
+  EXPECT_EQ((*client)->CreateJob(v1::CreateJobRequest()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(created.size(), 9u);
+}
+
+TEST_F(ClientTest, UploadRetriesWholeWithSizeDigestAndOneRequestId) {
+  ClientOptions options;
+  options.address = server_.address();
+  options.retry_backoff = absl::Milliseconds(1);
+  auto client = LoraplexClient::Connect(options);
+  ASSERT_TRUE(client.ok());
+  const std::string path = FreshTestDir() + "/train.jsonl";
+  const std::string contents(kUploadChunkBytes + 7, 'b');
+  std::ofstream(path, std::ios::binary) << contents;
+  server_.state().upload_failures = 1;
+  ASSERT_TRUE((*client)->UploadDatasetFile(path, "f").ok());
+  const auto& headers = server_.state().upload_headers;
+  ASSERT_EQ(headers.size(), 2u);
+  for (const v1::UploadDatasetHeader& header : headers) {
+    EXPECT_EQ(header.total_bytes(), static_cast<int64_t>(contents.size()));
+    EXPECT_EQ(header.sha256(), Sha256Hex(contents));
+    EXPECT_EQ(header.request_id(), headers[0].request_id());
+  }
+  EXPECT_FALSE(headers[0].request_id().empty());
+  // The second try sent the whole file again.
   EXPECT_EQ(server_.state().upload_bytes, contents);
 }
 

@@ -44,6 +44,10 @@ struct FakeServerState {
   std::string upload_display_name;
   std::string upload_bytes;
   bool upload_saw_header_first = false;
+  // Every upload's header; the first `upload_failures` uploads are then
+  // answered UNAVAILABLE (each upload starts the bytes afresh).
+  std::vector<v1::UploadDatasetHeader> upload_headers;
+  int upload_failures = 0;
   // Items of the List RPCs, served `page_size` at a time (tokens are the
   // next index).
   std::vector<v1::Dataset> datasets;
@@ -58,6 +62,9 @@ struct FakeServerState {
   // GetJob / CreateJob / CancelJob answer with `job`.
   v1::Job job;
   std::vector<v1::CreateJobRequest> created_jobs;
+  // The first `create_failures` CreateJob calls fail with this code.
+  int create_failures = 0;
+  grpc::StatusCode create_failure_code = grpc::StatusCode::UNAVAILABLE;
   std::vector<std::string> deleted_datasets;
   // PauseJob answers with `job` in `pause_outcome` (PAUSED, or the status
   // of a job that finished first), ResumeJob with `job` QUEUED, unless
@@ -197,15 +204,22 @@ class FakeLoraplexServer {
       v1::UploadDatasetRequest part;
       bool first = true;
       std::lock_guard<std::mutex> lock(state_->mu);
+      state_->upload_chunk_sizes.clear();
+      state_->upload_bytes.clear();
       while (reader->Read(&part)) {
         if (first) {
           state_->upload_saw_header_first = part.has_header();
           state_->upload_display_name = part.header().display_name();
+          state_->upload_headers.push_back(part.header());
           first = false;
           continue;
         }
         state_->upload_chunk_sizes.push_back(part.chunk().size());
         state_->upload_bytes += part.chunk();
+      }
+      if (state_->upload_failures > 0) {
+        --state_->upload_failures;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "try again");
       }
       response->set_name("datasets/d1");
       response->set_display_name(state_->upload_display_name);
@@ -264,6 +278,10 @@ class FakeLoraplexServer {
       if (!auth.ok()) return auth;
       std::lock_guard<std::mutex> lock(state_->mu);
       state_->created_jobs.push_back(*request);
+      if (state_->create_failures > 0) {
+        --state_->create_failures;
+        return grpc::Status(state_->create_failure_code, "injected");
+      }
       *response = state_->job;
       return grpc::Status::OK;
     }

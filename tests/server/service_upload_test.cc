@@ -1,0 +1,296 @@
+// Dataset uploads store exactly what the client sent, or nothing: a
+// cancelled upload is never stored, and a stream cut short by a malformed
+// message or carrying other bytes than its header declares is refused.
+#include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/common/sha256.h"
+#include "loraplex/v1/datasets.grpc.pb.h"
+#include "tests/server/service_fixture.h"
+
+namespace loraplex {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ServiceUploadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_ = FreshTestDir("state");
+    server_ = StartServer(state_, 1);
+    ASSERT_NE(server_, nullptr);
+    client_ = ClientFor(*server_);
+    channel_ = grpc::CreateChannel(server_->address(),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::DatasetService::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) {
+      EXPECT_TRUE(server_->Stop().ok()) << server_->Log();
+    }
+  }
+
+  // The datasets stored, once the server has answered everything (a
+  // cancelled upload is taken back when its call ends).
+  size_t StoredDatasets() {
+    auto datasets = client_->ListAllDatasets();
+    EXPECT_TRUE(datasets.ok()) << datasets.status();
+    return datasets.ok() ? datasets->size() : 0;
+  }
+
+  // Uploads `chunks` after a header with `total_bytes` (when >= 0) and
+  // `sha256`, through the raw stub.
+  grpc::Status RawUpload(const std::vector<std::string>& chunks,
+                         int64_t total_bytes, const std::string& sha256) {
+    grpc::ClientContext context;
+    v1::Dataset dataset;
+    auto writer = stub_->UploadDataset(&context, &dataset);
+    v1::UploadDatasetRequest header;
+    header.mutable_header()->set_display_name("raw");
+    if (total_bytes >= 0) header.mutable_header()->set_total_bytes(total_bytes);
+    header.mutable_header()->set_sha256(sha256);
+    bool open = writer->Write(header);
+    for (const std::string& chunk : chunks) {
+      if (!open) break;
+      v1::UploadDatasetRequest part;
+      part.set_chunk(chunk);
+      open = writer->Write(part);
+    }
+    if (open) writer->WritesDone();
+    return writer->Finish();
+  }
+
+  const std::string& server_state() const { return state_; }
+
+  std::string state_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<LoraplexClient> client_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::DatasetService::Stub> stub_;
+};
+
+TEST_F(ServiceUploadTest, CancelledUploadsAreNeverStored) {
+  const std::string lines = ReversalJsonl(50, 1);
+  constexpr int kUploads = 100;
+  for (int i = 0; i < kUploads; ++i) {
+    grpc::ClientContext context;
+    v1::Dataset dataset;
+    auto writer = stub_->UploadDataset(&context, &dataset);
+    v1::UploadDatasetRequest header;
+    header.mutable_header()->set_display_name("cancelled");
+    // Every other upload declares exactly the bytes it sends: then only
+    // the cancel itself can keep it from being stored.
+    if (i % 2 == 1) {
+      header.mutable_header()->set_total_bytes(
+          static_cast<int64_t>(3 * lines.size()));
+    }
+    ASSERT_TRUE(writer->Write(header));
+    for (int chunk = 0; chunk < 3; ++chunk) {
+      v1::UploadDatasetRequest part;
+      part.set_chunk(lines);
+      ASSERT_TRUE(writer->Write(part));
+    }
+    context.TryCancel();
+    EXPECT_FALSE(writer->Finish().ok()) << i;
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (StoredDatasets() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(StoredDatasets(), 0u) << server_->Log();
+  // Complete uploads are stored as before.
+  auto stored = client_->UploadDatasetContents(lines, "whole");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->num_examples(), 50);
+  EXPECT_EQ(stored->sha256(), Sha256Hex(lines));
+}
+
+TEST_F(ServiceUploadTest, MalformedMessageMidUploadFailsTheUpload) {
+  const std::string first = ReversalJsonl(10, 1);
+  const std::string second = ReversalJsonl(10, 2);
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_display_name("malformed");
+  header.mutable_header()->set_total_bytes(
+      static_cast<int64_t>(first.size() + second.size()));
+  v1::UploadDatasetRequest part;
+  part.set_chunk(first);
+  v1::UploadDatasetRequest rest;
+  rest.set_chunk(second);
+  // Header, 10 lines, 5 bytes that are no message, 10 more lines.
+  const std::vector<std::string> messages = {
+      header.SerializeAsString(), part.SerializeAsString(),
+      std::string("\xff\xff\xff\xff\xff", 5), rest.SerializeAsString()};
+
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue queue;
+  grpc::ClientContext context;
+  auto call = generic.PrepareCall(
+      &context, "/loraplex.v1.DatasetService/UploadDataset", &queue);
+  auto wait = [&](intptr_t tag) {
+    void* got = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(queue.Next(&got, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(got), tag);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(wait(1));
+  bool open = true;
+  intptr_t tag = 2;
+  for (const std::string& bytes : messages) {
+    if (!open) break;
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(tag));
+    open = wait(tag++);
+  }
+  if (open) {
+    call->WritesDone(reinterpret_cast<void*>(tag));
+    wait(tag++);
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(tag));
+  wait(tag);
+  queue.Shutdown();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("header.total_bytes"));
+  EXPECT_THAT(status.error_message(), HasSubstr("nothing was stored"));
+  EXPECT_EQ(StoredDatasets(), 0u);
+}
+
+TEST_F(ServiceUploadTest, DeclaredSizeAndDigestAreChecked) {
+  const std::string lines = ReversalJsonl(8, 1);
+  const std::string digest = Sha256Hex(lines);
+  const int64_t size = static_cast<int64_t>(lines.size());
+  struct Case {
+    std::vector<std::string> chunks;
+    int64_t total_bytes;
+    std::string sha256;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{lines}, size + 1, digest, "declared " + std::to_string(size + 1)},
+      {{lines, "x"}, size, "", "chunk: more bytes than header.total_bytes"},
+      {{lines}, size, Sha256Hex("other"), "header.sha256: the bytes"},
+      {{lines}, -1, "ABC", "header.sha256 must be 64 lowercase hex digits"},
+      {{lines},
+       int64_t{1} << 40,
+       "",
+       "header.total_bytes: the dataset (1099511627776 bytes) exceeds the "
+       "upload limit of "},
+  };
+  for (const Case& c : cases) {
+    grpc::Status status = RawUpload(c.chunks, c.total_bytes, c.sha256);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.error << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(c.error));
+  }
+  EXPECT_EQ(StoredDatasets(), 0u);
+  // Matching declarations, and none at all, are stored.
+  EXPECT_TRUE(RawUpload({lines}, size, digest).ok());
+  EXPECT_TRUE(RawUpload({lines}, -1, "").ok());
+  EXPECT_EQ(StoredDatasets(), 2u);
+}
+
+// A request_id makes CreateJob, AttachAdapter and UploadDataset safe to
+// retry: a repeat answers with what the first created, also after a
+// restart, and creates nothing.
+TEST_F(ServiceUploadTest, RepeatedRequestIdsCreateOnce) {
+  const std::string lines = ReversalJsonl(8, 1);
+  auto upload = [&] {
+    grpc::ClientContext context;
+    v1::Dataset dataset;
+    auto writer = stub_->UploadDataset(&context, &dataset);
+    v1::UploadDatasetRequest header;
+    header.mutable_header()->set_request_id("upload-1");
+    EXPECT_TRUE(writer->Write(header));
+    v1::UploadDatasetRequest part;
+    part.set_chunk(lines);
+    EXPECT_TRUE(writer->Write(part));
+    writer->WritesDone();
+    EXPECT_TRUE(writer->Finish().ok());
+    return dataset.name();
+  };
+  const std::string dataset = upload();
+  EXPECT_EQ(upload(), dataset);
+  EXPECT_EQ(StoredDatasets(), 1u);
+
+  v1::CreateJobRequest request =
+      JobRequest(dataset, v1::OPTIMIZER_FAMILY_ADAMW, 4, 2, 1);
+  request.set_request_id("create-1");
+  auto first = client_->CreateJob(request);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto again = client_->CreateJob(request);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->name(), first->name());
+
+  // A client whose deadline passed before the answer: its retry with the
+  // same id finds the job the first try created, or creates it once.
+  request.set_request_id("create-2");
+  ClientOptions hasty;
+  hasty.address = server_->address();
+  hasty.timeout = absl::Milliseconds(1);
+  hasty.attempts = 1;
+  auto impatient = LoraplexClient::Connect(hasty);
+  ASSERT_TRUE(impatient.ok());
+  (*impatient)->CreateJob(request).status().IgnoreError();
+  auto retried = client_->CreateJob(request);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+
+  auto config = LoadModelConfig(server_state() + "/models/tiny");
+  ASSERT_TRUE(config.ok()) << config.status();
+  LoraWeights weights(*config, torch::kCPU);
+  LoraConfig lora;
+  lora.rank = 4;
+  ASSERT_TRUE(weights.Bind(lora).ok());
+  weights.InitPeft(1);
+  auto files = EncodePeftAdapter(weights, "tiny");
+  ASSERT_TRUE(files.ok()) << files.status();
+  v1::AttachAdapterRequest attach;
+  attach.mutable_files()->set_adapter_config_json(files->config);
+  attach.mutable_files()->set_adapter_model_safetensors(files->weights);
+  *attach.mutable_job() =
+      JobRequest(dataset, v1::OPTIMIZER_FAMILY_ADAMW, 4, 2, 3);
+  attach.set_request_id("attach-1");
+  auto attached = client_->AttachAdapter(attach);
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  auto reattached = client_->AttachAdapter(attach);
+  ASSERT_TRUE(reattached.ok()) << reattached.status();
+  EXPECT_EQ(reattached->adapter().name(), attached->adapter().name());
+  EXPECT_EQ(reattached->job().name(), attached->job().name());
+
+  auto jobs = client_->ListAllJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(jobs->size(), 3u);
+  auto adapters = client_->ListAllAdapters();
+  ASSERT_TRUE(adapters.ok());
+  EXPECT_EQ(adapters->size(), 1u);
+
+  // Recorded durably: the same after a restart.
+  ASSERT_TRUE(server_->Stop().ok()) << server_->Log();
+  server_ = StartServer(server_state(), 1);
+  ASSERT_NE(server_, nullptr);
+  client_ = ClientFor(*server_);
+  request.set_request_id("create-1");
+  auto after_restart = client_->CreateJob(request);
+  ASSERT_TRUE(after_restart.ok()) << after_restart.status();
+  EXPECT_EQ(after_restart->name(), first->name());
+
+  request.set_request_id("has space");
+  absl::Status bad = client_->CreateJob(request).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("request_id must be at most 128"));
+}
+
+}  // namespace
+}  // namespace loraplex
