@@ -1,4 +1,4 @@
-#include "server/common/sha256.h"
+#include "core/common/sha256.h"
 
 #include <openssl/evp.h>
 

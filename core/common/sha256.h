@@ -5,8 +5,8 @@
 //   digest.Update(chunk1);
 //   digest.Update(chunk2);
 //   std::string hex = digest.HexDigest();
-#ifndef LORAPLEX_SERVER_COMMON_SHA256_H_
-#define LORAPLEX_SERVER_COMMON_SHA256_H_
+#ifndef LORAPLEX_CORE_COMMON_SHA256_H_
+#define LORAPLEX_CORE_COMMON_SHA256_H_
 
 #include <memory>
 #include <string>
@@ -35,4 +35,4 @@ std::string Sha256Hex(absl::string_view bytes);
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_SERVER_COMMON_SHA256_H_
+#endif  // LORAPLEX_CORE_COMMON_SHA256_H_

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
-#include "server/common/sha256.h"
+#include "core/common/sha256.h"
 
 namespace loraplex {
 namespace {
