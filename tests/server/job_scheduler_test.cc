@@ -429,6 +429,43 @@ TEST_F(JobSchedulerTest, PausingARunningJobWaitsForTheTrainersCheckpoint) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Once the trainer has stopped, a pause waiting for it is answered and
+// every change is refused UNAVAILABLE (nothing waits on a trainer that
+// will not answer; shutdown never waits on a call).
+TEST_F(JobSchedulerTest, RefusedCommandsAnswerWaitingPauses) {
+  StartScheduler(/*capacity=*/1);
+  Submit("job-1");
+  Submit("job-2");
+  Report(TrainerReport::Kind::kAttached, "job-1", 0);
+  WaitForStatus("job-1", JobStatus::kRunning);
+  absl::StatusOr<JobRecord> pause = absl::UnknownError("not answered");
+  scheduler_->Pause("ann", "job-1",
+                    [&](absl::StatusOr<JobRecord> record) { pause = record; });
+  EXPECT_EQ(pause.status().code(), absl::StatusCode::kUnknown);
+
+  scheduler_->RefuseCommands(absl::UnavailableError("the trainer stopped"));
+  EXPECT_EQ(pause.status(), absl::UnavailableError("the trainer stopped"));
+  auto unavailable = [](const absl::Status& status) {
+    return status.code() == absl::StatusCode::kUnavailable;
+  };
+  JobData data;
+  data.training = std::make_shared<const SequenceSet>();
+  EXPECT_TRUE(unavailable(
+      scheduler_->Submit(Record("job-3", "ann"), Spec(), std::move(data))
+          .status()));
+  EXPECT_TRUE(unavailable(scheduler_->Cancel("ann", "job-2", "x").status()));
+  EXPECT_TRUE(unavailable(scheduler_->Resume("ann", "job-2").status()));
+  absl::Status queued_pause;
+  scheduler_->Pause("ann", "job-2", [&](absl::StatusOr<JobRecord> record) {
+    queued_pause = record.status();
+  });
+  EXPECT_TRUE(unavailable(queued_pause));
+  EXPECT_TRUE(unavailable(scheduler_->ReserveSessionSlot("ann")));
+  // Nothing changed.
+  EXPECT_EQ(Stored("job-2").status, JobStatus::kQueued);
+  EXPECT_FALSE(store_->GetJob("", "job-3").ok());
+}
+
 TEST_F(JobSchedulerTest, PausingAQueuedJobIsImmediate) {
   StartScheduler(/*capacity=*/1);
   Submit("job-1");
