@@ -69,6 +69,14 @@ absl::StatusOr<StateCleanup> CleanUpState(const std::string& state_dir,
   }
 
   LORAPLEX_ASSIGN_OR_RETURN(auto jobs, IdsOf(store, JobStore::Table::kJobs));
+  std::vector<JobStatus> terminal;
+  for (JobStatus status : kAllJobStatuses) {
+    if (IsTerminal(status)) terminal.push_back(status);
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(std::vector<JobRecord> finished_jobs,
+                            store.JobsWithStatus(terminal));
+  absl::flat_hash_set<std::string> finished;
+  for (const JobRecord& job : finished_jobs) finished.insert(job.id);
   for (const fs::path& path : Entries(root / "checkpoints")) {
     std::error_code error;
     if (!fs::is_directory(path, error)) continue;  // pool.json and the like.
@@ -77,8 +85,7 @@ absl::StatusOr<StateCleanup> CleanUpState(const std::string& state_dir,
       removed.orphans += Remove(path);
       continue;
     }
-    LORAPLEX_ASSIGN_OR_RETURN(JobRecord job, store.GetJob("", id));
-    if (IsTerminal(job.status)) {
+    if (finished.contains(id)) {
       removed.finished_checkpoints +=
           KeepNewestCheckpoints(path.string(), keep_finished_checkpoints);
     }

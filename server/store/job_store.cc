@@ -368,6 +368,55 @@ absl::Status RecordRequest(sqlite3* db, const RequestKey& key,
   return status;
 }
 
+// Deletes `id` of `tenant` from `table` (and the request that created it)
+// in one transaction: NOT_FOUND when missing, FAILED_PRECONDITION naming
+// the job when a job that is not terminal refers to it (`uses`: an SQL
+// condition on jobs, ?1 the id).
+template <typename Record>
+absl::Status DeleteUnlessUsed(sqlite3* db, const OwnedTable<Record>& table,
+                              const std::string& tenant, const std::string& id,
+                              const char* uses, const char* relation) {
+  Transaction transaction(db);
+  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement exists,
+      Statement::Prepare(db, absl::StrCat("SELECT 1 FROM ", table.table,
+                                          " WHERE id = ? AND tenant = ?")));
+  exists.BindText(id);
+  exists.BindText(tenant);
+  LORAPLEX_ASSIGN_OR_RETURN(bool found, exists.Step());
+  if (!found) return NotFound(table.kind, id);
+  std::vector<std::string> terminal;
+  for (JobStatus status : kAllJobStatuses) {
+    if (IsTerminal(status)) {
+      terminal.push_back(absl::StrCat("'", JobStatusName(status), "'"));
+    }
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      Statement users,
+      Statement::Prepare(db, absl::StrCat("SELECT id, status FROM jobs WHERE (",
+                                          uses, ") AND status NOT IN (",
+                                          absl::StrJoin(terminal, ", "),
+                                          ") ORDER BY row_id LIMIT 1")));
+  users.BindText(id);
+  LORAPLEX_ASSIGN_OR_RETURN(bool in_use, users.Step());
+  if (in_use) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        table.kind, " \"", id, "\" ", relation, " job \"", users.Text(0),
+        "\" (", users.Text(1),
+        "); cancel the job or wait for it to finish before deleting it"));
+  }
+  for (const std::string& sql :
+       {absl::StrCat("DELETE FROM ", table.table, " WHERE id = ?1"),
+        // A repeat of the request that created it creates it anew.
+        std::string("DELETE FROM requests WHERE resource_id = ?1")}) {
+    LORAPLEX_ASSIGN_OR_RETURN(Statement erase, Statement::Prepare(db, sql));
+    erase.BindText(id);
+    LORAPLEX_RETURN_IF_ERROR(erase.Run());
+  }
+  return transaction.Commit();
+}
+
 // Applies the pragmas and creates or checks the schema.
 absl::Status InitializeDatabase(sqlite3* db, const std::string& path) {
   const std::string context = absl::StrCat("database \"", path, "\"");
@@ -475,53 +524,12 @@ absl::StatusOr<Page<DatasetRecord>> JobStore::ListDatasets(
 absl::Status JobStore::DeleteDataset(const std::string& tenant,
                                      const std::string& id) {
   absl::MutexLock lock(&mu_);
-  Transaction transaction(db_);
-  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement exists,
-      Statement::Prepare(db_,
-                         "SELECT 1 FROM datasets WHERE id = ? AND tenant = ?"));
-  exists.BindText(id);
-  exists.BindText(tenant);
-  LORAPLEX_ASSIGN_OR_RETURN(bool found, exists.Step());
-  if (!found) return NotFound("dataset", id);
-
   // Every tenant's jobs are checked: a job must never lose its data, even
   // one that refers to the dataset against the rules.
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement users,
-      Statement::Prepare(
-          db_,
-          "SELECT id, status FROM jobs WHERE (training_dataset_id = ? OR "
-          "validation_dataset_id = ?) AND status NOT IN (?, ?, ?) "
-          "ORDER BY row_id LIMIT 1"));
-  users.BindText(id);
-  users.BindText(id);
-  for (JobStatus status : kAllJobStatuses) {
-    if (IsTerminal(status)) users.BindText(JobStatusName(status));
-  }
-  LORAPLEX_ASSIGN_OR_RETURN(bool in_use, users.Step());
-  if (in_use) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset \"", id, "\" is used by job \"", users.Text(0), "\" (",
-        users.Text(1),
-        "); cancel the job or wait for it to finish before deleting it"));
-  }
-
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement erase,
-      Statement::Prepare(db_,
-                         "DELETE FROM datasets WHERE id = ? AND tenant = ?"));
-  erase.BindText(id);
-  erase.BindText(tenant);
-  LORAPLEX_RETURN_IF_ERROR(erase.Run());
-  // A repeat of the upload that stored it stores it anew.
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement requests,
-      Statement::Prepare(db_, "DELETE FROM requests WHERE resource_id = ?"));
-  requests.BindText(id);
-  LORAPLEX_RETURN_IF_ERROR(requests.Run());
-  return transaction.Commit();
+  return DeleteUnlessUsed(db_, kDatasets, tenant, id,
+                          "training_dataset_id = ?1 OR "
+                          "validation_dataset_id = ?1",
+                          "is used by");
 }
 
 absl::StatusOr<std::vector<JobEventRecord>> JobStore::InsertJob(
@@ -703,41 +711,8 @@ absl::Status JobStore::DeleteJob(const std::string& tenant,
 absl::Status JobStore::DeleteAdapter(const std::string& tenant,
                                      const std::string& id) {
   absl::MutexLock lock(&mu_);
-  Transaction transaction(db_);
-  LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement exists,
-      Statement::Prepare(db_,
-                         "SELECT 1 FROM adapters WHERE id = ? AND tenant = ?"));
-  exists.BindText(id);
-  exists.BindText(tenant);
-  LORAPLEX_ASSIGN_OR_RETURN(bool found, exists.Step());
-  if (!found) return NotFound("adapter", id);
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement users,
-      Statement::Prepare(db_,
-                         "SELECT id, status FROM jobs WHERE initial_adapter_id "
-                         "= ? AND status NOT IN (?, ?, ?) ORDER BY row_id "
-                         "LIMIT 1"));
-  users.BindText(id);
-  for (JobStatus status : kAllJobStatuses) {
-    if (IsTerminal(status)) users.BindText(JobStatusName(status));
-  }
-  LORAPLEX_ASSIGN_OR_RETURN(bool in_use, users.Step());
-  if (in_use) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "adapter \"", id, "\" is the starting point of job \"", users.Text(0),
-        "\" (", users.Text(1),
-        "); cancel the job or wait for it to finish before deleting it"));
-  }
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Statement erase,
-      Statement::Prepare(db_,
-                         "DELETE FROM adapters WHERE id = ? AND tenant = ?"));
-  erase.BindText(id);
-  erase.BindText(tenant);
-  LORAPLEX_RETURN_IF_ERROR(erase.Run());
-  return transaction.Commit();
+  return DeleteUnlessUsed(db_, kAdapters, tenant, id, "initial_adapter_id = ?1",
+                          "is the starting point of");
 }
 
 absl::StatusOr<std::vector<std::string>> JobStore::AllIds(Table table) {

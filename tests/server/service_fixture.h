@@ -91,6 +91,28 @@ inline v1::CreateJobRequest JobRequest(const std::string& dataset,
   return request;
 }
 
+// An AttachAdapterRequest that uploads a fresh rank-4 PEFT adapter for the
+// model in `model_dir` with `job` (its initial weights: PEFT's init).
+inline v1::AttachAdapterRequest AttachNewAdapter(const std::string& model_dir,
+                                                 v1::CreateJobRequest job) {
+  v1::AttachAdapterRequest attach;
+  auto config = LoadModelConfig(model_dir);
+  EXPECT_TRUE(config.ok()) << config.status();
+  if (!config.ok()) return attach;
+  LoraWeights weights(*config, torch::kCPU);
+  LoraConfig lora;
+  lora.rank = 4;
+  EXPECT_TRUE(weights.Bind(lora).ok());
+  weights.InitPeft(1);
+  auto files = EncodePeftAdapter(weights, "tiny");
+  EXPECT_TRUE(files.ok()) << files.status();
+  if (!files.ok()) return attach;
+  attach.mutable_files()->set_adapter_config_json(files->config);
+  attach.mutable_files()->set_adapter_model_safetensors(files->weights);
+  *attach.mutable_job() = std::move(job);
+  return attach;
+}
+
 // Polls GetJob until the job is SUCCEEDED, FAILED or CANCELLED.
 inline absl::StatusOr<v1::Job> WaitForJob(LoraplexClient& client,
                                           const std::string& name,

@@ -367,20 +367,9 @@ TEST(ServiceIsolationTest, DeletesRefuseWhatAJobStillNeeds) {
   EXPECT_THAT(refused.message(), HasSubstr("cancel it"));
 
   // An adapter a queued job starts from stays.
-  auto config = LoadModelConfig(state + "/models/tiny");
-  ASSERT_TRUE(config.ok()) << config.status();
-  LoraWeights weights(*config, torch::kCPU);
-  LoraConfig lora;
-  lora.rank = 4;
-  ASSERT_TRUE(weights.Bind(lora).ok());
-  weights.InitPeft(1);
-  auto files = EncodePeftAdapter(weights, "tiny");
-  ASSERT_TRUE(files.ok()) << files.status();
-  v1::AttachAdapterRequest attach;
-  attach.mutable_files()->set_adapter_config_json(files->config);
-  attach.mutable_files()->set_adapter_model_safetensors(files->weights);
-  *attach.mutable_job() =
-      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 100000, 2);
+  const v1::AttachAdapterRequest attach = AttachNewAdapter(
+      state + "/models/tiny",
+      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 100000, 2));
   auto attached = client->AttachAdapter(attach);
   ASSERT_TRUE(attached.ok()) << attached.status();
   const std::string adapter = attached->adapter().name();

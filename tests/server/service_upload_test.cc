@@ -247,20 +247,9 @@ TEST_F(ServiceUploadTest, RepeatedRequestIdsCreateOnce) {
   auto retried = client_->CreateJob(request);
   ASSERT_TRUE(retried.ok()) << retried.status();
 
-  auto config = LoadModelConfig(server_state() + "/models/tiny");
-  ASSERT_TRUE(config.ok()) << config.status();
-  LoraWeights weights(*config, torch::kCPU);
-  LoraConfig lora;
-  lora.rank = 4;
-  ASSERT_TRUE(weights.Bind(lora).ok());
-  weights.InitPeft(1);
-  auto files = EncodePeftAdapter(weights, "tiny");
-  ASSERT_TRUE(files.ok()) << files.status();
-  v1::AttachAdapterRequest attach;
-  attach.mutable_files()->set_adapter_config_json(files->config);
-  attach.mutable_files()->set_adapter_model_safetensors(files->weights);
-  *attach.mutable_job() =
-      JobRequest(dataset, v1::OPTIMIZER_FAMILY_ADAMW, 4, 2, 3);
+  v1::AttachAdapterRequest attach = AttachNewAdapter(
+      server_state() + "/models/tiny",
+      JobRequest(dataset, v1::OPTIMIZER_FAMILY_ADAMW, 4, 2, 3));
   attach.set_request_id("attach-1");
   auto attached = client_->AttachAdapter(attach);
   ASSERT_TRUE(attached.ok()) << attached.status();
