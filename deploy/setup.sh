@@ -22,6 +22,8 @@ PACKAGES=(
   libsentencepiece-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libgloo-dev
   # Tests and benchmarks (the Tinker SDK test runs in a Python venv).
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-venv
+  # Fuzzing (tools/fuzz.sh): clang with libFuzzer and the sanitizers.
+  clang libclang-rt-dev
 )
 
 die() {

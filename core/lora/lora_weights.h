@@ -28,9 +28,6 @@
 
 namespace loraplex {
 
-// The layer of the LM head's module, which belongs to no layer.
-inline constexpr int kLmHeadLayer = -1;
-
 struct LoraModule {
   int layer = 0;  // kLmHeadLayer for Projection::kLmHead.
   Projection projection = Projection::kQ;

@@ -25,6 +25,8 @@ enum class Projection {
 };
 // The projections of one decoder layer.
 inline constexpr int kNumProjections = 7;
+// The layer of the LM head's module, which belongs to no layer.
+inline constexpr int kLmHeadLayer = -1;
 inline constexpr std::array<Projection, kNumProjections> kAllProjections = {
     Projection::kQ,    Projection::kK,  Projection::kV,   Projection::kO,
     Projection::kGate, Projection::kUp, Projection::kDown};

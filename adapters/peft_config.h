@@ -1,0 +1,37 @@
+// adapter_config.json of a PEFT LoRA adapter, read without LibTorch:
+// the settings an adapter here can express, checked, or INVALID_ARGUMENT
+// naming the file (`label`) and the problem.
+#ifndef LORAPLEX_ADAPTERS_PEFT_CONFIG_H_
+#define LORAPLEX_ADAPTERS_PEFT_CONFIG_H_
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/lora/lora_config.h"
+#include "core/model/projection.h"
+
+namespace loraplex {
+
+// "model.layers.3.self_attn.q_proj", or "lm_head".
+std::string PeftModuleName(int layer, Projection projection);
+
+// The LoRA settings of a parsed adapter_config.json for a base model of
+// `num_layers` layers; its base_model_name_or_path goes to *base_model.
+// Unsupported settings (DoRA, bias, rank or alpha patterns, modules to
+// save, target modules other than the seven projections of every layer
+// and lm_head) are refused.
+absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
+                                           int num_layers,
+                                           const std::string& label,
+                                           std::string* base_model);
+
+// ParsePeftConfig of the text of an adapter_config.json (untrusted JSON).
+absl::StatusOr<LoraConfig> ParsePeftConfigText(absl::string_view text,
+                                               int num_layers,
+                                               const std::string& label);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_ADAPTERS_PEFT_CONFIG_H_
