@@ -53,11 +53,8 @@ int main(int argc, char** argv) {
   std::cout << std::fixed << std::setprecision(3);
   std::cout << "threads                     " << used << "\n";
   const loraplex::BlasInfo blas = loraplex::InspectBlas();
-  for (const std::string& library : blas.libraries) {
-    std::cout << "BLAS library                " << library << "\n";
-  }
-  std::cout << "OpenBLAS kernels            "
-            << (blas.openblas_core.empty() ? "-" : blas.openblas_core) << "\n";
+  std::cout << "BLAS                        " << loraplex::DescribeBlas(blas)
+            << "\n";
   const std::string warning =
       loraplex::BlasPerformanceWarning(blas, loraplex::DetectCpuFeatures());
   if (!warning.empty()) std::cout << "WARNING: " << warning << "\n";

@@ -117,12 +117,9 @@ int main(int argc, char** argv) {
   }
   torch::manual_seed(0);
   const loraplex::BlasInfo blas = loraplex::InspectBlas();
-  std::cout << std::fixed << std::setprecision(3) << "BLAS:";
-  for (const std::string& library : blas.libraries) std::cout << " " << library;
-  if (!blas.openblas_core.empty()) {
-    std::cout << " (OpenBLAS kernels " << blas.openblas_core << ")";
-  }
-  std::cout << ", threads " << *configured << "\n\n";
+  std::cout << std::fixed << std::setprecision(3)
+            << "BLAS: " << loraplex::DescribeBlas(blas) << ", threads "
+            << *configured << "\n\n";
 
   std::cout << "Newton-Schulz (quintic, 5 steps) over 16 same-shape matrices"
                " (goal: loop/batched >= 3x)\n";

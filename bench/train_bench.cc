@@ -18,6 +18,7 @@
 //   build/bin/loraplex-bench-train [--threads N] [--rounds R] [--slots N]
 //                                  [--budgets 256,512,1024,0]
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -123,6 +124,8 @@ int main(int argc, char** argv) {
   std::cout << "threads " << used << ", slots " << slots << ", rank " << kRank
             << " on all 7 projections, AdamW, small model\n";
   const BlasInfo blas = InspectBlas();
+  std::cout << "LibTorch " << TORCH_VERSION << ", BLAS " << DescribeBlas(blas)
+            << "\n";
   const std::string warning = BlasPerformanceWarning(blas, DetectCpuFeatures());
   if (!warning.empty()) std::cout << "WARNING: " << warning << "\n";
   std::cout << "peak fp32 GEMM (1024^3): " << peak << " GFLOP/s\n";

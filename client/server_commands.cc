@@ -1,5 +1,7 @@
 // `loraplex info` and `loraplex slots`.
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -7,6 +9,7 @@
 #include "client/display_format.h"
 #include "client/text_table.h"
 #include "proto/resource_names.h"
+#include "proto/runtime_text.h"
 
 namespace loraplex {
 namespace {
@@ -18,21 +21,26 @@ int RunInfo(const CliContext& context) {
   if (!info.ok()) return context.ReportError(info.status());
   if (context.PrintJsonIfRequested(*info)) return kExitSuccess;
   const v1::BaseModel& model = info->base_model();
-  PrintKeyValues(
-      context.out(),
-      {{"Server", context.options().server},
-       {"Version", info->version()},
-       {"Base model",
-        absl::StrCat(model.name(), " (", model.family(), ", ",
-                     model.num_hidden_layers(), " layers, hidden ",
-                     model.hidden_size(), ", vocab ", model.vocab_size(), ", ",
-                     model.dtype(), ")")},
-       {"Device", info->device()},
-       {"Slots", absl::StrCat(info->slot_capacity(), " (",
-                              info->slots_per_tenant(), " per tenant)")},
-       {"Max rank", absl::StrCat(info->max_rank())},
-       {"Max dataset", FormatBytes(info->max_dataset_bytes())},
-       {"Tenant", info->tenant()}});
+  std::vector<std::pair<std::string, std::string>> facts = {
+      {"Server", context.options().server},
+      {"Version", info->version()},
+      {"Base model",
+       absl::StrCat(model.name(), " (", model.family(), ", ",
+                    model.num_hidden_layers(), " layers, hidden ",
+                    model.hidden_size(), ", vocab ", model.vocab_size(), ", ",
+                    model.dtype(), ")")},
+      {"Device", info->device()},
+      {"Slots", absl::StrCat(info->slot_capacity(), " (",
+                             info->slots_per_tenant(), " per tenant)")},
+      {"Max rank", absl::StrCat(info->max_rank())},
+      {"Max dataset", FormatBytes(info->max_dataset_bytes())},
+      {"Tenant", info->tenant()}};
+  if (info->has_runtime()) {
+    for (auto& fact : RuntimeFacts(info->runtime())) {
+      facts.push_back(std::move(fact));
+    }
+  }
+  PrintKeyValues(context.out(), facts);
   return kExitSuccess;
 }
 

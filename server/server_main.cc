@@ -30,7 +30,9 @@
 #include "core/dist/process_group.h"
 #include "core/model/model_presets.h"
 #include "core/runtime/device.h"
+#include "core/runtime/runtime_info.h"
 #include "core/tokenizer/load_tokenizer.h"
+#include "proto/runtime_text.h"
 #include "server/common/work_queue.h"
 #include "server/engine/checkpoint_files.h"
 #include "server/engine/rank_setup.h"
@@ -165,6 +167,37 @@ std::optional<torch::ScalarType> ComputeDtype(const std::string& flag) {
   if (flag == "bfloat16") return torch::kBFloat16;
   if (flag == "float64") return torch::kFloat64;
   return std::nullopt;
+}
+
+v1::Runtime RuntimeProto(const RuntimeInfo& info) {
+  v1::Runtime proto;
+  proto.set_torch_version(info.torch_version);
+  proto.set_blas(info.blas);
+  proto.set_cpu_capability(info.cpu_capability);
+  proto.set_intra_op_threads(info.intra_op_threads);
+  proto.set_inter_op_threads(info.inter_op_threads);
+  proto.set_cuda_compiled(info.cuda_compiled);
+  proto.set_cuda_runtime_version(info.cuda_runtime_version);
+  proto.set_cuda_driver_version(info.cuda_driver_version);
+  for (const CudaDeviceInfo& device : info.cuda_devices) {
+    v1::CudaDevice* out = proto.add_cuda_devices();
+    out->set_index(device.index);
+    out->set_name(device.name);
+    out->set_compute_capability_major(device.compute_capability_major);
+    out->set_compute_capability_minor(device.compute_capability_minor);
+    out->set_total_memory_bytes(device.total_memory_bytes);
+  }
+  proto.set_cuda_note(info.cuda_note);
+  return proto;
+}
+
+// What --version prints: the version, then what it runs on.
+std::string VersionText() {
+  std::string text = absl::StrCat("loraplex-server ", LORAPLEX_VERSION);
+  for (const std::string& line : RuntimeLines(RuntimeProto(InspectRuntime()))) {
+    absl::StrAppend(&text, "\n", line);
+  }
+  return text;
 }
 
 // --device, with a CUDA device of no index taken as the rank's LOCAL_RANK.
@@ -314,6 +347,8 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   if (!device.ok()) return fail(device.status());
   absl::StatusOr<int> threads = ConfigureThreads(flags.threads);
   if (!threads.ok()) return fail(threads.status());
+  const v1::Runtime runtime = RuntimeProto(InspectRuntime());
+  for (const std::string& line : RuntimeLines(runtime)) logger.Info(line);
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
       LoadTokenizer(model_dir);
   if (!tokenizer.ok()) return fail(tokenizer.status());
@@ -472,6 +507,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   context.state_dir = flags.state_dir;
   context.device = flags.device;
   context.version = LORAPLEX_VERSION;
+  context.runtime = runtime;
   context.limits.max_dataset_bytes = flags.max_dataset_mb << 20;
   context.limits.max_rank = flags.max_rank;
   context.limits.min_checkpoint_interval = flags.min_checkpoint_interval;
@@ -635,6 +671,9 @@ int main(int argc, char** argv) {
       "loraplex-server: multi-LoRA fine-tuning over one frozen base model. "
       "Clients talk to it with the `loraplex` CLI or the loraplex.v1 gRPC "
       "API."};
+  app.set_version_flag("--version", loraplex::VersionText,
+                       "Print the version and what the server runs on "
+                       "(LibTorch, BLAS, threads, CUDA devices)");
   app.add_option("--model", flags.model_dir,
                  "Base model directory (config.json + safetensors); default: "
                  "the built-in tiny model, written to the state dir");

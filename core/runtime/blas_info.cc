@@ -1,5 +1,6 @@
 #include "core/runtime/blas_info.h"
 
+#include <ATen/Version.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace loraplex {
 namespace {
@@ -18,6 +20,27 @@ bool Mentions(const std::vector<std::string>& libraries, const char* word) {
         return absl::StrContains(
             std::filesystem::path(path).filename().string(), word);
       });
+}
+
+// The value of `key=` in LibTorch's build settings ("BLAS_INFO=mkl, ...").
+std::string BuildSetting(const std::string& config, const std::string& key) {
+  const std::string needle = key + "=";
+  size_t at = config.find(needle);
+  if (at == std::string::npos) return "";
+  at += needle.size();
+  const size_t end = config.find_first_of(",\n", at);
+  return config.substr(at, end == std::string::npos ? end : end - at);
+}
+
+// "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build ..." ->
+// "2024.2".
+std::string MklVersion(const std::string& text) {
+  const std::string needle = "Version ";
+  const size_t at = text.find(needle);
+  if (at == std::string::npos) return "";
+  const size_t start = at + needle.size();
+  const size_t end = text.find_first_of("- ", start);
+  return text.substr(start, end == std::string::npos ? end : end - start);
 }
 
 }  // namespace
@@ -45,7 +68,30 @@ BlasInfo InspectBlas() {
           dlsym(RTLD_DEFAULT, "openblas_get_corename"))) {
     if (const char* name = corename()) info.openblas_core = name;
   }
+  info.libtorch_blas = BuildSetting(at::show_config(), "BLAS_INFO");
+  if (info.libtorch_blas == "mkl") {
+    info.mkl_version = MklVersion(at::get_mkl_version());
+  }
   return info;
+}
+
+std::string DescribeBlas(const BlasInfo& blas) {
+  std::string text;
+  if (blas.libtorch_blas == "mkl") {
+    // Linked statically into libtorch_cpu: no shared object to look for.
+    text = absl::StrCat("MKL", blas.mkl_version.empty() ? "" : " ",
+                        blas.mkl_version, " (built into LibTorch)");
+  } else if (!blas.openblas_core.empty()) {
+    text = absl::StrCat("OpenBLAS, ", blas.openblas_core, " kernels");
+  } else if (!blas.libtorch_blas.empty()) {
+    text = blas.libtorch_blas;
+  } else {
+    text = "unknown";
+  }
+  if (blas.libtorch_blas != "mkl" && !blas.libraries.empty()) {
+    absl::StrAppend(&text, " (", absl::StrJoin(blas.libraries, ", "), ")");
+  }
+  return text;
 }
 
 CpuFeatures DetectCpuFeatures() {
@@ -60,6 +106,7 @@ CpuFeatures DetectCpuFeatures() {
 
 std::string BlasPerformanceWarning(const BlasInfo& blas,
                                    const CpuFeatures& cpu) {
+  if (blas.libtorch_blas == "mkl") return "";
   const bool openblas =
       !blas.openblas_core.empty() || Mentions(blas.libraries, "openblas");
   if (!openblas && !Mentions(blas.libraries, "mkl")) {

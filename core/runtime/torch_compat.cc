@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Version.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <cstring>
@@ -46,6 +47,14 @@ namespace {
 OptimizerStateKey OptimizerStateKeyOf(const torch::Tensor& param) {
   return StateKeyFromImpl(param.unsafeGetTensorImpl(),
                           static_cast<OptimizerStateKey*>(nullptr));
+}
+
+std::string CpuCapability() {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::get_cpu_capability();
+#else
+  return "";
+#endif
 }
 
 torch::Generator MakeCpuGenerator(uint64_t seed) {

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -46,6 +47,10 @@ State* FindOptimizerState(torch::optim::Optimizer& optimizer,
   if (it == optimizer.state().end()) return nullptr;
   return static_cast<State*>(it->second.get());
 }
+
+// The widest vector instructions LibTorch's CPU kernels dispatch to
+// ("AVX512", "AVX2", "DEFAULT"); empty on LibTorch 1.13, which cannot say.
+std::string CpuCapability();
 
 // A CPU random generator seeded with `seed` (for seeded init and dropout).
 torch::Generator MakeCpuGenerator(uint64_t seed);

@@ -30,6 +30,7 @@ grpc::ServerUnaryReactor* ServerInfoServiceImpl::GetServerInfo(
     response->set_device(context_->device);
     response->set_max_dataset_bytes(context_->limits.max_dataset_bytes);
     response->set_tenant(tenant);
+    *response->mutable_runtime() = context_->runtime;
     return absl::OkStatus();
   });
 }

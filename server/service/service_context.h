@@ -23,6 +23,7 @@
 #include "core/lora/lora_config.h"
 #include "core/model/model_config.h"
 #include "core/runtime/exception_message.h"
+#include "loraplex/v1/server.pb.h"
 #include "server/common/logger.h"
 #include "server/common/work_queue.h"
 #include "server/jobs/job_data.h"
@@ -75,6 +76,7 @@ struct ServiceContext {
   std::string state_dir;
   std::string device;
   std::string version;
+  v1::Runtime runtime;  // What the server runs on (GetServerInfo).
   ServiceLimits limits;
 };
 

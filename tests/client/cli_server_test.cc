@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/quickstart_data.h"
@@ -112,6 +113,37 @@ TEST_F(CliServerTest, UploadTrainWaitAndExport) {
   const CliResult removed_adapter = Run({"adapters", "rm", adapter});
   EXPECT_EQ(removed_adapter.exit_code, 0) << removed_adapter.Describe();
   EXPECT_THAT(Run({"adapters", "list"}).out, Not(HasSubstr(adapter.substr(9))));
+}
+
+// --version, the start-up log and `loraplex info` name the LibTorch this
+// was built against (LORAPLEX_TEST_TORCH_VERSION, from CMake's find_package),
+// the BLAS and the threads the server runs with.
+TEST_F(CliServerTest, SaysWhatTheServerRunsOn) {
+  const std::string torch = LORAPLEX_TEST_TORCH_VERSION;
+  CliRunOptions server_program;
+  server_program.program = "loraplex-server";
+  const CliResult version = RunCli({"--version"}, server_program);
+  ASSERT_EQ(version.exit_code, 0) << version.Describe();
+  EXPECT_THAT(version.out, HasSubstr("loraplex-server 0."));
+  EXPECT_THAT(version.out, HasSubstr("LibTorch: " + torch));
+  EXPECT_THAT(version.out, HasSubstr("BLAS: "));
+  EXPECT_THAT(version.out, Not(HasSubstr("BLAS: unknown")));
+  EXPECT_THAT(version.out, HasSubstr(" intra-op thread(s)"));
+
+  EXPECT_THAT(server_->Log(), HasSubstr("LibTorch: " + torch));
+  const CliResult info = Run({"info"});
+  ASSERT_EQ(info.exit_code, 0) << info.Describe();
+  EXPECT_THAT(info.out, HasSubstr(torch));
+  EXPECT_THAT(info.out, HasSubstr("BLAS:"));
+  const CliResult json = Run({"--json", "info"});
+  ASSERT_EQ(json.exit_code, 0) << json.Describe();
+  const auto runtime = nlohmann::json::parse(json.out)["runtime"];
+  EXPECT_EQ(runtime["torchVersion"], torch);
+  // This server runs with one thread per core (the default) unless
+  // LORAPLEX_TEST_THREADS says otherwise.
+  const int threads = TestThreadsOverride().value_or(
+      static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ(runtime["intraOpThreads"], threads) << json.out;
 }
 
 TEST_F(CliServerTest, SampleStreamsTextAndPrintsJson) {
