@@ -92,6 +92,28 @@ inline double ForwardFlops(const ModelConfig& c, int64_t tokens, int64_t seq) {
          tokens;
 }
 
+// Matmul FLOPs of one training step over `rows` full sequences of
+// `seq_len` tokens, rank-`rank` LoRA on all seven projections.
+inline double TrainStepFlops(const ModelConfig& c, int64_t rows,
+                             int64_t seq_len, int64_t rank) {
+  const double tokens = static_cast<double>(rows * seq_len);
+  const double targets = static_cast<double>(rows * (seq_len - 1));
+  const double head = 2.0 * c.hidden_size * c.vocab_size * targets;
+  const double linear = ProjectionFlopsPerToken(c) * tokens;
+  const double attention = AttentionFlopsPerToken(c, seq_len) * tokens;
+  double lora_per_token = 0;
+  for (Projection p : kAllProjections) {
+    const auto shape = ProjectionShape(c, p);
+    lora_per_token += 2.0 * rank * (shape[0] + shape[1]);
+  }
+  const double lora = lora_per_token * c.num_hidden_layers * tokens;
+  // Backward: input gradients of the frozen linears and LM head (as much
+  // as their forward), twice the attention forward, and twice the LoRA
+  // forward (gradients of A, B and their inputs).
+  return (linear + attention + head + lora) +
+         (linear + 2 * attention + head + 2 * lora);
+}
+
 // `count` sequences of `seq_len` uniform random tokens, every token but the
 // first a target (from torch's global generator).
 inline std::shared_ptr<const SequenceSet> RandomSequences(int64_t count,

@@ -59,26 +59,6 @@ SlotAttachRequest Request(int index, int64_t batch_size, int64_t seq_len,
   return request;
 }
 
-// Matmul FLOPs of one training step over `rows` full sequences.
-double StepFlops(const ModelConfig& c, int64_t rows, int64_t seq_len) {
-  const double tokens = static_cast<double>(rows * seq_len);
-  const double targets = static_cast<double>(rows * (seq_len - 1));
-  const double head = 2.0 * c.hidden_size * c.vocab_size * targets;
-  const double linear = ProjectionFlopsPerToken(c) * tokens;
-  const double attention = AttentionFlopsPerToken(c, seq_len) * tokens;
-  double lora_per_token = 0;
-  for (Projection p : kAllProjections) {
-    const auto shape = ProjectionShape(c, p);
-    lora_per_token += 2.0 * kRank * (shape[0] + shape[1]);
-  }
-  const double lora = lora_per_token * c.num_hidden_layers * tokens;
-  // Backward: input gradients of the frozen linears and LM head (as much
-  // as their forward), twice the attention forward, and twice the LoRA
-  // forward (gradients of A, B and their inputs).
-  return (linear + attention + head + lora) +
-         (linear + 2 * attention + head + 2 * lora);
-}
-
 struct Comparison {
   std::string label;
   double ratio;
@@ -158,7 +138,8 @@ int main(int argc, char** argv) {
       const auto [together, apart] =
           TimeSideBySide(co_batched, one_by_one, rounds);
       const double gflops =
-          StepFlops(config, slots * per_slot, seq_len) / together / 1e9;
+          TrainStepFlops(config, slots * per_slot, seq_len, kRank) / together /
+          1e9;
       std::ostringstream label;
       label << slots << " slots x " << per_slot << " x " << seq_len
             << " tokens, budget "

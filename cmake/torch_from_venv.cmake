@@ -1,23 +1,27 @@
 # LibTorch from the `torch` wheel in the project's Python environment.
 #
 # deploy/setup.sh installs a pinned PyPI `torch` into LORAPLEX_VENV. Unless
-# the configure names another LibTorch (-DTorch_DIR=... or
-# -DLORAPLEX_TORCH_FROM_VENV=OFF, e.g. for Debian's libtorch-dev), this points
-# find_package(Torch) at the wheel's CMake files and makes sure nothing of
-# another LibTorch or CUDA installation on the machine is picked up instead.
+# -DLORAPLEX_TORCH_FROM_VENV=OFF (then -DTorch_DIR= or CMAKE_PREFIX_PATH
+# names the LibTorch, e.g. Debian's libtorch-dev or a GPU machine's own
+# torch), this points find_package(Torch) at the wheel's CMake files and
+# makes sure nothing of another LibTorch or CUDA installation on the machine
+# is picked up instead.
 option(LORAPLEX_TORCH_FROM_VENV
        "Build against the torch wheel in LORAPLEX_VENV when it has one" ON)
 
-set(LORAPLEX_TORCH_WHEEL_DIR "")
-if(Torch_DIR)
-  # Given, or found by an earlier configure: a wheel's when it lies in one
-  # (site-packages/torch/share/cmake/Torch).
-  get_filename_component(_loraplex_torch_dir "${Torch_DIR}/../../.." ABSOLUTE)
-  if(EXISTS "${_loraplex_torch_dir}/lib/libtorch_cpu.so"
-     AND EXISTS "${_loraplex_torch_dir}/__init__.py")
-    set(LORAPLEX_TORCH_WHEEL_DIR "${_loraplex_torch_dir}")
+# The torch package directory (site-packages/torch) that LibTorch CMake
+# directory `cmake_dir` (.../torch/share/cmake/Torch) lies in, or "".
+function(loraplex_wheel_of cmake_dir out)
+  get_filename_component(_dir "${cmake_dir}/../../.." ABSOLUTE)
+  if(EXISTS "${_dir}/lib/libtorch_cpu.so" AND EXISTS "${_dir}/__init__.py")
+    set(${out} "${_dir}" PARENT_SCOPE)
+  else()
+    set(${out} "" PARENT_SCOPE)
   endif()
-elseif(LORAPLEX_TORCH_FROM_VENV AND EXISTS "${LORAPLEX_VENV}/bin/python")
+endfunction()
+
+set(_loraplex_venv_torch "")
+if(LORAPLEX_TORCH_FROM_VENV AND EXISTS "${LORAPLEX_VENV}/bin/python")
   execute_process(
     COMMAND "${LORAPLEX_VENV}/bin/python" -c
             "import os, torch; print(os.path.dirname(torch.__file__))"
@@ -27,8 +31,23 @@ elseif(LORAPLEX_TORCH_FROM_VENV AND EXISTS "${LORAPLEX_VENV}/bin/python")
     ERROR_QUIET)
   if(_loraplex_torch_rc EQUAL 0
      AND EXISTS "${_loraplex_torch_dir}/share/cmake/Torch/TorchConfig.cmake")
-    set(LORAPLEX_TORCH_WHEEL_DIR "${_loraplex_torch_dir}")
+    set(_loraplex_venv_torch "${_loraplex_torch_dir}")
   endif()
+endif()
+
+set(LORAPLEX_TORCH_WHEEL_DIR "")
+if(Torch_DIR)
+  # Given, or found by an earlier configure.
+  loraplex_wheel_of("${Torch_DIR}" LORAPLEX_TORCH_WHEEL_DIR)
+  if(_loraplex_venv_torch
+     AND NOT LORAPLEX_TORCH_WHEEL_DIR STREQUAL _loraplex_venv_torch)
+    message(FATAL_ERROR "Torch_DIR is ${Torch_DIR}, not the torch in "
+      "${LORAPLEX_VENV} (${_loraplex_venv_torch}). To build against it, give "
+      "-DLORAPLEX_TORCH_FROM_VENV=OFF; to use the venv's, start from a fresh "
+      "build directory (deploy/setup.sh does when it switches).")
+  endif()
+elseif(_loraplex_venv_torch)
+  set(LORAPLEX_TORCH_WHEEL_DIR "${_loraplex_venv_torch}")
 endif()
 
 if(LORAPLEX_TORCH_WHEEL_DIR)
@@ -65,6 +84,29 @@ function(loraplex_check_torch)
         message(FATAL_ERROR "LibTorch's ${${_lib}} is not next to "
           "${TORCH_LIBRARY}: two LibTorch installations are mixed; give "
           "-DTorch_DIR= of the one to use")
+      endif()
+    endif()
+  endforeach()
+  # The wheel ships part of protobuf's headers in its include directory,
+  # which comes before the system's: they must be the release the service's
+  # generated code and libprotobuf are (3.21.12 in both for torch 2.15.0
+  # and Debian 12).
+  foreach(_include IN LISTS TORCH_INCLUDE_DIRS)
+    set(_common "${_include}/google/protobuf/stubs/common.h")
+    if(EXISTS "${_common}")
+      file(STRINGS "${_common}" _line
+           REGEX "^#define GOOGLE_PROTOBUF_VERSION [0-9]+")
+      string(REGEX MATCH "[0-9]+$" _theirs "${_line}")
+      string(REPLACE "." ";" _parts "${Protobuf_VERSION}")
+      list(GET _parts 0 _major)
+      list(GET _parts 1 _minor)
+      list(GET _parts 2 _patch)
+      math(EXPR _ours "${_major} * 1000000 + ${_minor} * 1000 + ${_patch}")
+      if(NOT _theirs STREQUAL _ours)
+        message(FATAL_ERROR "LibTorch's include directory carries protobuf "
+          "headers ${_theirs} (${_common}) but Protobuf ${Protobuf_VERSION} "
+          "(${_ours}) is the one found: the gRPC service would compile "
+          "against the wrong headers. Use a torch whose protobuf matches.")
       endif()
     endif()
   endforeach()

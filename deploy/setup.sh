@@ -108,11 +108,6 @@ for tool in cmake g++ protoc grpc_cpp_plugin pkg-config; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool missing after install"
 done
 
-if [ "${LORAPLEX_SKIP_BUILD:-0}" = "1" ]; then
-  echo "==> dependencies ready (build skipped)"
-  exit 0
-fi
-
 # Under sudo, build as the calling user so build/ stays theirs and the
 # README's test command works without root.
 as_user() {
@@ -123,8 +118,9 @@ as_user() {
   fi
 }
 
-# The project's Python environment (ignored by git): the pinned Tinker SDK
-# that tests/tinker drives the server with, and the loraplex package. CMake finds it at .venv unless
+# The project's Python environment (ignored by git): torch (its LibTorch is
+# what the build links), the pinned Tinker SDK that tests/tinker drives the
+# server with, and the loraplex package. CMake finds it at .venv unless
 # LORAPLEX_VENV names another directory.
 venv="${LORAPLEX_VENV:-.venv}"
 if [ ! -x "$venv/bin/python" ]; then
@@ -163,10 +159,12 @@ if [ "$torch_source" = pypi ]; then
   if [ -n "$torch_cuda" ] && [ -z "$nvcc" ]; then
     echo "==> no CUDA toolkit here: installing nvcc $torch_cuda from PyPI" \
       "into $venv"
-    pip_install "nvidia-cuda-nvcc==${torch_cuda}.*" ||
-      die "pip install nvidia-cuda-nvcc==${torch_cuda}.* failed"
+    # nvcc, and cicc (NVVM), which nvcc runs.
+    pip_install "nvidia-cuda-nvcc==${torch_cuda}.*" "nvidia-nvvm==${torch_cuda}.*" ||
+      die "pip install nvidia-cuda-nvcc/nvidia-nvvm==${torch_cuda}.* failed"
     toolkit=$(as_user "$venv/bin/python" -c \
-      'import os, nvidia; print(os.path.join(nvidia.__path__[0], "cu" + "'"${torch_cuda%%.*}"'"))')
+      'import os, sys, nvidia; print(os.path.join(nvidia.__path__[0], "cu" + sys.argv[1]))' \
+      "${torch_cuda%%.*}")
     [ -x "$toolkit/bin/nvcc" ] || die "nvcc not found in $toolkit/bin"
     # The link step asks for libcudart.so & co.; the wheels ship only the
     # versioned names.
@@ -179,6 +177,23 @@ if [ "$torch_source" = pypi ]; then
   elif [ -n "$nvcc" ]; then
     echo "==> CUDA toolkit: $nvcc"
   fi
+fi
+
+if [ "${LORAPLEX_SKIP_BUILD:-0}" = "1" ]; then
+  echo "==> dependencies ready (build skipped)"
+  exit 0
+fi
+
+# A build/ configured against the other LibTorch starts afresh (CMake keeps
+# the LibTorch it first found).
+if [ -f build/CMakeCache.txt ]; then
+  cached=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' build/CMakeCache.txt)
+  case "$torch_source:$cached" in
+    pypi:"$(cd "$venv" && pwd)"/*|debian:/usr/*) ;;
+    *) echo "==> build/ was configured against LibTorch at ${cached:-?}:" \
+         "configuring it afresh"
+       rm -rf build ;;
+  esac
 fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -195,5 +210,5 @@ else
 fi
 as_user cmake -S . -B build "${configure[@]}" || die "cmake configure failed"
 as_user cmake --build build -j"$jobs" || die "build failed"
-echo "==> done: programs are in build/bin; test with:"
+echo "==> done in ${SECONDS} s: programs are in build/bin; test with:"
 echo "    ctest --test-dir build --output-on-failure -j2"

@@ -18,12 +18,16 @@ std::vector<std::pair<std::string, std::string>> RuntimeFacts(
   facts.emplace_back("LibTorch", absl::StrCat(runtime.torch_version(), cuda));
   facts.emplace_back("BLAS", runtime.blas());
   facts.emplace_back(
-      "CPU", absl::StrCat(runtime.intra_op_threads(), " intra-op thread(s), ",
-                          runtime.inter_op_threads(), " inter-op thread(s)",
-                          runtime.cpu_capability().empty()
-                              ? ""
-                              : absl::StrCat(", kernels for ",
-                                             runtime.cpu_capability())));
+      "CPU",
+      absl::StrCat(
+          runtime.intra_op_threads(), " intra-op thread(s), ",
+          runtime.inter_op_threads(), " inter-op thread(s)",
+          runtime.cpu_capability().empty()
+              ? ""
+              : absl::StrCat(", kernels for ", runtime.cpu_capability()),
+          ", OMP_WAIT_POLICY ",
+          runtime.openmp_wait_policy().empty() ? "unset"
+                                               : runtime.openmp_wait_policy()));
   if (!runtime.cuda_compiled()) return facts;
   if (runtime.cuda_devices().empty()) {
     facts.emplace_back(

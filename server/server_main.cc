@@ -32,6 +32,7 @@
 #include "core/runtime/device.h"
 #include "core/runtime/runtime_info.h"
 #include "core/tokenizer/load_tokenizer.h"
+#include "core/train/token_budget.h"
 #include "proto/runtime_text.h"
 #include "server/common/work_queue.h"
 #include "server/engine/checkpoint_files.h"
@@ -73,7 +74,7 @@ struct ServerFlags {
   std::string dtype = "auto";
   int threads = 0;
   int64_t max_dataset_mb = 256;
-  int64_t token_budget = CoBatchOptions{}.token_budget;
+  int64_t token_budget = -1;  // The device's default (DefaultTokenBudget).
   double throughput_log_seconds = 30.0;
   std::string ready_file;
   int64_t checkpoint_interval = 100;
@@ -176,6 +177,7 @@ v1::Runtime RuntimeProto(const RuntimeInfo& info) {
   proto.set_cpu_capability(info.cpu_capability);
   proto.set_intra_op_threads(info.intra_op_threads);
   proto.set_inter_op_threads(info.inter_op_threads);
+  proto.set_openmp_wait_policy(info.openmp_wait_policy);
   proto.set_cuda_compiled(info.cuda_compiled);
   proto.set_cuda_runtime_version(info.cuda_runtime_version);
   proto.set_cuda_driver_version(info.cuda_driver_version);
@@ -189,6 +191,25 @@ v1::Runtime RuntimeProto(const RuntimeInfo& info) {
   }
   proto.set_cuda_note(info.cuda_note);
   return proto;
+}
+
+// --token-budget, or with none (-1) the default for the device (logged):
+// the CPU's, or on a GPU what its memory holds beside the base's weights.
+int64_t ResolveTokenBudget(int64_t flag, const LlamaModel& model,
+                           const torch::Device& device,
+                           const v1::Runtime& runtime, Logger& logger) {
+  if (flag >= 0) return flag;
+  int64_t memory = 0;
+  const int index = device.has_index() ? device.index() : 0;
+  for (const v1::CudaDevice& cuda : runtime.cuda_devices()) {
+    if (cuda.index() == index) memory = cuda.total_memory_bytes();
+  }
+  const int64_t budget =
+      DefaultTokenBudget(model.config(), device.is_cuda(), memory,
+                         static_cast<int64_t>(c10::elementSize(model.dtype())));
+  logger.Info("token budget: ", budget, " tokens per micro-batch (the default ",
+              "on ", device.str(), "; --token-budget sets it)");
+  return budget;
 }
 
 // What --version prints: the version, then what it runs on.
@@ -365,12 +386,14 @@ int Serve(const ServerFlags& flags, Logger& logger) {
         " tokens but the model's embedding only ",
         (*model)->config().vocab_size, " rows")));
   }
+  const int64_t token_budget =
+      ResolveTokenBudget(flags.token_budget, **model, *device, runtime, logger);
   std::optional<DistContext> dist;
   if (env->distributed()) {
     RankSetup mine;
     mine.slots = flags.slots;
     mine.max_rank = flags.max_rank;
-    mine.token_budget = flags.token_budget;
+    mine.token_budget = token_budget;
     mine.checkpoints = true;
     absl::StatusOr<RankSetup> setup =
         JoinRanks(*env, *device, **model, mine, dist, logger);
@@ -447,7 +470,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   trainer_options.pool.capacity = flags.slots;
   trainer_options.pool.max_rank = flags.max_rank;
   trainer_options.pool.device = *device;
-  trainer_options.co_batch.token_budget = flags.token_budget;
+  trainer_options.co_batch.token_budget = token_budget;
   trainer_options.base_model_name = export_name;
   trainer_options.checkpoint_root =
       absl::StrCat(flags.state_dir, "/checkpoints");
@@ -727,9 +750,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   app.add_option("--token-budget", flags.token_budget,
-                 "Most padded tokens per micro-batch (0: no limit)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
-      ->capture_default_str();
+                 "Most padded tokens per micro-batch (0: no limit; default: "
+                 "2048 on the CPU, on a GPU as many as half its memory "
+                 "beside the base's weights holds activations for, up to "
+                 "65536)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--sample-share", flags.sample_share,
                  "Share of the trainer's time decoding takes while jobs train")
       ->check(CLI::Range(0.05, 0.95))

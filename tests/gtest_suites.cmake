@@ -2,12 +2,15 @@
 # suite (one process runs all its cases), so the suite does not pay a
 # process start — LibTorch's loading among it — for every case. A suite
 # whose cases are partly in the NUMERICS filter gets two entries, so the
-# `numerics` label stays exact: "<Suite>" and "<Suite>[numerics]".
+# `numerics` label stays exact: "<Suite>" and "<Suite>[numerics]". Cases in
+# the CUDA filter (those that need a GPU and skip without one) get their own
+# entry "<Suite>[cuda]" with the label `cuda`.
 #
 # Run after every build of the program (see loraplex_test in
 # CMakeLists.txt):
 #   cmake -D TEST_EXECUTABLE=... -D CTEST_FILE=... -D NUMERICS=<gtest filter>
-#         -D TIMEOUT=<seconds> -D WORKING_DIR=... -P gtest_suites.cmake
+#         -D CUDA=<gtest filter> -D TIMEOUT=<seconds> -D WORKING_DIR=...
+#         -P gtest_suites.cmake
 # One case of a suite runs on its own with the program's --gtest_filter.
 
 execute_process(
@@ -41,6 +44,7 @@ function(filter_to_regex filter out)
 endfunction()
 
 filter_to_regex("${NUMERICS}" numerics_regex)
+filter_to_regex("${CUDA}" cuda_regex)
 
 # Lines: "Suite." (maybe "  # TypeParam = ..."), then "  Case" (maybe
 # "  # GetParam() = ...") for each of its cases.
@@ -54,9 +58,12 @@ foreach(line IN LISTS lines)
     list(APPEND suites "${suite}")
     set(plain_${suite})
     set(numeric_${suite})
+    set(cuda_${suite})
   elseif(line MATCHES "^  ([^ ]+)$" AND NOT suite STREQUAL "")
     set(name "${suite}.${CMAKE_MATCH_1}")
-    if(NOT numerics_regex STREQUAL "" AND name MATCHES "${numerics_regex}")
+    if(NOT cuda_regex STREQUAL "" AND name MATCHES "${cuda_regex}")
+      list(APPEND cuda_${suite} "${name}")
+    elseif(NOT numerics_regex STREQUAL "" AND name MATCHES "${numerics_regex}")
       list(APPEND numeric_${suite} "${name}")
     else()
       list(APPEND plain_${suite} "${name}")
@@ -85,15 +92,27 @@ function(add_entry entry cases whole labels)
 endfunction()
 
 foreach(suite IN LISTS suites)
-  set(plain "${plain_${suite}}")
-  set(numeric "${numeric_${suite}}")
-  if(plain AND numeric)
-    add_entry("${suite}" "${plain}" FALSE "")
-    add_entry("${suite}[numerics]" "${numeric}" FALSE numerics)
-  elseif(numeric)
-    add_entry("${suite}" "${numeric}" TRUE numerics)
-  elseif(plain)
-    add_entry("${suite}" "${plain}" TRUE "")
+  set(groups)
+  foreach(group IN ITEMS plain numeric cuda)
+    if(${group}_${suite})
+      list(APPEND groups ${group})
+    endif()
+  endforeach()
+  set(label_plain "")
+  set(label_numeric numerics)
+  set(label_cuda cuda)
+  list(LENGTH groups count)
+  if(count EQUAL 1)
+    add_entry("${suite}" "" TRUE "${label_${groups}}")
+  else()
+    # By name: "Suite.*" would run the other groups' cases too.
+    foreach(group IN LISTS groups)
+      set(entry "${suite}")
+      if(NOT group STREQUAL "plain")
+        set(entry "${suite}[${label_${group}}]")
+      endif()
+      add_entry("${entry}" "${${group}_${suite}}" FALSE "${label_${group}}")
+    endforeach()
   endif()
 endforeach()
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/common/split_mix.h"
+#include "core/lora/dropout_mask.h"
 #include "core/runtime/torch_compat.h"
 
 namespace loraplex {
@@ -26,27 +27,21 @@ torch::Tensor MultiLoraDelta::Dropout(const LoraSegment& segment,
   const double p = segment.weights->config().dropout;
   const int64_t seq = x.size(1);
   const int64_t width = x.size(2);
-  TORCH_CHECK(
-      static_cast<int64_t>(segment.row_ids.size()) == segment.rows &&
-          static_cast<int64_t>(segment.row_lengths.size()) == segment.rows,
-      "a dropout segment needs row_ids and row_lengths for each row");
-  std::vector<torch::Tensor> masks;
-  masks.reserve(segment.rows);
+  TORCH_CHECK(static_cast<int64_t>(segment.row_ids.size()) == segment.rows,
+              "a dropout segment needs a row id for each row");
+  std::vector<uint64_t> row_seeds(segment.rows);
   for (int64_t i = 0; i < segment.rows; ++i) {
-    const uint64_t seed =
+    row_seeds[i] =
         SplitMix64(SplitMix64(SplitMix64(segment.dropout_seed ^
                                          SplitMix64(segment.row_ids[i])) ^
                               static_cast<uint64_t>(layer)) ^
                    static_cast<uint64_t>(projection));
-    torch::Generator generator = MakeCpuGenerator(seed);
-    const int64_t valid = std::min(segment.row_lengths[i], seq);
-    torch::Tensor mask = torch::ones({seq, width}, torch::kFloat32);
-    mask.narrow(0, 0, valid).bernoulli_(1.0 - p, generator);
-    masks.push_back(mask);
   }
-  // Drawn in fp32 whatever x's dtype, so the masks are the same in fp64.
-  torch::Tensor mask = torch::stack(masks).to(x.device(), x.scalar_type());
-  return x * mask.mul_(1.0 / (1.0 - p));
+  // Made on x's device, in fp32 whatever x's dtype, so the masks are the
+  // same on every device and in fp64.
+  const torch::Tensor mask =
+      ScaledDropoutMask(row_seeds, seq, width, 1.0 - p, x.device());
+  return x * mask.to(x.scalar_type());
 }
 
 void MultiLoraDelta::AddTo(int layer, const torch::Tensor& x,

@@ -35,13 +35,12 @@ struct LoraSegment {
   // Dropout is applied only when true and the adapter's dropout is > 0.
   bool training = false;
   // Dropout masks are a pure function of (dropout_seed, row id, layer,
-  // projection), so they do not depend on how rows are grouped into
-  // batches or padded. row_ids[i] identifies row i (e.g. its index in the
-  // slot's batch); row_lengths[i] is its number of valid tokens. Both are
-  // needed only for dropout.
+  // projection, position), so they do not depend on how rows are grouped
+  // into batches or padded, nor on the device (ScaledDropoutMask).
+  // row_ids[i] identifies row i (e.g. its index in the slot's batch); needed
+  // only for dropout.
   uint64_t dropout_seed = 0;
   std::vector<int64_t> row_ids = {};
-  std::vector<int64_t> row_lengths = {};
 };
 
 class MultiLoraDelta : public ProjectionDelta {

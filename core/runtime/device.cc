@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/runtime/blas_info.h"
 
 namespace loraplex {
 
@@ -57,6 +58,7 @@ absl::StatusOr<int> ConfigureThreads(int threads) {
 
 void ReexecWithPassiveOpenMpWait(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (InspectBlas().libtorch_blas == "mkl") return;
   if (setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0) != 0) return;
   execv("/proc/self/exe", argv);
   // Still here: the exec failed; run on with the default policy.

@@ -21,13 +21,17 @@ absl::StatusOr<torch::Device> ParseDevice(absl::string_view spec);
 // Returns the count in effect.
 absl::StatusOr<int> ConfigureThreads(int threads);
 
-// Where LibTorch's OpenMP threads spin-wait between parallel regions they
-// keep cores busy that OpenBLAS's own threads (Debian's
-// libopenblas0-pthread) need for the next GEMM; on 2 cores that halved the
-// small model's forward throughput. OpenMP reads OMP_WAIT_POLICY only at
-// start-up, so when it is unset this sets it to "passive" and re-executes
-// the program (same arguments) once. Call first thing in main(); returns
-// only when nothing needed doing or the exec failed.
+// Where LibTorch's BLAS runs threads of its own (OpenBLAS, with Debian's
+// LibTorch), LibTorch's OpenMP threads spin-waiting between parallel regions
+// keep cores busy that those threads need for the next GEMM; on 2 cores that
+// halved the small model's forward throughput. OpenMP reads OMP_WAIT_POLICY
+// only at start-up, so there, when it is unset, this sets it to "passive"
+// and re-executes the program (same arguments) once. Where the BLAS is
+// LibTorch's own MKL (PyPI's LibTorch), which shares the OpenMP threads, it
+// does nothing: there passive waiting only adds a wake-up to every parallel
+// region (2.2x the step time for 32-token rows on 2 cores, measured with
+// bench/compare_builds.py). Call first thing in main(); returns only when
+// nothing needed doing or the exec failed.
 void ReexecWithPassiveOpenMpWait(char** argv);
 
 }  // namespace loraplex

@@ -4,6 +4,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -69,6 +70,9 @@ RuntimeInfo InspectRuntime() {
   info.cpu_capability = CpuCapability();
   info.intra_op_threads = at::get_num_threads();
   info.inter_op_threads = at::get_num_interop_threads();
+  if (const char* policy = std::getenv("OMP_WAIT_POLICY")) {
+    info.openmp_wait_policy = policy;
+  }
   InspectCuda(info);
   return info;
 }

@@ -29,6 +29,9 @@ struct RuntimeInfo {
   std::string cpu_capability;
   int intra_op_threads = 0;
   int inter_op_threads = 0;
+  // OMP_WAIT_POLICY as the process runs with it; empty when unset
+  // (ReexecWithPassiveOpenMpWait sets it where the BLAS needs it).
+  std::string openmp_wait_policy;
   // Whether this LibTorch was built with CUDA, the CUDA runtime and driver
   // versions it found (e.g. "13.2"), and the devices it sees.
   bool cuda_compiled = false;

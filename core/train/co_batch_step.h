@@ -30,6 +30,7 @@
 #include "core/train/dist_hooks.h"
 #include "core/train/loss_fn.h"
 #include "core/train/step_metrics.h"
+#include "core/train/token_budget.h"
 #include "core/train/training_slot.h"
 
 namespace loraplex {
@@ -40,7 +41,8 @@ struct CoBatchOptions {
   // share a micro-batch when they fit together. 0: no limit. On 2 CPU
   // cores 2048 was as fast as no limit for the small model (bigger GEMMs
   // win over cache locality there) while bounding activation memory.
-  int64_t token_budget = 2048;
+  // On a GPU the server picks a larger one (DefaultTokenBudget).
+  int64_t token_budget = kCpuTokenBudget;
   // Target tokens per chunk of LM head + cross-entropy (bounds the logits
   // held in memory: chunk × vocab floats).
   int64_t loss_chunk_tokens = 2048;

@@ -126,10 +126,7 @@ std::vector<LoraSegment> Segments(const std::vector<Piece>& pieces,
     segment.training = training;
     segment.dropout_seed =
         owners.dropout_seeds.empty() ? 0 : owners.dropout_seeds[p.owner];
-    for (const Row* row : p.rows) {
-      segment.row_ids.push_back(row->row_id);
-      segment.row_lengths.push_back(Length(*row));
-    }
+    for (const Row* row : p.rows) segment.row_ids.push_back(row->row_id);
     segments.push_back(std::move(segment));
   }
   return segments;

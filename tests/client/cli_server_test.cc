@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -129,6 +130,16 @@ TEST_F(CliServerTest, SaysWhatTheServerRunsOn) {
   EXPECT_THAT(version.out, HasSubstr("BLAS: "));
   EXPECT_THAT(version.out, Not(HasSubstr("BLAS: unknown")));
   EXPECT_THAT(version.out, HasSubstr(" intra-op thread(s)"));
+  // Passive OpenMP waiting only where the BLAS has threads of its own
+  // (OpenBLAS); with LibTorch's MKL it would slow every parallel region.
+  if (const char* inherited = std::getenv("OMP_WAIT_POLICY")) {
+    EXPECT_THAT(version.out,
+                HasSubstr(std::string("OMP_WAIT_POLICY ") + inherited));
+  } else if (version.out.find("BLAS: MKL") != std::string::npos) {
+    EXPECT_THAT(version.out, HasSubstr("OMP_WAIT_POLICY unset"));
+  } else {
+    EXPECT_THAT(version.out, HasSubstr("OMP_WAIT_POLICY passive"));
+  }
 
   EXPECT_THAT(server_->Log(), HasSubstr("LibTorch: " + torch));
   const CliResult info = Run({"info"});

@@ -26,19 +26,21 @@ TEST(RuntimeTextTest, CpuOnlyBuild) {
               ElementsAre("LibTorch: 2.15.0, CPU only",
                           "BLAS: MKL 2024.2 (built into LibTorch)",
                           "CPU: 2 intra-op thread(s), 1 inter-op thread(s), "
-                          "kernels for AVX2"));
+                          "kernels for AVX2, OMP_WAIT_POLICY unset"));
 }
 
 TEST(RuntimeTextTest, CudaBuildWithoutADevice) {
   v1::Runtime runtime = CpuRuntime();
   runtime.set_cpu_capability("");
+  runtime.set_openmp_wait_policy("passive");
   runtime.set_cuda_compiled(true);
   runtime.set_cuda_runtime_version("13.2");
   runtime.set_cuda_note("no NVIDIA driver");
   EXPECT_THAT(RuntimeLines(runtime),
               ElementsAre("LibTorch: 2.15.0, CUDA runtime 13.2",
                           "BLAS: MKL 2024.2 (built into LibTorch)",
-                          "CPU: 2 intra-op thread(s), 1 inter-op thread(s)",
+                          "CPU: 2 intra-op thread(s), 1 inter-op thread(s), "
+                          "OMP_WAIT_POLICY passive",
                           "CUDA: not available (no NVIDIA driver)"));
 }
 

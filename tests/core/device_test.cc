@@ -36,7 +36,7 @@ TEST(DeviceTest, CudaWithoutCudaIsAClearError) {
               HasSubstr("no CUDA support or no CUDA device"));
 }
 
-TEST(DeviceTest, CudaIndexBeyondDeviceCountIsRejected) {
+TEST(DeviceTest, IndexBeyondDeviceCountIsRejectedOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
   auto device = ParseDevice("cuda:999");
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);

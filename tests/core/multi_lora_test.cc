@@ -288,7 +288,7 @@ TEST(MultiLoraTest, DropoutIsSeededPerRowAndOffInEvaluation) {
   torch::Tensor ids = torch::randint(0, 259, {2, 8}, torch::kInt64);
   torch::Tensor lengths = torch::tensor({8, 5}, torch::kInt64);
   auto run = [&](bool training, uint64_t seed, std::vector<int64_t> row_ids) {
-    LoraSegment segment{&a, 2, training, seed, row_ids, {8, 5}};
+    LoraSegment segment{&a, 2, training, seed, row_ids};
     MultiLoraDelta delta({segment});
     torch::NoGradGuard no_grad;
     return model.Forward(ids, lengths, &delta).value();
@@ -320,7 +320,7 @@ TEST(MultiLoraTest, LmHeadAdapterChangesTheLogitsWithItsOwnDropout) {
   torch::Tensor lengths = torch::tensor({8, 5}, torch::kInt64);
   torch::NoGradGuard no_grad;
   auto run = [&](bool training, std::vector<int64_t> row_ids) {
-    LoraSegment segment{&a, 2, training, 1, row_ids, {8, 5}};
+    LoraSegment segment{&a, 2, training, 1, row_ids};
     MultiLoraDelta delta({segment});
     EXPECT_TRUE(torch::equal(model.ForwardHidden(ids, lengths, &delta).value(),
                              model.ForwardHidden(ids, lengths).value()));

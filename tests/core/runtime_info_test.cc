@@ -24,7 +24,7 @@ TEST(RuntimeInfoTest, NamesThisLibTorchAndItsThreads) {
 
 // Every device LibTorch can use is listed, with its properties; without
 // one, a CUDA build says why.
-TEST(RuntimeInfoTest, ListsTheCudaDevicesLibTorchSees) {
+TEST(RuntimeInfoTest, ListsTheDevicesLibTorchSeesOnCuda) {
   const RuntimeInfo info = InspectRuntime();
   if (!torch::cuda::is_available()) {
     EXPECT_TRUE(info.cuda_devices.empty());

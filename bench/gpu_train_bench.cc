@@ -1,0 +1,295 @@
+// Training throughput of real model shapes on one device, random weights
+// generated on the device (no files): tokens/s and model FLOP utilisation
+// (the training step's matmul FLOPs, counted as loraplex-bench-train does,
+// over the peak bf16 GEMM FLOP/s measured in the same process), for 1, 4, 16
+// and 64 slots of rank-16 LoRA on all seven projections (AdamW), one
+// sequence per slot of each length; and, side by side, a co-batched step of
+// 16 slots against 16 single-slot steps. One summary line per shape last.
+//
+//   loraplex-bench-gpu [--device cuda] [--shapes 0.5b,1.5b,8b]
+//                      [--slots 1,4,16,64] [--seq 512,2048] [--rounds 3]
+//                      [--dtype bfloat16] [--token-budget N]
+//
+// Goal on one H200 for the 8B shape: >= 10k training tokens/s (>= 30% MFU),
+// and 16 slots keep >= 90% of one slot's tokens/s. `--device cpu --shapes
+// tiny` runs the same code on the CPU in seconds (deploy/gpu_check.sh --cpu).
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "adapters/slot_pool.h"
+#include "bench/timing.h"
+#include "core/model/llama_model.h"
+#include "core/model/model_config.h"
+#include "core/model/model_presets.h"
+#include "core/runtime/device.h"
+#include "core/runtime/runtime_info.h"
+#include "core/train/co_batch_step.h"
+#include "core/train/token_budget.h"
+
+namespace loraplex {
+namespace {
+
+constexpr int64_t kRank = 16;
+
+// The shapes' config.json files as published (Qwen/Qwen2.5-0.5B,
+// Qwen/Qwen2.5-1.5B, meta-llama/Meta-Llama-3-8B).
+const std::map<std::string, std::string>& ShapeConfigs() {
+  static const auto* configs = new std::map<std::string, std::string>{
+      {"0.5b",
+       R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+           "vocab_size": 151936, "hidden_size": 896,
+           "intermediate_size": 4864, "num_hidden_layers": 24,
+           "num_attention_heads": 14, "num_key_value_heads": 2,
+           "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+           "rope_theta": 1000000.0, "tie_word_embeddings": true})"},
+      {"1.5b",
+       R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+           "vocab_size": 151936, "hidden_size": 1536,
+           "intermediate_size": 8960, "num_hidden_layers": 28,
+           "num_attention_heads": 12, "num_key_value_heads": 2,
+           "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+           "rope_theta": 1000000.0, "tie_word_embeddings": true})"},
+      {"8b",
+       R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+           "vocab_size": 128256, "hidden_size": 4096,
+           "intermediate_size": 14336, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8,
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+           "rope_theta": 500000.0, "tie_word_embeddings": false})"},
+  };
+  return *configs;
+}
+
+absl::StatusOr<ModelConfig> ShapeConfig(const std::string& shape) {
+  auto it = ShapeConfigs().find(shape);
+  if (it == ShapeConfigs().end()) return PresetConfig(shape);  // tiny, small
+  return ParseModelConfig(it->second, shape + " config");
+}
+
+// Random weights of `config` on `device`: N(0, 0.02²) matrices, unit norms.
+std::unique_ptr<LlamaModel> RandomModel(const ModelConfig& config,
+                                        torch::ScalarType dtype,
+                                        const torch::Device& device) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const TensorSpec& spec : ModelTensorSpecs(config)) {
+    shapes[spec.name] = spec.shape;
+  }
+  const auto options = torch::TensorOptions().dtype(dtype).device(device);
+  ModelWeights weights =
+      AssembleModelWeights(config, [&](const std::string& name) {
+        const std::vector<int64_t>& shape = shapes.at(name);
+        if (name.find("norm") != std::string::npos) {
+          return torch::ones(shape, options);
+        }
+        return torch::randn(shape, options).mul_(0.02);
+      });
+  return std::make_unique<LlamaModel>(config, std::move(weights), dtype,
+                                      device);
+}
+
+void Synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// Best-of-N n³ GEMM throughput in FLOP/s in `dtype` on `device`.
+double PeakGemmFlops(int64_t n, torch::ScalarType dtype,
+                     const torch::Device& device, int repeats) {
+  torch::NoGradGuard no_grad;
+  const auto options = torch::TensorOptions().dtype(dtype).device(device);
+  torch::Tensor a = torch::randn({n, n}, options);
+  torch::Tensor b = torch::randn({n, n}, options);
+  torch::Tensor c;
+  for (int i = 0; i < 3; ++i) c = torch::mm(a, b);
+  Synchronize(device);
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = BenchClock::now();
+    c = torch::mm(a, b);
+    Synchronize(device);
+    best = std::min(best, SecondsSince(start));
+  }
+  return 2.0 * n * n * n / best;
+}
+
+SlotAttachRequest Request(int index, int64_t seq_len,
+                          std::shared_ptr<const SequenceSet> data) {
+  SlotAttachRequest request;
+  request.job_id = "bench-" + std::to_string(index);
+  request.lora.rank = kRank;
+  request.lora.alpha = 32;
+  request.optimizer.lr = 1e-4;
+  request.schedule.kind = LrScheduleKind::kConstant;
+  request.training.batch_size = 1;
+  request.training.seq_len = seq_len;
+  request.training.max_steps = int64_t{1} << 30;
+  request.training.seed = static_cast<uint64_t>(index);
+  request.data = std::move(data);
+  return request;
+}
+
+struct Run {
+  int slots = 0;
+  int64_t seq = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;
+};
+
+}  // namespace
+}  // namespace loraplex
+
+int main(int argc, char** argv) {
+  using namespace loraplex;
+  ReexecWithPassiveOpenMpWait(argv);
+  CLI::App app{"Training throughput and MFU of real model shapes."};
+  std::string device_flag = "cuda";
+  std::vector<std::string> shapes = {"0.5b", "1.5b", "8b"};
+  std::vector<int> slot_counts = {1, 4, 16, 64};
+  std::vector<int64_t> seqs = {512, 2048};
+  int rounds = 3;
+  std::string dtype_flag = "bfloat16";
+  int64_t token_budget = -1;
+  int threads = 0;
+  app.add_option("--device", device_flag, "cpu, cuda or cuda:N")
+      ->capture_default_str();
+  app.add_option("--shapes", shapes, "0.5b, 1.5b, 8b, or a preset (tiny)")
+      ->delimiter(',');
+  app.add_option("--slots", slot_counts, "Slot counts")->delimiter(',');
+  app.add_option("--seq", seqs, "Tokens per sequence")->delimiter(',');
+  app.add_option("--rounds", rounds, "Timed steps per measurement")
+      ->capture_default_str();
+  app.add_option("--dtype", dtype_flag, "Base dtype: bfloat16 or float32")
+      ->check(CLI::IsMember({"bfloat16", "float32"}))
+      ->capture_default_str();
+  app.add_option("--token-budget", token_budget,
+                 "Tokens per micro-batch (default: the server's default for "
+                 "the device)");
+  app.add_option("--threads", threads, "CPU threads (0 = all cores)");
+  CLI11_PARSE(app, argc, argv);
+  ConfigureThreads(threads).IgnoreError();
+  absl::StatusOr<torch::Device> device = ParseDevice(device_flag);
+  if (!device.ok()) {
+    std::cerr << device.status() << "\n";
+    return 2;
+  }
+  const torch::ScalarType dtype =
+      dtype_flag == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
+  torch::manual_seed(0);
+
+  std::cout << std::fixed << std::setprecision(3);
+  const double peak =
+      PeakGemmFlops(device->is_cuda() ? 8192 : 512, dtype, *device, 10);
+  std::cout << "device " << device->str() << ", base " << dtype_flag
+            << ", peak " << dtype_flag << " GEMM " << peak / 1e12
+            << " TFLOP/s; rank " << kRank << " on all 7 projections, AdamW\n";
+
+  // The device's memory, for the server's default token budget.
+  int64_t memory = 0;
+  const int index = device->has_index() ? device->index() : 0;
+  for (const CudaDeviceInfo& cuda : InspectRuntime().cuda_devices) {
+    if (device->is_cuda() && cuda.index == index) {
+      memory = cuda.total_memory_bytes;
+    }
+  }
+  std::vector<std::string> summaries;
+  for (const std::string& shape : shapes) {
+    absl::StatusOr<ModelConfig> config = ShapeConfig(shape);
+    if (!config.ok()) {
+      std::cerr << shape << ": " << config.status() << "\n";
+      return 2;
+    }
+    std::unique_ptr<LlamaModel> model = RandomModel(*config, dtype, *device);
+    CoBatchOptions options;
+    options.token_budget =
+        token_budget >= 0
+            ? token_budget
+            : DefaultTokenBudget(*config, device->is_cuda(), memory,
+                                 static_cast<int64_t>(c10::elementSize(dtype)));
+    std::cout << "\n"
+              << shape << ": " << BaseParameterCount(*config) / 1e6
+              << "M parameters, token "
+              << "budget " << options.token_budget << "\n";
+    std::vector<Run> runs;
+    double one_slot = 0;
+    double sixteen_slots = 0;
+    for (int64_t seq : seqs) {
+      for (int slots : slot_counts) {
+        SlotPool pool(*config,
+                      {.capacity = slots, .device = *device, .dtype = dtype});
+        for (int i = 0; i < slots; ++i) {
+          auto data = RandomSequences(1, seq, config->vocab_size);
+          if (!pool.Attach(Request(i, seq, data)).ok()) return 1;
+        }
+        std::vector<TrainingSlot*> all = pool.ActiveSlots();
+        auto step = [&] {
+          if (!TrainCoBatchStep(*model, all, options).ok()) std::abort();
+          Synchronize(*device);
+        };
+        step();  // Warm-up: allocator, kernels, optimizer state.
+        std::vector<double> times;
+        for (int r = 0; r < rounds; ++r) {
+          const auto start = BenchClock::now();
+          step();
+          times.push_back(SecondsSince(start));
+        }
+        const double time = Median(times);
+        Run run;
+        run.slots = slots;
+        run.seq = seq;
+        run.tokens_per_second = static_cast<double>(slots * seq) / time;
+        run.mfu = TrainStepFlops(*config, slots, seq, kRank) / time / peak;
+        runs.push_back(run);
+        std::cout << "  " << slots << " slots x " << seq
+                  << " tokens: " << time * 1e3 << " ms/step, "
+                  << std::setprecision(0) << run.tokens_per_second
+                  << " tokens/s, " << std::setprecision(3) << run.mfu * 100
+                  << "% MFU\n";
+        if (seq == seqs.front() && slots == 1) {
+          one_slot = run.tokens_per_second;
+        }
+        if (seq == seqs.front() && slots == 16) {
+          sixteen_slots = run.tokens_per_second;
+          // Co-batched against one slot at a time, side by side.
+          auto apart = [&] {
+            for (TrainingSlot* slot : all) {
+              if (!TrainCoBatchStep(*model, {slot}, options).ok()) {
+                std::abort();
+              }
+            }
+            Synchronize(*device);
+          };
+          const auto [together, separately] =
+              TimeSideBySide(step, apart, rounds);
+          std::cout << "  16 slots co-batched " << together * 1e3
+                    << " ms, 16 single-slot steps " << separately * 1e3
+                    << " ms: " << separately / together << "x\n";
+        }
+      }
+    }
+    const Run best = *std::max_element(
+        runs.begin(), runs.end(), [](const Run& a, const Run& b) {
+          return a.tokens_per_second < b.tokens_per_second;
+        });
+    std::ostringstream summary;
+    summary << std::fixed << std::setprecision(0) << "SUMMARY " << shape
+            << " on " << device->str() << ": best " << best.tokens_per_second
+            << " tokens/s (" << best.slots << " slots x " << best.seq << "), "
+            << std::setprecision(1) << best.mfu * 100 << "% MFU";
+    if (one_slot > 0 && sixteen_slots > 0) {
+      summary << std::setprecision(2) << "; 16 slots keep "
+              << sixteen_slots / one_slot << " of 1 slot's tokens/s";
+    }
+    summaries.push_back(summary.str());
+  }
+  std::cout << "\n";
+  for (const std::string& line : summaries) std::cout << line << "\n";
+  return 0;
+}
