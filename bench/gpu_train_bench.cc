@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "adapters/slot_pool.h"
+#include "bench/slot_requests.h"
 #include "bench/timing.h"
 #include "core/model/llama_model.h"
 #include "core/model/model_config.h"
@@ -120,22 +121,6 @@ double PeakGemmFlops(int64_t n, torch::ScalarType dtype,
   return 2.0 * n * n * n / best;
 }
 
-SlotAttachRequest Request(int index, int64_t seq_len,
-                          std::shared_ptr<const SequenceSet> data) {
-  SlotAttachRequest request;
-  request.job_id = "bench-" + std::to_string(index);
-  request.lora.rank = kRank;
-  request.lora.alpha = 32;
-  request.optimizer.lr = 1e-4;
-  request.schedule.kind = LrScheduleKind::kConstant;
-  request.training.batch_size = 1;
-  request.training.seq_len = seq_len;
-  request.training.max_steps = int64_t{1} << 30;
-  request.training.seed = static_cast<uint64_t>(index);
-  request.data = std::move(data);
-  return request;
-}
-
 struct Run {
   int slots = 0;
   int64_t seq = 0;
@@ -226,7 +211,8 @@ int main(int argc, char** argv) {
                       {.capacity = slots, .device = *device, .dtype = dtype});
         for (int i = 0; i < slots; ++i) {
           auto data = RandomSequences(1, seq, config->vocab_size);
-          if (!pool.Attach(Request(i, seq, data)).ok()) return 1;
+          if (!pool.Attach(BenchSlotRequest(i, kRank, 1, seq, data)).ok())
+            return 1;
         }
         std::vector<TrainingSlot*> all = pool.ActiveSlots();
         auto step = [&] {

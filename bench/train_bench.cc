@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "adapters/slot_pool.h"
+#include "bench/slot_requests.h"
 #include "bench/timing.h"
 #include "core/model/llama_model.h"
 #include "core/model/model_presets.h"
@@ -42,22 +43,6 @@ namespace loraplex {
 namespace {
 
 constexpr int64_t kRank = 16;
-
-SlotAttachRequest Request(int index, int64_t batch_size, int64_t seq_len,
-                          std::shared_ptr<const SequenceSet> data) {
-  SlotAttachRequest request;
-  request.job_id = "bench-" + std::to_string(index);
-  request.lora.rank = kRank;
-  request.lora.alpha = 32;
-  request.optimizer.lr = 1e-4;
-  request.schedule.kind = LrScheduleKind::kConstant;
-  request.training.batch_size = batch_size;
-  request.training.seq_len = seq_len;
-  request.training.max_steps = int64_t{1} << 30;
-  request.training.seed = static_cast<uint64_t>(index);
-  request.data = std::move(data);
-  return request;
-}
 
 struct Comparison {
   std::string label;
@@ -121,7 +106,9 @@ int main(int argc, char** argv) {
     SlotPool pool(config, {.capacity = slots});
     for (int i = 0; i < slots; ++i) {
       auto data = RandomSequences(per_slot, seq_len, config.vocab_size);
-      if (!pool.Attach(Request(i, per_slot, seq_len, data)).ok()) return 1;
+      if (!pool.Attach(BenchSlotRequest(i, kRank, per_slot, seq_len, data))
+               .ok())
+        return 1;
     }
     std::vector<TrainingSlot*> all = pool.ActiveSlots();
     for (int64_t budget : budgets) {
@@ -161,7 +148,7 @@ int main(int argc, char** argv) {
   std::vector<double> retire_times;
   for (int i = 0; i < 50; ++i) {
     auto start = BenchClock::now();
-    auto slot = pool.Attach(Request(i, 1, 128, data));
+    auto slot = pool.Attach(BenchSlotRequest(i, kRank, 1, 128, data));
     attach_times.push_back(SecondsSince(start));
     if (!slot.ok()) return 1;
     start = BenchClock::now();
