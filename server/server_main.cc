@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "adapters/peft_adapter.h"
@@ -447,14 +448,26 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   std::mutex fatal_mu;
   absl::Status fatal;  // Set: the server shuts down (below).
   SchedulerOptions scheduler_options;
+  // Set once the trainer exists (jobs finish only after that).
+  Trainer* checkpoint_writer = nullptr;
   scheduler_options.on_job_finished = [&](const std::string& job_id) {
-    const int removed = KeepNewestCheckpoints(
-        absl::StrCat(flags.state_dir, "/checkpoints/", job_id),
-        flags.keep_finished_checkpoints);
-    if (removed > 0) {
-      logger.Debug("job ", job_id, ": removed ", removed,
-                   " checkpoint(s) (--keep-finished-checkpoints=",
-                   flags.keep_finished_checkpoints, ")");
+    auto prune = [&flags, &logger, job_id] {
+      const int removed = KeepNewestCheckpoints(
+          absl::StrCat(flags.state_dir, "/checkpoints/", job_id),
+          flags.keep_finished_checkpoints);
+      if (removed > 0) {
+        logger.Debug("job ", job_id, ": removed ", removed,
+                     " checkpoint(s) (--keep-finished-checkpoints=",
+                     flags.keep_finished_checkpoints, ")");
+      }
+    };
+    // After the job's checkpoints still being written, on the thread that
+    // writes (and prunes) them: pruning beside it could miss the newest or
+    // leave an older one.
+    if (checkpoint_writer != nullptr) {
+      checkpoint_writer->AfterQueuedCheckpoints(std::move(prune));
+    } else {
+      prune();
     }
   };
   scheduler_options.on_store_failure = [&](const absl::Status& status) {
@@ -492,6 +505,11 @@ int Serve(const ServerFlags& flags, Logger& logger) {
                   [&scheduler](TrainerReport report) {
                     scheduler.OnTrainerReport(std::move(report));
                   });
+  checkpoint_writer = &trainer;
+  // Gone before the trainer is.
+  absl::Cleanup no_writer = [&checkpoint_writer] {
+    checkpoint_writer = nullptr;
+  };
   WorkQueue work(2);
   SessionManagerOptions session_options;
   session_options.base_model = export_name;

@@ -125,6 +125,12 @@ class Trainer : public JobTrainer {
   // (nothing is reported for them).
   void Stop();
 
+  // Runs `work` on the checkpoint writer's thread after every checkpoint
+  // queued so far is written (at once without a writer). Any thread.
+  void AfterQueuedCheckpoints(std::function<void()> work) {
+    checkpoints_.Post(std::move(work));
+  }
+
   // JobTrainer (job_trainer.h).
   void AttachAll(std::vector<AttachCommand> commands) override;
   void Retire(const std::string& job_id) override;

@@ -261,8 +261,15 @@ TEST(ServiceIsolationTest, DiskHoldsOnlyWhatRecordsNeed) {
   ASSERT_EQ(job->status(), v1::JOB_STATUS_SUCCEEDED) << job->error().message();
   const std::string job_dir =
       state + "/checkpoints/" + created->name().substr(5);
-  // Of its checkpoints every 2 steps the newest alone is left.
-  const std::vector<std::string> kept = Listing(job_dir);
+  // Of its checkpoints every 2 steps the newest alone is left, once the
+  // writes queued when it finished are done.
+  std::vector<std::string> kept = Listing(job_dir);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (kept.size() != 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    kept = Listing(job_dir);
+  }
   ASSERT_EQ(kept.size(), 1u) << absl::StrJoin(kept, ", ");
   EXPECT_THAT(kept[0], ::testing::AnyOf("step-00000006", "step-00000008"));
   ASSERT_TRUE(server->Stop().ok()) << server->Log();
