@@ -119,8 +119,8 @@ as_user() {
 }
 
 # The project's Python environment (ignored by git): torch (its LibTorch is
-# what the build links), the pinned Tinker SDK that tests/tinker drives the
-# server with, and the loraplex package. CMake finds it at .venv unless
+# what the build links), the pinned Tinker SDK and cookbook that tests/tinker
+# drive the server with, and the loraplex package. CMake finds it at .venv unless
 # LORAPLEX_VENV names another directory.
 venv="${LORAPLEX_VENV:-.venv}"
 if [ ! -x "$venv/bin/python" ]; then
@@ -140,6 +140,9 @@ else
   pip_install -r tests/tinker/requirements.txt ||
     die "pip install into $venv failed"
 fi
+echo "==> installing tests/tinker/requirements-nodeps.txt into $venv"
+pip_install --no-deps -r tests/tinker/requirements-nodeps.txt ||
+  die "pip install --no-deps -r tests/tinker/requirements-nodeps.txt failed"
 echo "==> installing the Python package ./python into $venv"
 as_user "$venv/bin/pip" install -q --disable-pip-version-check ./python ||
   die "pip install ./python into $venv failed"

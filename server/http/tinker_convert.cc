@@ -207,13 +207,10 @@ absl::StatusOr<v1::ForwardBackwardRequest> NativeForwardBackward(
       return absl::InvalidArgumentError(
           absl::StrCat(prefix, "loss_fn_inputs.target_tokens is required"));
     }
-    if (datum.model_input_spans_size() > 0 ||
-        datum.loss_fn_input_spans_size() > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix,
-          "provenance spans are not supported (they serve the "
-          "stable_reinforce loss, which this server does not have)"));
-    }
+    // Provenance spans (model_input_spans, loss_fn_input_spans) only say
+    // which sampled sequence each token came from, for the stable_reinforce
+    // loss; the losses served here do not read them (cookbook 0.6.1 sends
+    // them with every RL datum).
   }
   return native;
 }

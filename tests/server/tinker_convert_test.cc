@@ -76,6 +76,40 @@ TEST(TinkerConvertTest, ForwardBackwardBodyBecomesTheNativeRequest) {
   EXPECT_THAT(TargetsPerPosition(*native), ElementsAre(1));
 }
 
+// The cookbook (0.6.1) sends provenance spans with every RL datum; no loss
+// served here reads them, so the datum converts as it would without.
+TEST(TinkerConvertTest, ProvenanceSpansAreAcceptedAndChangeNothing) {
+  tinker_public::ForwardBackwardRequest request = CrossEntropyRequest();
+  request.set_loss_fn("importance_sampling");
+  tinker_public::Datum* datum = request.mutable_data(0);
+  datum->mutable_loss_fn_inputs()->erase("weights");
+  for (const char* name : {"logprobs", "advantages"}) {
+    (*datum->mutable_loss_fn_inputs())[name] =
+        Dense(tinker_public::DTYPE_FLOAT32,
+              Bytes(std::vector<float>{0.0f, -1.5f, -0.25f}), {3});
+  }
+  absl::StatusOr<v1::ForwardBackwardRequest> plain =
+      NativeForwardBackward(request);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+
+  tinker_public::PromptProvenanceSpan* prompt =
+      datum->add_model_input_spans()->mutable_prompt_tokens();
+  prompt->set_sequence_id("seq-1");
+  prompt->set_length(2);
+  tinker_public::SampledProvenanceSpan* sampled =
+      datum->add_model_input_spans()->mutable_sampled_tokens();
+  sampled->set_sequence_id("seq-1");
+  sampled->set_length(1);
+  *datum->add_loss_fn_input_spans() = datum->model_input_spans(0);
+  *datum->add_loss_fn_input_spans() = datum->model_input_spans(1);
+  absl::StatusOr<v1::ForwardBackwardRequest> with_spans =
+      NativeForwardBackward(request);
+  ASSERT_TRUE(with_spans.ok()) << with_spans.status();
+  EXPECT_EQ(with_spans->SerializeAsString(), plain->SerializeAsString());
+  EXPECT_THAT(with_spans->data(0).advantages(),
+              ElementsAre(0.0f, -1.5f, -0.25f));
+}
+
 TEST(TinkerConvertTest, TheV2LossConfigWinsAndTextIsRefused) {
   tinker_public::ForwardBackwardRequest request = CrossEntropyRequest();
   request.set_loss_fn("ppo");
@@ -184,9 +218,6 @@ TEST(TinkerConvertTest, MalformedDatumsNameTheirField) {
              tinker_public::DTYPE_BFLOAT16);
        },
        "dtype DTYPE_BFLOAT16 is not supported"},
-      {"provenance spans",
-       [](tinker_public::Datum* d) { d->add_model_input_spans(); },
-       "provenance spans are not supported"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

@@ -19,44 +19,13 @@ import base64
 import json
 import math
 import os
-import socket
 import subprocess
-import sys
-import tempfile
 import re
+import tempfile
 import time
 import urllib.request
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(bin_dir, work):
-    model = os.path.join(work, "model")
-    subprocess.run([os.path.join(bin_dir, "loraplex-make-model"), "--preset",
-                    "tiny", "--seed", "7", "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
-    ready = os.path.join(work, "ready")
-    grpc_port, http_port = free_port(), free_port()
-    log = open(os.path.join(work, "server.log"), "w")
-    server = subprocess.Popen(
-        [os.path.join(bin_dir, "loraplex-server"), "--model", model,
-         "--model-name", "loraplex-tiny", "--state-dir",
-         os.path.join(work, "state"), "--listen", f"127.0.0.1:{grpc_port}",
-         "--http-listen", f"127.0.0.1:{http_port}", "--threads", "1",
-         "--slots", "4", "--ready-file", ready, "--log-level", "debug"],
-        stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 120
-    while not os.path.exists(ready):
-        if server.poll() is not None or time.time() > deadline:
-            log.flush()
-            sys.exit("loraplex-server did not start:\n" +
-                     open(os.path.join(work, "server.log")).read())
-        time.sleep(0.05)
-    return server, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+import harness
 
 
 def install_trace(path):
@@ -204,7 +173,10 @@ def main():
     from tinker import types
 
     work = tempfile.mkdtemp(prefix="loraplex-tinker-")
-    server, base_url, grpc_address = start_server(args.bin_dir, work)
+    server = harness.Server(args.bin_dir, work,
+                            harness.make_tiny_model(args.bin_dir, work),
+                            "loraplex-tiny")
+    base_url, grpc_address = server.base_url, server.grpc_address
     try:
         client = tinker.ServiceClient(base_url=base_url, api_key="tml-local")
         caps = client.get_server_capabilities()
@@ -325,15 +297,7 @@ def main():
         traceback.print_exc()
         raise
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        if server.returncode not in (0, -15):
-            print(open(os.path.join(work, "server.log")).read())
-            sys.exit(f"loraplex-server exited with {server.returncode}")
+        server.stop()
 
 
 if __name__ == "__main__":
