@@ -35,6 +35,7 @@
 #include "core/tokenizer/load_tokenizer.h"
 #include "core/train/token_budget.h"
 #include "proto/runtime_text.h"
+#include "server/common/request_counters.h"
 #include "server/common/work_queue.h"
 #include "server/engine/checkpoint_files.h"
 #include "server/engine/rank_setup.h"
@@ -47,6 +48,7 @@
 #include "server/service/adapter_service.h"
 #include "server/service/dataset_service.h"
 #include "server/service/job_service.h"
+#include "server/service/request_counting.h"
 #include "server/service/sampling_service.h"
 #include "server/service/server_info_service.h"
 #include "server/service/session_service.h"
@@ -527,8 +529,10 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   }
   SessionManager sessions(&scheduler, &trainer, store->get(), session_options);
 
+  RequestCounters requests;
   ServiceContext context;
   context.sessions = &sessions;
+  context.requests = &requests;
   context.store = store->get();
   context.scheduler = &scheduler;
   context.datasets = &datasets;
@@ -594,6 +598,13 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   builder.RegisterService(&info_service);
   builder.RegisterService(&sampling_service);
   builder.RegisterService(&session_service);
+  {
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(CountRequestsInterceptor(&requests));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   // Training and scheduling run before the first request can arrive.
   trainer.Start();
   if (absl::Status status = scheduler.Start(&trainer); !status.ok()) {
@@ -629,6 +640,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     http_options.address = flags.http_listen;
     http_options.tls_cert = flags.tls_cert;
     http_options.tls_key = flags.tls_key;
+    http_options.counters = &requests;
     absl::StatusOr<std::unique_ptr<HttpListener>> started =
         HttpListener::Start(http_options, [&](httplib::Server& routes) {
           tinker.Register(routes);

@@ -10,6 +10,7 @@
 #include "core/common/status_macros.h"
 #include "core/common/test_faults.h"
 #include "core/runtime/exception_message.h"
+#include "server/common/clock.h"
 #include "server/engine/checkpoint.h"
 #include "server/engine/step_plan.h"
 
@@ -173,6 +174,11 @@ std::vector<SlotInfo> Trainer::Slots() const {
   return slots_;
 }
 
+TrainerStats Trainer::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
 void Trainer::Run() {
   for (;;) {
     std::deque<TrainerCommand> batch;
@@ -289,6 +295,12 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
                : std::chrono::duration<double>(
                      std::chrono::steady_clock::now() - train_start)
                      .count();
+  if (trained) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.steps;
+    stats_.step_seconds += train_seconds;
+    stats_.last_step_seconds = train_seconds;
+  }
   pending_checkpoint_ = CheckpointDue(stepped);
   if (!ranks_.Broken()) RunSampling(train_seconds);
   PublishSlots();
@@ -441,6 +453,8 @@ absl::Status Trainer::RetireSlot(int slot) {
         status.message(), "); the ranks' pools would differ")));
   }
   retiring_ = static_cast<int>(pool_.SlotsIn(SlotState::kRetiring).size());
+  // Seen free (ListSlots) before the retire, pause or end is reported.
+  PublishSlots();
   return status;
 }
 
@@ -613,6 +627,21 @@ void Trainer::PublishSlots() {
     if (training.scheduler) info.lr = training.scheduler->lr();
   }
   absl::MutexLock lock(&mu_);
+  // A slot whose step count moved stepped in this iteration.
+  const int64_t now = NowMillis();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    SlotInfo& info = slots[i];
+    if (!info.attached) continue;
+    const SlotInfo* before = i < slots_.size() ? &slots_[i] : nullptr;
+    const bool same_owner = before != nullptr && before->attached &&
+                            before->job_id == info.job_id &&
+                            before->session_id == info.session_id;
+    if (same_owner && before->step == info.step) {
+      info.last_step_time_ms = before->last_step_time_ms;
+    } else if (same_owner || info.step > 0) {
+      info.last_step_time_ms = now;
+    }
+  }
   slots_ = std::move(slots);
 }
 

@@ -46,6 +46,7 @@
 #define LORAPLEX_SERVER_ENGINE_TRAINER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -143,6 +144,7 @@ class Trainer : public JobTrainer {
   // The pool's slots, less any kRetiring after a failed retire.
   int capacity() const override { return pool_.capacity() - retiring_.load(); }
   std::vector<SlotInfo> Slots() const override;
+  TrainerStats Stats() const override;
 
   void Attach(AttachCommand command);
   const ModelConfig& model_config() const { return model_->config(); }
@@ -303,6 +305,10 @@ class Trainer : public JobTrainer {
   // reported as kCheckpoint once written. With `wait`, returns once it is
   // written, with the outcome; else OK once queued.
   absl::Status CheckpointSlot(int slot, bool wait);
+  // Counts a checkpoint started at `start` in stats_ (a failure when
+  // `status` is not OK). Any thread.
+  void CountCheckpoint(std::chrono::steady_clock::time_point start,
+                       const absl::Status& status);
   // Writer thread: queues a report of what it wrote for ReportWritten.
   void ReportLater(TrainerReport report);
   // Reports what the writer has finished, and the reports that waited for
@@ -350,6 +356,7 @@ class Trainer : public JobTrainer {
   int64_t groups_done_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<SlotInfo> slots_ ABSL_GUARDED_BY(mu_);  // Published snapshot.
+  TrainerStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 // The trainer's checkpoints and its reports (trainer.h): when the pool is
 // due one, encoding each slot's checkpoint for the checkpoint writer, and
 // reporting in order, holding reports while a pool checkpoint is written.
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -69,6 +70,7 @@ absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
     return absl::FailedPreconditionError("checkpoints are disabled");
   }
   const TrainingSlot& training = pool_.slot(slot);
+  const auto start = std::chrono::steady_clock::now();
   // Collective when data parallel: every rank gathers the owners' states.
   absl::StatusOr<std::string> state =
       SaveTrainingState(training, ranks_.data_parallel());
@@ -94,6 +96,7 @@ absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
           : EncodeCheckpoint(training, std::move(info), *std::move(state),
                              options_.base_model_name);
   if (!contents.ok()) {
+    CountCheckpoint(start, contents.status());
     report.status = contents.status();
     Report(std::move(report));
     return contents.status();
@@ -104,18 +107,34 @@ absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
     absl::Status status;
   };
   auto outcome = std::make_shared<Outcome>();
-  checkpoints_.Write(
-      *std::move(contents),
-      [this, report = std::move(report), outcome](absl::Status status) mutable {
-        report.status = status;
-        outcome->status = status;
-        ReportLater(std::move(report));
-        outcome->written.Notify();
-      });
+  checkpoints_.Write(*std::move(contents),
+                     [this, report = std::move(report), outcome,
+                      start](absl::Status status) mutable {
+                       CountCheckpoint(start, status);
+                       report.status = status;
+                       outcome->status = status;
+                       ReportLater(std::move(report));
+                       outcome->written.Notify();
+                     });
   if (!wait) return absl::OkStatus();
   outcome->written.WaitForNotification();
   ReportWritten();
   return outcome->status;
+}
+
+void Trainer::CountCheckpoint(std::chrono::steady_clock::time_point start,
+                              const absl::Status& status) {
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  absl::MutexLock lock(&mu_);
+  if (!status.ok()) {
+    ++stats_.checkpoint_failures;
+    return;
+  }
+  ++stats_.checkpoints;
+  stats_.checkpoint_seconds += seconds;
+  stats_.last_checkpoint_seconds = seconds;
 }
 
 void Trainer::ReportLater(TrainerReport report) {

@@ -61,6 +61,13 @@ absl::StatusOr<std::unique_ptr<HttpListener>> HttpListener::Start(
   server.set_read_timeout(60);
   server.set_write_timeout(60);
   server.set_payload_max_length(options.max_body_bytes);
+  if (RequestCounters* counters = options.counters) {
+    server.set_logger([counters](const httplib::Request& request,
+                                 const httplib::Response& response) {
+      counters->Count("http", HttpRoute(request.path),
+                      absl::StrCat(response.status));
+    });
+  }
   add_routes(server);
   listener->port_ = port == 0 ? server.bind_to_any_port(host)
                               : (server.bind_to_port(host, port) ? port : -1);

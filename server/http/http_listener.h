@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "server/common/request_counters.h"
 
 namespace httplib {
 class Server;
@@ -34,6 +35,9 @@ struct HttpListenerOptions {
   int threads = 128;
   // Largest request body.
   size_t max_body_bytes = size_t{256} << 20;
+  // Counts each answered request (transport "http", its HttpRoute and
+  // status); may be null. Must outlive the listener.
+  RequestCounters* counters = nullptr;
 };
 
 // The X-API-Key header of `request` (the Tinker SDK's key), if it has one.

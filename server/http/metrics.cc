@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <charconv>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <vector>
@@ -25,7 +27,13 @@ class Family {
   }
   void Add(const std::vector<std::pair<std::string, std::string>>& labels,
            double value) {
-    text_ += name_;
+    AddSample("", labels, value);
+  }
+  // A sample named name_ + suffix (a summary's "_sum" and "_count").
+  void AddSample(absl::string_view suffix,
+                 const std::vector<std::pair<std::string, std::string>>& labels,
+                 double value) {
+    absl::StrAppend(&text_, name_, suffix);
     if (!labels.empty()) {
       text_ += "{";
       for (size_t i = 0; i < labels.size(); ++i) {
@@ -34,7 +42,7 @@ class Family {
       }
       text_ += "}";
     }
-    absl::StrAppend(&text_, " ", value, "\n");
+    absl::StrAppend(&text_, " ", PrometheusValue(value), "\n");
   }
   const std::string& text() const { return text_; }
 
@@ -44,6 +52,15 @@ class Family {
 };
 
 }  // namespace
+
+std::string PrometheusValue(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  char digits[64];
+  const std::to_chars_result end =
+      std::to_chars(digits, digits + sizeof(digits), value);
+  return std::string(digits, end.ptr);
+}
 
 std::string PrometheusLabel(absl::string_view value) {
   std::string out;
@@ -91,6 +108,53 @@ absl::StatusOr<std::string> PrometheusMetrics(const ServiceContext& context,
                    count);
   }
 
+  const TrainerStats stats = context.scheduler->Stats();
+  Family step_seconds("loraplex_train_step_seconds",
+                      "Wall time of the co-batched training passes (jobs' "
+                      "and sessions' rows together).",
+                      "summary");
+  step_seconds.AddSample("_sum", {}, stats.step_seconds);
+  step_seconds.AddSample("_count", {}, static_cast<double>(stats.steps));
+  Family last_step("loraplex_train_step_last_seconds",
+                   "Wall time of the newest training pass.");
+  last_step.Add({}, stats.last_step_seconds);
+  Family checkpoint_seconds(
+      "loraplex_checkpoint_seconds",
+      "Time of each slot checkpoint written, from gathering its state to "
+      "its files synced to disk.",
+      "summary");
+  checkpoint_seconds.AddSample("_sum", {}, stats.checkpoint_seconds);
+  checkpoint_seconds.AddSample("_count", {},
+                               static_cast<double>(stats.checkpoints));
+  Family last_checkpoint("loraplex_checkpoint_last_seconds",
+                         "Time of the newest slot checkpoint written.");
+  last_checkpoint.Add({}, stats.last_checkpoint_seconds);
+  Family checkpoint_failures("loraplex_checkpoint_failures_total",
+                             "Slot checkpoints that could not be written.",
+                             "counter");
+  checkpoint_failures.Add({}, static_cast<double>(stats.checkpoint_failures));
+  Family requests("loraplex_requests_total",
+                  "Calls answered, by transport (grpc, http), method (a gRPC "
+                  "method, or an HTTP route with ids as {id}) and code (a "
+                  "gRPC status code, or an HTTP status).",
+                  "counter");
+  if (context.requests != nullptr) {
+    for (const RequestCount& count : context.requests->Snapshot()) {
+      requests.Add({{"transport", count.transport},
+                    {"method", count.method},
+                    {"code", count.code}},
+                   static_cast<double>(count.count));
+    }
+  }
+
+  // When each slot's job or session last stepped.
+  std::map<std::string, int64_t> job_stepped_ms;
+  for (const SlotInfo& slot : slots) {
+    if (slot.attached && !slot.job_id.empty()) {
+      job_stepped_ms[slot.job_id] = slot.last_step_time_ms;
+    }
+  }
+
   Family step("loraplex_job_step", "The job's optimizer steps so far.");
   Family total("loraplex_job_total_steps", "The job's planned steps.");
   Family loss("loraplex_job_loss", "Training loss of the job's last step.");
@@ -102,6 +166,9 @@ absl::StatusOr<std::string> PrometheusMetrics(const ServiceContext& context,
                 "counter");
   Family skipped("loraplex_job_skipped_steps",
                  "Steps skipped for a non-finite loss or gradient.", "counter");
+  Family job_stepped("loraplex_job_last_step_timestamp_seconds",
+                     "When the job's last step ended (Unix time; 0 before "
+                     "its first step in its slot).");
   for (const JobRecord& job : jobs) {
     if (job.status != JobStatus::kRunning || !visible(job.tenant)) continue;
     const std::vector<std::pair<std::string, std::string>> labels = {
@@ -114,12 +181,19 @@ absl::StatusOr<std::string> PrometheusMetrics(const ServiceContext& context,
     speed.Add(labels, job.metrics.tokens_per_second);
     tokens.Add(labels, static_cast<double>(job.metrics.tokens));
     skipped.Add(labels, static_cast<double>(job.metrics.skipped_steps));
+    auto stepped = job_stepped_ms.find(job.id);
+    job_stepped.Add(labels, stepped == job_stepped_ms.end()
+                                ? 0.0
+                                : static_cast<double>(stepped->second) / 1e3);
   }
 
   Family session_step("loraplex_session_step",
                       "A training session's optimizer steps so far.");
   Family session_lr("loraplex_session_lr",
                     "Learning rate of the session's last step.");
+  Family session_stepped("loraplex_session_last_step_timestamp_seconds",
+                         "When the session's last optimizer step ended (Unix "
+                         "time; 0 before its first).");
   for (size_t i = 0; i < slots.size(); ++i) {
     const SlotInfo& slot = slots[i];
     if (!slot.attached || slot.session_id.empty() || !visible(slot.tenant)) {
@@ -131,11 +205,16 @@ absl::StatusOr<std::string> PrometheusMetrics(const ServiceContext& context,
         {"slot", absl::StrCat(i)}};
     session_step.Add(labels, static_cast<double>(slot.step));
     session_lr.Add(labels, slot.lr);
+    session_stepped.Add(labels,
+                        static_cast<double>(slot.last_step_time_ms) / 1e3);
   }
-  return absl::StrCat(slot_states.text(), job_states.text(), step.text(),
-                      total.text(), loss.text(), lr.text(), grad.text(),
-                      speed.text(), tokens.text(), skipped.text(),
-                      session_step.text(), session_lr.text());
+  return absl::StrCat(
+      slot_states.text(), job_states.text(), step_seconds.text(),
+      last_step.text(), checkpoint_seconds.text(), last_checkpoint.text(),
+      checkpoint_failures.text(), requests.text(), step.text(), total.text(),
+      loss.text(), lr.text(), grad.text(), speed.text(), tokens.text(),
+      skipped.text(), job_stepped.text(), session_step.text(),
+      session_lr.text(), session_stepped.text());
 }
 
 void RegisterMetrics(httplib::Server& server, const ServiceContext* context) {

@@ -4,11 +4,13 @@
 //   loraplex_slots{state="busy"} 3
 //   loraplex_job_loss{tenant="alice",job="job-..."} 1.25
 //
-// Server-wide: slots (busy, free) and jobs by status. Per running job (its
-// tenant a label): step, total steps, loss, lr, grad norm, tokens/s,
-// tokens and skipped steps, from the job's newest stored metrics. Per
-// session slot: step and lr. `tenant` empty: every tenant's series;
-// otherwise only that tenant's (the server-wide ones always).
+// Server-wide: slots (busy, free), jobs by status, training pass time,
+// checkpoint time and failures, and calls answered by transport, method and
+// code. Per running job (its tenant a label): step, total steps, loss, lr,
+// grad norm, tokens/s, tokens and skipped steps, from the job's newest
+// stored metrics, and when it last stepped. Per session slot: step, lr and
+// when it last stepped. `tenant` empty: every tenant's series; otherwise
+// only that tenant's (the server-wide ones always).
 #ifndef LORAPLEX_SERVER_HTTP_METRICS_H_
 #define LORAPLEX_SERVER_HTTP_METRICS_H_
 
@@ -30,6 +32,11 @@ absl::StatusOr<std::string> PrometheusMetrics(const ServiceContext& context,
 // "Authorization: Bearer <token>" as Prometheus' scrape config sends it)
 // shows that tenant's series.
 void RegisterMetrics(httplib::Server& server, const ServiceContext* context);
+
+// A sample value as the text format writes it: the shortest decimal that
+// reads back as `value` (all digits of timestamps and large counters),
+// NaN, +Inf or -Inf.
+std::string PrometheusValue(double value);
 
 // A label value escaped as the text format requires (\\, \", \n).
 std::string PrometheusLabel(absl::string_view value);

@@ -125,6 +125,7 @@ class JobScheduler {
   void ReleaseSessionSlot(const std::string& tenant);
   // The trainer's slots as of its last iteration.
   std::vector<SlotInfo> Slots() const { return trainer_->Slots(); }
+  TrainerStats Stats() const { return trainer_->Stats(); }
 
   // Called by the trainer (on its thread); only queues the report.
   void OnTrainerReport(TrainerReport report);

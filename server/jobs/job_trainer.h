@@ -150,6 +150,23 @@ struct SlotInfo {
   int64_t step = 0;
   int64_t total_steps = 0;
   double lr = 0.0;
+  // The end of the trainer iteration in which the slot's step count last
+  // moved (Unix ms; a job resumed at step N counts as moved when it
+  // attaches); 0 before any step.
+  int64_t last_step_time_ms = 0;
+};
+
+// Server-wide counters of the trainer (for /metrics). Seconds.
+struct TrainerStats {
+  int64_t steps = 0;  // Co-batched training passes (jobs' and sessions').
+  double step_seconds = 0.0;       // Their wall time, together.
+  double last_step_seconds = 0.0;  // The newest one's.
+  int64_t checkpoints = 0;  // Slot checkpoints written (their files synced).
+  // From the start of each checkpoint (gathering its state) to its files on
+  // disk, together; and the newest one's.
+  double checkpoint_seconds = 0.0;
+  double last_checkpoint_seconds = 0.0;
+  int64_t checkpoint_failures = 0;  // Checkpoints that could not be written.
 };
 
 struct TrainerReport {
@@ -222,6 +239,8 @@ class JobTrainer {
   virtual int capacity() const = 0;
   // The slots as of the end of the last iteration. Thread-safe.
   virtual std::vector<SlotInfo> Slots() const = 0;
+  // The counters so far. Thread-safe.
+  virtual TrainerStats Stats() const = 0;
 };
 
 }  // namespace loraplex

@@ -25,6 +25,7 @@
 #include "core/runtime/exception_message.h"
 #include "loraplex/v1/server.pb.h"
 #include "server/common/logger.h"
+#include "server/common/request_counters.h"
 #include "server/common/work_queue.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/job_scheduler.h"
@@ -62,6 +63,8 @@ struct ServiceContext {
   Logger* logger = nullptr;
   WorkQueue* work = nullptr;
   SessionManager* sessions = nullptr;
+  // Calls answered, by transport, method and code (/metrics).
+  const RequestCounters* requests = nullptr;
   ModelConfig model;
   // Reads an adapter directory and checks it against the base model,
   // answering its LoRA configuration or INVALID_ARGUMENT (LoadPeftAdapter,

@@ -63,6 +63,7 @@ class FakeTrainer : public JobTrainer {
   }
   int capacity() const override { return capacity_; }
   std::vector<SlotInfo> Slots() const override { return {}; }
+  TrainerStats Stats() const override { return {}; }
 
   std::vector<std::string> AttachedIds() const {
     std::lock_guard<std::mutex> lock(mu_);

@@ -192,6 +192,7 @@ def main():
         batch = [datum(types, [5, 17, 33, 9, 41, 12, 7, 28]),
                  datum(types, [3, 44, 21, 19, 2, 36, 50, 11, 8])]
         positions = sum(len(d.loss_fn_inputs["weights"].data) for d in batch)
+        started = time.time()
         losses = []
         for step in range(8):
             fwdbwd = training.forward_backward(batch, "cross_entropy")
@@ -213,6 +214,15 @@ def main():
         assert 'loraplex_slots{state="busy"} 1' in text, text
         assert re.search(r'^loraplex_session_step\{tenant="default",'
                          r'session="[^"]+",slot="\d+"\} 8$', text, re.M), text
+        stepped = re.search(r'^loraplex_session_last_step_timestamp_seconds'
+                            r'\{tenant="default",session="[^"]+",slot="\d+"\}'
+                            r' (\S+)$', text, re.M)
+        assert stepped and started - 1 <= float(stepped.group(1)) <= \
+            time.time() + 1, (started, stepped and stepped.group(1))
+        # The SDK's calls, counted by route and status.
+        assert re.search(r'^loraplex_requests_total\{transport="http",'
+                         r'method="/api/v1/forward_backward",code="200"\} '
+                         r'(?:[89]|\d\d+)$', text, re.M), text
         check_job_metrics(args.bin_dir, work, base_url, grpc_address)
 
         # A forward-only pass sees the trained weights and changes nothing.
