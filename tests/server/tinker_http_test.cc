@@ -5,15 +5,21 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/free_port.h"
 #include "tests/common/server_process.h"
 #include "tests/common/test_dir.h"
+#include "tinker/tinker_public.pb.h"
 
 namespace loraplex {
 namespace {
@@ -67,6 +73,99 @@ class TinkerHttpTest : public ::testing::Test {
     }
     ADD_FAILURE() << "no result for " << request_id;
     return nlohmann::json();
+  }
+
+  // The protobuf answer of a forward_backward future, polled like Result.
+  tinker_public::ForwardBackwardOutput ProtoResult(
+      const std::string& key, const std::string& request_id) {
+    tinker_public::ForwardBackwardOutput out;
+    for (int i = 0; i < 10; ++i) {
+      httplib::Result result =
+          client_->Post("/api/v1/retrieve_future", {{"X-API-Key", key}},
+                        nlohmann::json{{"request_id", request_id}}.dump(),
+                        "application/json");
+      EXPECT_TRUE(result && result->status == 200);
+      if (!result) break;
+      if (result->get_header_value("Content-Type") == "application/json") {
+        const nlohmann::json answer = nlohmann::json::parse(result->body);
+        if (answer.value("type", "") == "try_again") continue;
+        ADD_FAILURE() << answer.dump();
+        break;
+      }
+      EXPECT_TRUE(out.ParseFromString(result->body));
+      break;
+    }
+    return out;
+  }
+
+  // A model of `session`; its id, or empty with the failure in `error`.
+  std::string CreateModel(httplib::Client& client, const std::string& session,
+                          int model_seq_id, std::string* error = nullptr) {
+    const nlohmann::json body = {{"session_id", session},
+                                 {"model_seq_id", model_seq_id},
+                                 {"base_model", BaseModel()},
+                                 {"lora_config", {{"rank", 2}, {"seed", 3}}}};
+    httplib::Result posted =
+        client.Post("/api/v1/create_model", {{"X-API-Key", kAliceKey}},
+                    body.dump(), "application/json");
+    EXPECT_TRUE(posted && posted->status == 200);
+    if (!posted) return "";
+    const std::string request_id =
+        nlohmann::json::parse(posted->body)["request_id"];
+    for (int i = 0; i < 10; ++i) {
+      httplib::Result result =
+          client.Post("/api/v1/retrieve_future", {{"X-API-Key", kAliceKey}},
+                      nlohmann::json{{"request_id", request_id}}.dump(),
+                      "application/json");
+      EXPECT_TRUE(result && result->status == 200);
+      if (!result) return "";
+      const nlohmann::json answer = nlohmann::json::parse(result->body);
+      if (answer.value("type", "") == "try_again") continue;
+      if (answer.contains("model_id")) return answer["model_id"];
+      if (error != nullptr) *error = answer.value("error", answer.dump());
+      return "";
+    }
+    return "";
+  }
+
+  // Next-token prediction over a fixed text on `model` (seq_id `seq`);
+  // forward_only: the loss, no gradients. Returns the request id.
+  std::string ForwardBackward(const std::string& model, int seq,
+                              bool forward_only) {
+    const std::vector<int32_t> input = {5, 17, 33, 9, 41, 12};
+    const std::vector<int64_t> targets = {17, 33, 9, 41, 12, 7};
+    const std::vector<float> weights(targets.size(), 1.0f);
+    tinker_public::ForwardBackwardRequest request;
+    request.set_model_id(model);
+    request.set_seq_id(seq);
+    request.set_loss_fn("cross_entropy");
+    request.set_forward_only(forward_only);
+    tinker_public::Datum* datum = request.add_data();
+    datum->add_model_input()->mutable_encoded_text()->set_tokens(
+        std::string(reinterpret_cast<const char*>(input.data()),
+                    input.size() * sizeof(int32_t)));
+    tinker_public::Tensor& t =
+        (*datum->mutable_loss_fn_inputs())["target_tokens"];
+    t.set_dtype(tinker_public::DTYPE_INT64);
+    t.set_dense(std::string(reinterpret_cast<const char*>(targets.data()),
+                            targets.size() * sizeof(int64_t)));
+    t.add_shape(static_cast<int64_t>(targets.size()));
+    tinker_public::Tensor& w = (*datum->mutable_loss_fn_inputs())["weights"];
+    w.set_dtype(tinker_public::DTYPE_FLOAT32);
+    w.set_dense(std::string(reinterpret_cast<const char*>(weights.data()),
+                            weights.size() * sizeof(float)));
+    w.add_shape(static_cast<int64_t>(weights.size()));
+    auto [status, answer] =
+        Post("/api/v1/forward_backward", kAliceKey, request.SerializeAsString(),
+             "application/x-protobuf");
+    EXPECT_EQ(status, 200) << answer.dump();
+    return answer.value("request_id", "");
+  }
+
+  double Loss(const std::string& model, int seq) {
+    return ProtoResult(kAliceKey, ForwardBackward(model, seq, true))
+        .metrics()
+        .at("loss:sum");
   }
 
   std::string BaseModel() {
@@ -216,6 +315,100 @@ TEST_F(TinkerHttpTest, BadBodiesAreClearErrors) {
   EXPECT_TRUE(server_->Stop().ok()) << server_->Log();
 }
 
+// Saved states are not overwritten unless asked; load_weights into an open
+// model takes the saved weights; unload_model frees the slot; models
+// created at once share the free slots and the rest are refused.
+TEST_F(TinkerHttpTest, ModelsSaveLoadUnloadAndShareTheSlots) {
+  auto [created, session] = Post("/api/v1/create_session", kAliceKey, "{}");
+  ASSERT_EQ(created, 200);
+  const std::string session_id = session["session_id"];
+  const std::string a = CreateModel(*client_, session_id, 0);
+  ASSERT_FALSE(a.empty());
+  int seq = 1;
+  for (int step = 0; step < 3; ++step) {
+    ProtoResult(kAliceKey, ForwardBackward(a, seq++, false));
+    auto [status, future] =
+        Post("/api/v1/optim_step", kAliceKey,
+             nlohmann::json{{"model_id", a},
+                            {"seq_id", seq++},
+                            {"adam_params", {{"learning_rate", 5e-2}}}}
+                 .dump());
+    ASSERT_EQ(status, 200) << future.dump();
+    EXPECT_FALSE(Result(kAliceKey, future["request_id"]).contains("error"));
+  }
+
+  const nlohmann::json save = {{"model_id", a}, {"path", "s1"}};
+  auto save_as = [&](nlohmann::json body) {
+    body["seq_id"] = seq;
+    return Post("/api/v1/save_weights", kAliceKey, body.dump());
+  };
+  auto [saved_status, saved] = save_as(save);
+  ASSERT_EQ(saved_status, 200) << saved.dump();
+  ++seq;
+  const nlohmann::json first = Result(kAliceKey, saved["request_id"]);
+  const std::string path = first.value("path", "");
+  EXPECT_EQ(path, absl::StrCat("tinker://", a, "/weights/s1"));
+  auto [again, again_answer] = save_as(save);
+  EXPECT_EQ(again, 400);
+  EXPECT_THAT(again_answer.value("error", ""),
+              HasSubstr("exists; set overwrite to replace it"));
+  nlohmann::json overwrite = save;
+  overwrite["overwrite"] = true;
+  auto [replaced, replaced_answer] = save_as(overwrite);
+  ASSERT_EQ(replaced, 200) << replaced_answer.dump();
+  ++seq;
+  EXPECT_EQ(Result(kAliceKey, replaced_answer["request_id"]).value("path", ""),
+            path);
+  const double trained = Loss(a, seq++);
+
+  // A fresh model has other weights; loaded, the saved ones.
+  const std::string b = CreateModel(*client_, session_id, 1);
+  ASSERT_FALSE(b.empty());
+  const double fresh = Loss(b, 1);
+  EXPECT_GT(std::abs(fresh - trained), 1e-3 * std::abs(trained));
+  auto [loaded, load_answer] = Post(
+      "/api/v1/load_weights", kAliceKey,
+      nlohmann::json{{"model_id", b}, {"seq_id", 2}, {"path", path}}.dump());
+  ASSERT_EQ(loaded, 200) << load_answer.dump();
+  EXPECT_EQ(Result(kAliceKey, load_answer["request_id"]).value("path", ""),
+            path);
+  EXPECT_EQ(Loss(b, 3), trained);
+
+  // Unloaded, the model is gone and its slot free.
+  auto [unloaded, unload_answer] = Post("/api/v1/unload_model", kAliceKey,
+                                        nlohmann::json{{"model_id", b}}.dump());
+  ASSERT_EQ(unloaded, 200) << unload_answer.dump();
+  EXPECT_EQ(
+      Result(kAliceKey, unload_answer["request_id"]).value("model_id", ""), b);
+  EXPECT_EQ(Post("/api/v1/get_info", kAliceKey,
+                 nlohmann::json{{"model_id", b}}.dump())
+                .first,
+            404);
+
+  // Four models at once with three slots free: three open, one is refused.
+  std::vector<std::string> models(4), errors(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", port_);
+      client.set_read_timeout(60);
+      models[i] = CreateModel(client, session_id, 2 + i, &errors[i]);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  int opened = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (!models[i].empty()) {
+      ++opened;
+      EXPECT_EQ(models[i], absl::StrCat(session_id, ":train:", 2 + i));
+    } else {
+      EXPECT_THAT(errors[i], HasSubstr("slot")) << i;
+    }
+  }
+  EXPECT_EQ(opened, 3);
+  EXPECT_TRUE(server_->Stop().ok()) << server_->Log();
+}
+
 TEST_F(TinkerHttpTest, MetricsNeedAKey) {
   EXPECT_EQ(client_->Get("/metrics")->status, 401);
   httplib::Result bearer = client_->Get(
@@ -224,6 +417,46 @@ TEST_F(TinkerHttpTest, MetricsNeedAKey) {
   EXPECT_EQ(bearer->status, 200);
   EXPECT_THAT(bearer->body, HasSubstr("loraplex_slots{state=\"free\"} 4"));
   EXPECT_TRUE(server_->Stop().ok()) << server_->Log();
+}
+
+// With --tls-cert/--tls-key the HTTP listener speaks HTTPS with the same
+// certificate as gRPC; plain HTTP gets no answer.
+TEST(TinkerHttpsTest, TheListenerServesTlsWithTheServersCertificate) {
+  const std::string state = FreshTestDir("state");
+  const std::string command =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
+      state + "/key.pem -out " + state + "/cert.pem 2> " + state +
+      "/openssl.log";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  const int port = FreePort();
+  ServerProcessOptions options;
+  options.state_dir = state;
+  options.extra_args = {"--tls-cert",    state + "/cert.pem",
+                        "--tls-key",     state + "/key.pem",
+                        "--http-listen", absl::StrCat("127.0.0.1:", port)};
+  auto server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  httplib::SSLClient tls("127.0.0.1", port);
+  tls.set_ca_cert_path((state + "/cert.pem").c_str());
+  tls.enable_server_certificate_verification(true);
+  httplib::Result caps = tls.Get("/api/v1/get_server_capabilities");
+  ASSERT_TRUE(caps) << httplib::to_string(caps.error());
+  EXPECT_EQ(caps->status, 200);
+  EXPECT_THAT(caps->body, HasSubstr("supported_models"));
+
+  // A client that does not trust the certificate is refused, and so is
+  // plain HTTP.
+  httplib::SSLClient untrusting("127.0.0.1", port);
+  untrusting.enable_server_certificate_verification(true);
+  untrusting.set_ca_cert_path((state + "/key.pem").c_str());
+  EXPECT_FALSE(untrusting.Get("/api/v1/get_server_capabilities"));
+  httplib::Client plain("127.0.0.1", port);
+  plain.set_read_timeout(5);
+  httplib::Result refused = plain.Get("/api/v1/get_server_capabilities");
+  EXPECT_TRUE(!refused || refused->status != 200);
+  EXPECT_TRUE((*server)->Stop().ok()) << (*server)->Log();
 }
 
 }  // namespace
