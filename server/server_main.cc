@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -65,6 +66,8 @@ struct ServerFlags {
   std::string state_dir = "./loraplex-state";
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;  // Off.
+  int tinker_poll_seconds = 30;
+  int64_t tinker_max_samples = 1024;
   int slots = 8;
   int slots_per_tenant = 0;
   int64_t max_rank = 64;
@@ -633,7 +636,10 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   const std::string host = flags.listen.substr(0, flags.listen.rfind(':'));
   const std::string address = absl::StrCat(host, ":", port);
   // The Tinker REST API, when asked for.
-  TinkerApi tinker(&context, TinkerApiOptions());
+  TinkerApiOptions tinker_options;
+  tinker_options.max_wait = std::chrono::seconds(flags.tinker_poll_seconds);
+  tinker_options.max_samples_per_tenant = flags.tinker_max_samples;
+  TinkerApi tinker(&context, tinker_options);
   std::unique_ptr<HttpListener> http;
   if (!flags.http_listen.empty()) {
     HttpListenerOptions http_options;
@@ -744,6 +750,16 @@ int main(int argc, char** argv) {
   app.add_option("--http-listen", flags.http_listen,
                  "HOST:PORT of the HTTP listener: the Tinker REST API and "
                  "/metrics (off by default)");
+  app.add_option("--tinker-poll-seconds", flags.tinker_poll_seconds,
+                 "Longest a Tinker retrieve_future waits for its result "
+                 "before answering try_again (the SDK gives up after 45 s)")
+      ->check(CLI::Range(1, 40))
+      ->capture_default_str();
+  app.add_option("--tinker-max-samples", flags.tinker_max_samples,
+                 "Tinker samples one key may have queued or running "
+                 "(beyond: HTTP 429, which the SDK retries)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--slots", flags.slots, "Adapter slots that train together")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();

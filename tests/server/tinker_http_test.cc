@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -417,6 +418,110 @@ TEST_F(TinkerHttpTest, MetricsNeedAKey) {
   EXPECT_EQ(bearer->status, 200);
   EXPECT_THAT(bearer->body, HasSubstr("loraplex_slots{state=\"free\"} 4"));
   EXPECT_TRUE(server_->Stop().ok()) << server_->Log();
+}
+
+// Futures and back-pressure with short limits: retrieve_future answers
+// try_again when its result is not ready in --tinker-poll-seconds, more
+// samples in flight than --tinker-max-samples are refused with 429, and a
+// poll open at shutdown is answered (the server is shutting down).
+TEST(TinkerFuturesTest, PollsTryAgainSamplesBackOffAndShutdownAnswers) {
+  const int port = FreePort();
+  ServerProcessOptions options;
+  options.state_dir = FreshTestDir("state");
+  options.extra_args = {
+      "--http-listen",         absl::StrCat("127.0.0.1:", port),
+      "--tinker-poll-seconds", "1",
+      "--tinker-max-samples",  "1"};
+  auto started = ServerProcess::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<ServerProcess> server = *std::move(started);
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60);
+  auto post = [&](httplib::Client& via, const std::string& path,
+                  const nlohmann::json& body) {
+    httplib::Result result =
+        via.Post(path.c_str(), {{"X-API-Key", "tml-local"}}, body.dump(),
+                 "application/json");
+    return result ? std::make_pair(
+                        result->status,
+                        nlohmann::json::parse(result->body, nullptr, false))
+                  : std::make_pair(0, nlohmann::json());
+  };
+  httplib::Result caps = client.Get("/api/v1/get_server_capabilities");
+  ASSERT_TRUE(caps);
+  const std::string base =
+      nlohmann::json::parse(caps->body)["supported_models"][0]["model_name"];
+  const std::string session =
+      post(client, "/api/v1/create_session", nlohmann::json::object())
+          .second["session_id"];
+  auto [model_status, model_future] = post(client, "/api/v1/create_model",
+                                           {{"session_id", session},
+                                            {"model_seq_id", 0},
+                                            {"base_model", base},
+                                            {"lora_config", {{"rank", 2}}}});
+  ASSERT_EQ(model_status, 200);
+  std::string model_id;
+  for (int i = 0; i < 10 && model_id.empty(); ++i) {
+    model_id = post(client, "/api/v1/retrieve_future",
+                    {{"request_id", model_future["request_id"]}})
+                   .second.value("model_id", "");
+  }
+  ASSERT_FALSE(model_id.empty());
+
+  // seq_id 2 waits for a seq_id 1 that never comes.
+  auto [step_status, waiting] =
+      post(client, "/api/v1/optim_step",
+           {{"model_id", model_id},
+            {"seq_id", 2},
+            {"adam_params", {{"learning_rate", 1e-3}}}});
+  ASSERT_EQ(step_status, 200) << waiting.dump();
+  const nlohmann::json poll = {{"request_id", waiting["request_id"]}};
+  auto [poll_status, again] = post(client, "/api/v1/retrieve_future", poll);
+  EXPECT_EQ(poll_status, 200);
+  EXPECT_EQ(again.value("type", ""), "try_again") << again.dump();
+
+  // One sample in flight at a time: a burst of long ones meets 429.
+  const std::string sampler = post(client, "/api/v1/create_sampling_session",
+                                   {{"session_id", session},
+                                    {"sampling_session_seq_id", 0},
+                                    {"base_model", base}})
+                                  .second.value("sampling_session_id", "");
+  ASSERT_FALSE(sampler.empty());
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 4; ++i) {
+    auto [status, answer] = post(
+        client, "/api/v1/asample",
+        {{"sampling_session_id", sampler},
+         {"num_samples", 4},
+         {"prompt",
+          {{"chunks", {{{"type", "encoded_text"}, {"tokens", {5, 17, 33}}}}}}},
+         {"sampling_params",
+          {{"max_tokens", 1500}, {"stop", nlohmann::json::array()}}}});
+    if (status == 200) ++accepted;
+    if (status == 429) {
+      ++refused;
+      EXPECT_THAT(answer.value("error", ""),
+                  HasSubstr("samples queued or running"));
+    }
+  }
+  EXPECT_GE(accepted, 1);
+  EXPECT_GE(refused, 1);
+
+  // Polling the waiting step while the server stops.
+  std::string last;
+  std::thread poller([&] {
+    httplib::Client polling("127.0.0.1", port);
+    polling.set_read_timeout(60);
+    for (;;) {
+      auto [status, answer] = post(polling, "/api/v1/retrieve_future", poll);
+      last = absl::StrCat(status, " ", answer.dump());
+      if (status != 200 || answer.value("type", "") != "try_again") break;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
+  poller.join();
+  EXPECT_THAT(last, HasSubstr("shutting down"));
 }
 
 // With --tls-cert/--tls-key the HTTP listener speaks HTTPS with the same
