@@ -7,11 +7,11 @@
 #include <grpcpp/impl/client_unary_call.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "tests/common/test_dir.h"
+#include "tests/common/tls_files.h"
 #include "tests/server/service_fixture.h"
 
 namespace loraplex {
@@ -133,14 +133,8 @@ TEST(ServiceReflectionTest, ListsTheLoraplexServices) {
 
 TEST(ServiceTlsTest, ServesTlsToClientsThatTrustItsCertificate) {
   const std::string state = FreshTestDir("state");
-  // A self-signed certificate for the loopback address, made for the test.
-  const std::string command =
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
-      "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
-      state + "/key.pem -out " + state + "/cert.pem 2> " + state +
-      "/openssl.log";
-  ASSERT_EQ(std::system(command.c_str()), 0)
-      << ReadFileForTest(state + "/openssl.log");
+  const absl::Status certificate = MakeLoopbackCertificate(state);
+  ASSERT_TRUE(certificate.ok()) << certificate;
   auto server = StartServer(
       state, 1,
       {"--tls-cert", state + "/cert.pem", "--tls-key", state + "/key.pem"});

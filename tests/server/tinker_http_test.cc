@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -20,6 +19,7 @@
 #include "tests/common/free_port.h"
 #include "tests/common/server_process.h"
 #include "tests/common/test_dir.h"
+#include "tests/common/tls_files.h"
 #include "tinker/tinker_public.pb.h"
 
 namespace loraplex {
@@ -528,12 +528,8 @@ TEST(TinkerFuturesTest, PollsTryAgainSamplesBackOffAndShutdownAnswers) {
 // certificate as gRPC; plain HTTP gets no answer.
 TEST(TinkerHttpsTest, TheListenerServesTlsWithTheServersCertificate) {
   const std::string state = FreshTestDir("state");
-  const std::string command =
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
-      "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
-      state + "/key.pem -out " + state + "/cert.pem 2> " + state +
-      "/openssl.log";
-  ASSERT_EQ(std::system(command.c_str()), 0);
+  const absl::Status certificate = MakeLoopbackCertificate(state);
+  ASSERT_TRUE(certificate.ok()) << certificate;
   const int port = FreePort();
   ServerProcessOptions options;
   options.state_dir = state;
