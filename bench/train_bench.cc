@@ -9,6 +9,9 @@
 //      input-gradient backward, LoRA forward and backward, LM head on the
 //      target tokens) as a fraction of the peak fp32 GEMM FLOP/s measured
 //      in the same process.
+//  P3. Muon's share of a co-batched step: N Muon slots (1 sequence of 128
+//      tokens each), the whole step vs its optimizer part alone (all slots'
+//      Muon steps in one StepSlotOptimizers call).
 //  P5. Latency of attaching and retiring a slot (storage reused).
 //
 // Ratios are printed last. The program re-executes itself with
@@ -139,6 +142,33 @@ int main(int argc, char** argv) {
       results.push_back(
           {"P2 " + label.str() + ": step GFLOP/s / peak GEMM", gflops / peak});
     }
+  }
+
+  // P3: Muon's share of a step.
+  {
+    SlotPool pool(config, {.capacity = slots});
+    auto data = RandomSequences(1, 128, config.vocab_size);
+    for (int i = 0; i < slots; ++i) {
+      SlotAttachRequest request = BenchSlotRequest(i, kRank, 1, 128, data);
+      request.optimizer.family = OptimizerFamily::kMuon;
+      if (!pool.Attach(std::move(request)).ok()) return 1;
+    }
+    std::vector<TrainingSlot*> all = pool.ActiveSlots();
+    std::vector<SlotOptimizer*> optimizers;
+    for (TrainingSlot* slot : all) optimizers.push_back(&*slot->optimizer);
+    CoBatchOptions options;
+    // The co-batched step runs first, so the gradients exist (zeroed) when
+    // the optimizers step alone: the same work as inside the step.
+    const auto [step, muon] = TimeSideBySide(
+        [&] {
+          if (!TrainCoBatchStep(**model, all, options).ok()) std::abort();
+        },
+        [&] { StepSlotOptimizers(optimizers); }, rounds);
+    std::cout << slots << " Muon slots x 1 x 128 tokens: step " << step * 1e3
+              << " ms, of which Muon " << muon * 1e3 << " ms\n";
+    results.push_back({"P3 Muon's share of a step, " + std::to_string(slots) +
+                           " slots x 1 x 128 tokens (goal <= 0.1)",
+                       muon / step});
   }
 
   // P5: attach + retire, storage reused after the first attach.

@@ -6,11 +6,13 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -182,21 +184,24 @@ torch::Tensor Muon::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  for (auto& group : param_groups_) StepGroup(group);
+  std::vector<MuonPendingUpdate> pending;
+  PrepareStep(pending);
+  ApplyMuonUpdates(pending);
   return loss;
 }
 
-void Muon::StepGroup(torch::optim::OptimizerParamGroup& group) {
+void Muon::PrepareStep(std::vector<MuonPendingUpdate>& pending) {
+  torch::NoGradGuard no_grad;
+  for (auto& group : param_groups_) PrepareGroup(group, pending);
+}
+
+void Muon::PrepareGroup(torch::optim::OptimizerParamGroup& group,
+                        std::vector<MuonPendingUpdate>& pending) {
   const auto& options = static_cast<const MuonOptions&>(group.options());
   const double lr = options.lr();
   const double beta = options.momentum();
   const double wd = options.weight_decay();
-
-  // Steps 1–3 per parameter; parameters are then grouped by shape so that
-  // step 4 runs one batched Newton–Schulz per shape.
-  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_shape;
-  std::vector<torch::Tensor> params;
-  std::vector<torch::Tensor> updates;
+  const NewtonSchulzOptions ns = options.newton_schulz();
   for (const torch::Tensor& param : group.params()) {
     if (!param.grad().defined()) continue;
     MuonParamState& state = EnsureState(param);
@@ -216,25 +221,111 @@ void Muon::StepGroup(torch::optim::OptimizerParamGroup& group) {
     }
     torch::Tensor& buffer = state.momentum_buffer();
     buffer.mul_(beta).add_(grad, 1.0 - beta);
-    updates.push_back(
-        options.nesterov() ? grad.mul(1.0 - beta).add_(buffer, beta) : buffer);
-    state.step(state.step() + 1);
-    by_shape[{param.size(0), param.size(1)}].push_back(params.size());
-    params.push_back(param);
-  }
-
-  const NewtonSchulzOptions ns = options.newton_schulz();
-  for (const auto& [shape, indices] : by_shape) {
-    std::vector<torch::Tensor> same_shape;
-    same_shape.reserve(indices.size());
-    for (size_t i : indices) same_shape.push_back(updates[i]);
-    const torch::Tensor orthogonal = NewtonSchulz(at::stack(same_shape), ns);
-    const double step_scale =
-        lr * MuonScaleFactor(shape.first, shape.second, options.scale_mode()) *
+    MuonPendingUpdate update;
+    update.param = param;
+    update.update =
+        options.nesterov() ? grad.mul(1.0 - beta).add_(buffer, beta) : buffer;
+    update.newton_schulz = ns;
+    update.step_scale =
+        lr *
+        MuonScaleFactor(param.size(0), param.size(1), options.scale_mode()) *
         options.extra_scale_factor();
-    for (size_t k = 0; k < indices.size(); ++k) {
-      torch::Tensor& param = params[indices[k]];
-      param.add_(orthogonal[k].to(param.scalar_type()), -step_scale);
+    pending.push_back(std::move(update));
+    state.step(state.step() + 1);
+  }
+}
+
+namespace {
+
+// What must be equal for two updates to share a batched Newton–Schulz call.
+struct NsBatchKey {
+  int64_t rows;
+  int64_t cols;
+  torch::ScalarType dtype;
+  std::string device;
+  NsCoefficientSet coefficient_set;
+  std::vector<std::array<double, 3>> custom_coefficients;
+  int steps;
+  NsPrecision precision;
+
+  auto Tied() const {
+    return std::tie(rows, cols, dtype, device, coefficient_set,
+                    custom_coefficients, steps, precision);
+  }
+  bool operator<(const NsBatchKey& other) const {
+    return Tied() < other.Tied();
+  }
+};
+
+NsBatchKey BatchKeyOf(const MuonPendingUpdate& update) {
+  NsBatchKey key{update.update.size(0),
+                 update.update.size(1),
+                 update.update.scalar_type(),
+                 update.update.device().str(),
+                 update.newton_schulz.coefficient_set,
+                 {},
+                 update.newton_schulz.steps,
+                 update.newton_schulz.precision};
+  if (key.coefficient_set == NsCoefficientSet::kCustom) {
+    for (const NsCoefficients& t : update.newton_schulz.custom_coefficients) {
+      key.custom_coefficients.push_back({t.a, t.b, t.c});
+    }
+  }
+  return key;
+}
+
+// Orthogonalizes the updates `indices` of `pending` in one batched call and
+// applies them; when the call throws, no parameter has moved.
+void ApplyBatch(const std::vector<MuonPendingUpdate>& pending,
+                const std::vector<size_t>& indices) {
+  std::vector<torch::Tensor> same;
+  same.reserve(indices.size());
+  for (size_t i : indices) same.push_back(pending[i].update);
+  const torch::Tensor orthogonal =
+      NewtonSchulz(at::stack(same), pending[indices.front()].newton_schulz);
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const MuonPendingUpdate& update = pending[indices[k]];
+    torch::Tensor param = update.param;
+    param.add_(orthogonal[k].to(param.scalar_type()), -update.step_scale);
+  }
+}
+
+}  // namespace
+
+void ApplyMuonUpdates(const std::vector<MuonPendingUpdate>& pending,
+                      const MuonUpdateFailure& on_failure) {
+  torch::NoGradGuard no_grad;
+  std::map<NsBatchKey, std::vector<size_t>> groups;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    groups[BatchKeyOf(pending[i])].push_back(i);
+  }
+  for (const auto& [key, indices] : groups) {
+    const torch::Tensor& first = pending[indices.front()].update;
+    const size_t per_batch = static_cast<size_t>(
+        NewtonSchulzBatchSize(key.rows, key.cols, first.device()));
+    for (size_t begin = 0; begin < indices.size(); begin += per_batch) {
+      const std::vector<size_t> batch(
+          indices.begin() + begin,
+          indices.begin() + std::min(indices.size(), begin + per_batch));
+      if (on_failure == nullptr) {
+        ApplyBatch(pending, batch);
+        continue;
+      }
+      try {
+        ApplyBatch(pending, batch);
+        continue;
+      } catch (const c10::Error&) {
+        // Nothing of this batch moved: retry it owner by owner.
+      }
+      std::map<size_t, std::vector<size_t>> by_owner;
+      for (size_t i : batch) by_owner[pending[i].owner].push_back(i);
+      for (const auto& [owner, own] : by_owner) {
+        try {
+          ApplyBatch(pending, own);
+        } catch (const c10::Error& e) {
+          on_failure(owner, e);
+        }
+      }
     }
   }
 }

@@ -8,12 +8,19 @@
 //   3. u = nesterov ? (1−β)·g + β·buf : buf
 //   4. O = NS(u) · scale(m, n) · extra_scale_factor
 //   5. p -= lr·O
-// All parameters of a group with equal shape are orthogonalized in one batched
-// Newton–Schulz call, which is what keeps many small LoRA matrices cheap.
+// All parameters with equal shape and Newton–Schulz settings are
+// orthogonalized in one batched Newton–Schulz call, which is what keeps many
+// small LoRA matrices cheap. Many optimizers (one per adapter slot) can share
+// those calls: PrepareStep runs steps 1–3 of each, and one
+// ApplyMuonUpdates over all their pending updates runs steps 4–5.
 //
 //   Muon muon(params, MuonOptions(0.02).extra_scale_factor(0.2));
 //   loss.backward();
 //   muon.step();
+//
+//   std::vector<MuonPendingUpdate> pending;
+//   for (Muon* m : slot_muons) m->PrepareStep(pending);
+//   ApplyMuonUpdates(pending);  // Same result as each m->step().
 #ifndef LORAPLEX_CORE_OPTIM_MUON_H_
 #define LORAPLEX_CORE_OPTIM_MUON_H_
 
@@ -24,6 +31,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -78,6 +86,32 @@ struct MuonParamState
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
+// One parameter after steps 1–3 of a Muon step, waiting for steps 4–5.
+struct MuonPendingUpdate {
+  torch::Tensor param;
+  torch::Tensor update;  // u, the Newton–Schulz input, shaped as param.
+  NewtonSchulzOptions newton_schulz;
+  // lr · scale(m, n) · extra_scale_factor of the parameter's group.
+  double step_scale = 0.0;
+  // Whose update this is (e.g. the index of a slot), for failure reports.
+  size_t owner = 0;
+};
+
+// Called with the owner of updates whose orthogonalization failed.
+using MuonUpdateFailure =
+    std::function<void(size_t owner, const c10::Error& error)>;
+
+// Steps 4–5 for every pending update: p -= step_scale · NS(u). Updates with
+// equal shape, dtype, device and Newton–Schulz settings share batched
+// Newton–Schulz calls (as many matrices per call as NewtonSchulzBatchSize
+// says), whichever optimizer they come from; the result equals
+// orthogonalizing each alone. Without `on_failure` an error is thrown.
+// With it, a batch that fails is retried owner by owner, and an owner whose
+// own batch fails is reported (its parameters may be partly updated) while
+// every other owner's updates are applied.
+void ApplyMuonUpdates(const std::vector<MuonPendingUpdate>& pending,
+                      const MuonUpdateFailure& on_failure = nullptr);
+
 class Muon : public torch::optim::Optimizer {
  public:
   // Throws c10::Error naming the bad option or parameter: every group's
@@ -86,7 +120,12 @@ class Muon : public torch::optim::Optimizer {
                 MuonOptions defaults = {});
   explicit Muon(std::vector<torch::Tensor> params, MuonOptions defaults = {});
 
+  // PrepareStep followed by ApplyMuonUpdates.
   torch::Tensor step(LossClosure closure = nullptr) override;
+  // Steps 1–3 (weight decay, momentum, step counter) of every parameter that
+  // has a gradient; appends what steps 4–5 need to `pending`. The parameters
+  // are complete after ApplyMuonUpdates(pending).
+  void PrepareStep(std::vector<MuonPendingUpdate>& pending);
   // LibTorch's optimizer archive format. It keys state by parameter address
   // as LibTorch prints it, which differs between LibTorch 1.x and 2.x, so
   // such archives do not move between them; SlotOptimizer::Save writes a
@@ -107,7 +146,8 @@ class Muon : public torch::optim::Optimizer {
 
  private:
   MuonParamState& EnsureState(const torch::Tensor& param);
-  void StepGroup(torch::optim::OptimizerParamGroup& group);
+  void PrepareGroup(torch::optim::OptimizerParamGroup& group,
+                    std::vector<MuonPendingUpdate>& pending);
 };
 
 }  // namespace loraplex

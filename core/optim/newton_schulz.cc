@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -76,6 +77,13 @@ constexpr int64_t kCpuBatchBytes = 32768 * sizeof(float);
 
 }  // namespace
 
+int64_t NewtonSchulzBatchSize(int64_t rows, int64_t cols,
+                              const torch::Device& device) {
+  if (!device.is_cpu()) return std::numeric_limits<int64_t>::max();
+  const int64_t matrix_bytes = std::max<int64_t>(1, rows * cols * 4);
+  return std::max<int64_t>(1, kCpuBatchBytes / matrix_bytes);
+}
+
 torch::Tensor NewtonSchulz(const torch::Tensor& x,
                            const NewtonSchulzOptions& options) {
   const std::string error = NewtonSchulzOptionsError(options);
@@ -93,12 +101,8 @@ torch::Tensor NewtonSchulz(const torch::Tensor& x,
   if (transposed) batch = batch.transpose(1, 2);
 
   const int64_t count = batch.size(0);
-  int64_t per_batch = count;
-  if (batch.is_cpu()) {
-    const int64_t matrix_bytes =
-        std::max<int64_t>(1, batch.size(1) * batch.size(2) * 4);
-    per_batch = std::max<int64_t>(1, kCpuBatchBytes / matrix_bytes);
-  }
+  const int64_t per_batch =
+      NewtonSchulzBatchSize(batch.size(1), batch.size(2), batch.device());
   torch::Tensor result;
   if (per_batch >= count) {
     result = OrthogonalizeWide(batch, options);

@@ -270,6 +270,41 @@ void SlotOptimizer::Step() {
   for (OptimizerChild& child : children_) child.optimizer->step();
 }
 
+std::vector<absl::Status> StepSlotOptimizers(
+    const std::vector<SlotOptimizer*>& optimizers) {
+  std::vector<absl::Status> statuses(optimizers.size());
+  auto failed = [](const c10::Error& e) {
+    return absl::InternalError(e.what_without_backtrace());
+  };
+  // Everything but Muon's orthogonalization, per optimizer.
+  std::vector<std::vector<MuonPendingUpdate>> pending(optimizers.size());
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    try {
+      for (OptimizerChild& child : optimizers[i]->children_) {
+        if (child.kind == OptimizerChildKind::kMuon) {
+          static_cast<Muon&>(*child.optimizer).PrepareStep(pending[i]);
+        } else {
+          child.optimizer->step();
+        }
+      }
+    } catch (const c10::Error& e) {
+      statuses[i] = failed(e);
+      pending[i].clear();
+    }
+  }
+  std::vector<MuonPendingUpdate> all;
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    for (MuonPendingUpdate& update : pending[i]) {
+      update.owner = i;
+      all.push_back(std::move(update));
+    }
+  }
+  ApplyMuonUpdates(all, [&](size_t owner, const c10::Error& e) {
+    if (statuses[owner].ok()) statuses[owner] = failed(e);
+  });
+  return statuses;
+}
+
 void SlotOptimizer::ZeroGrad() {
   torch::NoGradGuard no_grad;
   for (const torch::Tensor& param : parameters_) {

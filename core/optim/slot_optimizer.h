@@ -105,6 +105,8 @@ class SlotOptimizer {
   friend absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
       const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
   friend SlotOptimizer EmptySlotOptimizer(const OptimizerConfig& config);
+  friend std::vector<absl::Status> StepSlotOptimizers(
+      const std::vector<SlotOptimizer*>& optimizers);
   SlotOptimizer(OptimizerConfig config, std::vector<torch::Tensor> parameters,
                 std::vector<OptimizerChild> children);
 
@@ -122,6 +124,15 @@ class SlotOptimizer {
 // twice, or parameters on different devices.
 absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
     const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
+
+// Steps every optimizer as its Step() would, with the Newton–Schulz calls of
+// all their Muon children shared (ApplyMuonUpdates): same-shape LoRA
+// matrices of many slots are orthogonalized in one batched call. Returns one
+// status per optimizer: OK, or INTERNAL with the error of its step, in which
+// case that optimizer alone failed (its parameters may be partly updated)
+// and the others stepped as they would have without it.
+std::vector<absl::Status> StepSlotOptimizers(
+    const std::vector<SlotOptimizer*>& optimizers);
 
 // An optimizer over no parameters (a data-parallel rank that owns none of
 // a slot's): Step and ZeroState do nothing; lr() is the last SetLr.

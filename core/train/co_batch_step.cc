@@ -459,38 +459,54 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
     if (distributed) return AfterSum(sync, std::move(failed));
     return Unchanged(std::move(failed));
   }
+  // Every slot's optimizer steps in one call, so the Newton–Schulz of all
+  // Muon slots' same-shape matrices is batched across slots.
+  std::vector<absl::Status> stepped(slots.size());
+  std::vector<SlotOptimizer*> optimizers;
+  std::vector<size_t> stepping;  // The slot of each optimizer.
   for (size_t i = 0; i < slots.size(); ++i) {
     TrainingSlot& slot = *slots[i];
-    absl::Status stepped;
+    if (metrics[i].skipped) continue;
+    stepped[i] = TestFault(TestFaultPoint::kOptimizer, slot.training.seed);
+    if (!stepped[i].ok()) continue;
     try {
-      if (!metrics[i].skipped) {
-        stepped = TestFault(TestFaultPoint::kOptimizer, slot.training.seed);
-        if (stepped.ok()) {
-          slot.scheduler->ApplyTo(*slot.optimizer);
-          slot.optimizer->Step();
-          slot.scheduler->Step(*slot.optimizer);
-        }
-      }
-      ZeroGrads(slot);
+      slot.scheduler->ApplyTo(*slot.optimizer);
+      optimizers.push_back(&*slot.optimizer);
+      stepping.push_back(i);
     } catch (const c10::Error& e) {
-      stepped = TorchError("optimizer step failed", e);
+      stepped[i] = TorchError("optimizer step failed", e);
     }
-    if (!stepped.ok()) {
-      ZeroGrads(slot);
+  }
+  const std::vector<absl::Status> results = StepSlotOptimizers(optimizers);
+  for (size_t k = 0; k < stepping.size(); ++k) {
+    const size_t i = stepping[k];
+    if (!results[k].ok()) {
+      stepped[i] = absl::Status(
+          results[k].code(),
+          absl::StrCat("optimizer step failed: ", results[k].message()));
+      continue;
+    }
+    try {
+      slots[i]->scheduler->Step(*slots[i]->optimizer);
+    } catch (const c10::Error& e) {
+      stepped[i] = TorchError("optimizer step failed", e);
+    }
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    TrainingSlot& slot = *slots[i];
+    ZeroGrads(slot);
+    if (!stepped[i].ok()) {
       *slot.cursor = cursors[i];
       if (distributed) {
         // The other ranks step this slot: the ranks now differ.
-        for (size_t j = i + 1; j < slots.size(); ++j) {
-          ZeroGrads(*slots[j]);
-          *slots[j]->cursor = cursors[j];
-        }
-        return AfterSum(sync, absl::Status(stepped.code(),
+        for (size_t j = i + 1; j < slots.size(); ++j) ZeroGrads(*slots[j]);
+        return AfterSum(sync, absl::Status(stepped[i].code(),
                                            absl::StrCat("slot ", i, ": ",
-                                                        stepped.message())));
+                                                        stepped[i].message())));
       }
       // One process: this slot alone fails (its weights may be partly
       // updated); the others step as they would without it.
-      metrics[i].failure = std::string(stepped.message());
+      metrics[i].failure = std::string(stepped[i].message());
       continue;
     }
     if (metrics[i].skipped) ++slot.counters.skipped_steps;

@@ -71,6 +71,53 @@ TEST_P(MuonGoldenTest, ThreeStepsMatchIndependentReference) {
 INSTANTIATE_TEST_SUITE_P(Fixture, MuonGoldenTest,
                          ::testing::ValuesIn(OptimCaseNames("muon")));
 
+// Every fixture case twice, as if each were one slot's optimizer, stepped
+// together: their pending updates share batched Newton–Schulz calls wherever
+// shape and settings agree, and each must still match the reference.
+TEST(MuonTest, FixtureCasesSteppedTogetherMatchTheReference) {
+  const OptimFixture& fixture = OptimFixture::Get();
+  const std::vector<std::string> names = OptimCaseNames("muon");
+  ASSERT_FALSE(names.empty());
+  struct Slot {
+    std::string name;
+    torch::Tensor initial;
+    torch::Tensor grads;
+    torch::Tensor expected;
+    torch::Tensor param;
+    std::unique_ptr<Muon> muon;
+  };
+  std::vector<Slot> slots;
+  for (int copy = 0; copy < 2; ++copy) {
+    for (const std::string& name : names) {
+      Slot slot{name, fixture.Tensor(name, "param"),
+                fixture.Tensor(name, "grads"),
+                fixture.Tensor(name, "expected")};
+      slot.param = Leaf(slot.initial);
+      slot.muon =
+          std::make_unique<Muon>(std::vector<torch::Tensor>{slot.param},
+                                 OptionsFromCase(OptimCase("muon", name)));
+      slots.push_back(std::move(slot));
+    }
+  }
+  const int64_t steps = slots.front().grads.size(0);
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<MuonPendingUpdate> pending;
+    for (Slot& slot : slots) {
+      ASSERT_EQ(slot.grads.size(0), steps) << slot.name;
+      slot.param.mutable_grad() = slot.grads[step].clone();
+      slot.muon->PrepareStep(pending);
+    }
+    ASSERT_EQ(pending.size(), slots.size());
+    ApplyMuonUpdates(pending);
+    for (const Slot& slot : slots) {
+      EXPECT_LE(MaxRelativeDiff(slot.param.detach() - slot.initial,
+                                slot.expected[step] - slot.initial),
+                2e-4)
+          << slot.name << " step " << step + 1;
+    }
+  }
+}
+
 TEST(MuonTest, ScaleFactorsForShapes) {
   EXPECT_DOUBLE_EQ(MuonScaleFactor(16, 4096, MuonScaleMode::kSpectral), 64.0);
   EXPECT_DOUBLE_EQ(MuonScaleFactor(4096, 16, MuonScaleMode::kSpectral), 64.0);

@@ -490,5 +490,115 @@ TEST(SlotOptimizerTest, InvalidConfigsNameTheField) {
   EXPECT_EQ(duplicate.status().message(), "parameter 1 appears twice");
 }
 
+// Slots of every family and assorted Muon settings, in fp64 so that stepping
+// them together must equal stepping each alone to rounding.
+std::vector<OptimizerConfig> MixedSlotConfigs() {
+  std::vector<OptimizerConfig> configs(7, MuonConfig());
+  configs[1].lr = 0.05;  // Shares every batch with slot 0, not its scale.
+  configs[2].extra_scale_factor = 1.0;
+  configs[2].scale_mode = MuonScaleMode::kUnitRmsNorm;
+  configs[2].coefficient_set = NsCoefficientSet::kAol;  // Also 5 steps.
+  configs[3].coefficient_set = NsCoefficientSet::kPolarExpress;
+  configs[3].ns_steps = 8;
+  configs[4].coefficient_set = NsCoefficientSet::kCustom;
+  configs[4].custom_coefficients = {{3.0, -3.2, 1.2}, {2.0, -1.5, 0.5}};
+  configs[5].family = OptimizerFamily::kAdamW;
+  configs[6].family = OptimizerFamily::kAdam;
+  return configs;
+}
+
+std::vector<torch::Tensor> Fp64(std::vector<torch::Tensor> params) {
+  for (torch::Tensor& p : params) p = Leaf(p.to(torch::kFloat64));
+  return params;
+}
+
+TEST(SlotOptimizerTest, SteppingSlotsTogetherEqualsSteppingEachAlone) {
+  const std::vector<OptimizerConfig> configs = MixedSlotConfigs();
+  std::vector<std::vector<torch::Tensor>> together_params;
+  std::vector<std::vector<torch::Tensor>> alone_params;
+  std::vector<SlotOptimizer> together;
+  std::vector<SlotOptimizer> alone;
+  for (size_t s = 0; s < configs.size(); ++s) {
+    together_params.push_back(Fp64(SlotParameters(s)));
+    alone_params.push_back(Clones(together_params.back()));
+    together.push_back(Build(configs[s], together_params.back()));
+    alone.push_back(Build(configs[s], alone_params.back()));
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<SlotOptimizer*> all;
+    for (size_t s = 0; s < configs.size(); ++s) {
+      SetGrads(together_params[s], step * 10 + s);
+      SetGrads(alone_params[s], step * 10 + s);
+      // Slot 2 has no gradient for one matrix: it stays as it is.
+      if (s == 2) {
+        together_params[s][1].mutable_grad() = torch::Tensor();
+        alone_params[s][1].mutable_grad() = torch::Tensor();
+      }
+      all.push_back(&together[s]);
+      alone[s].Step();
+    }
+    for (const absl::Status& status : StepSlotOptimizers(all)) {
+      EXPECT_TRUE(status.ok()) << status;
+    }
+  }
+  for (size_t s = 0; s < configs.size(); ++s) {
+    for (size_t i = 0; i < together_params[s].size(); ++i) {
+      const torch::Tensor& a = together_params[s][i];
+      const torch::Tensor& b = alone_params[s][i];
+      EXPECT_LE((a - b).abs().max().item<double>(),
+                1e-12 * b.abs().max().item<double>())
+          << "slot " << s << " parameter " << i;
+    }
+  }
+  // The matrix that never had a gradient never moved.
+  EXPECT_TRUE(torch::equal(together_params[2][1], Fp64(SlotParameters(2))[1]));
+}
+
+TEST(SlotOptimizerTest, ASlotWhoseStepFailsFailsAloneWhenSteppedTogether) {
+  const std::vector<OptimizerConfig> configs = MixedSlotConfigs();
+  std::vector<std::vector<torch::Tensor>> together_params;
+  std::vector<std::vector<torch::Tensor>> alone_params;
+  std::vector<SlotOptimizer> together;
+  std::vector<SlotOptimizer> alone;
+  for (size_t s = 0; s < configs.size(); ++s) {
+    together_params.push_back(Fp64(SlotParameters(s)));
+    alone_params.push_back(Clones(together_params.back()));
+    together.push_back(Build(configs[s], together_params.back()));
+    alone.push_back(Build(configs[s], alone_params.back()));
+  }
+  std::vector<SlotOptimizer*> all;
+  for (size_t s = 0; s < configs.size(); ++s) {
+    SetGrads(together_params[s], s);
+    SetGrads(alone_params[s], s);
+    all.push_back(&together[s]);
+  }
+  // Slot 1's gradient has the wrong shape: its momentum update throws.
+  together_params[1][0].mutable_grad() = torch::randn({3}, torch::kFloat64);
+  // Slot 4's Newton–Schulz settings are broken after it was built: the
+  // shared orthogonalization throws, and each slot is then stepped alone.
+  auto& muon_options = static_cast<MuonOptions&>(
+      together[4].children()[0].optimizer->param_groups()[0].options());
+  muon_options.ns_steps(0);
+  const std::vector<absl::Status> statuses = StepSlotOptimizers(all);
+  ASSERT_EQ(statuses.size(), configs.size());
+  for (size_t s = 0; s < configs.size(); ++s) {
+    if (s == 1 || s == 4) {
+      EXPECT_EQ(statuses[s].code(), absl::StatusCode::kInternal) << s;
+      continue;
+    }
+    EXPECT_TRUE(statuses[s].ok()) << statuses[s];
+    alone[s].Step();
+    for (size_t i = 0; i < together_params[s].size(); ++i) {
+      const torch::Tensor& a = together_params[s][i];
+      const torch::Tensor& b = alone_params[s][i];
+      EXPECT_LE((a - b).abs().max().item<double>(),
+                1e-12 * b.abs().max().item<double>())
+          << "slot " << s << " parameter " << i;
+    }
+  }
+  EXPECT_NE(statuses[4].message().find("ns_steps"), std::string::npos)
+      << statuses[4];
+}
+
 }  // namespace
 }  // namespace loraplex
