@@ -9,6 +9,8 @@
 //      input-gradient backward, LoRA forward and backward, LM head on the
 //      target tokens) as a fraction of the peak fp32 GEMM FLOP/s measured
 //      in the same process.
+//  P1k. The co-batched step with the grouped LoRA kernel vs the per-slot
+//      reference kernel (multi_lora.h), at the default token budget.
 //  P3. Muon's share of a co-batched step: N Muon slots (1 sequence of 128
 //      tokens each), the whole step vs its optimizer part alone (all slots'
 //      Muon steps in one StepSlotOptimizers call).
@@ -142,6 +144,36 @@ int main(int argc, char** argv) {
       results.push_back(
           {"P2 " + label.str() + ": step GFLOP/s / peak GEMM", gflops / peak});
     }
+  }
+
+  // P1k: grouped vs per-slot LoRA kernel.
+  for (const auto& [per_slot, seq_len] : cases) {
+    SlotPool pool(config, {.capacity = slots});
+    for (int i = 0; i < slots; ++i) {
+      auto data = RandomSequences(per_slot, seq_len, config.vocab_size);
+      if (!pool.Attach(BenchSlotRequest(i, kRank, per_slot, seq_len, data))
+               .ok())
+        return 1;
+    }
+    std::vector<TrainingSlot*> all = pool.ActiveSlots();
+    CoBatchOptions grouped;
+    CoBatchOptions reference;
+    reference.lora_kernel = LoraKernel::kPerSlot;
+    const auto [grouped_time, reference_time] = TimeSideBySide(
+        [&] {
+          if (!TrainCoBatchStep(**model, all, grouped).ok()) std::abort();
+        },
+        [&] {
+          if (!TrainCoBatchStep(**model, all, reference).ok()) std::abort();
+        },
+        rounds);
+    std::ostringstream label;
+    label << slots << " slots x " << per_slot << " x " << seq_len << " tokens";
+    std::cout << label.str() << ", budget " << grouped.token_budget
+              << ": grouped LoRA kernel " << grouped_time * 1e3
+              << " ms, per-slot kernel " << reference_time * 1e3 << " ms\n";
+    results.push_back({"P1k " + label.str() + ": per-slot / grouped kernel",
+                       reference_time / grouped_time});
   }
 
   // P3: Muon's share of a step.

@@ -3,15 +3,19 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "core/common/split_mix.h"
 #include "core/lora/dropout_mask.h"
 #include "core/runtime/torch_compat.h"
 
 namespace loraplex {
-MultiLoraDelta::MultiLoraDelta(std::vector<LoraSegment> segments)
-    : segments_(std::move(segments)) {
+MultiLoraDelta::MultiLoraDelta(std::vector<LoraSegment> segments,
+                               LoraKernel kernel)
+    : segments_(std::move(segments)), kernel_(kernel) {
   sizes_.reserve(segments_.size());
   for (const LoraSegment& s : segments_) sizes_.push_back(s.rows);
 }
@@ -21,27 +25,40 @@ bool MultiLoraDelta::UsesDropout(const LoraSegment& segment) const {
          segment.weights->config().dropout > 0.0;
 }
 
-torch::Tensor MultiLoraDelta::Dropout(const LoraSegment& segment,
-                                      const torch::Tensor& x, int layer,
-                                      Projection projection) const {
-  const double p = segment.weights->config().dropout;
-  const int64_t seq = x.size(1);
-  const int64_t width = x.size(2);
+namespace {
+
+// Appends the dropout seeds of `segment`'s rows for (layer, projection).
+void AppendRowSeeds(const LoraSegment& segment, int layer,
+                    Projection projection, std::vector<uint64_t>& seeds) {
   TORCH_CHECK(static_cast<int64_t>(segment.row_ids.size()) == segment.rows,
               "a dropout segment needs a row id for each row");
-  std::vector<uint64_t> row_seeds(segment.rows);
   for (int64_t i = 0; i < segment.rows; ++i) {
-    row_seeds[i] =
+    seeds.push_back(
         SplitMix64(SplitMix64(SplitMix64(segment.dropout_seed ^
                                          SplitMix64(segment.row_ids[i])) ^
                               static_cast<uint64_t>(layer)) ^
-                   static_cast<uint64_t>(projection));
+                   static_cast<uint64_t>(projection)));
   }
-  // Made on x's device, in fp32 whatever x's dtype, so the masks are the
-  // same on every device and in fp64.
+}
+
+// x [rows, seq, width] times the mask of `row_seeds` (one per row). Made on
+// x's device, in fp32 whatever x's dtype, so the masks are the same on every
+// device and in fp64.
+torch::Tensor ApplyDropout(const torch::Tensor& x,
+                           const std::vector<uint64_t>& row_seeds, double p) {
   const torch::Tensor mask =
-      ScaledDropoutMask(row_seeds, seq, width, 1.0 - p, x.device());
+      ScaledDropoutMask(row_seeds, x.size(1), x.size(2), 1.0 - p, x.device());
   return x * mask.to(x.scalar_type());
+}
+
+}  // namespace
+
+torch::Tensor MultiLoraDelta::Dropout(const LoraSegment& segment,
+                                      const torch::Tensor& x, int layer,
+                                      Projection projection) const {
+  std::vector<uint64_t> row_seeds;
+  AppendRowSeeds(segment, layer, projection, row_seeds);
+  return ApplyDropout(x, row_seeds, segment.weights->config().dropout);
 }
 
 void MultiLoraDelta::AddTo(int layer, const torch::Tensor& x,
@@ -53,7 +70,7 @@ void MultiLoraDelta::AddTo(int layer, const torch::Tensor& x,
   TORCH_CHECK(rows == x.size(0), "the adapter segments cover ", rows,
               " rows but the batch has ", x.size(0));
   // modules[s][j]: segment s's module for projections[j], or nullptr.
-  std::vector<std::vector<const LoraModule*>> modules(segments_.size());
+  ModuleTable modules(segments_.size());
   std::vector<bool> adapted(n, false);
   bool any = false;
   for (size_t s = 0; s < segments_.size(); ++s) {
@@ -72,6 +89,20 @@ void MultiLoraDelta::AddTo(int layer, const torch::Tensor& x,
   for (const LoraSegment& segment : segments_) {
     if (segment.weights != nullptr) dtype = segment.weights->dtype();
   }
+  if (kernel_ == LoraKernel::kPerSlot) {
+    AddPerSlot(layer, x, projections, modules, adapted, dtype, outputs);
+  } else {
+    AddGrouped(layer, x, projections, modules, adapted, dtype, outputs);
+  }
+}
+
+void MultiLoraDelta::AddPerSlot(int layer, const torch::Tensor& x,
+                                const std::vector<Projection>& projections,
+                                const ModuleTable& modules,
+                                const std::vector<bool>& adapted,
+                                torch::ScalarType dtype,
+                                std::vector<torch::Tensor>& outputs) const {
+  const size_t n = projections.size();
   std::vector<torch::Tensor> x_parts = x.to(dtype).split_with_sizes(sizes_, 0);
   std::vector<std::vector<torch::Tensor>> y_parts(n);
   for (size_t j = 0; j < n; ++j) {
@@ -114,6 +145,155 @@ void MultiLoraDelta::AddTo(int layer, const torch::Tensor& x,
   }
   for (size_t j = 0; j < n; ++j) {
     if (adapted[j]) outputs[j] = torch::cat(y_parts[j], 0);
+  }
+}
+
+namespace {
+
+// What the segments of one bucket of the grouped kernel share.
+struct BucketKey {
+  int64_t rows = 0;
+  double dropout = 0.0;        // 0 when the segment draws no dropout.
+  std::vector<int64_t> ranks;  // Per projection; 0 where not targeted.
+
+  bool operator<(const BucketKey& other) const {
+    return std::tie(rows, dropout, ranks) <
+           std::tie(other.rows, other.dropout, other.ranks);
+  }
+};
+
+// [k, ...] from k same-shape tensors; a view when k is 1.
+torch::Tensor Stack(const std::vector<torch::Tensor>& tensors) {
+  return tensors.size() == 1 ? tensors.front().unsqueeze(0)
+                             : torch::stack(tensors);
+}
+
+}  // namespace
+
+void MultiLoraDelta::AddGrouped(int layer, const torch::Tensor& x,
+                                const std::vector<Projection>& projections,
+                                const ModuleTable& modules,
+                                const std::vector<bool>& adapted,
+                                torch::ScalarType dtype,
+                                std::vector<torch::Tensor>& outputs) const {
+  const size_t n = projections.size();
+  std::map<BucketKey, std::vector<size_t>> buckets;
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const LoraSegment& segment = segments_[s];
+    if (segment.weights == nullptr || segment.rows == 0) continue;
+    BucketKey key;
+    key.rows = segment.rows;
+    key.dropout = UsesDropout(segment) ? segment.weights->config().dropout : 0;
+    bool targeted = false;
+    for (size_t j = 0; j < n; ++j) {
+      key.ranks.push_back(modules[s][j] == nullptr ? 0
+                                                   : modules[s][j]->a.size(0));
+      targeted = targeted || modules[s][j] != nullptr;
+    }
+    if (targeted) buckets[std::move(key)].push_back(s);
+  }
+
+  const int64_t seq = x.size(1);
+  const int64_t in = x.size(2);
+  std::vector<torch::Tensor> x_parts = x.to(dtype).split_with_sizes(sizes_, 0);
+  // pieces[j][s]: segment s's term for projections[j], [rows, seq, out].
+  std::vector<std::vector<torch::Tensor>> pieces(
+      n, std::vector<torch::Tensor>(segments_.size()));
+  for (const auto& [key, members] : buckets) {
+    const int64_t count = static_cast<int64_t>(members.size());
+    const int64_t tokens = key.rows * seq;
+    std::vector<size_t> used;
+    for (size_t j = 0; j < n; ++j) {
+      if (key.ranks[j] > 0) used.push_back(j);
+    }
+    std::vector<torch::Tensor> inputs;
+    std::vector<double> scales;
+    for (size_t s : members) {
+      inputs.push_back(x_parts[s]);
+      scales.push_back(segments_[s].weights->scale());
+    }
+    // [count · rows, seq, in], the bucket's rows in member order.
+    const torch::Tensor bucket_x =
+        count == 1 ? inputs.front() : torch::cat(inputs, 0);
+    const bool one_scale =
+        std::all_of(scales.begin(), scales.end(),
+                    [&](double scale) { return scale == scales.front(); });
+    auto scaled = [&](const torch::Tensor& low) {
+      if (one_scale) return low.mul(scales.front());
+      return low.mul(torch::tensor(scales, low.options()).view({count, 1, 1}));
+    };
+    // [count, Σ ranks, in]: each member's A matrices of `projs`, stacked.
+    auto stacked_a = [&](const std::vector<size_t>& projs) {
+      std::vector<torch::Tensor> per_member;
+      for (size_t s : members) {
+        std::vector<torch::Tensor> a_list;
+        for (size_t j : projs) a_list.push_back(modules[s][j]->a);
+        per_member.push_back(a_list.size() == 1 ? a_list.front()
+                                                : torch::cat(a_list, 0));
+      }
+      return Stack(per_member);
+    };
+    std::vector<torch::Tensor> low(n);  // scale · x Aᵀ, [count, tokens, r].
+    if (key.dropout > 0) {
+      for (size_t j : used) {
+        std::vector<uint64_t> seeds;
+        for (size_t s : members) {
+          AppendRowSeeds(segments_[s], layer, projections[j], seeds);
+        }
+        const torch::Tensor dropped = ApplyDropout(bucket_x, seeds, key.dropout)
+                                          .reshape({count, tokens, in});
+        low[j] = scaled(at::bmm(dropped, stacked_a({j}).transpose(1, 2)));
+      }
+    } else {
+      // Projections that share this input read it once.
+      const torch::Tensor all =
+          scaled(at::bmm(bucket_x.reshape({count, tokens, in}),
+                         stacked_a(used).transpose(1, 2)));
+      int64_t offset = 0;
+      for (size_t j : used) {
+        low[j] = all.narrow(2, offset, key.ranks[j]);
+        offset += key.ranks[j];
+      }
+    }
+    for (size_t j : used) {
+      std::vector<torch::Tensor> b_list;
+      for (size_t s : members) b_list.push_back(modules[s][j]->b);
+      const torch::Tensor delta = at::bmm(low[j], Stack(b_list).transpose(1, 2))
+                                      .reshape({count * key.rows, seq, -1});
+      if (count == 1) {
+        pieces[j][members.front()] = delta;
+        continue;
+      }
+      std::vector<torch::Tensor> split = delta.split(key.rows, 0);
+      for (int64_t k = 0; k < count; ++k) pieces[j][members[k]] = split[k];
+    }
+  }
+
+  for (size_t j = 0; j < n; ++j) {
+    if (!adapted[j]) continue;
+    const torch::ScalarType out_dtype = outputs[j].scalar_type();
+    bool every_row = true;
+    for (size_t s = 0; s < segments_.size(); ++s) {
+      if (!pieces[j][s].defined() && segments_[s].rows > 0) every_row = false;
+    }
+    if (every_row) {
+      // One addition over all rows (rows-0 segments add nothing).
+      std::vector<torch::Tensor> terms;
+      for (const torch::Tensor& piece : pieces[j]) {
+        if (piece.defined()) terms.push_back(piece);
+      }
+      const torch::Tensor term =
+          terms.size() == 1 ? terms.front() : torch::cat(terms, 0);
+      outputs[j] = outputs[j] + term.to(out_dtype);
+      continue;
+    }
+    std::vector<torch::Tensor> y_parts = outputs[j].split_with_sizes(sizes_, 0);
+    for (size_t s = 0; s < segments_.size(); ++s) {
+      if (pieces[j][s].defined()) {
+        y_parts[s] = y_parts[s] + pieces[j][s].to(out_dtype);
+      }
+    }
+    outputs[j] = torch::cat(y_parts, 0);
   }
 }
 

@@ -12,7 +12,15 @@
 // zero tensor per segment (the x[a:b] slicing trap). A segment's A matrices
 // for projections that share an input (q/k/v, gate/up) are concatenated so
 // the input is read once; with dropout each projection draws its own mask,
-// as PEFT does. An adapter that targets the LM head adds
+// as PEFT does.
+//
+// By default (LoraKernel::kGrouped) segments that agree in row count, dtype,
+// dropout rate and per-projection ranks form one bucket whose LoRA products
+// run as batched GEMMs (bmm) over all its adapters: a projection costs a few
+// ops per bucket instead of a few per segment, which is what matters for
+// many short rows. LoraKernel::kPerSlot keeps one GEMM chain per segment; it
+// is the reference the grouped path is tested against. Both give the same
+// values up to the GEMMs' rounding. An adapter that targets the LM head adds
 // scale · dropout(h) Aᵀ Bᵀ to its rows' logits the same way (AddToLogits).
 #ifndef LORAPLEX_CORE_LORA_MULTI_LORA_H_
 #define LORAPLEX_CORE_LORA_MULTI_LORA_H_
@@ -43,9 +51,15 @@ struct LoraSegment {
   std::vector<int64_t> row_ids = {};
 };
 
+enum class LoraKernel {
+  kGrouped,  // Batched GEMMs over the segments of a bucket.
+  kPerSlot,  // One GEMM chain per segment (the reference).
+};
+
 class MultiLoraDelta : public ProjectionDelta {
  public:
-  explicit MultiLoraDelta(std::vector<LoraSegment> segments);
+  explicit MultiLoraDelta(std::vector<LoraSegment> segments,
+                          LoraKernel kernel = LoraKernel::kGrouped);
 
   void AddTo(int layer, const torch::Tensor& x,
              const std::vector<Projection>& projections,
@@ -68,9 +82,23 @@ class MultiLoraDelta : public ProjectionDelta {
   // Inverted-dropout of x [rows, seq, in] for (layer, projection).
   torch::Tensor Dropout(const LoraSegment& segment, const torch::Tensor& x,
                         int layer, Projection projection) const;
+  // AddTo's two kernels. modules[s][j]: segment s's module for
+  // projections[j], or nullptr; adapted[j]: whether any segment has one.
+  using ModuleTable = std::vector<std::vector<const LoraModule*>>;
+  void AddPerSlot(int layer, const torch::Tensor& x,
+                  const std::vector<Projection>& projections,
+                  const ModuleTable& modules, const std::vector<bool>& adapted,
+                  torch::ScalarType dtype,
+                  std::vector<torch::Tensor>& outputs) const;
+  void AddGrouped(int layer, const torch::Tensor& x,
+                  const std::vector<Projection>& projections,
+                  const ModuleTable& modules, const std::vector<bool>& adapted,
+                  torch::ScalarType dtype,
+                  std::vector<torch::Tensor>& outputs) const;
 
   std::vector<LoraSegment> segments_;
   std::vector<int64_t> sizes_;
+  LoraKernel kernel_;
 };
 
 }  // namespace loraplex

@@ -375,15 +375,17 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
     for (const std::vector<Piece>& micro :
          PlanMicroBatches(rows, options.token_budget)) {
       if (!local.ok()) break;
-      local = RunMicroBatch(model, micro, owners, /*backward=*/true,
-                            options.loss_chunk_tokens, sums);
+      local =
+          RunMicroBatch(model, micro, owners, /*backward=*/true,
+                        options.loss_chunk_tokens, options.lora_kernel, sums);
     }
     if (local.ok() && !forward_rows.empty()) {
       torch::NoGradGuard no_grad;
       for (const std::vector<Piece>& micro :
            PlanMicroBatches(forward_rows, options.token_budget)) {
-        local = RunMicroBatch(model, micro, owners, /*backward=*/false,
-                              options.loss_chunk_tokens, sums);
+        local =
+            RunMicroBatch(model, micro, owners, /*backward=*/false,
+                          options.loss_chunk_tokens, options.lora_kernel, sums);
         if (!local.ok()) break;
       }
     }
@@ -615,7 +617,8 @@ absl::StatusOr<double> EvalLoss(const LlamaModel& model,
          PlanMicroBatches(rows, options.token_budget)) {
       LORAPLEX_RETURN_IF_ERROR(RunMicroBatch(model, micro, owners,
                                              /*backward=*/false,
-                                             options.loss_chunk_tokens, sums));
+                                             options.loss_chunk_tokens,
+                                             options.lora_kernel, sums));
     }
   } catch (const c10::Error& e) {
     return TorchError("evaluation failed", e);

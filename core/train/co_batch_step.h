@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "core/data/sequences.h"
 #include "core/lora/lora_weights.h"
+#include "core/lora/multi_lora.h"
 #include "core/model/llama_model.h"
 #include "core/train/dist_hooks.h"
 #include "core/train/loss_fn.h"
@@ -46,6 +47,9 @@ struct CoBatchOptions {
   // Target tokens per chunk of LM head + cross-entropy (bounds the logits
   // held in memory: chunk × vocab floats).
   int64_t loss_chunk_tokens = 2048;
+  // How the LoRA terms are computed (multi_lora.h): batched over the slots
+  // of a micro-batch, or slot by slot (the reference).
+  LoraKernel lora_kernel = LoraKernel::kGrouped;
   // Data parallel (dist_hooks.h): this process trains the rows r of
   // each slot's batch with r % world_size == rank, every slot's loss still
   // normalised by the target tokens of its whole batch; gradients and

@@ -268,11 +268,13 @@ torch::Tensor TokenLosses(const LossFnSpec& loss, const torch::Tensor& p,
 absl::Status RunMicroBatch(const LlamaModel& model,
                            const std::vector<Piece>& pieces,
                            const PassOwners& owners, bool backward,
-                           int64_t loss_chunk_tokens, PassSums& sums) {
+                           int64_t loss_chunk_tokens, LoraKernel kernel,
+                           PassSums& sums) {
   const MicroBatch batch = BuildMicroBatch(
       pieces, owners, /*pad_id=*/0, model.device(), model.logits_dtype());
   if (batch.ranges.empty()) return absl::OkStatus();  // No target tokens.
-  const MultiLoraDelta delta(Segments(pieces, owners, /*training=*/backward));
+  const MultiLoraDelta delta(Segments(pieces, owners, /*training=*/backward),
+                             kernel);
   LORAPLEX_ASSIGN_OR_RETURN(
       torch::Tensor hidden,
       model.ForwardHidden(batch.input_ids, batch.lengths, &delta));

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "core/lora/lora_weights.h"
+#include "core/lora/multi_lora.h"
 #include "core/model/llama_model.h"
 #include "core/train/loss_fn.h"
 
@@ -73,11 +74,13 @@ struct PassSums {
 // Runs one micro-batch; with `backward`, the gradients of its summed loss
 // accumulate in the owners' LoRA parameters. The LM head runs in chunks of
 // `loss_chunk_tokens` target tokens, each differentiated on its own, so
-// only one chunk of logits is alive at once.
+// only one chunk of logits is alive at once. `kernel` computes the LoRA
+// terms (multi_lora.h).
 absl::Status RunMicroBatch(const LlamaModel& model,
                            const std::vector<Piece>& pieces,
                            const PassOwners& owners, bool backward,
-                           int64_t loss_chunk_tokens, PassSums& sums);
+                           int64_t loss_chunk_tokens, LoraKernel kernel,
+                           PassSums& sums);
 
 // Each target token's loss (DESIGN.md §12) from its log-probability `p` and
 // the per-token inputs the loss takes (undefined tensors for the others),

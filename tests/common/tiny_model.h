@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "core/model/llama_model.h"
 #include "core/model/model_presets.h"
@@ -48,6 +50,26 @@ inline const LlamaModel& TinyModel64() {
   }();
   return *model;
 }
+
+// The same checkpoint on `device` in `dtype` (loaded once per pair), for the
+// tests that also run on a GPU.
+inline const LlamaModel& TinyModelOn(const torch::Device& device,
+                                     torch::ScalarType dtype) {
+  static std::map<std::pair<std::string, torch::ScalarType>,
+                  std::unique_ptr<LlamaModel>>
+      models;
+  std::unique_ptr<LlamaModel>& model = models[{device.str(), dtype}];
+  if (model == nullptr) {
+    auto loaded =
+        LlamaModel::Load(TinyModelDir(), {.device = device, .dtype = dtype});
+    if (!loaded.ok()) ADD_FAILURE() << loaded.status();
+    model = std::move(loaded).value();
+  }
+  return *model;
+}
+
+// The GPU the *OnCuda tests run on.
+inline torch::Device CudaDevice() { return torch::Device(torch::kCUDA, 0); }
 
 // Path of a committed fixture under tests/fixtures/.
 inline std::string FixturePath(const std::string& relative) {

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <memory>
@@ -130,6 +131,135 @@ LoraConfig Config(int64_t rank, std::vector<Projection> targets) {
   config.alpha = 2.0 * static_cast<double>(rank);
   config.targets = std::move(targets);
   return config;
+}
+
+// The logits and every adapter gradient of one forward/backward over a
+// batch that mixes ranks, targets, scales, row counts and dropout, with a
+// base-only segment and an empty one.
+struct KernelRun {
+  torch::Tensor logits;
+  std::vector<torch::Tensor> grads;
+};
+
+KernelRun RunMixedBatch(const LlamaModel& model, torch::ScalarType dtype,
+                        LoraKernel kernel) {
+  const std::vector<Projection> qkv_up = {Projection::kQ, Projection::kK,
+                                          Projection::kV, Projection::kUp};
+  const std::vector<Projection> all(kAllProjections.begin(),
+                                    kAllProjections.end());
+  std::vector<LoraConfig> configs = {
+      Config(4, qkv_up),
+      Config(4, qkv_up),
+      Config(8, all),
+      Config(8, all),
+      Config(2, {Projection::kV, Projection::kDown}),
+      Config(4, qkv_up)};
+  configs[1].alpha = 3.0;  // Same bucket as adapter 0, another scale.
+  configs[2].dropout = configs[3].dropout = 0.25;
+  std::vector<std::unique_ptr<LoraWeights>> adapters;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    // Made in fp64 and converted, so both dtypes hold the same values.
+    LoraWeights wide(model.config(), torch::kCPU, torch::kFloat64);
+    EXPECT_TRUE(wide.Bind(configs[i]).ok());
+    wide.InitPeft(i + 1);
+    RandomizeB(wide, 20 + i, 0.05);
+    adapters.push_back(
+        std::make_unique<LoraWeights>(model.config(), model.device(), dtype));
+    EXPECT_TRUE(adapters.back()->Bind(configs[i]).ok());
+    torch::NoGradGuard no_grad;
+    for (size_t m = 0; m < wide.modules().size(); ++m) {
+      adapters.back()->modules()[m].a.copy_(wide.modules()[m].a);
+      adapters.back()->modules()[m].b.copy_(wide.modules()[m].b);
+    }
+  }
+  const std::vector<LoraSegment> segments = {
+      {adapters[0].get(), 2},
+      {nullptr, 1},
+      {adapters[1].get(), 2},
+      {adapters[2].get(), 2, true, 11, {0, 4}},
+      {adapters[3].get(), 2, true, 12, {3, 5}},
+      {adapters[4].get(), 2},
+      {adapters[5].get(), 1},
+      {adapters[4].get(), 0}};
+  torch::manual_seed(9);
+  const torch::Device device = model.device();
+  const torch::Tensor ids =
+      torch::randint(0, 259, {12, 9}, torch::kInt64).to(device);
+  const torch::Tensor lengths =
+      torch::tensor({9, 7, 9, 5, 9, 8, 9, 6, 9, 9, 4, 9}, torch::kInt64)
+          .to(device);
+  MultiLoraDelta delta(segments, kernel);
+  auto logits = model.Forward(ids, lengths, &delta);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  const torch::Tensor weights =
+      torch::randn(logits->sizes(), torch::kFloat64).to(logits->options());
+  (*logits * weights).sum().backward();
+  KernelRun run{logits->detach().to(torch::kCPU, torch::kFloat64), {}};
+  for (const auto& adapter : adapters) {
+    for (const torch::Tensor& p : adapter->parameters()) {
+      EXPECT_TRUE(p.grad().defined());
+      run.grads.push_back(p.grad().to(torch::kCPU, torch::kFloat64));
+    }
+  }
+  return run;
+}
+
+double MaxDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+// The grouped kernel against the per-slot reference: equal to rounding in
+// fp64; in fp32 no further from the fp64 result than the reference is.
+TEST(MultiLoraTest, GroupedKernelEqualsThePerSlotKernel) {
+  const KernelRun reference =
+      RunMixedBatch(TinyModel64(), torch::kFloat64, LoraKernel::kPerSlot);
+  const KernelRun grouped =
+      RunMixedBatch(TinyModel64(), torch::kFloat64, LoraKernel::kGrouped);
+  EXPECT_LE(MaxDiff(grouped.logits, reference.logits),
+            1e-12 * reference.logits.abs().max().item<double>());
+  ASSERT_EQ(grouped.grads.size(), reference.grads.size());
+  for (size_t i = 0; i < reference.grads.size(); ++i) {
+    const double scale = reference.grads[i].abs().max().item<double>();
+    EXPECT_GT(scale, 0) << "gradient " << i;
+    EXPECT_LE(MaxDiff(grouped.grads[i], reference.grads[i]), 1e-12 * scale)
+        << "gradient " << i;
+  }
+
+  const KernelRun per_slot32 =
+      RunMixedBatch(TinyModel(), torch::kFloat32, LoraKernel::kPerSlot);
+  const KernelRun grouped32 =
+      RunMixedBatch(TinyModel(), torch::kFloat32, LoraKernel::kGrouped);
+  const double floor = MaxDiff(per_slot32.logits, reference.logits);
+  EXPECT_GT(floor, 0);
+  EXPECT_LE(MaxDiff(grouped32.logits, reference.logits), 4 * floor);
+  for (size_t i = 0; i < reference.grads.size(); ++i) {
+    const double grad_floor =
+        MaxDiff(per_slot32.grads[i], reference.grads[i]) +
+        1e-7 * reference.grads[i].abs().max().item<double>();
+    EXPECT_LE(MaxDiff(grouped32.grads[i], reference.grads[i]), 4 * grad_floor)
+        << "gradient " << i;
+  }
+}
+
+// Both kernels on the GPU, against each other and against the per-slot
+// kernel on the CPU, in fp64 (the devices' GEMMs round differently).
+TEST(MultiLoraTest, GroupedKernelEqualsThePerSlotKernelOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const LlamaModel& cuda_model = TinyModelOn(CudaDevice(), torch::kFloat64);
+  const KernelRun reference =
+      RunMixedBatch(TinyModel64(), torch::kFloat64, LoraKernel::kPerSlot);
+  for (LoraKernel kernel : {LoraKernel::kPerSlot, LoraKernel::kGrouped}) {
+    const KernelRun run = RunMixedBatch(cuda_model, torch::kFloat64, kernel);
+    EXPECT_LE(MaxDiff(run.logits, reference.logits),
+              kFp64IdentityBound * reference.logits.abs().max().item<double>());
+    ASSERT_EQ(run.grads.size(), reference.grads.size());
+    for (size_t i = 0; i < reference.grads.size(); ++i) {
+      EXPECT_LE(
+          MaxDiff(run.grads[i], reference.grads[i]),
+          kFp64IdentityBound * reference.grads[i].abs().max().item<double>())
+          << "gradient " << i;
+    }
+  }
 }
 
 TEST(MultiLoraTest, InitMatchesPeftStatistics) {
