@@ -25,6 +25,7 @@ constexpr PointName kPoints[] = {
     {TestFaultPoint::kPauseCheckpoint, "pause_checkpoint"},
     {TestFaultPoint::kValidation, "validation"},
     {TestFaultPoint::kStoreWrite, "store_write"},
+    {TestFaultPoint::kHold, "hold"},
 };
 
 absl::string_view NameOf(TestFaultPoint point) {
@@ -39,7 +40,8 @@ struct Fault {
   std::optional<uint64_t> seed;
   std::optional<int> rank;
   std::string op;
-  int64_t times_left = -1;  // -1: unlimited.
+  std::optional<int64_t> step;  // hold only.
+  int64_t times_left = -1;      // -1: unlimited.
 };
 
 struct Armed {
@@ -73,9 +75,14 @@ absl::Status ParseFault(absl::string_view text, Fault& fault) {
   if (!known) {
     return BadSpec(text,
                    "unknown point (attach, forward, optimizer, "
-                   "pause_checkpoint, validation, store_write)");
+                   "pause_checkpoint, validation, store_write, hold)");
   }
-  if (head.second.empty()) return absl::OkStatus();
+  if (head.second.empty()) {
+    if (fault.point == TestFaultPoint::kHold) {
+      return BadSpec(text, "hold needs a step");
+    }
+    return absl::OkStatus();
+  }
   for (absl::string_view pair : absl::StrSplit(head.second, ',')) {
     std::pair<absl::string_view, absl::string_view> kv =
         absl::StrSplit(pair, absl::MaxSplits('=', 1));
@@ -92,10 +99,15 @@ absl::Status ParseFault(absl::string_view text, Fault& fault) {
       fault.rank = static_cast<int>(number);
     } else if (kv.first == "times") {
       fault.times_left = static_cast<int64_t>(number);
+    } else if (kv.first == "step") {
+      fault.step = static_cast<int64_t>(number);
     } else {
       return BadSpec(text, absl::StrCat("unknown key \"", kv.first,
-                                        "\" (seed, rank, op, times)"));
+                                        "\" (seed, rank, op, times, step)"));
     }
+  }
+  if ((fault.point == TestFaultPoint::kHold) != fault.step.has_value()) {
+    return BadSpec(text, "step is for hold, and hold needs one");
   }
   return absl::OkStatus();
 }
@@ -134,6 +146,21 @@ absl::Status TestFault(TestFaultPoint point, std::optional<uint64_t> seed,
                                             op.empty() ? "" : " ", op));
   }
   return absl::OkStatus();
+}
+
+bool TestHold(uint64_t seed, int64_t step) {
+  if (!g_armed.load(std::memory_order_relaxed)) return false;
+  Armed& state = State();
+  absl::MutexLock lock(&state.mu);
+  for (Fault& fault : state.faults) {
+    if (fault.point != TestFaultPoint::kHold || fault.times_left == 0) continue;
+    if (fault.rank && *fault.rank != state.rank) continue;
+    if (fault.seed && fault.seed != seed) continue;
+    if (fault.step != step) continue;
+    if (fault.times_left > 0) --fault.times_left;
+    return true;
+  }
+  return false;
 }
 
 }  // namespace loraplex

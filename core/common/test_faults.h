@@ -10,13 +10,17 @@
 //   POINT[:KEY=VALUE[,KEY=VALUE]...]
 //
 // POINT: attach, forward, optimizer (a slot's optimizer step, after the
-// gradient sum), pause_checkpoint, validation, store_write.
+// gradient sum), pause_checkpoint, validation, store_write; and hold,
+// which fails nothing: the job stops training once it has trained `step`
+// steps, until the next command naming it (pause, cancel, export) reaches
+// the trainer, so a test can act on a running job at a known step.
 // KEY:   seed  — only for the job whose training.seed is VALUE;
 //        rank  — only in the process of that data-parallel rank;
 //        op    — store_write only: the store operation (insert_dataset,
 //                insert_job, insert_adapter, update_jobs — the step
 //                metrics — or update_job_STATUS, e.g. update_job_CANCELLED);
-//        times — fire at most VALUE times (default: every time).
+//        times — fire at most VALUE times (default: every time);
+//        step  — hold only, and required there: the step count to hold at.
 //
 //   ConfigureTestFaults("forward:seed=7;store_write:op=update_jobs,times=1");
 //   LORAPLEX_RETURN_IF_ERROR(TestFault(TestFaultPoint::kForward, seed));
@@ -38,6 +42,7 @@ enum class TestFaultPoint {
   kPauseCheckpoint,
   kValidation,
   kStoreWrite,
+  kHold,  // Asked with TestHold(), never with TestFault().
 };
 
 // Arms the faults of `spec` for this process, which is data-parallel rank
@@ -51,6 +56,10 @@ absl::Status ConfigureTestFaults(absl::string_view spec, int rank = 0);
 absl::Status TestFault(TestFaultPoint point,
                        std::optional<uint64_t> seed = std::nullopt,
                        absl::string_view op = "");
+
+// Whether an armed `hold` fault matches the job's training `seed` and the
+// `step` count its slot has just reached, counting one firing.
+bool TestHold(uint64_t seed, int64_t step);
 
 // TestFault(kStoreWrite) for the store operation `op`.
 inline absl::Status StoreWriteFault(absl::string_view op) {

@@ -214,7 +214,7 @@ void Trainer::Run() {
 }
 
 bool Trainer::NextBatch(std::deque<TrainerCommand>& batch) {
-  const bool busy = pending_checkpoint_ || !TrainableSlots().empty() ||
+  const bool busy = pending_checkpoint_ || !SteppableSlots().empty() ||
                     !pool_.SlotsIn(SlotState::kEvaluating).empty() ||
                     !sampling_.empty() || SessionWorkPending();
   absl::MutexLock lock(&mu_);
@@ -288,7 +288,7 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
   if (ranks_.Broken()) return false;
   const auto train_start = std::chrono::steady_clock::now();
   std::vector<PassCall> calls = TakeSessionCalls();
-  const bool trained = !TrainableSlots().empty() || !calls.empty();
+  const bool trained = !SteppableSlots().empty() || !calls.empty();
   const std::vector<int> stepped = TrainStep(calls);
   const double train_seconds =
       !trained ? 0.0
@@ -379,6 +379,7 @@ void Trainer::Apply(PauseJob& command) {
     report.status = absl::FailedPreconditionError(
         absl::StrCat("job \"", command.job_id, "\" is not training in a slot"));
   } else {
+    jobs_[slot]->held = false;  // Trains on if the pause fails.
     // Every rank takes part in the checkpoint; a fault only fails the
     // pause (the ranks agree on it below).
     const absl::Status fault = TestFault(TestFaultPoint::kPauseCheckpoint,
@@ -437,6 +438,14 @@ std::vector<int> Trainer::TrainableSlots() const {
   return ids;
 }
 
+std::vector<int> Trainer::SteppableSlots() const {
+  std::vector<int> ids;
+  for (int slot : TrainableSlots()) {
+    if (!jobs_[slot]->held) ids.push_back(slot);
+  }
+  return ids;
+}
+
 absl::Status Trainer::RetireSlot(int slot) {
   absl::Status status =
       CatchTorch("retire", [&] { return pool_.Retire(slot); });
@@ -459,7 +468,7 @@ absl::Status Trainer::RetireSlot(int slot) {
 }
 
 std::vector<int> Trainer::TrainStep(std::vector<PassCall>& calls) {
-  const std::vector<int> ids = TrainableSlots();
+  const std::vector<int> ids = SteppableSlots();
   std::vector<int> stepped;
   if (ids.empty() && calls.empty()) return stepped;
   std::vector<TrainingSlot*> slots;
@@ -554,6 +563,12 @@ std::vector<int> Trainer::TrainStep(std::vector<PassCall>& calls) {
       FinishJob(slot, absl::OkStatus());
     } else {
       stepped.push_back(slot);
+      // Test only; single-process servers (the release by an export is
+      // rank 0's alone, which the other ranks' plans would not follow).
+      if (!ranks_.distributed() &&
+          TestHold(training.training.seed, training.counters.steps)) {
+        job.held = true;
+      }
     }
   }
   return stepped;

@@ -164,6 +164,9 @@ class Trainer : public JobTrainer {
     int64_t tokens = 0;
     double tokens_per_second = 0.0;
     std::optional<double> validation_loss;
+    // Test only (--test-faults=hold:...): not stepped until a command
+    // naming the job (pause, retire, export) is applied.
+    bool held = false;
   };
 
   // What the trainer remembers about the training session in a slot
@@ -264,6 +267,9 @@ class Trainer : public JobTrainer {
   // Answers every request still decoding with `status`.
   void AbandonSampling(const absl::Status& status);
   std::vector<int> TrainableSlots() const;
+  // TrainableSlots() less those a test hold keeps from stepping (they are
+  // still checkpointed with the pool).
+  std::vector<int> SteppableSlots() const;
   // Retires the slot and forgets its job; on failure the slot stays
   // kRetiring (retried every iteration), and when data parallel the ranks
   // are broken (their pools would differ).

@@ -23,6 +23,7 @@ void Trainer::Apply(ExportJob& command) {
         absl::StrCat("job \"", command.job_id, "\" is not in a slot")));
     return;
   }
+  jobs_[slot]->held = false;  // Test hold: an export releases it.
   ExportSlot(slot, command.dir, std::exchange(command.done, nullptr));
 }
 

@@ -45,10 +45,23 @@ TEST_F(TestFaultsTest, TimesBoundsTheFirings) {
   EXPECT_TRUE(TestFault(TestFaultPoint::kValidation).ok());
 }
 
+TEST_F(TestFaultsTest, HoldMatchesItsStepAndSeedAndFailsNothing) {
+  ASSERT_TRUE(ConfigureTestFaults("hold:seed=11,step=10,times=1").ok());
+  EXPECT_FALSE(TestHold(11, 9));
+  EXPECT_FALSE(TestHold(12, 10));
+  EXPECT_TRUE(TestFault(TestFaultPoint::kForward, 11).ok());
+  EXPECT_TRUE(TestHold(11, 10));
+  EXPECT_FALSE(TestHold(11, 10));  // times=1: spent.
+  ASSERT_TRUE(ConfigureTestFaults("hold:step=2").ok());
+  EXPECT_TRUE(TestHold(1, 2));
+  EXPECT_TRUE(TestHold(6, 2));
+}
+
 TEST_F(TestFaultsTest, MalformedSpecsAreRefusedAndArmNothing) {
   ASSERT_TRUE(ConfigureTestFaults("forward").ok());
   for (const char* spec : {"explode", "forward:seed=x", "forward:colour=3",
-                           "store_write:op=", "forward;attach:times=-1"}) {
+                           "store_write:op=", "forward;attach:times=-1", "hold",
+                           "hold:seed=1", "forward:step=3"}) {
     const absl::Status status = ConfigureTestFaults(spec);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << spec;
     EXPECT_THAT(status.message(), HasSubstr("--test-faults")) << spec;

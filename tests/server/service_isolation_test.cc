@@ -413,40 +413,54 @@ TEST(ServiceIsolationTest, DeletesRefuseWhatAJobStillNeeds) {
 
 // An export of a job that ends meanwhile answers with its trained adapter,
 // never NOT_FOUND (the trainer may no longer hold the job when the export
-// reaches it).
+// reaches it). Each job is held at step 2 (--test-faults=hold) until its
+// first export reaches the trainer: that export is always of a running job,
+// and the job's last steps and end follow it at once, racing the exports
+// after it.
 TEST(ServiceIsolationTest, ExportRacingTheJobsEndAnswersItsAdapter) {
   const std::string state = FreshTestDir("state");
-  auto server = StartServer(state, /*slots=*/2);
+  auto server = StartServer(state, /*slots=*/2, {"--test-faults=hold:step=2"});
   ASSERT_NE(server, nullptr);
   auto client = ClientFor(*server);
   auto dataset = client->UploadDatasetContents(ReversalJsonl(16, 1), "d");
   ASSERT_TRUE(dataset.ok()) << dataset.status();
-  int exports = 0;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     auto job = client->CreateJob(
         JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 4, seed));
     ASSERT_TRUE(job.ok()) << job.status();
-    // A 4-step job can finish between two polls: running or done.
-    ASSERT_TRUE(WaitUntil(*client, job->name(), [](const v1::Job& j) {
-                  return j.status() == v1::JOB_STATUS_RUNNING ||
-                         j.status() == v1::JOB_STATUS_SUCCEEDED;
-                }).ok());
+    auto held = WaitUntil(*client, job->name(), [](const v1::Job& j) {
+      return j.metrics().step() >= 2 || (j.status() != v1::JOB_STATUS_RUNNING &&
+                                         j.status() != v1::JOB_STATUS_QUEUED);
+    });
+    ASSERT_TRUE(held.ok()) << held.status();
+    ASSERT_EQ(held->status(), v1::JOB_STATUS_RUNNING);
+    ASSERT_EQ(held->metrics().step(), 2);
+    v1::ExportAdapterRequest request;
+    request.set_job(job->name());
+    // The running job's adapter at step 2 (this export releases it).
+    const std::string snapshot = FreshTestDir("snapshot");
+    auto first = client->ExportAdapter(request, snapshot);
+    ASSERT_TRUE(first.ok()) << first.status();
     for (;;) {
-      v1::ExportAdapterRequest request;
-      request.set_job(job->name());
       auto files = client->ExportAdapter(request, FreshTestDir("out"));
-      ++exports;
       ASSERT_NE(files.status().code(), absl::StatusCode::kNotFound)
           << files.status();
       auto now = client->GetJob(job->name());
       ASSERT_TRUE(now.ok());
       if (now->status() == v1::JOB_STATUS_SUCCEEDED) {
-        EXPECT_TRUE(files.ok()) << files.status();
+        ASSERT_TRUE(files.ok()) << files.status();
         break;
       }
     }
+    // The first export was a snapshot between two steps, not the trained
+    // adapter the job's end answers with.
+    v1::ExportAdapterRequest trained;
+    trained.set_job(job->name());
+    const std::string final_dir = FreshTestDir("final");
+    ASSERT_TRUE(client->ExportAdapter(trained, final_dir).ok());
+    EXPECT_NE(ReadFileForTest(snapshot + "/adapter_model.safetensors"),
+              ReadFileForTest(final_dir + "/adapter_model.safetensors"));
   }
-  EXPECT_GT(exports, 6);
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 

@@ -128,10 +128,12 @@ TEST(ServicePauseTest, PauseAndResumeOfAJobAloneIsBitExact) {
 // equals the run alone within kFp64IdentityBound.
 TEST(ServicePauseTest, PausedJobsSlotServesAnotherAndItResumesExactly) {
   const std::string jsonl = ReversalJsonl(30, 4);
-  // Far more steps than the pause waits for: the pause reaches the trainer
-  // behind the checkpoint writes queued before it, and a slow machine can
-  // train many steps meanwhile.
   constexpr int64_t kSteps = 120;
+  // Where the paused job is held (--test-faults=hold) until the pause
+  // reaches the trainer: its stored step lags the trainer's (step reports
+  // wait for the checkpoint groups queued before them), so without the
+  // hold a slow checkpoint writer lets it finish before the pause arrives.
+  constexpr int64_t kPauseAt = 10;
   const v1::CreateJobRequest request_a =
       JobRequest("", v1::OPTIMIZER_FAMILY_ADAMW, 8, kSteps, 11);
   auto with_dataset = [](v1::CreateJobRequest request,
@@ -155,7 +157,9 @@ TEST(ServicePauseTest, PausedJobsSlotServesAnotherAndItResumesExactly) {
 
   const std::string state = FreshTestDir("state");
   auto server =
-      StartServer(state, 2, {"--checkpoint-interval=4", "--dtype=float64"});
+      StartServer(state, 2,
+                  {"--checkpoint-interval=4", "--dtype=float64",
+                   absl::StrCat("--test-faults=hold:seed=11,step=", kPauseAt)});
   ASSERT_NE(server, nullptr);
   auto client = ClientFor(*server);
   auto dataset = client->UploadDatasetContents(jsonl, "d");
@@ -166,13 +170,19 @@ TEST(ServicePauseTest, PausedJobsSlotServesAnotherAndItResumesExactly) {
       JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 16, 1000000, 12));
   ASSERT_TRUE(other.ok());
   auto running = WaitUntil(*client, paused->name(), [](const v1::Job& job) {
-    return job.metrics().step() >= 10;
+    return job.metrics().step() >= kPauseAt ||
+           (job.status() != v1::JOB_STATUS_RUNNING &&
+            job.status() != v1::JOB_STATUS_QUEUED);
   });
   ASSERT_TRUE(running.ok());
+  ASSERT_EQ(running->status(), v1::JOB_STATUS_RUNNING);
+  ASSERT_EQ(running->metrics().step(), kPauseAt);  // Held there.
   const int slot = running->slot();
   auto job = client->PauseJob(paused->name());
   ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->status(), v1::JOB_STATUS_PAUSED);
   const int64_t step = job->metrics().step();
+  ASSERT_EQ(step, kPauseAt);
 
   auto between = client->CreateJob(
       JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAM, 4, 5, 13));
