@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -90,9 +91,11 @@ TEST(PeftAdapterTest, ExportMatchesPeftLayout) {
   }
 }
 
-TEST(PeftAdapterTest, RoundTripGivesIdenticalWeightsAndLogits) {
-  const LlamaModel& model = TinyModel();
-  LoraWeights weights(model.config(), torch::kCPU);
+// Exports an adapter trained on `device`, loads it back there: the same
+// tensors and logits.
+void ExpectRoundTripGivesIdenticalWeightsAndLogits(const LlamaModel& model) {
+  const torch::Device device = model.device();
+  LoraWeights weights(model.config(), device);
   LoraConfig lora;
   lora.rank = 6;
   lora.alpha = 3.5;
@@ -111,7 +114,7 @@ TEST(PeftAdapterTest, RoundTripGivesIdenticalWeightsAndLogits) {
   EXPECT_EQ(adapter->config.alpha, 3.5);
   EXPECT_TRUE(adapter->config.use_rslora);
   EXPECT_EQ(adapter->config.targets, lora.targets);
-  LoraWeights loaded(model.config(), torch::kCPU);
+  LoraWeights loaded(model.config(), device);
   ASSERT_TRUE(loaded.Bind(adapter->config).ok());
   ASSERT_TRUE(CopyPeftAdapter(*adapter, loaded).ok());
   ASSERT_EQ(loaded.modules().size(), weights.modules().size());
@@ -119,13 +122,24 @@ TEST(PeftAdapterTest, RoundTripGivesIdenticalWeightsAndLogits) {
     EXPECT_TRUE(torch::equal(loaded.modules()[i].a, weights.modules()[i].a));
     EXPECT_TRUE(torch::equal(loaded.modules()[i].b, weights.modules()[i].b));
   }
-  torch::Tensor ids = torch::randint(0, 259, {2, 7}, torch::kInt64);
-  torch::Tensor lengths = torch::tensor({7, 3}, torch::kInt64);
+  EXPECT_EQ(loaded.modules()[0].a.device(), device);
+  torch::Tensor ids = torch::randint(0, 259, {2, 7}, torch::kInt64).to(device);
+  torch::Tensor lengths = torch::tensor({7, 3}, torch::kInt64).to(device);
   MultiLoraDelta original({{&weights, 2}});
   MultiLoraDelta reloaded({{&loaded, 2}});
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(torch::equal(model.Forward(ids, lengths, &original).value(),
                            model.Forward(ids, lengths, &reloaded).value()));
+}
+
+TEST(PeftAdapterTest, RoundTripGivesIdenticalWeightsAndLogits) {
+  ExpectRoundTripGivesIdenticalWeightsAndLogits(TinyModel());
+}
+
+TEST(PeftAdapterTest, RoundTripGivesIdenticalWeightsAndLogitsOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ExpectRoundTripGivesIdenticalWeightsAndLogits(
+      TinyModelOn(CudaDevice(), torch::kFloat32));
 }
 
 // An adapter PEFT saved with LoRA on q_proj, v_proj and lm_head loads with

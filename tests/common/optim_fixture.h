@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/optim/muon.h"
 #include "core/safetensors/safetensors.h"
 
 namespace loraplex {
@@ -98,6 +99,30 @@ inline const nlohmann::json& OptimCase(const std::string& kind,
   ADD_FAILURE() << "no " << kind << " case " << name;
   static const nlohmann::json kEmpty = nlohmann::json::object();
   return kEmpty;
+}
+
+// The Muon options of a "muon" fixture case.
+inline MuonOptions MuonOptionsOfCase(const nlohmann::json& c) {
+  MuonOptions options(c.at("lr").get<double>());
+  options.momentum(c.at("momentum").get<double>())
+      .nesterov(c.at("nesterov").get<bool>())
+      .weight_decay(c.at("weight_decay").get<double>())
+      .weight_decay_mode(*ParseMuonWeightDecayMode(
+          c.at("weight_decay_mode").get<std::string>()))
+      .coefficient_set(
+          *ParseNsCoefficientSet(c.at("coefficient_set").get<std::string>()))
+      .ns_steps(c.at("ns_steps").get<int64_t>())
+      .scale_mode(*ParseMuonScaleMode(c.at("scale_mode").get<std::string>()))
+      .extra_scale_factor(c.at("extra_scale_factor").get<double>());
+  if (c.contains("custom_coefficients")) {
+    std::vector<NsCoefficients> custom;
+    for (const auto& t : c.at("custom_coefficients")) {
+      custom.push_back(
+          {t[0].get<double>(), t[1].get<double>(), t[2].get<double>()});
+    }
+    options.custom_coefficients(custom);
+  }
+  return options;
 }
 
 }  // namespace loraplex

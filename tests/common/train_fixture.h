@@ -85,6 +85,30 @@ inline SlotAttachRequest TrainRequest(const std::string& job,
   return request;
 }
 
+// Three slots that differ in everything a slot can differ in: optimizer
+// family (AdamW with dropout, Muon with an LM-head target, Adam with
+// rsLoRA), rank, targets, sequence length and batch size.
+inline std::vector<SlotAttachRequest> MixedTrainRequests() {
+  const std::vector<Projection> all(kAllProjections.begin(),
+                                    kAllProjections.end());
+  std::vector<SlotAttachRequest> requests;
+  requests.push_back(TrainRequest("adamw", OptimizerFamily::kAdamW, 4, all,
+                                  Sequences(ReversalJsonl(10, 1), 16), 101));
+  requests.back().lora.dropout = 0.1;
+  requests.push_back(TrainRequest(
+      "muon", OptimizerFamily::kMuon, 8,
+      {Projection::kQ, Projection::kV, Projection::kO, Projection::kLmHead},
+      Sequences(ReversalJsonl(7, 2), 12), 102));
+  requests.back().training.batch_size = 2;
+  requests.push_back(
+      TrainRequest("adam", OptimizerFamily::kAdam, 2,
+                   {Projection::kGate, Projection::kUp, Projection::kDown},
+                   Sequences(ReversalJsonl(9, 3), 16), 103));
+  requests.back().lora.use_rslora = true;
+  requests.back().training.batch_size = 4;
+  return requests;
+}
+
 // max over tensors of max|a - b| / max|b|.
 inline double MaxRelativeDiff(const std::vector<torch::Tensor>& actual,
                               const std::vector<torch::Tensor>& expected) {

@@ -1,6 +1,7 @@
 // The decoder's logits against Hugging Face transformers on the committed
 // golden checkpoints (tools/golden/make_model_golden.py).
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -61,16 +62,21 @@ double MaxValidDiff(const torch::Tensor& actual, const torch::Tensor& expected,
 }
 
 torch::Tensor RunModel(const std::string& dir, const Golden& golden,
-                       std::optional<torch::ScalarType> dtype) {
+                       std::optional<torch::ScalarType> dtype,
+                       const torch::Device& device = torch::kCPU) {
   ModelLoadOptions options;
   options.dtype = dtype;
+  options.device = device;
   auto model = LlamaModel::Load(dir, options);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return torch::Tensor();
   torch::NoGradGuard no_grad;
-  auto logits = (*model)->Forward(golden.input_ids, golden.lengths);
+  auto logits =
+      (*model)->Forward(golden.input_ids.to(device), golden.lengths.to(device));
   EXPECT_TRUE(logits.ok()) << logits.status();
-  return logits.ok() ? *logits : torch::Tensor();
+  if (!logits.ok()) return torch::Tensor();
+  EXPECT_EQ(logits->device(), device);
+  return logits->cpu();
 }
 
 class GoldenFp32Test : public ::testing::TestWithParam<std::string> {};
@@ -91,6 +97,22 @@ TEST_P(GoldenFp32Test, LogitsMatchTransformers) {
             1e-4);
 }
 
+// The same on the GPU (attention through its SDPA kernels, cuBLAS GEMMs).
+TEST_P(GoldenFp32Test, LogitsMatchTransformersOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device cuda(torch::kCUDA, 0);
+  const std::string dir = FixtureDir(GetParam());
+  const Golden golden = ReadGolden(dir);
+  for (torch::ScalarType dtype : {torch::kFloat32, torch::kFloat64}) {
+    torch::Tensor logits = RunModel(dir, golden, dtype, cuda);
+    ASSERT_TRUE(logits.defined());
+    ASSERT_EQ(logits.sizes(), golden.logits.at("logits").sizes());
+    EXPECT_LE(MaxValidDiff(logits, golden.logits.at("logits"), golden.lengths),
+              1e-4)
+        << c10::toString(dtype);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Checkpoints, GoldenFp32Test,
                          ::testing::Values("llama_gqa", "llama_tied_llama3",
                                            "llama_linear_mqa",
@@ -109,6 +131,20 @@ TEST(GoldenTest, Bf16ComputeStaysNearTransformersBf16) {
   const double hf_error = MaxValidDiff(reference, exact, golden.lengths);
   EXPECT_LE(MaxValidDiff(logits, reference, golden.lengths),
             std::max(0.05, 1.5 * hf_error));
+  EXPECT_LE(MaxValidDiff(logits, exact, golden.lengths),
+            std::max(0.05, 1.5 * hf_error));
+}
+
+TEST(GoldenTest, Bf16ComputeStaysNearTransformersBf16OnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = FixtureDir("llama_bf16");
+  const Golden golden = ReadGolden(dir);
+  torch::Tensor logits =
+      RunModel(dir, golden, std::nullopt, torch::Device(torch::kCUDA, 0));
+  ASSERT_TRUE(logits.defined());
+  const torch::Tensor& reference = golden.logits.at("logits_bf16");
+  const torch::Tensor& exact = golden.logits.at("logits");
+  const double hf_error = MaxValidDiff(reference, exact, golden.lengths);
   EXPECT_LE(MaxValidDiff(logits, exact, golden.lengths),
             std::max(0.05, 1.5 * hf_error));
 }

@@ -4,6 +4,7 @@
 #include "core/optim/muon.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <sstream>
@@ -15,57 +16,46 @@
 namespace loraplex {
 namespace {
 
-MuonOptions OptionsFromCase(const nlohmann::json& c) {
-  MuonOptions options(c.at("lr").get<double>());
-  options.momentum(c.at("momentum").get<double>())
-      .nesterov(c.at("nesterov").get<bool>())
-      .weight_decay(c.at("weight_decay").get<double>())
-      .weight_decay_mode(*ParseMuonWeightDecayMode(
-          c.at("weight_decay_mode").get<std::string>()))
-      .coefficient_set(
-          *ParseNsCoefficientSet(c.at("coefficient_set").get<std::string>()))
-      .ns_steps(c.at("ns_steps").get<int64_t>())
-      .scale_mode(*ParseMuonScaleMode(c.at("scale_mode").get<std::string>()))
-      .extra_scale_factor(c.at("extra_scale_factor").get<double>());
-  if (c.contains("custom_coefficients")) {
-    std::vector<NsCoefficients> custom;
-    for (const auto& t : c.at("custom_coefficients")) {
-      custom.push_back(
-          {t[0].get<double>(), t[1].get<double>(), t[2].get<double>()});
-    }
-    options.custom_coefficients(custom);
-  }
-  return options;
-}
-
 class MuonGoldenTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(MuonGoldenTest, ThreeStepsMatchIndependentReference) {
-  const auto& c = OptimCase("muon", GetParam());
+// The fixture case `name` stepped on `device`.
+void ExpectMuonCaseMatchesReference(const std::string& name,
+                                    const torch::Device& device) {
+  const auto& c = OptimCase("muon", name);
   const OptimFixture& fixture = OptimFixture::Get();
-  torch::Tensor initial = fixture.Tensor(GetParam(), "param");
-  torch::Tensor grads = fixture.Tensor(GetParam(), "grads");
-  torch::Tensor expected = fixture.Tensor(GetParam(), "expected");
+  torch::Tensor initial = fixture.Tensor(name, "param");
+  torch::Tensor grads = fixture.Tensor(name, "grads").to(device);
+  torch::Tensor expected = fixture.Tensor(name, "expected");
 
-  torch::Tensor param = Leaf(initial);
-  Muon muon({param}, OptionsFromCase(c));
+  torch::Tensor param = Leaf(initial.to(device));
+  Muon muon({param}, MuonOptionsOfCase(c));
   for (int64_t step = 0; step < grads.size(0); ++step) {
     param.mutable_grad() = grads[step].clone();
     muon.step();
     // Relative to the parameter (the criterion) and, stricter, to
     // the update itself.
-    EXPECT_LE(MaxRelativeDiff(param.detach(), expected[step]), 1e-5)
+    const torch::Tensor value = param.detach().cpu();
+    EXPECT_LE(MaxRelativeDiff(value, expected[step]), 1e-5)
         << "step " << step + 1;
-    EXPECT_LE(
-        MaxRelativeDiff(param.detach() - initial, expected[step] - initial),
-        2e-4)
+    EXPECT_LE(MaxRelativeDiff(value - initial, expected[step] - initial), 2e-4)
         << "step " << step + 1;
   }
   MuonParamState* state = muon.StateOf(param);
   ASSERT_NE(state, nullptr);
   EXPECT_EQ(state->step(), grads.size(0));
-  torch::Tensor momentum = fixture.Tensor(GetParam(), "momentum");
-  EXPECT_TRUE(torch::allclose(state->momentum_buffer(), momentum, 1e-5, 1e-7));
+  torch::Tensor momentum = fixture.Tensor(name, "momentum");
+  EXPECT_EQ(state->momentum_buffer().device(), device);
+  EXPECT_TRUE(
+      torch::allclose(state->momentum_buffer().cpu(), momentum, 1e-5, 1e-7));
+}
+
+TEST_P(MuonGoldenTest, ThreeStepsMatchIndependentReference) {
+  ExpectMuonCaseMatchesReference(GetParam(), torch::kCPU);
+}
+
+TEST_P(MuonGoldenTest, ThreeStepsMatchIndependentReferenceOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ExpectMuonCaseMatchesReference(GetParam(), torch::Device(torch::kCUDA, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixture, MuonGoldenTest,
@@ -74,7 +64,7 @@ INSTANTIATE_TEST_SUITE_P(Fixture, MuonGoldenTest,
 // Every fixture case twice, as if each were one slot's optimizer, stepped
 // together: their pending updates share batched Newton–Schulz calls wherever
 // shape and settings agree, and each must still match the reference.
-TEST(MuonTest, FixtureCasesSteppedTogetherMatchTheReference) {
+void ExpectCasesSteppedTogetherMatchTheReference(const torch::Device& device) {
   const OptimFixture& fixture = OptimFixture::Get();
   const std::vector<std::string> names = OptimCaseNames("muon");
   ASSERT_FALSE(names.empty());
@@ -92,10 +82,10 @@ TEST(MuonTest, FixtureCasesSteppedTogetherMatchTheReference) {
       Slot slot{name, fixture.Tensor(name, "param"),
                 fixture.Tensor(name, "grads"),
                 fixture.Tensor(name, "expected")};
-      slot.param = Leaf(slot.initial);
+      slot.param = Leaf(slot.initial.to(device));
       slot.muon =
           std::make_unique<Muon>(std::vector<torch::Tensor>{slot.param},
-                                 OptionsFromCase(OptimCase("muon", name)));
+                                 MuonOptionsOfCase(OptimCase("muon", name)));
       slots.push_back(std::move(slot));
     }
   }
@@ -104,18 +94,27 @@ TEST(MuonTest, FixtureCasesSteppedTogetherMatchTheReference) {
     std::vector<MuonPendingUpdate> pending;
     for (Slot& slot : slots) {
       ASSERT_EQ(slot.grads.size(0), steps) << slot.name;
-      slot.param.mutable_grad() = slot.grads[step].clone();
+      slot.param.mutable_grad() = slot.grads[step].to(device);
       slot.muon->PrepareStep(pending);
     }
     ASSERT_EQ(pending.size(), slots.size());
     ApplyMuonUpdates(pending);
     for (const Slot& slot : slots) {
-      EXPECT_LE(MaxRelativeDiff(slot.param.detach() - slot.initial,
+      EXPECT_LE(MaxRelativeDiff(slot.param.detach().cpu() - slot.initial,
                                 slot.expected[step] - slot.initial),
                 2e-4)
           << slot.name << " step " << step + 1;
     }
   }
+}
+
+TEST(MuonTest, FixtureCasesSteppedTogetherMatchTheReference) {
+  ExpectCasesSteppedTogetherMatchTheReference(torch::kCPU);
+}
+
+TEST(MuonTest, FixtureCasesSteppedTogetherMatchTheReferenceOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ExpectCasesSteppedTogetherMatchTheReference(torch::Device(torch::kCUDA, 0));
 }
 
 TEST(MuonTest, ScaleFactorsForShapes) {

@@ -3,6 +3,7 @@
 #include "core/optim/slot_optimizer.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <sstream>
@@ -98,8 +99,10 @@ std::vector<const void*> MomentStorage(const SlotOptimizer& optimizer) {
 
 class AdamGoldenTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(AdamGoldenTest, FactoryChildMatchesPyTorch) {
-  const auto& c = OptimCase("adam", GetParam());
+// The fixture case `name` stepped on `device`.
+void ExpectAdamCaseMatchesPyTorch(const std::string& name,
+                                  const torch::Device& device) {
+  const auto& c = OptimCase("adam", name);
   OptimizerConfig config;
   config.family = *ParseOptimizerFamily(c.at("family").get<std::string>());
   config.lr = c.at("lr").get<double>();
@@ -109,16 +112,17 @@ TEST_P(AdamGoldenTest, FactoryChildMatchesPyTorch) {
   config.weight_decay = c.at("weight_decay").get<double>();
 
   const OptimFixture& fixture = OptimFixture::Get();
-  torch::Tensor param = Leaf(fixture.Tensor(GetParam(), "param"));
-  torch::Tensor grads = fixture.Tensor(GetParam(), "grads");
-  torch::Tensor expected = fixture.Tensor(GetParam(), "expected");
+  torch::Tensor param = Leaf(fixture.Tensor(name, "param").to(device));
+  torch::Tensor grads = fixture.Tensor(name, "grads").to(device);
+  torch::Tensor expected = fixture.Tensor(name, "expected");
   SlotOptimizer optimizer = Build(config, {param});
   for (int64_t step = 0; step < grads.size(0); ++step) {
     param.mutable_grad() = grads[step].clone();
     optimizer.Step();
-    EXPECT_TRUE(torch::allclose(param, expected[step], 1e-6, 1e-7))
+    const torch::Tensor value = param.detach().cpu();
+    EXPECT_TRUE(torch::allclose(value, expected[step], 1e-6, 1e-7))
         << "step " << step + 1 << " max diff "
-        << (param - expected[step]).abs().max().item<double>();
+        << (value - expected[step]).abs().max().item<double>();
   }
   const OptimizerChild& child = optimizer.children()[0];
   const auto& state = *child.optimizer->state().begin()->second;
@@ -126,11 +130,12 @@ TEST_P(AdamGoldenTest, FactoryChildMatchesPyTorch) {
     EXPECT_EQ(adam_state.step(), grads.size(0));
     // PyTorch updates the moments with lerp_, LibTorch with mul_/add_: the
     // last bit may differ.
-    EXPECT_LE(MaxRelativeDiff(adam_state.exp_avg(),
-                              fixture.Tensor(GetParam(), "exp_avg")),
+    EXPECT_EQ(adam_state.exp_avg().device(), device);
+    EXPECT_LE(MaxRelativeDiff(adam_state.exp_avg().cpu(),
+                              fixture.Tensor(name, "exp_avg")),
               1e-6);
-    EXPECT_LE(MaxRelativeDiff(adam_state.exp_avg_sq(),
-                              fixture.Tensor(GetParam(), "exp_avg_sq")),
+    EXPECT_LE(MaxRelativeDiff(adam_state.exp_avg_sq().cpu(),
+                              fixture.Tensor(name, "exp_avg_sq")),
               1e-6);
   };
   if (child.kind == OptimizerChildKind::kAdam) {
@@ -138,6 +143,15 @@ TEST_P(AdamGoldenTest, FactoryChildMatchesPyTorch) {
   } else {
     check_state(static_cast<const torch::optim::AdamWParamState&>(state));
   }
+}
+
+TEST_P(AdamGoldenTest, FactoryChildMatchesPyTorch) {
+  ExpectAdamCaseMatchesPyTorch(GetParam(), torch::kCPU);
+}
+
+TEST_P(AdamGoldenTest, FactoryChildMatchesPyTorchOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ExpectAdamCaseMatchesPyTorch(GetParam(), torch::Device(torch::kCUDA, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixture, AdamGoldenTest,

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 #include <csignal>
@@ -56,9 +57,9 @@ SlotAttachRequest Request(OptimizerFamily family, int64_t rank) {
   return request;
 }
 
-void Train(SlotPool& pool, int steps) {
+void Train(SlotPool& pool, int steps, const LlamaModel& model = TinyModel()) {
   for (int i = 0; i < steps; ++i) {
-    auto metrics = TrainCoBatchStep(TinyModel(), pool.ActiveSlots(), {});
+    auto metrics = TrainCoBatchStep(model, pool.ActiveSlots(), {});
     ASSERT_TRUE(metrics.ok()) << metrics.status();
   }
 }
@@ -167,6 +168,77 @@ TEST_P(CheckpointRoundTripTest, RestoredSlotEqualsSavedAndTrainsOnIdentically) {
   ExpectAllEqual(OptimizerStateTensors(*slot.optimizer),
                  OptimizerStateTensors(*original.slot(1).optimizer));
   EXPECT_TRUE(slot.done());
+}
+
+// Copies on the CPU, for comparing tensors of two devices.
+std::vector<torch::Tensor> OnCpu(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> copies;
+  for (const torch::Tensor& t : tensors) copies.push_back(t.cpu());
+  return copies;
+}
+
+// A checkpoint of a slot on the GPU restores exactly into a fresh GPU slot
+// and into a CPU slot, and both train on as the uninterrupted slot does
+// (in fp64, as the two devices' kernels round differently).
+TEST_P(CheckpointRoundTripTest, GpuCheckpointRestoresOnCudaAndOnTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const LlamaModel& cuda_model = TinyModelOn(CudaDevice(), torch::kFloat64);
+  const std::string job_dir = FreshTestDir("ckpt-cuda") + "/job-a";
+  SlotPool original(
+      cuda_model.config(),
+      {.capacity = 1, .device = CudaDevice(), .dtype = torch::kFloat64});
+  ASSERT_TRUE(original.Attach(Request(GetParam(), 8)).ok());
+  Train(original, 5, cuda_model);
+  const TrainingSlot& saved = original.slot(0);
+  ASSERT_TRUE(
+      WriteSlotCheckpoint(job_dir, saved, InfoOf(saved, 0), "tiny", 3).ok());
+  const std::string dir = CheckpointDir(job_dir, 5);
+  auto info = ReadCheckpointInfo(dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto state = ReadCheckpointFile(dir, kCheckpointStateFile);
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto adapter = LoadPeftAdapter(dir, cuda_model.config());
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+
+  const std::vector<torch::Tensor> saved_weights =
+      OnCpu(Snapshot(saved.weights));
+  const std::vector<torch::Tensor> saved_state =
+      OnCpu(OptimizerStateTensors(*saved.optimizer));
+  const std::vector<int64_t> saved_steps = StateSteps(*saved.optimizer);
+  // What each restored slot must end at.
+  Train(original, 15, cuda_model);
+
+  struct Target {
+    const LlamaModel* model;
+    torch::Device device;
+  };
+  for (const Target& target : {Target{&cuda_model, CudaDevice()},
+                               Target{&TinyModel64(), torch::kCPU}}) {
+    SCOPED_TRACE(target.device.str());
+    SlotPool restored(
+        target.model->config(),
+        {.capacity = 1, .device = target.device, .dtype = torch::kFloat64});
+    SlotAttachRequest request = Request(GetParam(), 8);
+    request.initial_weights = std::make_shared<const PeftAdapter>(*adapter);
+    ASSERT_EQ(*restored.Attach(request), 0);
+    TrainingSlot& slot = restored.slot(0);
+    ASSERT_TRUE(RestoreCheckpoint(dir, *info, *state, slot).ok());
+    EXPECT_EQ(slot.weights.modules()[0].a.device(), target.device);
+    ExpectAllEqual(OnCpu(Snapshot(slot.weights)), saved_weights);
+    ExpectAllEqual(OnCpu(OptimizerStateTensors(*slot.optimizer)), saved_state);
+    EXPECT_EQ(StateSteps(*slot.optimizer), saved_steps);
+    EXPECT_EQ(slot.scheduler->completed_steps(), 5);
+
+    Train(restored, 15, *target.model);
+    EXPECT_TRUE(slot.done());
+    EXPECT_LE(MaxRelativeDiff(OnCpu(Snapshot(slot.weights)),
+                              OnCpu(Snapshot(original.slot(0).weights))),
+              kFp64IdentityBound);
+    EXPECT_LE(MaxRelativeDiff(
+                  OnCpu(OptimizerStateTensors(*slot.optimizer)),
+                  OnCpu(OptimizerStateTensors(*original.slot(0).optimizer))),
+              kFp64IdentityBound);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CheckpointRoundTripTest,

@@ -2,6 +2,7 @@
 // together, watch, export, and compare with the engine run directly.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <filesystem>
 #include <map>
@@ -130,6 +131,62 @@ TEST(ServiceEndToEndTest, JobsTrainTogetherAndExportTheEngineWeights) {
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
   EXPECT_THAT(server->Log(), HasSubstr("SUCCEEDED"));
   EXPECT_THAT(server->Log(), HasSubstr("throughput:"));
+}
+
+// The server on the GPU (--device=cuda): jobs of the three optimizer
+// families train together there, are checkpointed, and export what each
+// trains alone on the CPU (fp64, as the devices' kernels round
+// differently).
+TEST(ServiceEndToEndTest, JobsTrainOnCudaAndExportTheEngineWeights) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string state = FreshTestDir("state");
+  auto server = StartServer(
+      state, /*slots=*/3,
+      {"--device=cuda", "--dtype=float64", "--checkpoint-interval=5"});
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  ASSERT_NE(client, nullptr);
+  auto info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_GE(info->runtime().cuda_devices_size(), 1);
+
+  const std::string jsonl = ReversalJsonl(40, 8);
+  auto dataset = client->UploadDatasetContents(jsonl, "reversal");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  std::vector<v1::Job> jobs;
+  int seed = 200;
+  for (auto [family, rank] :
+       std::vector<std::pair<v1::OptimizerFamily, int64_t>>{
+           {v1::OPTIMIZER_FAMILY_ADAMW, 8},
+           {v1::OPTIMIZER_FAMILY_MUON, 16},
+           {v1::OPTIMIZER_FAMILY_ADAM, 4}}) {
+    v1::CreateJobRequest request =
+        JobRequest(dataset->name(), family, rank, 12, seed++);
+    request.mutable_lora()->set_dropout(0.1);
+    auto job = client->CreateJob(request);
+    ASSERT_TRUE(job.ok()) << job.status();
+    jobs.push_back(*job);
+  }
+  const std::string model_dir = state + "/models/tiny";
+  auto model_config = LoadModelConfig(model_dir);
+  ASSERT_TRUE(model_config.ok()) << model_config.status();
+  for (const v1::Job& created : jobs) {
+    auto job = WaitForJob(*client, created.name());
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_EQ(job->status(), v1::JOB_STATUS_SUCCEEDED)
+        << job->error().message() << "\n"
+        << server->Log();
+    const std::string out = FreshTestDir(created.name().substr(5));
+    v1::ExportAdapterRequest request;
+    request.set_job(job->name());
+    ASSERT_TRUE(client->ExportAdapter(request, out).ok());
+    auto exported = LoadPeftAdapter(out, *model_config);
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    ExpectFp64Identity(AdapterTensors(*exported),
+                       TrainDirectly(model_dir, jsonl, *job), job->name());
+  }
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
+  EXPECT_THAT(server->Log(), HasSubstr("on cuda"));
 }
 
 TEST(ServiceEndToEndTest, ExportsARunningJobAndContinuesFromAnAdapter) {
