@@ -9,10 +9,21 @@
 //   loraplex-bench-gpu [--device cuda] [--shapes 0.5b,1.5b,8b]
 //                      [--slots 1,4,16,64] [--seq 512,2048] [--rounds 3]
 //                      [--dtype bfloat16] [--token-budget N]
+//                      [--short-shape 0.5b] [--short-slots 8,16,64]
+//                      [--short-seq 128]
 //
 // Goal on one H200 for the 8B shape: >= 10k training tokens/s (>= 30% MFU),
-// and 16 slots keep >= 90% of one slot's tokens/s. `--device cpu --shapes
-// tiny` runs the same code on the CPU in seconds (deploy/gpu_check.sh --cpu).
+// and 16 slots keep >= 90% of one slot's tokens/s.
+//
+// Then, on the `--short-shape` model, many slots of short rows (one
+// sequence of `--short-seq` tokens each), side by side: P1 a co-batched step
+// vs one single-slot step per slot (goal >= 3x at 16 slots), P1k the
+// grouped LoRA kernel vs the per-slot one, and P3 Muon's share of the step
+// and one StepSlotOptimizers call (Newton–Schulz batched across slots) vs
+// each slot's own Step().
+//
+// `--device cpu --shapes tiny --short-shape tiny` runs the same code on the
+// CPU in seconds (deploy/gpu_check.sh --cpu).
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -31,6 +42,7 @@
 #include "core/model/llama_model.h"
 #include "core/model/model_config.h"
 #include "core/model/model_presets.h"
+#include "core/optim/slot_optimizer.h"
 #include "core/runtime/device.h"
 #include "core/runtime/runtime_info.h"
 #include "core/train/co_batch_step.h"
@@ -128,6 +140,113 @@ struct Run {
   double mfu = 0;
 };
 
+// A pool of `slots` slots of one `seq`-token sequence each on `device`.
+std::unique_ptr<SlotPool> ShortRowPool(const ModelConfig& config, int slots,
+                                       int64_t seq, OptimizerFamily family,
+                                       torch::ScalarType dtype,
+                                       const torch::Device& device) {
+  auto pool = std::make_unique<SlotPool>(
+      config,
+      SlotPoolOptions{.capacity = slots, .device = device, .dtype = dtype});
+  for (int i = 0; i < slots; ++i) {
+    SlotAttachRequest request = BenchSlotRequest(
+        i, kRank, 1, seq, RandomSequences(1, seq, config.vocab_size));
+    request.optimizer.family = family;
+    if (!pool->Attach(std::move(request)).ok()) return nullptr;
+  }
+  return pool;
+}
+
+// The short-row comparisons (P1, P1k, P3) on `model`; appends their summary
+// lines.
+bool CompareShortRows(const LlamaModel& model, const std::string& shape,
+                      const std::vector<int>& slot_counts, int64_t seq,
+                      const CoBatchOptions& options, torch::ScalarType dtype,
+                      const torch::Device& device, int rounds,
+                      std::vector<std::string>& summaries) {
+  std::cout << "\n"
+            << shape << ", short rows (1 x " << seq << " tokens per slot):\n";
+  std::ostringstream p1;
+  std::ostringstream p1k;
+  p1 << std::fixed << std::setprecision(2) << "SUMMARY P1 " << shape
+     << " co-batched / one slot at a time, " << seq << "-token rows:";
+  p1k << std::fixed << std::setprecision(2) << "SUMMARY P1k " << shape
+      << " per-slot / grouped LoRA kernel, " << seq << "-token rows:";
+  for (int slots : slot_counts) {
+    auto pool = ShortRowPool(model.config(), slots, seq,
+                             OptimizerFamily::kAdamW, dtype, device);
+    if (pool == nullptr) return false;
+    std::vector<TrainingSlot*> all = pool->ActiveSlots();
+    CoBatchOptions per_slot_kernel = options;
+    per_slot_kernel.lora_kernel = LoraKernel::kPerSlot;
+    auto step = [&](const CoBatchOptions& o) {
+      return [&, o] {
+        if (!TrainCoBatchStep(model, all, o).ok()) std::abort();
+        Synchronize(device);
+      };
+    };
+    auto apart = [&] {
+      for (TrainingSlot* slot : all) {
+        if (!TrainCoBatchStep(model, {slot}, options).ok()) std::abort();
+      }
+      Synchronize(device);
+    };
+    const auto [together, separately] =
+        TimeSideBySide(step(options), apart, rounds);
+    const auto [grouped, per_slot] =
+        TimeSideBySide(step(options), step(per_slot_kernel), rounds);
+    std::cout << "  " << slots << " slots: co-batched " << together * 1e3
+              << " ms, one at a time " << separately * 1e3
+              << " ms; grouped kernel " << grouped * 1e3 << " ms, per-slot "
+              << per_slot * 1e3 << " ms\n";
+    p1 << " " << slots << " slots " << separately / together << "x;";
+    p1k << " " << slots << " slots " << per_slot / grouped << "x;";
+  }
+  summaries.push_back(p1.str());
+  summaries.push_back(p1k.str());
+
+  // P3: 16 Muon slots.
+  const int muon_slots = 16;
+  auto pool = ShortRowPool(model.config(), muon_slots, seq,
+                           OptimizerFamily::kMuon, dtype, device);
+  if (pool == nullptr) return false;
+  std::vector<TrainingSlot*> all = pool->ActiveSlots();
+  std::vector<SlotOptimizer*> optimizers;
+  for (TrainingSlot* slot : all) optimizers.push_back(&*slot->optimizer);
+  // The step runs first, so the gradients exist when the optimizers step
+  // alone: the same work as inside the step.
+  const auto [step, batched] = TimeSideBySide(
+      [&] {
+        if (!TrainCoBatchStep(model, all, options).ok()) std::abort();
+        Synchronize(device);
+      },
+      [&] {
+        StepSlotOptimizers(optimizers);
+        Synchronize(device);
+      },
+      rounds);
+  const auto [batched_again, each] = TimeSideBySide(
+      [&] {
+        StepSlotOptimizers(optimizers);
+        Synchronize(device);
+      },
+      [&] {
+        for (SlotOptimizer* optimizer : optimizers) optimizer->Step();
+        Synchronize(device);
+      },
+      rounds);
+  std::cout << "  " << muon_slots << " Muon slots: step " << step * 1e3
+            << " ms, all Muon steps batched " << batched * 1e3
+            << " ms, slot by slot " << each * 1e3 << " ms\n";
+  std::ostringstream p3;
+  p3 << std::fixed << std::setprecision(2) << "SUMMARY P3 " << shape << " "
+     << muon_slots << " Muon slots: Muon's share of the step " << batched / step
+     << " (goal <= 0.10); batched / slot-by-slot speed-up "
+     << each / batched_again << "x";
+  summaries.push_back(p3.str());
+  return true;
+}
+
 }  // namespace
 }  // namespace loraplex
 
@@ -143,6 +262,9 @@ int main(int argc, char** argv) {
   std::string dtype_flag = "bfloat16";
   int64_t token_budget = -1;
   int threads = 0;
+  std::string short_shape = "0.5b";
+  std::vector<int> short_slots = {8, 16, 64};
+  int64_t short_seq = 128;
   app.add_option("--device", device_flag, "cpu, cuda or cuda:N")
       ->capture_default_str();
   app.add_option("--shapes", shapes, "0.5b, 1.5b, 8b, or a preset (tiny)")
@@ -158,6 +280,14 @@ int main(int argc, char** argv) {
                  "Tokens per micro-batch (default: the server's default for "
                  "the device)");
   app.add_option("--threads", threads, "CPU threads (0 = all cores)");
+  app.add_option("--short-shape", short_shape,
+                 "Model of the short-row comparisons (none: skip them)")
+      ->capture_default_str();
+  app.add_option("--short-slots", short_slots,
+                 "Slot counts of the short-row comparisons")
+      ->delimiter(',');
+  app.add_option("--short-seq", short_seq, "Tokens per short row")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   ConfigureThreads(threads).IgnoreError();
   absl::StatusOr<torch::Device> device = ParseDevice(device_flag);
@@ -274,6 +404,24 @@ int main(int argc, char** argv) {
               << sixteen_slots / one_slot << " of 1 slot's tokens/s";
     }
     summaries.push_back(summary.str());
+  }
+  if (!short_shape.empty() && short_shape != "none") {
+    absl::StatusOr<ModelConfig> config = ShapeConfig(short_shape);
+    if (!config.ok()) {
+      std::cerr << short_shape << ": " << config.status() << "\n";
+      return 2;
+    }
+    std::unique_ptr<LlamaModel> model = RandomModel(*config, dtype, *device);
+    CoBatchOptions options;
+    options.token_budget =
+        token_budget >= 0
+            ? token_budget
+            : DefaultTokenBudget(*config, device->is_cuda(), memory,
+                                 static_cast<int64_t>(c10::elementSize(dtype)));
+    if (!CompareShortRows(*model, short_shape, short_slots, short_seq, options,
+                          dtype, *device, rounds, summaries)) {
+      return 1;
+    }
   }
   std::cout << "\n";
   for (const std::string& line : summaries) std::cout << line << "\n";

@@ -88,9 +88,12 @@ function(loraplex_check_torch)
     endif()
   endforeach()
   # The wheel ships part of protobuf's headers in its include directory,
-  # which comes before the system's: they must be the release the service's
-  # generated code and libprotobuf are (3.21.12 in both for torch 2.15.0
-  # and Debian 12).
+  # which comes before the system's: the service's generated code and
+  # libprotobuf need the headers of the Protobuf found (torch 2.15.0 ships
+  # 3.21.12, Debian 12's release; torch 2.11 ships 3.13). Where the two
+  # differ, a directory holding only google/protobuf (a link to the found
+  # release's headers) goes first on every include path: LibTorch's own
+  # headers that loraplex includes use no protobuf.
   foreach(_include IN LISTS TORCH_INCLUDE_DIRS)
     set(_common "${_include}/google/protobuf/stubs/common.h")
     if(EXISTS "${_common}")
@@ -103,10 +106,15 @@ function(loraplex_check_torch)
       list(GET _parts 2 _patch)
       math(EXPR _ours "${_major} * 1000000 + ${_minor} * 1000 + ${_patch}")
       if(NOT _theirs STREQUAL _ours)
-        message(FATAL_ERROR "LibTorch's include directory carries protobuf "
-          "headers ${_theirs} (${_common}) but Protobuf ${Protobuf_VERSION} "
-          "(${_ours}) is the one found: the gRPC service would compile "
-          "against the wrong headers. Use a torch whose protobuf matches.")
+        list(GET Protobuf_INCLUDE_DIRS 0 _protobuf_include)
+        set(_shadow "${CMAKE_BINARY_DIR}/protobuf-first")
+        file(MAKE_DIRECTORY "${_shadow}/google")
+        file(CREATE_LINK "${_protobuf_include}/google/protobuf"
+             "${_shadow}/google/protobuf" SYMBOLIC)
+        include_directories(BEFORE "${_shadow}")
+        message(STATUS "LibTorch carries protobuf headers ${_theirs}, "
+          "Protobuf ${Protobuf_VERSION} is found: its headers "
+          "(${_protobuf_include}) come first through ${_shadow}")
       endif()
     endif()
   endforeach()

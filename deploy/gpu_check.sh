@@ -9,10 +9,15 @@
 #   bash deploy/gpu_check.sh --cpu KIT OUT    # the same steps on a CPU-only
 #                                             # machine, smaller: a dry run
 #
-# PYTHON names the Python whose torch to build against (default: python3;
-# with --cpu, the project's .venv when it has torch). LORAPLEX_GPU_BUILD
-# names the build directory (default: build-gpu). Each step's log is in OUT;
-# exits non-zero when a step fails, after writing what it has.
+# KIT is the kit's folder or its archive (gpu-kit.tar.xz). PYTHON names the
+# Python whose torch to build against (default: python3; with --cpu, the
+# project's .venv when it has torch). LORAPLEX_GPU_BUILD names the build
+# directory (default: build-gpu); a second run reuses it. LORAPLEX_GPU_BENCH
+# replaces the benchmark's arguments, LORAPLEX_GPU_BENCH_SECONDS its time
+# limit (default 300); LORAPLEX_GPU_STEPS=build,tests,bench picks the steps.
+# Each step's log is in OUT. A build that fails part-way still runs the
+# tests that were built (the others show as not built); exits non-zero when
+# any step failed, after writing what it has.
 set -euo pipefail
 
 cpu=0
@@ -25,10 +30,10 @@ if [ $# -ne 2 ]; then
   exit 2
 fi
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-kit=$(cd "$1" && pwd)
 mkdir -p "$2"
 out=$(cd "$2" && pwd)
 build=${LORAPLEX_GPU_BUILD:-$src/build-gpu}
+steps=",${LORAPLEX_GPU_STEPS:-build,tests,bench},"
 : > "$out/summary.txt"
 start=$SECONDS
 note() { echo "[$((SECONDS - start)) s] $*" | tee -a "$out/summary.txt"; }
@@ -37,6 +42,27 @@ fail() {
   tail -40 "$2" >&2 || true
   exit 1
 }
+
+if [ -d "$1" ]; then
+  kit=$(cd "$1" && pwd)
+elif [ -f "$1" ]; then
+  # The archive unpacks once per build directory.
+  mkdir -p "$build"
+  if [ ! -f "$build/kit/env.sh" ]; then
+    rm -rf "$build/kit.tmp"
+    mkdir -p "$build/kit.tmp"
+    tar -C "$build/kit.tmp" -xf "$1" || fail "unpacking the kit $1" /dev/null
+    inner=$(find "$build/kit.tmp" -maxdepth 2 -name env.sh -printf '%h\n' |
+            head -1)
+    [ -n "$inner" ] || fail "no env.sh in the kit $1" /dev/null
+    rm -rf "$build/kit"
+    mv "$inner" "$build/kit"
+    rm -rf "$build/kit.tmp"
+  fi
+  kit=$build/kit
+else
+  fail "no kit at $1 (run deploy/gpu_kit.sh)" /dev/null
+fi
 
 python=${PYTHON:-python3}
 if [ -z "${PYTHON:-}" ] && [ "$cpu" = 1 ] && [ -x "$src/.venv/bin/python" ]; then
@@ -48,54 +74,85 @@ torch_cmake=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
   fail "no torch in $python" /dev/null
 note "torch $("$python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)') from $python"
 { nvidia-smi || echo "no nvidia-smi"; } > "$out/nvidia-smi.txt" 2>&1
-
-generator=()
-if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
-with_cuda=ON
-[ "$cpu" = 0 ] || with_cuda=OFF
-note "configuring $build"
-cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DTorch_DIR="$torch_cmake/Torch" -DLORAPLEX_TORCH_FROM_VENV=OFF \
-  -DLORAPLEX_WITH_CUDA="$with_cuda" -DLORAPLEX_VENV="$build/no-venv" \
-  > "$out/configure.log" 2>&1 || fail "configure" "$out/configure.log"
-
-# What the check runs: the server, the GPU benchmark and the test programs
-# with `cuda` cases (named *OnCuda*). On the GPU machine everything is
-# built (its cores make that quick); the dry run builds just these.
-targets=(loraplex-server loraplex-bench-gpu runtime_test train_test)
 jobs=$(nproc 2>/dev/null || echo 2)
-note "building with $jobs jobs"
-if [ "$cpu" = 1 ]; then
-  cmake --build "$build" -j"$jobs" --target "${targets[@]}" \
-    > "$out/build.log" 2>&1 || fail "build" "$out/build.log"
-else
-  cmake --build "$build" -j"$jobs" > "$out/build.log" 2>&1 ||
-    fail "build" "$out/build.log"
-fi
-
-"$build/bin/loraplex-server" --version > "$out/version.txt" 2>&1 ||
-  fail "loraplex-server --version" "$out/version.txt"
-note "$(tr '\n' ';' < "$out/version.txt")"
-
-note "tests labelled cuda"
 status=0
-ctest --test-dir "$build" -L cuda --output-on-failure \
-  > "$out/cuda_tests.log" 2>&1 || status=1
-note "$(grep -E 'tests passed|tests failed' "$out/cuda_tests.log" || echo 'no result')"
-grep -h "SKIPPED \]\|Skipped" "$out/cuda_tests.log" | head -20 >> "$out/summary.txt" || true
 
-bench=("$build/bin/loraplex-bench-gpu")
-if [ "$cpu" = 1 ]; then
-  bench+=(--device cpu --shapes tiny --slots 1,4,16 --seq 32 --rounds 1)
-else
-  bench+=(--rounds 2)
+if [[ "$steps" == *,build,* ]]; then
+  generator=()
+  keep_going=()
+  if command -v ninja >/dev/null 2>&1; then
+    generator=(-G Ninja)
+    keep_going=(-- -k 0)
+  fi
+  with_cuda=ON
+  [ "$cpu" = 0 ] || with_cuda=OFF
+  note "configuring $build"
+  cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DTorch_DIR="$torch_cmake/Torch" -DLORAPLEX_TORCH_FROM_VENV=OFF \
+    -DLORAPLEX_WITH_CUDA="$with_cuda" -DLORAPLEX_VENV="$build/no-venv" \
+    > "$out/configure.log" 2>&1 || fail "configure" "$out/configure.log"
+  grep -i "protobuf headers\|LibTorch .* at " "$out/configure.log" |
+    sed 's/^-- //' >> "$out/summary.txt" || true
+
+  # What the check runs: the server, the GPU benchmark and the test programs
+  # with `cuda` cases (named *OnCuda*); LORAPLEX_GPU_BUILD_ALL=1 builds
+  # everything.
+  target_args=(--target loraplex-server loraplex loraplex-bench-gpu
+               runtime_test train_test optim_test model_test checkpoint_test
+               service_test)
+  if [ "${LORAPLEX_GPU_BUILD_ALL:-0}" = 1 ]; then target_args=(); fi
+  note "building with $jobs jobs"
+  build_start=$SECONDS
+  if cmake --build "$build" -j"$jobs" "${target_args[@]}" "${keep_going[@]}" \
+      > "$out/build.log" 2>&1; then
+    note "built in $((SECONDS - build_start)) s"
+  else
+    status=1
+    note "FAILED: build, after $((SECONDS - build_start)) s (log:" \
+      "$out/build.log); running what was built"
+    grep -E "error|FAILED" "$out/build.log" | head -20 >> "$out/summary.txt" ||
+      true
+  fi
 fi
-note "benchmark: ${bench[*]}"
-if timeout 330 "${bench[@]}" > "$out/bench.log" 2>&1; then
-  grep '^SUMMARY' "$out/bench.log" >> "$out/summary.txt" || true
-else
-  note "FAILED or timed out: benchmark (log: $out/bench.log)"
-  status=1
+
+if [ -x "$build/bin/loraplex-server" ]; then
+  "$build/bin/loraplex-server" --version > "$out/version.txt" 2>&1 || true
+  note "$(tr '\n' ';' < "$out/version.txt")"
+fi
+
+if [[ "$steps" == *,tests,* ]]; then
+  note "tests labelled cuda"
+  ctest --test-dir "$build" -L cuda --output-on-failure -j4 --timeout 600 \
+    > "$out/cuda_tests.log" 2>&1 || status=1
+  note "$(grep -E 'tests passed|tests failed' "$out/cuda_tests.log" ||
+    echo 'no result')"
+  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|SEGFAULT|Subprocess)" \
+    "$out/cuda_tests.log" >> "$out/summary.txt" || true
+  grep -h "SKIPPED \]\|Skipped" "$out/cuda_tests.log" | head -20 \
+    >> "$out/summary.txt" || true
+fi
+
+if [[ "$steps" == *,bench,* ]]; then
+  bench=("$build/bin/loraplex-bench-gpu")
+  if [ -n "${LORAPLEX_GPU_BENCH:-}" ]; then
+    read -r -a bench_args <<< "$LORAPLEX_GPU_BENCH"
+    bench+=("${bench_args[@]}")
+  elif [ "$cpu" = 1 ]; then
+    bench+=(--device cpu --shapes tiny --slots 1,4,16 --seq 32 --rounds 1
+            --short-shape tiny --short-slots 4,16 --short-seq 16)
+  else
+    bench+=(--rounds 2)
+  fi
+  note "benchmark: ${bench[*]}"
+  if timeout "${LORAPLEX_GPU_BENCH_SECONDS:-300}" "${bench[@]}" \
+      > "$out/bench.log" 2>&1; then
+    grep '^SUMMARY' "$out/bench.log" >> "$out/summary.txt" || true
+  else
+    note "FAILED or timed out: benchmark (log: $out/bench.log)"
+    grep '^SUMMARY\|tokens/s' "$out/bench.log" | tail -20 \
+      >> "$out/summary.txt" || true
+    status=1
+  fi
 fi
 note "done, status $status"
 exit "$status"

@@ -11,7 +11,9 @@
 #   bash deploy/gpu_kit.sh [KIT_DIR]      # default: gpu-kit
 #
 # KIT_DIR/env.sh sets PATH, LD_LIBRARY_PATH, PKG_CONFIG_* and
-# CMAKE_PREFIX_PATH for it; copy KIT_DIR to the GPU machine with the source.
+# CMAKE_PREFIX_PATH for it; copy KIT_DIR, or the same folder packed as
+# KIT_DIR.tar.xz (written beside it, about a quarter of its size), to the
+# GPU machine with the source: deploy/gpu_check.sh takes either.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -70,3 +72,6 @@ if [ "$size_mib" -gt "$limit_mib" ]; then
   echo "gpu_kit.sh: the kit is ${size_mib} MiB, over ${limit_mib} MiB" >&2
   exit 1
 fi
+archive="${kit%/}.tar.xz"
+tar -C "$(dirname "$kit")" -cJf "$archive" "$(basename "$kit")"
+echo "==> $archive: $(( $(du -sk "$archive" | cut -f1) / 1024 )) MiB"
