@@ -14,7 +14,8 @@
 # project's .venv when it has torch). LORAPLEX_GPU_BUILD names the build
 # directory (default: build-gpu); a second run reuses it. LORAPLEX_GPU_BENCH
 # replaces the benchmark's arguments, LORAPLEX_GPU_BENCH_SECONDS its time
-# limit (default 300); LORAPLEX_GPU_STEPS=build,tests,bench picks the steps.
+# limit (default 300), LORAPLEX_GPU_TEST_SECONDS each test program's (300);
+# LORAPLEX_GPU_STEPS=build,tests,bench picks the steps.
 # Each step's log is in OUT. A build that fails part-way still runs the
 # tests that were built (the others show as not built); exits non-zero when
 # any step failed, after writing what it has.
@@ -122,7 +123,8 @@ fi
 
 if [[ "$steps" == *,tests,* ]]; then
   note "tests labelled cuda"
-  ctest --test-dir "$build" -L cuda --output-on-failure -j4 --timeout 600 \
+  ctest --test-dir "$build" -L cuda --output-on-failure -j4 \
+    --timeout "${LORAPLEX_GPU_TEST_SECONDS:-300}" \
     > "$out/cuda_tests.log" 2>&1 || status=1
   note "$(grep -E 'tests passed|tests failed' "$out/cuda_tests.log" ||
     echo 'no result')"

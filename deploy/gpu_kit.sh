@@ -2,7 +2,7 @@
 # Makes the kit deploy/gpu_check.sh builds with on a GPU machine that has
 # PyTorch, CUDA, cmake and ninja but no package registries: the Debian 12
 # packages of every C++ dependency but LibTorch (gRPC, Protobuf, abseil,
-# SQLite, OpenSSL, CLI11, nlohmann-json, sentencepiece, PCRE2, utf8proc,
+# SQLite, OpenSSL, CLI11, nlohmann-json, sentencepiece, PCRE2, utf8proc, Gloo,
 # cpp-httplib, GoogleTest, Google Benchmark, pkg-config), with what they
 # need beyond the C library and compiler runtime, unpacked into one folder
 # (ignored by git). Run on a Debian 12 machine with Debian's registry; no
@@ -23,11 +23,13 @@ roots=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libsqlite3-dev libssl-dev libcli11-dev nlohmann-json3-dev
   libsentencepiece-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
-  libgtest-dev libgmock-dev libbenchmark-dev pkgconf
+  libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev pkgconf
 )
 # What any machine that builds C++ has (the C library, the compiler's
-# runtime) and what only pulls those in.
-skip='^(gcc-[0-9]+-base|libc6|libc6-dev|libc-dev-bin|libgcc-s1|libstdc\+\+6|linux-libc-dev|libcrypt1|libcrypt-dev|libnsl2|libnsl-dev|libtirpc.*|rpcsvc-proto|libcom-err2|libgssapi-krb5-2|libk5crypto3|libkeyutils1|libkrb5-3|libkrb5support0)$'
+# runtime, the base system) and what only pulls those in; and the RDMA
+# drivers libgloo0 wants at run time (the build takes Gloo's headers
+# only: LibTorch has Gloo in it).
+skip='^(gcc-[0-9]+-base|libc6|libc6-dev|libc-dev-bin|libgcc-s1|libstdc\+\+6|linux-libc-dev|libcrypt1|libcrypt-dev|libnsl2|libnsl-dev|libtirpc.*|rpcsvc-proto|libcom-err2|libgssapi-krb5-2|libk5crypto3|libkeyutils1|libkrb5-3|libkrb5support0|adduser|passwd|debconf|cdebconf|dpkg|tar|install-info|readline-common|libreadline8|libtinfo6|libacl1|libaudit1|libaudit-common|libbz2-1\.0|libcap-ng0|libdb5\.3|libdebian-installer4|liblzma5|libmd0|libnewt0\.52|libpam.*|libselinux1|libsemanage.*|libsepol2|libslang2|libtextwrap1|libzstd1|ibverbs-providers)$'
 
 command -v apt-get >/dev/null 2>&1 || {
   echo "gpu_kit.sh: needs a Debian 12 machine (apt-get)" >&2
