@@ -78,7 +78,47 @@ note "torch $("$python" -c 'import torch; print(torch.__version__, "CUDA", torch
 jobs=$(nproc 2>/dev/null || echo 2)
 status=0
 
+# Whether programs `$1` builds run std::filesystem::remove_all (the server
+# prunes checkpoints with it) without crashing. On one GPU machine the
+# compiler in CXX (a wrapper around the system's g++) built programs that
+# jumped to address 0 inside the system libstdc++'s remove_all, on the CPU
+# as on the GPU.
+compiler_works() {
+  local dir status
+  dir=$(mktemp -d)
+  cat > "$dir/probe.cc" <<'EOF'
+#include <filesystem>
+#include <fstream>
+int main(int argc, char** argv) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(argv[1]) / "tree";
+  fs::create_directories(root / "a" / "b");
+  std::ofstream(root / "a" / "b" / "file") << "x";
+  std::error_code error;
+  const auto removed = fs::remove_all(root, error);
+  return removed == 4 && !error && !fs::exists(root) ? 0 : 1;
+}
+EOF
+  "$1" -std=c++17 -O2 -pthread "$dir/probe.cc" -o "$dir/probe" \
+    > "$dir/log" 2>&1 && "$dir/probe" "$dir" >> "$dir/log" 2>&1
+  status=$?
+  rm -rf "$dir"
+  return "$status"
+}
+
 if [[ "$steps" == *,build,* ]]; then
+  cxx=""
+  for candidate in "${CXX:-}" c++ g++ /usr/bin/g++ clang++; do
+    [ -n "$candidate" ] && command -v "$candidate" > /dev/null 2>&1 || continue
+    if compiler_works "$candidate"; then
+      cxx=$(command -v "$candidate")
+      break
+    fi
+    note "skipping the compiler $candidate: a program it builds fails" \
+      "std::filesystem::remove_all"
+  done
+  [ -n "$cxx" ] || fail "no C++ compiler builds working programs" /dev/null
+  note "compiler $cxx: $("$cxx" --version | head -1)"
   generator=()
   keep_going=()
   if command -v ninja >/dev/null 2>&1; then
@@ -89,6 +129,7 @@ if [[ "$steps" == *,build,* ]]; then
   [ "$cpu" = 0 ] || with_cuda=OFF
   note "configuring $build"
   cmake -S "$src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_COMPILER="$cxx" \
     -DTorch_DIR="$torch_cmake/Torch" -DLORAPLEX_TORCH_FROM_VENV=OFF \
     -DLORAPLEX_WITH_CUDA="$with_cuda" -DLORAPLEX_VENV="$build/no-venv" \
     > "$out/configure.log" 2>&1 || fail "configure" "$out/configure.log"

@@ -53,7 +53,7 @@ inline const LlamaModel& TinyModel64() {
 
 // The same checkpoint on `device` in `dtype` (loaded once per pair), for the
 // tests that also run on a GPU.
-inline const LlamaModel& TinyModelOn(const torch::Device& device,
+inline const LlamaModel& TinyModelOn(torch::Device device,
                                      torch::ScalarType dtype) {
   static std::map<std::pair<std::string, torch::ScalarType>,
                   std::unique_ptr<LlamaModel>>

@@ -79,10 +79,12 @@ void ExpectCasesSteppedTogetherMatchTheReference(const torch::Device& device) {
   std::vector<Slot> slots;
   for (int copy = 0; copy < 2; ++copy) {
     for (const std::string& name : names) {
-      Slot slot{name, fixture.Tensor(name, "param"),
+      Slot slot{name,
+                fixture.Tensor(name, "param"),
                 fixture.Tensor(name, "grads"),
-                fixture.Tensor(name, "expected")};
-      slot.param = Leaf(slot.initial.to(device));
+                fixture.Tensor(name, "expected"),
+                Leaf(fixture.Tensor(name, "param").to(device)),
+                nullptr};
       slot.muon =
           std::make_unique<Muon>(std::vector<torch::Tensor>{slot.param},
                                  MuonOptionsOfCase(OptimCase("muon", name)));

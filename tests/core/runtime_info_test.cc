@@ -28,7 +28,9 @@ TEST(RuntimeInfoTest, ListsTheDevicesLibTorchSeesOnCuda) {
   const RuntimeInfo info = InspectRuntime();
   if (!torch::cuda::is_available()) {
     EXPECT_TRUE(info.cuda_devices.empty());
-    if (info.cuda_compiled) EXPECT_FALSE(info.cuda_note.empty());
+    if (info.cuda_compiled) {
+      EXPECT_FALSE(info.cuda_note.empty());
+    }
     GTEST_SKIP() << "no CUDA device; the build "
                  << (info.cuda_compiled ? "has" : "has no") << " CUDA";
   }
