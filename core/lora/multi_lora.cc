@@ -199,7 +199,11 @@ void MultiLoraDelta::AddGrouped(int layer, const torch::Tensor& x,
   // pieces[j][s]: segment s's term for projections[j], [rows, seq, out].
   std::vector<std::vector<torch::Tensor>> pieces(
       n, std::vector<torch::Tensor>(segments_.size()));
-  for (const auto& [key, members] : buckets) {
+  for (const auto& bucket : buckets) {
+    // Named references, not a structured binding: lambdas below capture
+    // them, which C++17 allows only for variables.
+    const BucketKey& key = bucket.first;
+    const std::vector<size_t>& members = bucket.second;
     const int64_t count = static_cast<int64_t>(members.size());
     const int64_t tokens = key.rows * seq;
     std::vector<size_t> used;
