@@ -140,23 +140,6 @@ struct Run {
   double mfu = 0;
 };
 
-// A pool of `slots` slots of one `seq`-token sequence each on `device`.
-std::unique_ptr<SlotPool> ShortRowPool(const ModelConfig& config, int slots,
-                                       int64_t seq, OptimizerFamily family,
-                                       torch::ScalarType dtype,
-                                       const torch::Device& device) {
-  auto pool = std::make_unique<SlotPool>(
-      config,
-      SlotPoolOptions{.capacity = slots, .device = device, .dtype = dtype});
-  for (int i = 0; i < slots; ++i) {
-    SlotAttachRequest request = BenchSlotRequest(
-        i, kRank, 1, seq, RandomSequences(1, seq, config.vocab_size));
-    request.optimizer.family = family;
-    if (!pool->Attach(std::move(request)).ok()) return nullptr;
-  }
-  return pool;
-}
-
 // The short-row comparisons (P1, P1k, P3) on `model`; appends their summary
 // lines.
 bool CompareShortRows(const LlamaModel& model, const std::string& shape,
@@ -173,8 +156,9 @@ bool CompareShortRows(const LlamaModel& model, const std::string& shape,
   p1k << std::fixed << std::setprecision(2) << "SUMMARY P1k " << shape
       << " per-slot / grouped LoRA kernel, " << seq << "-token rows:";
   for (int slots : slot_counts) {
-    auto pool = ShortRowPool(model.config(), slots, seq,
-                             OptimizerFamily::kAdamW, dtype, device);
+    auto pool = BenchPool(model.config(),
+                          {.capacity = slots, .device = device, .dtype = dtype},
+                          slots, kRank, 1, seq);
     if (pool == nullptr) return false;
     std::vector<TrainingSlot*> all = pool->ActiveSlots();
     CoBatchOptions per_slot_kernel = options;
@@ -207,8 +191,10 @@ bool CompareShortRows(const LlamaModel& model, const std::string& shape,
 
   // P3: 16 Muon slots.
   const int muon_slots = 16;
-  auto pool = ShortRowPool(model.config(), muon_slots, seq,
-                           OptimizerFamily::kMuon, dtype, device);
+  auto pool =
+      BenchPool(model.config(),
+                {.capacity = muon_slots, .device = device, .dtype = dtype},
+                muon_slots, kRank, 1, seq, OptimizerFamily::kMuon);
   if (pool == nullptr) return false;
   std::vector<TrainingSlot*> all = pool->ActiveSlots();
   std::vector<SlotOptimizer*> optimizers;
@@ -314,6 +300,14 @@ int main(int argc, char** argv) {
       memory = cuda.total_memory_bytes;
     }
   }
+  // --token-budget, or the server's default for the device.
+  auto budget_for = [&](const ModelConfig& config) {
+    return token_budget >= 0
+               ? token_budget
+               : DefaultTokenBudget(
+                     config, device->is_cuda(), memory,
+                     static_cast<int64_t>(c10::elementSize(dtype)));
+  };
   std::vector<std::string> summaries;
   for (const std::string& shape : shapes) {
     absl::StatusOr<ModelConfig> config = ShapeConfig(shape);
@@ -323,11 +317,7 @@ int main(int argc, char** argv) {
     }
     std::unique_ptr<LlamaModel> model = RandomModel(*config, dtype, *device);
     CoBatchOptions options;
-    options.token_budget =
-        token_budget >= 0
-            ? token_budget
-            : DefaultTokenBudget(*config, device->is_cuda(), memory,
-                                 static_cast<int64_t>(c10::elementSize(dtype)));
+    options.token_budget = budget_for(*config);
     std::cout << "\n"
               << shape << ": " << BaseParameterCount(*config) / 1e6
               << "M parameters, token "
@@ -337,14 +327,11 @@ int main(int argc, char** argv) {
     double sixteen_slots = 0;
     for (int64_t seq : seqs) {
       for (int slots : slot_counts) {
-        SlotPool pool(*config,
-                      {.capacity = slots, .device = *device, .dtype = dtype});
-        for (int i = 0; i < slots; ++i) {
-          auto data = RandomSequences(1, seq, config->vocab_size);
-          if (!pool.Attach(BenchSlotRequest(i, kRank, 1, seq, data)).ok())
-            return 1;
-        }
-        std::vector<TrainingSlot*> all = pool.ActiveSlots();
+        auto pool = BenchPool(
+            *config, {.capacity = slots, .device = *device, .dtype = dtype},
+            slots, kRank, 1, seq);
+        if (pool == nullptr) return 1;
+        std::vector<TrainingSlot*> all = pool->ActiveSlots();
         auto step = [&] {
           if (!TrainCoBatchStep(*model, all, options).ok()) std::abort();
           Synchronize(*device);
@@ -413,11 +400,7 @@ int main(int argc, char** argv) {
     }
     std::unique_ptr<LlamaModel> model = RandomModel(*config, dtype, *device);
     CoBatchOptions options;
-    options.token_budget =
-        token_budget >= 0
-            ? token_budget
-            : DefaultTokenBudget(*config, device->is_cuda(), memory,
-                                 static_cast<int64_t>(c10::elementSize(dtype)));
+    options.token_budget = budget_for(*config);
     if (!CompareShortRows(*model, short_shape, short_slots, short_seq, options,
                           dtype, *device, rounds, summaries)) {
       return 1;

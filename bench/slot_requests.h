@@ -1,4 +1,4 @@
-// The slot the training benchmarks attach: rank-`rank` LoRA (alpha 32) on
+// The slots the training benchmarks attach: rank-`rank` LoRA (alpha 32) on
 // all seven projections, AdamW at a constant 1e-4, seeded by its index.
 #ifndef LORAPLEX_BENCH_SLOT_REQUESTS_H_
 #define LORAPLEX_BENCH_SLOT_REQUESTS_H_
@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "adapters/slot_pool.h"
+#include "bench/timing.h"
 
 namespace loraplex {
 
@@ -27,6 +28,24 @@ inline SlotAttachRequest BenchSlotRequest(
   request.training.seed = static_cast<uint64_t>(index);
   request.data = std::move(data);
   return request;
+}
+
+// A pool (`options`) with `slots` slots attached as BenchSlotRequest does,
+// each with its own `per_slot` random sequences of `seq_len` tokens and
+// the optimizer `family`; nullptr when an attach fails.
+inline std::unique_ptr<SlotPool> BenchPool(
+    const ModelConfig& config, const SlotPoolOptions& options, int slots,
+    int64_t rank, int64_t per_slot, int64_t seq_len,
+    OptimizerFamily family = OptimizerFamily::kAdamW) {
+  auto pool = std::make_unique<SlotPool>(config, options);
+  for (int i = 0; i < slots; ++i) {
+    SlotAttachRequest request =
+        BenchSlotRequest(i, rank, per_slot, seq_len,
+                         RandomSequences(per_slot, seq_len, config.vocab_size));
+    request.optimizer.family = family;
+    if (!pool->Attach(std::move(request)).ok()) return nullptr;
+  }
+  return pool;
 }
 
 }  // namespace loraplex

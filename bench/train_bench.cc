@@ -21,7 +21,7 @@
 // ReexecWithPassiveOpenMpWait); set it to "active" to measure the default.
 //
 //   build/bin/loraplex-bench-train [--threads N] [--rounds R] [--slots N]
-//                                  [--budgets 256,512,1024,0]
+//                                  [--budgets 256,512,1024,0] [--p1-only]
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   int rounds = 5;
   int slots = 8;
   std::vector<int64_t> budgets = {1024, 2048, 0};
+  bool p1_only = false;
   app.add_option("--threads", threads, "CPU threads (0 = all cores)");
   app.add_option("--rounds", rounds, "Timed rounds per contender")
       ->capture_default_str();
@@ -73,6 +74,8 @@ int main(int argc, char** argv) {
   app.add_option("--budgets", budgets,
                  "Token budgets per micro-batch to compare (0 = no limit)")
       ->delimiter(',');
+  app.add_flag("--p1-only", p1_only,
+               "Measure P1 and P2 only (bench/peft_compare.py uses this)");
   CLI11_PARSE(app, argc, argv);
   const int used = ConfigureThreads(threads).value_or(1);
 
@@ -108,14 +111,10 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<int64_t, int64_t>> cases = {
       {1, 128}, {8, 128}, {1, 32}};
   for (const auto& [per_slot, seq_len] : cases) {
-    SlotPool pool(config, {.capacity = slots});
-    for (int i = 0; i < slots; ++i) {
-      auto data = RandomSequences(per_slot, seq_len, config.vocab_size);
-      if (!pool.Attach(BenchSlotRequest(i, kRank, per_slot, seq_len, data))
-               .ok())
-        return 1;
-    }
-    std::vector<TrainingSlot*> all = pool.ActiveSlots();
+    auto pool =
+        BenchPool(config, {.capacity = slots}, slots, kRank, per_slot, seq_len);
+    if (pool == nullptr) return 1;
+    std::vector<TrainingSlot*> all = pool->ActiveSlots();
     for (int64_t budget : budgets) {
       CoBatchOptions options;
       options.token_budget = budget;
@@ -148,14 +147,11 @@ int main(int argc, char** argv) {
 
   // P1k: grouped vs per-slot LoRA kernel.
   for (const auto& [per_slot, seq_len] : cases) {
-    SlotPool pool(config, {.capacity = slots});
-    for (int i = 0; i < slots; ++i) {
-      auto data = RandomSequences(per_slot, seq_len, config.vocab_size);
-      if (!pool.Attach(BenchSlotRequest(i, kRank, per_slot, seq_len, data))
-               .ok())
-        return 1;
-    }
-    std::vector<TrainingSlot*> all = pool.ActiveSlots();
+    if (p1_only) break;
+    auto pool =
+        BenchPool(config, {.capacity = slots}, slots, kRank, per_slot, seq_len);
+    if (pool == nullptr) return 1;
+    std::vector<TrainingSlot*> all = pool->ActiveSlots();
     CoBatchOptions grouped;
     CoBatchOptions reference;
     reference.lora_kernel = LoraKernel::kPerSlot;
@@ -177,15 +173,11 @@ int main(int argc, char** argv) {
   }
 
   // P3: Muon's share of a step.
-  {
-    SlotPool pool(config, {.capacity = slots});
-    auto data = RandomSequences(1, 128, config.vocab_size);
-    for (int i = 0; i < slots; ++i) {
-      SlotAttachRequest request = BenchSlotRequest(i, kRank, 1, 128, data);
-      request.optimizer.family = OptimizerFamily::kMuon;
-      if (!pool.Attach(std::move(request)).ok()) return 1;
-    }
-    std::vector<TrainingSlot*> all = pool.ActiveSlots();
+  if (!p1_only) {
+    auto pool = BenchPool(config, {.capacity = slots}, slots, kRank, 1, 128,
+                          OptimizerFamily::kMuon);
+    if (pool == nullptr) return 1;
+    std::vector<TrainingSlot*> all = pool->ActiveSlots();
     std::vector<SlotOptimizer*> optimizers;
     for (TrainingSlot* slot : all) optimizers.push_back(&*slot->optimizer);
     CoBatchOptions options;
@@ -208,7 +200,7 @@ int main(int argc, char** argv) {
   auto data = RandomSequences(1, 128, config.vocab_size);
   std::vector<double> attach_times;
   std::vector<double> retire_times;
-  for (int i = 0; i < 50; ++i) {
+  for (int i = 0; i < (p1_only ? 1 : 50); ++i) {
     auto start = BenchClock::now();
     auto slot = pool.Attach(BenchSlotRequest(i, kRank, 1, 128, data));
     attach_times.push_back(SecondsSince(start));
