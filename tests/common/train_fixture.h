@@ -144,6 +144,14 @@ inline std::vector<torch::Tensor> OptimizerStateTensors(
   return tensors;
 }
 
+// Copies on the CPU, for comparing tensors of two devices.
+inline std::vector<torch::Tensor> OnCpu(
+    const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> copies;
+  for (const torch::Tensor& t : tensors) copies.push_back(t.cpu());
+  return copies;
+}
+
 inline std::vector<torch::Tensor> Snapshot(const LoraWeights& weights) {
   std::vector<torch::Tensor> copies;
   for (const torch::Tensor& p : weights.parameters()) {

@@ -43,6 +43,17 @@ void PoisonWeights(TrainingSlot& slot) {
   b.fill_(std::numeric_limits<float>::quiet_NaN());
 }
 
+// Attaches a slot whose weights are NaN, so its loss is never finite: the
+// neighbour the isolation tests train the others next to. Its slot index.
+int AttachNanNeighbour(SlotPool& pool) {
+  auto slot =
+      pool.Attach(TrainRequest("nan", OptimizerFamily::kAdamW, 16, kAll,
+                               Sequences(ReversalJsonl(5, 4), 16), 104));
+  EXPECT_TRUE(slot.ok()) << slot.status();
+  PoisonWeights(pool.slot(slot.value()));
+  return *slot;
+}
+
 // The isolation identity in one dtype: the model, the slots' dtype and the
 // bound of the largest element's difference relative to the tensor's
 // largest value.
@@ -91,11 +102,7 @@ TEST_P(CoBatchIsolationTest, SlotsTrainedTogetherEqualSlotsTrainedAlone) {
     for (const SlotAttachRequest& request : requests) {
       ASSERT_TRUE(together.Attach(request).ok());
     }
-    auto poisoned =
-        together.Attach(TrainRequest("nan", OptimizerFamily::kAdamW, 16, kAll,
-                                     Sequences(ReversalJsonl(5, 4), 16), 104));
-    ASSERT_TRUE(poisoned.ok());
-    PoisonWeights(together.slot(*poisoned));
+    const int poisoned = AttachNanNeighbour(together);
     for (int step = 0; step < kSteps; ++step) {
       auto metrics = TrainCoBatchStep(model, together.ActiveSlots(), *options);
       ASSERT_TRUE(metrics.ok()) << metrics.status();
@@ -107,8 +114,8 @@ TEST_P(CoBatchIsolationTest, SlotsTrainedTogetherEqualSlotsTrainedAlone) {
       EXPECT_TRUE((*metrics)[3].skipped);
       EXPECT_EQ((*metrics)[3].skip_reason, "loss is not finite");
     }
-    EXPECT_EQ(together.slot(*poisoned).counters.skipped_steps, kSteps);
-    EXPECT_EQ(together.slot(*poisoned).scheduler->completed_steps(), 0);
+    EXPECT_EQ(together.slot(poisoned).counters.skipped_steps, kSteps);
+    EXPECT_EQ(together.slot(poisoned).scheduler->completed_steps(), 0);
     for (size_t i = 0; i < requests.size(); ++i) {
       const TrainingSlot& t = together.slot(static_cast<int>(i));
       EXPECT_EQ(t.weights.dtype(), c.dtype);
@@ -134,13 +141,6 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<IsolationCase>& info) {
       return std::string(info.param.name);
     });
-
-// Copies on the CPU, for comparing tensors of two devices.
-std::vector<torch::Tensor> OnCpu(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> copies;
-  for (const torch::Tensor& t : tensors) copies.push_back(t.cpu());
-  return copies;
-}
 
 // The isolation identity across devices: slots co-batched on the GPU, next
 // to a neighbour whose loss is always NaN, end where each ends alone on the
@@ -170,11 +170,7 @@ TEST(CoBatchStepTest, SlotsTogetherOnCudaEqualEachAloneOnTheCpu) {
   for (const SlotAttachRequest& request : requests) {
     ASSERT_TRUE(together.Attach(request).ok());
   }
-  auto poisoned =
-      together.Attach(TrainRequest("nan", OptimizerFamily::kAdamW, 16, kAll,
-                                   Sequences(ReversalJsonl(5, 4), 16), 104));
-  ASSERT_TRUE(poisoned.ok());
-  PoisonWeights(together.slot(*poisoned));
+  AttachNanNeighbour(together);
   for (int step = 0; step < kSteps; ++step) {
     auto metrics =
         TrainCoBatchStep(cuda_model, together.ActiveSlots(), options);

@@ -170,13 +170,6 @@ TEST_P(CheckpointRoundTripTest, RestoredSlotEqualsSavedAndTrainsOnIdentically) {
   EXPECT_TRUE(slot.done());
 }
 
-// Copies on the CPU, for comparing tensors of two devices.
-std::vector<torch::Tensor> OnCpu(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> copies;
-  for (const torch::Tensor& t : tensors) copies.push_back(t.cpu());
-  return copies;
-}
-
 // A checkpoint of a slot on the GPU restores exactly into a fresh GPU slot
 // and into a CPU slot, and both train on as the uninterrupted slot does
 // (in fp64, as the two devices' kernels round differently).
