@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace loraplex {
 namespace {
@@ -26,6 +27,7 @@ constexpr PointName kPoints[] = {
     {TestFaultPoint::kValidation, "validation"},
     {TestFaultPoint::kStoreWrite, "store_write"},
     {TestFaultPoint::kHold, "hold"},
+    {TestFaultPoint::kMeet, "meet"},
 };
 
 absl::string_view NameOf(TestFaultPoint point) {
@@ -40,8 +42,10 @@ struct Fault {
   std::optional<uint64_t> seed;
   std::optional<int> rank;
   std::string op;
-  std::optional<int64_t> step;  // hold only.
-  int64_t times_left = -1;      // -1: unlimited.
+  std::optional<int64_t> step;   // hold only.
+  std::optional<int64_t> count;  // meet only.
+  int64_t arrived = 0;           // meet only.
+  int64_t times_left = -1;       // -1: unlimited.
 };
 
 struct Armed {
@@ -75,15 +79,10 @@ absl::Status ParseFault(absl::string_view text, Fault& fault) {
   if (!known) {
     return BadSpec(text,
                    "unknown point (attach, forward, optimizer, "
-                   "pause_checkpoint, validation, store_write, hold)");
+                   "pause_checkpoint, validation, store_write, hold, meet)");
   }
-  if (head.second.empty()) {
-    if (fault.point == TestFaultPoint::kHold) {
-      return BadSpec(text, "hold needs a step");
-    }
-    return absl::OkStatus();
-  }
-  for (absl::string_view pair : absl::StrSplit(head.second, ',')) {
+  for (absl::string_view pair :
+       absl::StrSplit(head.second, ',', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> kv =
         absl::StrSplit(pair, absl::MaxSplits('=', 1));
     uint64_t number = 0;
@@ -101,13 +100,19 @@ absl::Status ParseFault(absl::string_view text, Fault& fault) {
       fault.times_left = static_cast<int64_t>(number);
     } else if (kv.first == "step") {
       fault.step = static_cast<int64_t>(number);
+    } else if (kv.first == "count") {
+      fault.count = static_cast<int64_t>(number);
     } else {
-      return BadSpec(text, absl::StrCat("unknown key \"", kv.first,
-                                        "\" (seed, rank, op, times, step)"));
+      return BadSpec(text,
+                     absl::StrCat("unknown key \"", kv.first,
+                                  "\" (seed, rank, op, times, step, count)"));
     }
   }
   if ((fault.point == TestFaultPoint::kHold) != fault.step.has_value()) {
     return BadSpec(text, "step is for hold, and hold needs one");
+  }
+  if ((fault.point == TestFaultPoint::kMeet) != fault.count.has_value()) {
+    return BadSpec(text, "count is for meet, and meet needs one");
   }
   return absl::OkStatus();
 }
@@ -161,6 +166,25 @@ bool TestHold(uint64_t seed, int64_t step) {
     return true;
   }
   return false;
+}
+
+void TestMeet() {
+  if (!g_armed.load(std::memory_order_relaxed)) return;
+  Armed& state = State();
+  absl::MutexLock lock(&state.mu);
+  for (Fault& fault : state.faults) {
+    if (fault.point != TestFaultPoint::kMeet) continue;
+    if (fault.arrived >= *fault.count) continue;
+    ++fault.arrived;
+    // `faults` is replaced only by ConfigureTestFaults, which tests call
+    // before the server runs; the fault stays put while this waits.
+    const Fault* met = &fault;
+    state.mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](const Fault* f) { return f->arrived >= *f->count; }, met),
+        absl::Seconds(30));
+    return;
+  }
 }
 
 }  // namespace loraplex

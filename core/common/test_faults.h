@@ -10,17 +10,22 @@
 //   POINT[:KEY=VALUE[,KEY=VALUE]...]
 //
 // POINT: attach, forward, optimizer (a slot's optimizer step, after the
-// gradient sum), pause_checkpoint, validation, store_write; and hold,
-// which fails nothing: the job stops training once it has trained `step`
-// steps, until the next command naming it (pause, cancel, export) reaches
-// the trainer, so a test can act on a running job at a known step.
+// gradient sum), pause_checkpoint, validation, store_write; hold, which
+// fails nothing: the job stops training once it has trained `step` steps,
+// until the next command naming it (pause, cancel, export) reaches the
+// trainer, so a test can act on a running job at a known step; and meet,
+// which fails nothing either: the first `count` new jobs submitted with a
+// request_id (after the id was looked up, before anything is stored) wait
+// for each other (at most 30 s), so a test runs repeats of one request
+// side by side.
 // KEY:   seed  — only for the job whose training.seed is VALUE;
 //        rank  — only in the process of that data-parallel rank;
 //        op    — store_write only: the store operation (insert_dataset,
 //                insert_job, insert_adapter, update_jobs — the step
 //                metrics — or update_job_STATUS, e.g. update_job_CANCELLED);
 //        times — fire at most VALUE times (default: every time);
-//        step  — hold only, and required there: the step count to hold at.
+//        step  — hold only, and required there: the step count to hold at;
+//        count — meet only, and required there: how many submissions meet.
 //
 //   ConfigureTestFaults("forward:seed=7;store_write:op=update_jobs,times=1");
 //   LORAPLEX_RETURN_IF_ERROR(TestFault(TestFaultPoint::kForward, seed));
@@ -43,6 +48,7 @@ enum class TestFaultPoint {
   kValidation,
   kStoreWrite,
   kHold,  // Asked with TestHold(), never with TestFault().
+  kMeet,  // Asked with TestMeet(), never with TestFault().
 };
 
 // Arms the faults of `spec` for this process, which is data-parallel rank
@@ -60,6 +66,10 @@ absl::Status TestFault(TestFaultPoint point,
 // Whether an armed `hold` fault matches the job's training `seed` and the
 // `step` count its slot has just reached, counting one firing.
 bool TestHold(uint64_t seed, int64_t step);
+
+// Waits, while an armed `meet` fault has fewer than `count` arrivals, until
+// that many calls have arrived (or 30 s passed); returns at once otherwise.
+void TestMeet();
 
 // TestFault(kStoreWrite) for the store operation `op`.
 inline absl::Status StoreWriteFault(absl::string_view op) {

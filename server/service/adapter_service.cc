@@ -232,13 +232,16 @@ absl::Status AdapterServiceImpl::Attach(const std::string& tenant,
                         absl::StrCat("job.", pending.status().message()));
   }
   pending->request = key;
-  LORAPLEX_RETURN_IF_ERROR(
-      AdapterToProto(adapter, response->mutable_adapter()));
   // An upload is stored only for a job that is queued.
   LORAPLEX_ASSIGN_OR_RETURN(
-      JobRecord job, SubmitJob(*context_, *std::move(pending), [&] {
-        return upload != nullptr ? upload->Publish() : absl::OkStatus();
-      }));
+      JobRecord job, SubmitJob(*context_, *std::move(pending), upload.get()));
+  if (job.initial_adapter_id != adapter.id) {
+    // A repeat that ran alongside the first: the first's adapter answers.
+    LORAPLEX_ASSIGN_OR_RETURN(
+        adapter, context_->store->GetAdapter(tenant, job.initial_adapter_id));
+  }
+  LORAPLEX_RETURN_IF_ERROR(
+      AdapterToProto(adapter, response->mutable_adapter()));
   return JobToProto(job, response->mutable_job());
 }
 

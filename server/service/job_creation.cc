@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "adapters/peft_files.h"
 #include "core/common/status_macros.h"
+#include "core/common/test_faults.h"
 #include "server/engine/checkpoint_files.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/resource_id.h"
@@ -151,26 +152,36 @@ absl::StatusOr<JobRecord> CreateJobFromCheckpoint(
       PendingJob pending,
       ValidateCreateJob(context, tenant, request, &adapter));
   // Stored only for a job that is queued.
-  return SubmitJob(context, std::move(pending),
-                   [&] { return (*staged)->Publish(); });
+  return SubmitJob(context, std::move(pending), staged->get());
 }
 
-absl::StatusOr<JobRecord> SubmitJob(
-    const ServiceContext& context, PendingJob pending,
-    const std::function<absl::Status()>& before_queue) {
+absl::StatusOr<JobRecord> SubmitJob(const ServiceContext& context,
+                                    PendingJob pending, StagedAdapter* upload) {
   LORAPLEX_ASSIGN_OR_RETURN(
       JobData data,
       PrepareJobData(*context.datasets, pending.record, &pending.spec));
-  if (before_queue) LORAPLEX_RETURN_IF_ERROR(before_queue());
   const std::optional<RequestKey> request = pending.request;
+  if (request) TestMeet();
+  if (upload != nullptr) LORAPLEX_RETURN_IF_ERROR(upload->Publish());
   absl::StatusOr<JobRecord> job = context.scheduler->Submit(
       std::move(pending.record), std::move(pending.spec), std::move(data),
       request);
   if (request && absl::IsAlreadyExists(job.status())) {
-    // A repeat that ran alongside the first: the first's job answers.
+    // A repeat that ran alongside the first: the first's job answers, and
+    // this one's upload goes (the first stored its own).
     LORAPLEX_ASSIGN_OR_RETURN(std::optional<JobRecord> earlier,
                               EarlierJobOf(context, request));
-    if (earlier) return *std::move(earlier);
+    if (earlier) {
+      if (upload != nullptr) {
+        if (absl::Status withdrawn = upload->Withdraw(); !withdrawn.ok()) {
+          // Still the right answer; the copy stays as a stored adapter.
+          context.logger->Warning(
+              "adapter ", upload->record().id,
+              " of a repeated request stays stored: ", withdrawn.ToString());
+        }
+      }
+      return *std::move(earlier);
+    }
   }
   return job;
 }

@@ -9,7 +9,6 @@
 #ifndef LORAPLEX_SERVER_SERVICE_JOB_CREATION_H_
 #define LORAPLEX_SERVER_SERVICE_JOB_CREATION_H_
 
-#include <functional>
 #include <optional>
 #include <string>
 
@@ -17,6 +16,7 @@
 #include "loraplex/v1/jobs.pb.h"
 #include "server/jobs/job_spec.h"
 #include "server/service/service_context.h"
+#include "server/service/staged_adapter.h"
 #include "server/store/job_store.h"
 #include "server/store/records.h"
 
@@ -48,11 +48,13 @@ absl::StatusOr<JobRecord> CreateJobFromCheckpoint(
     const v1::CreateJobRequest& request, const std::string& checkpoint_dir);
 
 // Builds the job's sequences (errors name the dataset field) and queues it.
-// `before_queue`, when set, runs once the data is ready and may veto the
-// job (e.g. storing the adapter it starts from).
-absl::StatusOr<JobRecord> SubmitJob(
-    const ServiceContext& context, PendingJob pending,
-    const std::function<absl::Status()>& before_queue = nullptr);
+// `upload`, when set, is the adapter the job starts from: published once the
+// data is ready (a failure there fails the job) and withdrawn again when the
+// request turns out to repeat one that ran alongside it, whose job (and
+// initial adapter) then answers.
+absl::StatusOr<JobRecord> SubmitJob(const ServiceContext& context,
+                                    PendingJob pending,
+                                    StagedAdapter* upload = nullptr);
 
 // The job that an earlier request with the key `request` created, or
 // nullopt (none, or no key): a repeat answers with it.

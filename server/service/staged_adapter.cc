@@ -82,4 +82,14 @@ absl::Status StagedAdapter::Publish() {
   return absl::OkStatus();
 }
 
+absl::Status StagedAdapter::Withdraw() {
+  if (!published_) return absl::OkStatus();
+  LORAPLEX_RETURN_IF_ERROR(
+      context_.store->DeleteAdapter(record_.tenant, record_.id));
+  published_ = false;  // The destructor removes the files.
+  context_.logger->Info("adapter ", record_.id, " (tenant ", record_.tenant,
+                        "): withdrawn, a repeated request");
+  return absl::OkStatus();
+}
+
 }  // namespace loraplex

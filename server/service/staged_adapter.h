@@ -39,6 +39,11 @@ class StagedAdapter {
   // Moves the files into place, then stores the record.
   absl::Status Publish();
 
+  // Undoes a Publish() whose adapter turned out not to be needed (a repeat
+  // of a request that had already stored its own): deletes the record,
+  // then the files. A no-op unless published.
+  absl::Status Withdraw();
+
  private:
   explicit StagedAdapter(const ServiceContext& context) : context_(context) {}
 

@@ -3,6 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
 namespace loraplex {
 namespace {
 
@@ -57,11 +63,29 @@ TEST_F(TestFaultsTest, HoldMatchesItsStepAndSeedAndFailsNothing) {
   EXPECT_TRUE(TestHold(6, 2));
 }
 
+TEST_F(TestFaultsTest, MeetHoldsTheFirstArrivalsUntilCountHaveCome) {
+  ASSERT_TRUE(ConfigureTestFaults("meet:count=2").ok());
+  std::atomic<bool> first_returned{false};
+  std::thread first([&] {
+    TestMeet();
+    first_returned = true;
+  });
+  // The first waits for a second (at most 30 s; this sleeps far less).
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(first_returned.load());
+  TestMeet();
+  first.join();
+  EXPECT_TRUE(first_returned.load());
+  TestMeet();  // Met: later calls pass at once.
+  EXPECT_TRUE(TestFault(TestFaultPoint::kForward).ok());
+}
+
 TEST_F(TestFaultsTest, MalformedSpecsAreRefusedAndArmNothing) {
   ASSERT_TRUE(ConfigureTestFaults("forward").ok());
-  for (const char* spec : {"explode", "forward:seed=x", "forward:colour=3",
-                           "store_write:op=", "forward;attach:times=-1", "hold",
-                           "hold:seed=1", "forward:step=3"}) {
+  for (const char* spec :
+       {"explode", "forward:seed=x", "forward:colour=3",
+        "store_write:op=", "forward;attach:times=-1", "hold", "hold:seed=1",
+        "forward:step=3", "meet", "forward:count=2", "meet:count=x"}) {
     const absl::Status status = ConfigureTestFaults(spec);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << spec;
     EXPECT_THAT(status.message(), HasSubstr("--test-faults")) << spec;

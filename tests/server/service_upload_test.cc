@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -284,6 +285,53 @@ TEST_F(ServiceUploadTest, RepeatedRequestIdsCreateOnce) {
   absl::Status bad = client_->CreateJob(request).status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.message(), HasSubstr("request_id must be at most 128"));
+}
+
+// Two AttachAdapter calls with one request_id and an upload, both past the
+// request_id lookup before either has queued its job (--test-faults=meet
+// holds each there until both have come): one job, one stored upload, and
+// both answers name them.
+TEST(ServiceRepeatRaceTest, RepeatsSideBySideAnswerTheFirstsAdapterAndJob) {
+  const std::string state = FreshTestDir("state");
+  auto server = StartServer(state, /*slots=*/1, {"--test-faults=meet:count=2"});
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  auto dataset = client->UploadDatasetContents(ReversalJsonl(8, 1), "d");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  v1::AttachAdapterRequest attach = AttachNewAdapter(
+      state + "/models/tiny",
+      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 2, 3));
+  attach.set_request_id("attach-race");
+  absl::StatusOr<v1::AttachAdapterResponse> answers[2];
+  std::thread second([&] { answers[1] = client->AttachAdapter(attach); });
+  answers[0] = client->AttachAdapter(attach);
+  second.join();
+  ASSERT_TRUE(answers[0].ok()) << answers[0].status();
+  ASSERT_TRUE(answers[1].ok()) << answers[1].status();
+  EXPECT_EQ(answers[0]->job().name(), answers[1]->job().name());
+  EXPECT_EQ(answers[0]->adapter().name(), answers[1]->adapter().name());
+
+  auto jobs = client->ListAllJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(jobs->size(), 1u);
+  // Once the job has ended (storing its own adapter), nothing is written.
+  auto done = WaitForJob(*client, answers[0]->job().name());
+  ASSERT_TRUE(done.ok()) << done.status();
+  auto adapters = client->ListAllAdapters();
+  ASSERT_TRUE(adapters.ok());
+  std::vector<std::string> uploads;
+  for (const v1::Adapter& adapter : *adapters) {
+    if (adapter.job().empty()) uploads.push_back(adapter.name());
+  }
+  EXPECT_THAT(uploads, ::testing::ElementsAre(answers[0]->adapter().name()));
+  // The withdrawn upload left no files: one adapter directory per record.
+  size_t dirs = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(state + "/adapters")) {
+    dirs += entry.is_directory();
+  }
+  EXPECT_EQ(dirs, adapters->size());
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
 }  // namespace
