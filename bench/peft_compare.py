@@ -10,7 +10,12 @@ would (one PeftModel holding the 8 adapters, set_adapter, one optimizer
 each); loraplex trains them in one co-batched step (loraplex-bench-train,
 token budget 2048, the server's CPU default). For each thread count the two
 alternate, round by round, and the ratio of the medians is printed:
-loraplex's tokens/s over PEFT's.
+loraplex's tokens/s over PEFT's. Next to it, the ceiling: PEFT's time over
+the time the step's matmul FLOPs (as loraplex-bench-train counts them) take
+at the peak fp32 GEMM rate measured in the same run, i.e. the ratio that a
+step running every one of its FLOPs at peak GEMM speed, with nothing else
+costing time, would reach. A goal above the ceiling cannot be met by
+computing the same thing faster; only by computing less.
 
     .venv/bin/python bench/peft_compare.py [--build build] [--threads 1,2]
                                            [--rounds 3]
@@ -75,20 +80,26 @@ def peft_round(model, optimizers, batches):
 
 
 def loraplex_round(bench, threads):
-    """Co-batched step times (seconds) of loraplex-bench-train, by shape."""
+    """loraplex-bench-train's co-batched step by shape: {shape: (seconds,
+    the step's matmul GFLOP)}, and the peak fp32 GEMM GFLOP/s it measured."""
     out = subprocess.run(
         [bench, "--threads", str(threads), "--slots", str(SLOTS), "--rounds",
          "1", "--budgets", str(BUDGET), "--p1-only"],
         check=True, capture_output=True, text=True).stdout
-    times = {}
+    peak = re.search(r"^peak fp32 GEMM \(1024\^3\): ([0-9.]+) GFLOP/s", out,
+                     re.MULTILINE)
+    if not peak:
+        sys.exit(f"no peak GEMM rate in:\n{out}")
+    steps = {}
     for per_slot, seq in SHAPES:
         pattern = (rf"^{SLOTS} slots x {per_slot} x {seq} tokens, budget "
-                   rf"{BUDGET}: co-batched ([0-9.]+) ms")
+                   rf"{BUDGET}: co-batched ([0-9.]+) ms, .* ([0-9.]+) GFLOP/s$")
         match = re.search(pattern, out, re.MULTILINE)
         if not match:
             sys.exit(f"no co-batched time for {per_slot} x {seq} in:\n{out}")
-        times[(per_slot, seq)] = float(match.group(1)) / 1e3
-    return times
+        seconds = float(match.group(1)) / 1e3
+        steps[(per_slot, seq)] = (seconds, float(match.group(2)) * seconds)
+    return steps, float(peak.group(1))
 
 
 def main():
@@ -119,23 +130,32 @@ def main():
                 peft_round(model, optimizers, batches[shape])
             peft_times = {shape: [] for shape in SHAPES}
             ours = {shape: [] for shape in SHAPES}
+            peaks = []
+            gflop = {}
             for _ in range(args.rounds):
-                for shape, seconds in loraplex_round(bench, threads).items():
+                steps, peak = loraplex_round(bench, threads)
+                peaks.append(peak)
+                for shape, (seconds, step_gflop) in steps.items():
                     ours[shape].append(seconds)
+                    gflop[shape] = step_gflop
                 for shape in SHAPES:
                     peft_times[shape].append(
                         peft_round(model, optimizers, batches[shape]))
+            peak = statistics.median(peaks)
             for shape in SHAPES:
                 a = statistics.median(ours[shape])
                 b = statistics.median(peft_times[shape])
+                at_peak = gflop[shape] / peak
                 label = (f"{threads} thread(s), {SLOTS} adapters x "
                          f"{shape[0]} x {shape[1]} tokens")
                 print(f"{label}: loraplex co-batched {a * 1e3:.1f} ms, PEFT "
-                      f"one after another {b * 1e3:.1f} ms")
-                results.append((label, b / a))
-    print("\nloraplex tokens/s over PEFT's (goal >= 1.5):")
-    for label, ratio in results:
-        print(f"  {label:<45} {ratio:6.2f}")
+                      f"one after another {b * 1e3:.1f} ms; "
+                      f"{gflop[shape]:.1f} GFLOP, {at_peak * 1e3:.1f} ms at "
+                      f"the peak GEMM rate ({peak:.1f} GFLOP/s)")
+                results.append((label, b / a, b / at_peak))
+    print("\nloraplex tokens/s over PEFT's (goal >= 1.5), and the ceiling:")
+    for label, ratio, ceiling in results:
+        print(f"  {label:<45} {ratio:6.2f}   ceiling {ceiling:5.2f}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,38 @@
 #include "core/runtime/runtime_info.h"
 
+#include <dlfcn.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <string>
+
 namespace loraplex {
 namespace {
+
+// Programs call the C++ runtime's own std::filesystem. The torch wheels are
+// linked with parts of a newer libstdc++ built in and export them
+// (libtorch_cpu.so defines std::filesystem::remove_all); where LibTorch came
+// first in a program's library order, its copy was the one called, and
+// against a GPU machine's newer libstdc++ it crashed (a call to address 0).
+// The build puts libstdc++ first (CMakeLists.txt).
+TEST(RuntimeInfoTest, StdFilesystemIsTheCxxRuntimes) {
+  // std::filesystem::remove_all(const path&, error_code&), as the dynamic
+  // linker binds it for this program.
+  void* remove_all =
+      dlsym(RTLD_DEFAULT,
+            "_ZNSt10filesystem10remove_allERKNS_7__cxx114pathERSt10error_code");
+  if (remove_all == nullptr) {
+    GTEST_SKIP() << "the C++ runtime is not libstdc++ (no "
+                    "std::filesystem::remove_all of its ABI)";
+  }
+  Dl_info info{};
+  ASSERT_NE(dladdr(remove_all, &info), 0);
+  ASSERT_NE(info.dli_fname, nullptr);
+  EXPECT_THAT(std::string(info.dli_fname), ::testing::HasSubstr("libstdc++"))
+      << "std::filesystem::remove_all is bound to " << info.dli_fname;
+}
 
 TEST(RuntimeInfoTest, NamesThisLibTorchAndItsThreads) {
   const int threads = at::get_num_threads();
