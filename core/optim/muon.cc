@@ -202,36 +202,50 @@ void Muon::PrepareGroup(torch::optim::OptimizerParamGroup& group,
   const double beta = options.momentum();
   const double wd = options.weight_decay();
   const NewtonSchulzOptions ns = options.newton_schulz();
+  // The group's parameters with a gradient, stepped with multi-tensor ops
+  // (the per-tensor ops on the CPU; a few fused kernels on a GPU).
+  std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> grads;
+  std::vector<torch::Tensor> buffers;
   for (const torch::Tensor& param : group.params()) {
     if (!param.grad().defined()) continue;
     MuonParamState& state = EnsureState(param);
-    torch::Tensor grad = param.grad();
-    if (wd != 0.0) {
-      switch (options.weight_decay_mode()) {
-        case MuonWeightDecayMode::kDecoupled:
-          param.mul_(1.0 - lr * wd);
-          break;
-        case MuonWeightDecayMode::kIndependent:
-          param.mul_(1.0 - wd);
-          break;
-        case MuonWeightDecayMode::kL2:
-          grad = grad.add(param, wd);
-          break;
-      }
-    }
-    torch::Tensor& buffer = state.momentum_buffer();
-    buffer.mul_(beta).add_(grad, 1.0 - beta);
-    MuonPendingUpdate update;
-    update.param = param;
-    update.update =
-        options.nesterov() ? grad.mul(1.0 - beta).add_(buffer, beta) : buffer;
-    update.newton_schulz = ns;
-    update.step_scale =
-        lr *
-        MuonScaleFactor(param.size(0), param.size(1), options.scale_mode()) *
-        options.extra_scale_factor();
-    pending.push_back(std::move(update));
+    params.push_back(param);
+    grads.push_back(param.grad());
+    buffers.push_back(state.momentum_buffer());
     state.step(state.step() + 1);
+  }
+  if (params.empty()) return;
+  if (wd != 0.0) {
+    switch (options.weight_decay_mode()) {
+      case MuonWeightDecayMode::kDecoupled:
+        at::_foreach_mul_(params, 1.0 - lr * wd);
+        break;
+      case MuonWeightDecayMode::kIndependent:
+        at::_foreach_mul_(params, 1.0 - wd);
+        break;
+      case MuonWeightDecayMode::kL2:
+        grads = at::_foreach_add(grads, params, wd);
+        break;
+    }
+  }
+  at::_foreach_mul_(buffers, beta);
+  at::_foreach_add_(buffers, grads, 1.0 - beta);
+  std::vector<torch::Tensor> updates = buffers;
+  if (options.nesterov()) {
+    updates = at::_foreach_mul(grads, 1.0 - beta);
+    at::_foreach_add_(updates, buffers, beta);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    MuonPendingUpdate update;
+    update.param = params[i];
+    update.update = updates[i];
+    update.newton_schulz = ns;
+    update.step_scale = lr *
+                        MuonScaleFactor(params[i].size(0), params[i].size(1),
+                                        options.scale_mode()) *
+                        options.extra_scale_factor();
+    pending.push_back(std::move(update));
   }
 }
 
@@ -283,10 +297,20 @@ void ApplyBatch(const std::vector<MuonPendingUpdate>& pending,
   for (size_t i : indices) same.push_back(pending[i].update);
   const torch::Tensor orthogonal =
       NewtonSchulz(at::stack(same), pending[indices.front()].newton_schulz);
+  // p -= step_scale · O, one multi-tensor op per step scale (a slot's
+  // same-shape matrices share one).
+  std::map<std::pair<double, torch::ScalarType>,
+           std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>>>
+      by_scale;
   for (size_t k = 0; k < indices.size(); ++k) {
     const MuonPendingUpdate& update = pending[indices[k]];
-    torch::Tensor param = update.param;
-    param.add_(orthogonal[k].to(param.scalar_type()), -update.step_scale);
+    auto& [params, deltas] =
+        by_scale[{update.step_scale, update.param.scalar_type()}];
+    params.push_back(update.param);
+    deltas.push_back(orthogonal[k].to(update.param.scalar_type()));
+  }
+  for (auto& [scale, lists] : by_scale) {
+    at::_foreach_add_(lists.first, lists.second, -scale.first);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/optim/archive_fields.h"
+#include "core/optim/multi_tensor_adam.h"
 #include "core/optim/muon.h"
 #include "core/runtime/torch_compat.h"
 
@@ -144,7 +145,7 @@ OptimizerChild MakeAdamFamilyChild(OptimizerChildKind kind,
 
 OptimizerChild MakeAdamWChild(std::vector<torch::Tensor> params,
                               const OptimizerConfig& config) {
-  return MakeAdamFamilyChild<torch::optim::AdamW, torch::optim::AdamWParamState,
+  return MakeAdamFamilyChild<MultiTensorAdamW, torch::optim::AdamWParamState,
                              torch::optim::AdamWOptions>(
       OptimizerChildKind::kAdamW, std::move(params), config);
 }
@@ -245,10 +246,10 @@ absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
         children.push_back(MakeAdamWChild(parameters, config));
         break;
       case OptimizerFamily::kAdam:
-        children.push_back(MakeAdamFamilyChild<torch::optim::Adam,
-                                               torch::optim::AdamParamState,
-                                               torch::optim::AdamOptions>(
-            OptimizerChildKind::kAdam, parameters, config));
+        children.push_back(
+            MakeAdamFamilyChild<MultiTensorAdam, torch::optim::AdamParamState,
+                                torch::optim::AdamOptions>(
+                OptimizerChildKind::kAdam, parameters, config));
         break;
     }
     for (OptimizerChild& child : children) child.init_state();

@@ -432,6 +432,10 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
   std::vector<SlotStepMetrics> metrics(slots.size());
   const bool distributed = sync != nullptr && sync->world_size > 1;
   try {
+    // The slots to clip, all measured together (one read from the device).
+    std::vector<size_t> clipping;
+    std::vector<std::vector<torch::Tensor>> clip_params;
+    std::vector<double> clip_limits;
     for (size_t i = 0; i < slots.size(); ++i) {
       TrainingSlot& slot = *slots[i];
       SlotStepMetrics& m = metrics[i];
@@ -446,13 +450,18 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
         m.skipped = true;
         m.skip_reason = "loss is not finite";
       } else {
-        const GradNorm norm =
-            ClipGradNorm(slot.weights.parameters(), slot.training.grad_clip);
-        m.grad_norm = norm.norm;
-        if (!norm.finite) {
-          m.skipped = true;
-          m.skip_reason = "gradient norm is not finite";
-        }
+        clipping.push_back(i);
+        clip_params.push_back(slot.weights.parameters());
+        clip_limits.push_back(slot.training.grad_clip);
+      }
+    }
+    const std::vector<GradNorm> norms = ClipGradNorms(clip_params, clip_limits);
+    for (size_t k = 0; k < clipping.size(); ++k) {
+      SlotStepMetrics& m = metrics[clipping[k]];
+      m.grad_norm = norms[k].norm;
+      if (!norms[k].finite) {
+        m.skipped = true;
+        m.skip_reason = "gradient norm is not finite";
       }
     }
   } catch (const c10::Error& e) {

@@ -225,5 +225,49 @@ TEST(GradClipTest, NonFiniteNormIsReportedAndGradientsKept) {
   EXPECT_EQ(a.grad()[0].item<float>(), 1.0f);
 }
 
+// Several slots measured together: each clipped by its own norm and limit
+// exactly as alone; a slot without gradients or with a NaN changes nothing
+// of the others.
+TEST(GradClipTest, SetsClippedTogetherAsEachAlone) {
+  auto sets = [] {
+    torch::manual_seed(3);
+    std::vector<std::vector<torch::Tensor>> out(4);
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 3; ++j) {
+        torch::Tensor p = torch::zeros({5, 3 + j}).set_requires_grad(true);
+        if (i != 2) p.mutable_grad() = torch::randn({5, 3 + j}) * (i + 1);
+        out[i].push_back(p);
+      }
+    }
+    out[3][1].mutable_grad()[0][0] = std::nanf("");
+    return out;
+  };
+  const std::vector<double> limits = {1.0, 0.0, 1.0, 0.5};
+  const std::vector<std::vector<torch::Tensor>> together = sets();
+  const std::vector<GradNorm> norms = ClipGradNorms(together, limits);
+  const std::vector<std::vector<torch::Tensor>> alone = sets();
+  ASSERT_EQ(norms.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const GradNorm one = ClipGradNorm(alone[i], limits[i]);
+    if (one.finite) {
+      EXPECT_EQ(norms[i].norm, one.norm) << i;
+    }
+    EXPECT_EQ(norms[i].finite, one.finite) << i;
+    EXPECT_EQ(norms[i].clipped, one.clipped) << i;
+    for (size_t j = 0; j < 3; ++j) {
+      ASSERT_EQ(together[i][j].grad().defined(), alone[i][j].grad().defined());
+      if (!alone[i][j].grad().defined()) continue;
+      EXPECT_TRUE(torch::equal(together[i][j].grad().nan_to_num(),
+                               alone[i][j].grad().nan_to_num()))
+          << i << " " << j;
+    }
+  }
+  EXPECT_TRUE(norms[0].clipped);
+  EXPECT_GT(norms[1].norm, 1.0);
+  EXPECT_FALSE(norms[1].clipped);  // max_norm 0 only measures.
+  EXPECT_EQ(norms[2].norm, 0.0);   // No gradients.
+  EXPECT_FALSE(norms[3].finite);
+}
+
 }  // namespace
 }  // namespace loraplex
