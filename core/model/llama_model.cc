@@ -141,6 +141,20 @@ absl::Status LlamaModel::ValidateBatch(const torch::Tensor& input_ids,
 
 torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
                                         int64_t seq_len) const {
+  const bool flash_eligible =
+      device_.is_cuda() &&
+      (dtype_ == torch::kBFloat16 || dtype_ == torch::kHalf);
+  if (flash_eligible && (!config_.sliding_window.has_value() ||
+                         seq_len <= *config_.sliding_window)) {
+    // Causal attention without a mask, so the GPU's flash kernel can run.
+    // Rows are right-padded: a valid query sees only earlier keys, all
+    // valid, so its result is the masked one; padding queries see earlier
+    // tokens (never nothing), and their results are ignored. Not on the
+    // CPU: there LibTorch's causal kernel (2.15) returns 0, not NaN, for a
+    // NaN query in rows shorter than 16 tokens, which would hide a broken
+    // adapter's NaN loss.
+    return {};
+  }
   auto index_options =
       torch::TensorOptions().dtype(torch::kInt64).device(device_);
   torch::Tensor positions = torch::arange(seq_len, index_options);

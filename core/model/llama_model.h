@@ -150,6 +150,10 @@ class LlamaModel {
   absl::Status CheckTokenIds(const torch::Tensor& input_ids) const;
   absl::Status ValidateBatch(const torch::Tensor& input_ids,
                              const torch::Tensor& lengths) const;
+  // The additive mask of right-padded rows with `lengths`, or undefined
+  // where plain causal attention gives the same valid positions (no sliding
+  // window shorter than seq_len) and a GPU can use its flash kernel for it
+  // (bf16 or fp16 on CUDA).
   torch::Tensor AttentionMask(const torch::Tensor& lengths,
                               int64_t seq_len) const;
   torch::Tensor RmsNorm(const torch::Tensor& x,

@@ -15,16 +15,19 @@ torch::Tensor ScaledDotProductAttention(const torch::Tensor& query,
                                         const torch::Tensor& key,
                                         const torch::Tensor& value,
                                         const torch::Tensor& additive_mask) {
+  const bool causal = !additive_mask.defined();
+  // An undefined tensor would still count as a mask: pass none.
+  const c10::optional<at::Tensor> mask =
+      causal ? c10::nullopt : c10::optional<at::Tensor>(additive_mask);
 #if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(query, key, value, additive_mask,
-                                          /*dropout_p=*/0.0,
-                                          /*is_causal=*/false);
+  return at::scaled_dot_product_attention(query, key, value, mask,
+                                          /*dropout_p=*/0.0, causal);
 #else
   // LibTorch 1.13 ships the fused kernel under a private name that also
   // returns the (unrequested) attention weights.
   return std::get<0>(at::_scaled_dot_product_attention(
-      query, key, value, additive_mask, /*dropout_p=*/0.0,
-      /*need_attn_weights=*/false, /*is_causal=*/false));
+      query, key, value, mask, /*dropout_p=*/0.0,
+      /*need_attn_weights=*/false, causal));
 #endif
 }
 

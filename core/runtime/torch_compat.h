@@ -24,7 +24,9 @@ inline constexpr bool kTorchIs2OrNewer = TORCH_VERSION_MAJOR >= 2;
 
 // softmax(q kᵀ / sqrt(d) + mask) v over the last two dims of [B, H, T, D]
 // tensors. `additive_mask` broadcasts to [B, H, Tq, Tk] and holds 0 for
-// visible keys and -inf for hidden ones.
+// visible keys and -inf for hidden ones; undefined, the attention is causal
+// (query i sees keys 0..i, Tq == Tk), which lets a GPU use its flash
+// kernels.
 torch::Tensor ScaledDotProductAttention(const torch::Tensor& query,
                                         const torch::Tensor& key,
                                         const torch::Tensor& value,
