@@ -35,10 +35,10 @@ torch::Tensor NewtonSchulz(const torch::Tensor& x,
                            const NewtonSchulzOptions& options);
 
 // How many [rows, cols] matrices on `device` one batched call should take:
-// on CPU as many as keep the batch in a core's L2 cache through all
-// iterations (at least one), elsewhere no limit. NewtonSchulz splits larger
-// batches itself; callers that stack matrices for it can stack only this
-// many at a time.
+// on CPU up to 1 MiB of them with MKL, 128 KiB with another BLAS (at least
+// one; newton_schulz.cc has the measurements), elsewhere no limit. NewtonSchulz
+// splits larger batches itself; callers that stack matrices for it can stack
+// only this many at a time.
 int64_t NewtonSchulzBatchSize(int64_t rows, int64_t cols,
                               const torch::Device& device);
 
