@@ -120,12 +120,20 @@ TEST_F(ServiceMetricsTest, StepsCheckpointsAndCallsAreCounted) {
   EXPECT_GE(*stepped, created - 1.0);
   EXPECT_LE(*stepped, scraped + 1.0);
 
-  // Ids in HTTP paths are folded into {id}.
+  // Ids in HTTP paths are folded into {id}. A request is counted once its
+  // answer is written, which the client may see first: scrape until it is.
   httplib::Client http("127.0.0.1", port_);
   ASSERT_TRUE(http.Get("/api/v1/samplers/tinker-x1:sample:0"));
-  EXPECT_THAT(Scrape(),
-              HasSubstr("loraplex_requests_total{transport=\"http\",method=\"/"
-                        "api/v1/samplers/{id}\",code=\""));
+  const std::string folded =
+      "loraplex_requests_total{transport=\"http\",method=\"/"
+      "api/v1/samplers/{id}\",code=\"";
+  std::string after = Scrape();
+  for (int tries = 0; tries < 500 && !absl::StrContains(after, folded);
+       ++tries) {
+    absl::SleepFor(absl::Milliseconds(20));
+    after = Scrape();
+  }
+  EXPECT_THAT(after, HasSubstr(folded));
 
   ASSERT_TRUE(client_->CancelJob(job.name()).ok());
   EXPECT_TRUE(server_->Stop().ok()) << server_->Log();
