@@ -6,10 +6,7 @@
 
 #include <cmath>
 #include <map>
-#include <utility>
 #include <vector>
-
-#include "core/runtime/torch_compat.h"
 
 namespace loraplex {
 namespace {
@@ -39,22 +36,13 @@ void StepAdamFamily(torch::optim::Optimizer& optimizer, bool decoupled) {
       if (!param.grad().defined()) continue;
       TORCH_CHECK(!param.grad().is_sparse(),
                   "Adam does not support sparse gradients");
-      State* state = FindOptimizerState<State>(optimizer, param);
-      if (state == nullptr) {
-        auto fresh = std::make_unique<State>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(
-            torch::zeros_like(param, torch::MemoryFormat::Preserve));
-        state = fresh.get();
-        optimizer.state()[OptimizerStateKeyOf(param)] = std::move(fresh);
-      }
-      state->step(state->step() + 1);
-      SameStep& same = by_step[state->step()];
+      State& state = EnsureAdamFamilyState<State>(optimizer, param);
+      state.step(state.step() + 1);
+      SameStep& same = by_step[state.step()];
       same.params.push_back(param);
       same.grads.push_back(param.grad());
-      same.exp_avgs.push_back(state->exp_avg());
-      same.exp_avg_sqs.push_back(state->exp_avg_sq());
+      same.exp_avgs.push_back(state.exp_avg());
+      same.exp_avg_sqs.push_back(state.exp_avg_sq());
     }
     const double lr = options.lr();
     const double weight_decay = options.weight_decay();

@@ -17,7 +17,30 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include <memory>
+#include <utility>
+
+#include "core/runtime/torch_compat.h"
+
 namespace loraplex {
+
+// The Adam-family state (torch::optim::AdamParamState or AdamWParamState)
+// `optimizer` keeps for `param`, created first (step 0, zero moments) when
+// it has none.
+template <typename State>
+State& EnsureAdamFamilyState(torch::optim::Optimizer& optimizer,
+                             const torch::Tensor& param) {
+  if (State* state = FindOptimizerState<State>(optimizer, param)) {
+    return *state;
+  }
+  auto fresh = std::make_unique<State>();
+  fresh->step(0);
+  fresh->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Preserve));
+  fresh->exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Preserve));
+  State& ref = *fresh;
+  optimizer.state()[OptimizerStateKeyOf(param)] = std::move(fresh);
+  return ref;
+}
 
 class MultiTensorAdam : public torch::optim::Adam {
  public:

@@ -207,13 +207,14 @@ void Muon::PrepareGroup(torch::optim::OptimizerParamGroup& group,
   std::vector<torch::Tensor> params;
   std::vector<torch::Tensor> grads;
   std::vector<torch::Tensor> buffers;
+  std::vector<MuonParamState*> states;
   for (const torch::Tensor& param : group.params()) {
     if (!param.grad().defined()) continue;
     MuonParamState& state = EnsureState(param);
     params.push_back(param);
     grads.push_back(param.grad());
     buffers.push_back(state.momentum_buffer());
-    state.step(state.step() + 1);
+    states.push_back(&state);
   }
   if (params.empty()) return;
   if (wd != 0.0) {
@@ -246,6 +247,8 @@ void Muon::PrepareGroup(torch::optim::OptimizerParamGroup& group,
                                         options.scale_mode()) *
                         options.extra_scale_factor();
     pending.push_back(std::move(update));
+    // Counted after the momentum update, as the per-parameter step did.
+    states[i]->step(states[i]->step() + 1);
   }
 }
 

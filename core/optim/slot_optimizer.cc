@@ -66,13 +66,7 @@ void InitAdamFamilyState(torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
     for (const torch::Tensor& param : group.params()) {
-      if (FindOptimizerState<State>(optimizer, param) != nullptr) continue;
-      auto state = std::make_unique<State>();
-      state->step(0);
-      state->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Preserve));
-      state->exp_avg_sq(
-          torch::zeros_like(param, torch::MemoryFormat::Preserve));
-      optimizer.state()[OptimizerStateKeyOf(param)] = std::move(state);
+      EnsureAdamFamilyState<State>(optimizer, param);
     }
   }
 }

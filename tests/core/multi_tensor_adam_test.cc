@@ -99,45 +99,38 @@ void ExpectStepsLikeLibTorch(torch::ScalarType dtype, double weight_decay,
   EXPECT_EQ(FindOptimizerState<State>(ours, ours_params[0])->step(), 7);
 }
 
-TEST(MultiTensorAdamTest, AdamWIsLibTorchsBitForBit) {
-  for (torch::ScalarType dtype : {torch::kFloat32, torch::kFloat64}) {
-    for (double weight_decay : {0.0, 0.1}) {
-      SCOPED_TRACE(testing::Message() << dtype << " wd " << weight_decay);
+// Adam and AdamW, each with and without weight decay.
+void ExpectBothLikeLibTorch(torch::ScalarType dtype,
+                            const torch::Device& device, double tolerance) {
+  for (double weight_decay : {0.0, 0.1}) {
+    SCOPED_TRACE(testing::Message() << dtype << " wd " << weight_decay);
+    {
+      SCOPED_TRACE("AdamW");
       ExpectStepsLikeLibTorch<MultiTensorAdamW, torch::optim::AdamW,
                               torch::optim::AdamWParamState,
                               torch::optim::AdamWOptions>(dtype, weight_decay,
-                                                          torch::kCPU, 0.0);
+                                                          device, tolerance);
+    }
+    {
+      SCOPED_TRACE("Adam");
+      ExpectStepsLikeLibTorch<MultiTensorAdam, torch::optim::Adam,
+                              torch::optim::AdamParamState,
+                              torch::optim::AdamOptions>(dtype, weight_decay,
+                                                         device, tolerance);
     }
   }
 }
 
-TEST(MultiTensorAdamTest, AdamIsLibTorchsBitForBit) {
-  for (torch::ScalarType dtype : {torch::kFloat32, torch::kFloat64}) {
-    for (double weight_decay : {0.0, 0.1}) {
-      SCOPED_TRACE(testing::Message() << dtype << " wd " << weight_decay);
-      ExpectStepsLikeLibTorch<MultiTensorAdam, torch::optim::Adam,
-                              torch::optim::AdamParamState,
-                              torch::optim::AdamOptions>(dtype, weight_decay,
-                                                         torch::kCPU, 0.0);
-    }
-  }
+TEST(MultiTensorAdamTest, AdamAndAdamWAreLibTorchsBitForBit) {
+  ExpectBothLikeLibTorch(torch::kFloat32, torch::kCPU, 0.0);
+  ExpectBothLikeLibTorch(torch::kFloat64, torch::kCPU, 0.0);
 }
 
 // On a GPU the _foreach ops are fused kernels: the same arithmetic, fp64
 // to its rounding.
 TEST(MultiTensorAdamTest, StepsOnCudaAsLibTorchOnTheCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (double weight_decay : {0.0, 0.1}) {
-    SCOPED_TRACE(testing::Message() << "wd " << weight_decay);
-    ExpectStepsLikeLibTorch<MultiTensorAdamW, torch::optim::AdamW,
-                            torch::optim::AdamWParamState,
-                            torch::optim::AdamWOptions>(
-        torch::kFloat64, weight_decay, CudaDevice(), 1e-12);
-    ExpectStepsLikeLibTorch<MultiTensorAdam, torch::optim::Adam,
-                            torch::optim::AdamParamState,
-                            torch::optim::AdamOptions>(
-        torch::kFloat64, weight_decay, CudaDevice(), 1e-12);
-  }
+  ExpectBothLikeLibTorch(torch::kFloat64, CudaDevice(), 1e-12);
 }
 
 }  // namespace
