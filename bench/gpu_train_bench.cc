@@ -10,7 +10,7 @@
 //                      [--slots 1,4,16,64] [--seq 512,2048] [--rounds 3]
 //                      [--dtype bfloat16] [--token-budget N]
 //                      [--short-shape 0.5b] [--short-slots 8,16,64]
-//                      [--short-seq 128]
+//                      [--short-seq 128] [--profile DIR]
 //
 // Goal on one H200 for the 8B shape: >= 10k training tokens/s (>= 30% MFU),
 // and 16 slots keep >= 90% of one slot's tokens/s.
@@ -22,12 +22,18 @@
 // and one StepSlotOptimizers call (Newton–Schulz batched across slots) vs
 // each slot's own Step().
 //
+// `--profile DIR` also runs one step of 16 slots (each shape's first
+// sequence length, and the short rows) under LibTorch's profiler: it prints
+// the operators by CPU self time, the kernels by device time and how busy
+// the device was, and writes each step's Chrome trace to DIR.
+//
 // `--device cpu --shapes tiny --short-shape tiny` runs the same code on the
 // CPU in seconds (deploy/gpu_check.sh --cpu).
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -37,6 +43,7 @@
 #include <vector>
 
 #include "adapters/slot_pool.h"
+#include "bench/profile_step.h"
 #include "bench/slot_requests.h"
 #include "bench/timing.h"
 #include "core/model/llama_model.h"
@@ -140,12 +147,15 @@ struct Run {
   double mfu = 0;
 };
 
+constexpr int kProfiledSlots = 16;
+
 // The short-row comparisons (P1, P1k, P3) on `model`; appends their summary
-// lines.
+// lines. With `profile_dir`, also profiles the co-batched step of 16 slots.
 bool CompareShortRows(const LlamaModel& model, const std::string& shape,
                       const std::vector<int>& slot_counts, int64_t seq,
                       const CoBatchOptions& options, torch::ScalarType dtype,
                       const torch::Device& device, int rounds,
+                      const std::string& profile_dir,
                       std::vector<std::string>& summaries) {
   std::cout << "\n"
             << shape << ", short rows (1 x " << seq << " tokens per slot):\n";
@@ -185,6 +195,13 @@ bool CompareShortRows(const LlamaModel& model, const std::string& shape,
               << per_slot * 1e3 << " ms\n";
     p1 << " " << slots << " slots " << separately / together << "x;";
     p1k << " " << slots << " slots " << per_slot / grouped << "x;";
+    if (!profile_dir.empty() && slots == kProfiledSlots) {
+      const std::string profile =
+          ProfileStep(step(options), device, profile_dir,
+                      shape + "-short-" + std::to_string(slots) + "x" +
+                          std::to_string(seq));
+      summaries.push_back(profile);
+    }
   }
   summaries.push_back(p1.str());
   summaries.push_back(p1k.str());
@@ -199,24 +216,26 @@ bool CompareShortRows(const LlamaModel& model, const std::string& shape,
   std::vector<TrainingSlot*> all = pool->ActiveSlots();
   std::vector<SlotOptimizer*> optimizers;
   for (TrainingSlot* slot : all) optimizers.push_back(&*slot->optimizer);
-  // The step runs first, so the gradients exist when the optimizers step
-  // alone: the same work as inside the step.
+  const std::function<void()> attach_grads = GradientAttacher(all);
   const auto [step, batched] = TimeSideBySide(
       [&] {
         if (!TrainCoBatchStep(model, all, options).ok()) std::abort();
         Synchronize(device);
       },
       [&] {
+        attach_grads();
         StepSlotOptimizers(optimizers);
         Synchronize(device);
       },
       rounds);
   const auto [batched_again, each] = TimeSideBySide(
       [&] {
+        attach_grads();
         StepSlotOptimizers(optimizers);
         Synchronize(device);
       },
       [&] {
+        attach_grads();
         for (SlotOptimizer* optimizer : optimizers) optimizer->Step();
         Synchronize(device);
       },
@@ -251,6 +270,7 @@ int main(int argc, char** argv) {
   std::string short_shape = "0.5b";
   std::vector<int> short_slots = {8, 16, 64};
   int64_t short_seq = 128;
+  std::string profile_dir;
   app.add_option("--device", device_flag, "cpu, cuda or cuda:N")
       ->capture_default_str();
   app.add_option("--shapes", shapes, "0.5b, 1.5b, 8b, or a preset (tiny)")
@@ -274,6 +294,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--short-seq", short_seq, "Tokens per short row")
       ->capture_default_str();
+  app.add_option("--profile", profile_dir,
+                 "Profile one step of 16 slots per shape; traces go here");
   CLI11_PARSE(app, argc, argv);
   ConfigureThreads(threads).IgnoreError();
   absl::StatusOr<torch::Device> device = ParseDevice(device_flag);
@@ -358,7 +380,7 @@ int main(int argc, char** argv) {
         if (seq == seqs.front() && slots == 1) {
           one_slot = run.tokens_per_second;
         }
-        if (seq == seqs.front() && slots == 16) {
+        if (seq == seqs.front() && slots == kProfiledSlots) {
           sixteen_slots = run.tokens_per_second;
           // Co-batched against one slot at a time, side by side.
           auto apart = [&] {
@@ -374,6 +396,13 @@ int main(int argc, char** argv) {
           std::cout << "  16 slots co-batched " << together * 1e3
                     << " ms, 16 single-slot steps " << separately * 1e3
                     << " ms: " << separately / together << "x\n";
+        }
+        if (!profile_dir.empty() && seq == seqs.front() &&
+            slots == kProfiledSlots) {
+          const std::string profile = ProfileStep(
+              step, *device, profile_dir,
+              shape + "-" + std::to_string(slots) + "x" + std::to_string(seq));
+          summaries.push_back(profile);
         }
       }
     }
@@ -402,7 +431,7 @@ int main(int argc, char** argv) {
     CoBatchOptions options;
     options.token_budget = budget_for(*config);
     if (!CompareShortRows(*model, short_shape, short_slots, short_seq, options,
-                          dtype, *device, rounds, summaries)) {
+                          dtype, *device, rounds, profile_dir, summaries)) {
       return 1;
     }
   }

@@ -4,9 +4,11 @@
 #define LORAPLEX_BENCH_SLOT_REQUESTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "adapters/slot_pool.h"
 #include "bench/timing.h"
@@ -46,6 +48,27 @@ inline std::unique_ptr<SlotPool> BenchPool(
     if (!pool->Attach(std::move(request)).ok()) return nullptr;
   }
   return pool;
+}
+
+// Random gradients of the shapes of `slots`' weights; each call of the
+// returned function attaches them again (no device work). A co-batched step
+// drops its gradients at its end, so optimizers timed alone step on these:
+// the same work as inside the step.
+inline std::function<void()> GradientAttacher(
+    const std::vector<TrainingSlot*>& slots) {
+  std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> grads;
+  for (TrainingSlot* slot : slots) {
+    for (const torch::Tensor& param : slot->weights.parameters()) {
+      params.push_back(param);
+      grads.push_back(torch::randn_like(param) * 1e-3);
+    }
+  }
+  return [params, grads]() mutable {
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].mutable_grad() = grads[i];
+    }
+  };
 }
 
 }  // namespace loraplex

@@ -22,6 +22,11 @@
 //
 //   build/bin/loraplex-bench-train [--threads N] [--rounds R] [--slots N]
 //                                  [--budgets 256,512,1024,0] [--p1-only]
+//                                  [--profile DIR]
+//
+// --profile DIR also runs one co-batched step of each P1 shape, at the
+// first budget, under LibTorch's profiler: operators by self time, and a
+// Chrome trace in DIR.
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -36,6 +41,7 @@
 #include <vector>
 
 #include "adapters/slot_pool.h"
+#include "bench/profile_step.h"
 #include "bench/slot_requests.h"
 #include "bench/timing.h"
 #include "core/model/llama_model.h"
@@ -66,6 +72,7 @@ int main(int argc, char** argv) {
   int slots = 8;
   std::vector<int64_t> budgets = {1024, 2048, 0};
   bool p1_only = false;
+  std::string profile_dir;
   app.add_option("--threads", threads, "CPU threads (0 = all cores)");
   app.add_option("--rounds", rounds, "Timed rounds per contender")
       ->capture_default_str();
@@ -76,6 +83,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_flag("--p1-only", p1_only,
                "Measure P1 and P2 only (bench/peft_compare.py uses this)");
+  app.add_option("--profile", profile_dir,
+                 "Profile one co-batched step per shape; traces go here");
   CLI11_PARSE(app, argc, argv);
   const int used = ConfigureThreads(threads).value_or(1);
 
@@ -107,6 +116,7 @@ int main(int argc, char** argv) {
             << "\n";
 
   std::vector<Comparison> results;
+  std::vector<std::string> profiles;  // SUMMARY lines of --profile.
   // {sequences per slot, tokens per sequence}.
   const std::vector<std::pair<int64_t, int64_t>> cases = {
       {1, 128}, {8, 128}, {1, 32}};
@@ -142,6 +152,13 @@ int main(int argc, char** argv) {
                          apart / together});
       results.push_back(
           {"P2 " + label.str() + ": step GFLOP/s / peak GEMM", gflops / peak});
+      if (!profile_dir.empty() && budget == budgets.front()) {
+        const std::string profile =
+            ProfileStep(co_batched, torch::kCPU, profile_dir,
+                        std::to_string(slots) + "x" + std::to_string(per_slot) +
+                            "x" + std::to_string(seq_len));
+        profiles.push_back(profile);
+      }
     }
   }
 
@@ -181,13 +198,16 @@ int main(int argc, char** argv) {
     std::vector<SlotOptimizer*> optimizers;
     for (TrainingSlot* slot : all) optimizers.push_back(&*slot->optimizer);
     CoBatchOptions options;
-    // The co-batched step runs first, so the gradients exist (zeroed) when
-    // the optimizers step alone: the same work as inside the step.
+    const std::function<void()> attach_grads = GradientAttacher(all);
     const auto [step, muon] = TimeSideBySide(
         [&] {
           if (!TrainCoBatchStep(**model, all, options).ok()) std::abort();
         },
-        [&] { StepSlotOptimizers(optimizers); }, rounds);
+        [&] {
+          attach_grads();
+          StepSlotOptimizers(optimizers);
+        },
+        rounds);
     std::cout << slots << " Muon slots x 1 x 128 tokens: step " << step * 1e3
               << " ms, of which Muon " << muon * 1e3 << " ms\n";
     results.push_back({"P3 Muon's share of a step, " + std::to_string(slots) +
@@ -231,5 +251,6 @@ int main(int argc, char** argv) {
   std::cout << "  " << std::left << std::setw(70)
             << "P5 attach + retire latency (ms)" << std::right << std::setw(7)
             << (Median(attach_times) + Median(retire_times)) * 1e3 << "\n";
+  for (const std::string& line : profiles) std::cout << line << "\n";
   return 0;
 }

@@ -15,7 +15,9 @@
 # directory (default: build-gpu); a second run reuses it. LORAPLEX_GPU_BENCH
 # replaces the benchmark's arguments, LORAPLEX_GPU_BENCH_SECONDS its time
 # limit (default 300), LORAPLEX_GPU_TEST_SECONDS each test program's (300);
-# LORAPLEX_GPU_STEPS=build,tests,bench picks the steps.
+# LORAPLEX_GPU_STEPS=build,tests,bench picks the steps. The benchmark
+# profiles one step of 16 slots per shape (tables in bench.log, Chrome
+# traces in profiles.tar.xz).
 # Each step's log is in OUT. A build that fails part-way still runs the
 # tests that were built (the others show as not built); exits non-zero when
 # any step failed, after writing what it has.
@@ -151,9 +153,10 @@ if [[ "$steps" == *,bench,* ]]; then
     bench+=("${bench_args[@]}")
   elif [ "$cpu" = 1 ]; then
     bench+=(--device cpu --shapes tiny --slots 1,4,16 --seq 32 --rounds 1
-            --short-shape tiny --short-slots 4,16 --short-seq 16)
+            --short-shape tiny --short-slots 4,16 --short-seq 16
+            --profile "$out/profiles")
   else
-    bench+=(--rounds 2)
+    bench+=(--rounds 2 --profile "$out/profiles")
   fi
   note "benchmark: ${bench[*]}"
   if timeout "${LORAPLEX_GPU_BENCH_SECONDS:-300}" "${bench[@]}" \
@@ -164,6 +167,12 @@ if [[ "$steps" == *,bench,* ]]; then
     grep '^SUMMARY\|tokens/s' "$out/bench.log" | tail -20 \
       >> "$out/summary.txt" || true
     status=1
+  fi
+  # The profiled steps' Chrome traces, packed as one file (they are large
+  # and compress well); the tables are in bench.log.
+  if [ -d "$out/profiles" ]; then
+    tar -C "$out" -cJf "$out/profiles.tar.xz" profiles && rm -rf "$out/profiles"
+    note "profiles: $out/profiles.tar.xz (Chrome traces; tables in bench.log)"
   fi
 fi
 note "done, status $status"

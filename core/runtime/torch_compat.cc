@@ -4,10 +4,18 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Version.h>
 #include <c10/core/CPUAllocator.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/autograd/profiler_kineto.h>
+#endif
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace loraplex {
 
@@ -112,6 +120,61 @@ CpuAllocationCounter::CpuAllocationCounter() {
 
 CpuAllocationCounter::~CpuAllocationCounter() {
   CountingAllocator::Installed().active = nullptr;
+}
+
+absl::StatusOr<std::vector<ProfiledEvent>> ProfileCall(
+    const std::function<void()>& fn, bool cuda, const std::string& trace_path) {
+#if TORCH_VERSION_MAJOR >= 2
+  namespace profiler = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig config(
+      torch::profiler::impl::ProfilerState::KINETO,
+      /*report_input_shapes=*/true);
+  std::set<ActivityType> activities = {ActivityType::CPU};
+  if (cuda) activities.insert(ActivityType::CUDA);
+  std::unique_ptr<profiler::ProfilerResult> result;
+  try {
+    profiler::prepareProfiler(config, activities);
+    profiler::enableProfiler(config, activities);
+  } catch (const c10::Error& e) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "LibTorch's profiler did not start: ", e.what_without_backtrace()));
+  }
+  try {
+    fn();
+  } catch (...) {
+    profiler::disableProfiler();
+    throw;
+  }
+  result = profiler::disableProfiler();
+  if (result == nullptr) {
+    return absl::FailedPreconditionError(
+        "LibTorch's profiler recorded nothing");
+  }
+  std::vector<ProfiledEvent> events;
+  for (const profiler::KinetoEvent& e : result->events()) {
+    if (e.isHiddenEvent() || e.endNs() < e.startNs()) continue;
+    ProfiledEvent event;
+    event.name = e.name();
+    event.on_device = e.deviceType() != c10::DeviceType::CPU;
+    event.lane = event.on_device ? static_cast<uint64_t>(e.deviceResourceId())
+                                 : e.startThreadId();
+    event.start_ns = static_cast<int64_t>(e.startNs());
+    event.end_ns = static_cast<int64_t>(e.endNs());
+    events.push_back(std::move(event));
+  }
+  std::stable_sort(events.begin(), events.end(),
+                   [](const ProfiledEvent& a, const ProfiledEvent& b) {
+                     return a.start_ns < b.start_ns;
+                   });
+  if (!trace_path.empty()) result->save(trace_path);
+  return events;
+#else
+  (void)fn;
+  (void)cuda;
+  (void)trace_path;
+  return absl::FailedPreconditionError("profiling needs LibTorch 2.x");
+#endif
 }
 
 }  // namespace loraplex

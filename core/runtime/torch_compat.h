@@ -12,10 +12,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace loraplex {
 
@@ -80,6 +84,26 @@ class CpuAllocationCounter {
   std::atomic<int64_t> bytes_{0};
   std::atomic<int64_t> allocations_{0};
 };
+
+// One operator, kernel or copy recorded by ProfileCall.
+struct ProfiledEvent {
+  std::string name;
+  // A GPU kernel, copy or memset; otherwise an operator run by a CPU thread
+  // (which, on a GPU, launches the kernels).
+  bool on_device = false;
+  // The CPU thread or the GPU stream it ran on.
+  uint64_t lane = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
+// Runs `fn` once under LibTorch's profiler (Kineto): the CPU operators, and
+// with `cuda` also the CUDA kernels and copies, in the order they started.
+// Writes a Chrome trace (chrome://tracing, Perfetto) to `trace_path` unless
+// it is empty. FAILED_PRECONDITION on LibTorch 1.13 or when the profiler
+// cannot start; `fn`'s exceptions pass through.
+absl::StatusOr<std::vector<ProfiledEvent>> ProfileCall(
+    const std::function<void()>& fn, bool cuda, const std::string& trace_path);
 
 }  // namespace loraplex
 
