@@ -464,6 +464,32 @@ TEST(CoBatchStepTest, ReportedLossIsTheMaskedMeanOfTheBatch) {
   EXPECT_NEAR((*metrics)[0].lr, 0.0, 1e-12);  // Warmup starts at init_lr 0.
 }
 
+// A step drops its slots' gradients instead of zeroing them: the next
+// backward pass takes its gradients as they come, with no kernel per
+// parameter to zero them and none to add into them.
+TEST(CoBatchStepTest, AStepLeavesNoGradientsBehind) {
+  const LlamaModel& model = TinyModel();
+  SlotPool pool(model.config(), {.capacity = 2});
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(pool.Attach(TrainRequest(absl::StrCat("g", i),
+                                         OptimizerFamily::kAdamW, 4, kAll,
+                                         Sequences(ReversalJsonl(6, i), 16), i))
+                    .ok());
+  }
+  const torch::Tensor before = pool.slot(1).weights.modules()[0].b.clone();
+  for (int step = 0; step < 2; ++step) {
+    auto metrics = TrainCoBatchStep(model, pool.ActiveSlots(), {});
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    for (const SlotStepMetrics& m : *metrics) EXPECT_FALSE(m.skipped);
+    for (TrainingSlot* slot : pool.ActiveSlots()) {
+      for (const torch::Tensor& p : slot->weights.parameters()) {
+        EXPECT_FALSE(p.grad().defined());
+      }
+    }
+  }
+  EXPECT_FALSE(torch::equal(pool.slot(1).weights.modules()[0].b, before));
+}
+
 TEST(CoBatchStepTest, EvalLossMatchesTheTrainingLossWithoutDropout) {
   SlotAttachRequest request =
       TrainRequest("a", OptimizerFamily::kMuon, 4, kAll,
