@@ -195,10 +195,12 @@ void MultiLoraDelta::AddGrouped(int layer, const torch::Tensor& x,
 
   const int64_t seq = x.size(1);
   const int64_t in = x.size(2);
-  std::vector<torch::Tensor> x_parts = x.to(dtype).split_with_sizes(sizes_, 0);
+  const torch::Tensor wide = x.to(dtype);
+  std::vector<torch::Tensor> x_parts;  // Split only when a bucket needs it.
   // pieces[j][s]: segment s's term for projections[j], [rows, seq, out].
   std::vector<std::vector<torch::Tensor>> pieces(
       n, std::vector<torch::Tensor>(segments_.size()));
+  std::vector<bool> done(n, false);  // outputs[j] has its terms already.
   for (const auto& bucket : buckets) {
     // Named references, not a structured binding: lambdas below capture
     // them, which C++17 allows only for variables.
@@ -210,15 +212,21 @@ void MultiLoraDelta::AddGrouped(int layer, const torch::Tensor& x,
     for (size_t j = 0; j < n; ++j) {
       if (key.ranks[j] > 0) used.push_back(j);
     }
-    std::vector<torch::Tensor> inputs;
     std::vector<double> scales;
-    for (size_t s : members) {
-      inputs.push_back(x_parts[s]);
-      scales.push_back(segments_[s].weights->scale());
-    }
+    for (size_t s : members) scales.push_back(segments_[s].weights->scale());
+    // The common case: one bucket holds every row of the batch, in order
+    // (members ascend, so its rows are all of x's exactly when they add up
+    // to them). x is then its input as it is, and its terms add to whole
+    // outputs: no split, cat or their backward copies.
+    const bool whole = count * key.rows == x.size(0);
     // [count · rows, seq, in], the bucket's rows in member order.
-    const torch::Tensor bucket_x =
-        count == 1 ? inputs.front() : torch::cat(inputs, 0);
+    torch::Tensor bucket_x = wide;
+    if (!whole) {
+      if (x_parts.empty()) x_parts = wide.split_with_sizes(sizes_, 0);
+      std::vector<torch::Tensor> inputs;
+      for (size_t s : members) inputs.push_back(x_parts[s]);
+      bucket_x = count == 1 ? inputs.front() : torch::cat(inputs, 0);
+    }
     const bool one_scale =
         std::all_of(scales.begin(), scales.end(),
                     [&](double scale) { return scale == scales.front(); });
@@ -226,16 +234,17 @@ void MultiLoraDelta::AddGrouped(int layer, const torch::Tensor& x,
       if (one_scale) return low.mul(scales.front());
       return low.mul(torch::tensor(scales, low.options()).view({count, 1, 1}));
     };
-    // [count, Σ ranks, in]: each member's A matrices of `projs`, stacked.
+    // [count, Σ ranks, in]: each member's A matrices of `projs`, stacked
+    // (one stack per projection, whatever the number of members).
     auto stacked_a = [&](const std::vector<size_t>& projs) {
-      std::vector<torch::Tensor> per_member;
-      for (size_t s : members) {
+      std::vector<torch::Tensor> per_projection;
+      for (size_t j : projs) {
         std::vector<torch::Tensor> a_list;
-        for (size_t j : projs) a_list.push_back(modules[s][j]->a);
-        per_member.push_back(a_list.size() == 1 ? a_list.front()
-                                                : torch::cat(a_list, 0));
+        for (size_t s : members) a_list.push_back(modules[s][j]->a);
+        per_projection.push_back(Stack(a_list));
       }
-      return Stack(per_member);
+      return per_projection.size() == 1 ? per_projection.front()
+                                        : torch::cat(per_projection, 1);
     };
     std::vector<torch::Tensor> low(n);  // scale · x Aᵀ, [count, tokens, r].
     if (key.dropout > 0) {
@@ -262,8 +271,16 @@ void MultiLoraDelta::AddGrouped(int layer, const torch::Tensor& x,
     for (size_t j : used) {
       std::vector<torch::Tensor> b_list;
       for (size_t s : members) b_list.push_back(modules[s][j]->b);
-      const torch::Tensor delta = at::bmm(low[j], Stack(b_list).transpose(1, 2))
-                                      .reshape({count * key.rows, seq, -1});
+      const torch::Tensor b_t = Stack(b_list).transpose(1, 2);
+      if (whole) {
+        torch::Tensor& out = outputs[j];
+        out =
+            out + at::bmm(low[j], b_t).view(out.sizes()).to(out.scalar_type());
+        done[j] = true;
+        continue;
+      }
+      const torch::Tensor delta =
+          at::bmm(low[j], b_t).reshape({count * key.rows, seq, -1});
       if (count == 1) {
         pieces[j][members.front()] = delta;
         continue;
@@ -274,7 +291,7 @@ void MultiLoraDelta::AddGrouped(int layer, const torch::Tensor& x,
   }
 
   for (size_t j = 0; j < n; ++j) {
-    if (!adapted[j]) continue;
+    if (!adapted[j] || done[j]) continue;
     const torch::ScalarType out_dtype = outputs[j].scalar_type();
     bool every_row = true;
     for (size_t s = 0; s < segments_.size(); ++s) {

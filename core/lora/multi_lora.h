@@ -18,7 +18,11 @@
 // dropout rate and per-projection ranks form one bucket whose LoRA products
 // run as batched GEMMs (bmm) over all its adapters: a projection costs a few
 // ops per bucket instead of a few per segment, which is what matters for
-// many short rows. LoraKernel::kPerSlot keeps one GEMM chain per segment; it
+// many short rows. When one bucket holds every row (the usual co-batch of
+// like-configured slots, and any single slot), x is its input as it is and
+// each projection's terms add to the whole base output: no split or cat, nor
+// their backward copies.
+// LoraKernel::kPerSlot keeps one GEMM chain per segment; it
 // is the reference the grouped path is tested against. Both give the same
 // values up to the GEMMs' rounding. An adapter that targets the LM head adds
 // scale · dropout(h) Aᵀ Bᵀ to its rows' logits the same way (AddToLogits).

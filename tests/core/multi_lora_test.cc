@@ -133,29 +133,43 @@ LoraConfig Config(int64_t rank, std::vector<Projection> targets) {
   return config;
 }
 
+// The batches the two kernels are compared on. kMixed mixes ranks, targets,
+// scales, row counts and dropout, with a base-only segment and an empty one
+// (several buckets). In kOneBucket and kOneBucketWithDropout all rows share
+// one bucket (same rank, targets and row count; scales differ), the case
+// where the grouped kernel works on the whole batch at once.
+enum class BatchKind { kMixed, kOneBucket, kOneBucketWithDropout };
+
 // The logits and every adapter gradient of one forward/backward over a
-// batch that mixes ranks, targets, scales, row counts and dropout, with a
-// base-only segment and an empty one.
+// batch of `kind`.
 struct KernelRun {
   torch::Tensor logits;
   std::vector<torch::Tensor> grads;
 };
 
-KernelRun RunMixedBatch(const LlamaModel& model, torch::ScalarType dtype,
-                        LoraKernel kernel) {
+KernelRun RunBatch(const LlamaModel& model, torch::ScalarType dtype,
+                   LoraKernel kernel, BatchKind kind = BatchKind::kMixed) {
   const std::vector<Projection> qkv_up = {Projection::kQ, Projection::kK,
                                           Projection::kV, Projection::kUp};
   const std::vector<Projection> all(kAllProjections.begin(),
                                     kAllProjections.end());
-  std::vector<LoraConfig> configs = {
-      Config(4, qkv_up),
-      Config(4, qkv_up),
-      Config(8, all),
-      Config(8, all),
-      Config(2, {Projection::kV, Projection::kDown}),
-      Config(4, qkv_up)};
-  configs[1].alpha = 3.0;  // Same bucket as adapter 0, another scale.
-  configs[2].dropout = configs[3].dropout = 0.25;
+  std::vector<LoraConfig> configs;
+  if (kind == BatchKind::kMixed) {
+    configs = {Config(4, qkv_up),
+               Config(4, qkv_up),
+               Config(8, all),
+               Config(8, all),
+               Config(2, {Projection::kV, Projection::kDown}),
+               Config(4, qkv_up)};
+    configs[1].alpha = 3.0;  // Same bucket as adapter 0, another scale.
+    configs[2].dropout = configs[3].dropout = 0.25;
+  } else {
+    configs.assign(4, Config(4, all));
+    configs[1].alpha = 3.0;
+    if (kind == BatchKind::kOneBucketWithDropout) {
+      for (LoraConfig& config : configs) config.dropout = 0.25;
+    }
+  }
   std::vector<std::unique_ptr<LoraWeights>> adapters;
   for (size_t i = 0; i < configs.size(); ++i) {
     // Made in fp64 and converted, so both dtypes hold the same values.
@@ -172,15 +186,22 @@ KernelRun RunMixedBatch(const LlamaModel& model, torch::ScalarType dtype,
       adapters.back()->modules()[m].b.copy_(wide.modules()[m].b);
     }
   }
-  const std::vector<LoraSegment> segments = {
-      {adapters[0].get(), 2},
-      {nullptr, 1},
-      {adapters[1].get(), 2},
-      {adapters[2].get(), 2, true, 11, {0, 4}},
-      {adapters[3].get(), 2, true, 12, {3, 5}},
-      {adapters[4].get(), 2},
-      {adapters[5].get(), 1},
-      {adapters[4].get(), 0}};
+  std::vector<LoraSegment> segments;
+  if (kind == BatchKind::kMixed) {
+    segments = {{adapters[0].get(), 2},
+                {nullptr, 1},
+                {adapters[1].get(), 2},
+                {adapters[2].get(), 2, true, 11, {0, 4}},
+                {adapters[3].get(), 2, true, 12, {3, 5}},
+                {adapters[4].get(), 2},
+                {adapters[5].get(), 1},
+                {adapters[4].get(), 0}};
+  } else {
+    const bool training = kind == BatchKind::kOneBucketWithDropout;
+    for (size_t i = 0; i < adapters.size(); ++i) {
+      segments.push_back({adapters[i].get(), 3, training, 30 + i, {0, 1, 2}});
+    }
+  }
   torch::manual_seed(9);
   const torch::Device device = model.device();
   const torch::Tensor ids =
@@ -208,13 +229,15 @@ double MaxDiff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
 
-// The grouped kernel against the per-slot reference: equal to rounding in
-// fp64; in fp32 no further from the fp64 result than the reference is.
-TEST(MultiLoraTest, GroupedKernelEqualsThePerSlotKernel) {
+// The grouped kernel against the per-slot reference on batches of `kind`:
+// equal to rounding in fp64; in fp32, and over a bf16 base (whose outputs
+// take the fp32 terms converted), no further from the fp64 result than the
+// reference is.
+void ExpectGroupedLikePerSlot(BatchKind kind) {
   const KernelRun reference =
-      RunMixedBatch(TinyModel64(), torch::kFloat64, LoraKernel::kPerSlot);
+      RunBatch(TinyModel64(), torch::kFloat64, LoraKernel::kPerSlot, kind);
   const KernelRun grouped =
-      RunMixedBatch(TinyModel64(), torch::kFloat64, LoraKernel::kGrouped);
+      RunBatch(TinyModel64(), torch::kFloat64, LoraKernel::kGrouped, kind);
   EXPECT_LE(MaxDiff(grouped.logits, reference.logits),
             1e-12 * reference.logits.abs().max().item<double>());
   ASSERT_EQ(grouped.grads.size(), reference.grads.size());
@@ -225,20 +248,36 @@ TEST(MultiLoraTest, GroupedKernelEqualsThePerSlotKernel) {
         << "gradient " << i;
   }
 
-  const KernelRun per_slot32 =
-      RunMixedBatch(TinyModel(), torch::kFloat32, LoraKernel::kPerSlot);
-  const KernelRun grouped32 =
-      RunMixedBatch(TinyModel(), torch::kFloat32, LoraKernel::kGrouped);
-  const double floor = MaxDiff(per_slot32.logits, reference.logits);
-  EXPECT_GT(floor, 0);
-  EXPECT_LE(MaxDiff(grouped32.logits, reference.logits), 4 * floor);
-  for (size_t i = 0; i < reference.grads.size(); ++i) {
-    const double grad_floor =
-        MaxDiff(per_slot32.grads[i], reference.grads[i]) +
-        1e-7 * reference.grads[i].abs().max().item<double>();
-    EXPECT_LE(MaxDiff(grouped32.grads[i], reference.grads[i]), 4 * grad_floor)
-        << "gradient " << i;
+  for (torch::ScalarType base : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(base));
+    const LlamaModel& model = TinyModelOn(torch::kCPU, base);
+    const KernelRun per_slot =
+        RunBatch(model, torch::kFloat32, LoraKernel::kPerSlot, kind);
+    const KernelRun grouped_narrow =
+        RunBatch(model, torch::kFloat32, LoraKernel::kGrouped, kind);
+    const double floor = MaxDiff(per_slot.logits, reference.logits);
+    EXPECT_GT(floor, 0);
+    EXPECT_LE(MaxDiff(grouped_narrow.logits, reference.logits), 4 * floor);
+    for (size_t i = 0; i < reference.grads.size(); ++i) {
+      const double grad_floor =
+          MaxDiff(per_slot.grads[i], reference.grads[i]) +
+          1e-7 * reference.grads[i].abs().max().item<double>();
+      EXPECT_LE(MaxDiff(grouped_narrow.grads[i], reference.grads[i]),
+                4 * grad_floor)
+          << "gradient " << i;
+    }
   }
+}
+
+TEST(MultiLoraTest, GroupedKernelEqualsThePerSlotKernel) {
+  ExpectGroupedLikePerSlot(BatchKind::kMixed);
+}
+
+// One bucket holding every row: the grouped kernel adds its terms to the
+// whole base outputs, without splitting them by segment.
+TEST(MultiLoraTest, GroupedKernelEqualsThePerSlotKernelInOneBucket) {
+  ExpectGroupedLikePerSlot(BatchKind::kOneBucket);
+  ExpectGroupedLikePerSlot(BatchKind::kOneBucketWithDropout);
 }
 
 // Both kernels on the GPU, against each other and against the per-slot
@@ -246,18 +285,22 @@ TEST(MultiLoraTest, GroupedKernelEqualsThePerSlotKernel) {
 TEST(MultiLoraTest, GroupedKernelEqualsThePerSlotKernelOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const LlamaModel& cuda_model = TinyModelOn(CudaDevice(), torch::kFloat64);
-  const KernelRun reference =
-      RunMixedBatch(TinyModel64(), torch::kFloat64, LoraKernel::kPerSlot);
-  for (LoraKernel kernel : {LoraKernel::kPerSlot, LoraKernel::kGrouped}) {
-    const KernelRun run = RunMixedBatch(cuda_model, torch::kFloat64, kernel);
-    EXPECT_LE(MaxDiff(run.logits, reference.logits),
-              kFp64IdentityBound * reference.logits.abs().max().item<double>());
-    ASSERT_EQ(run.grads.size(), reference.grads.size());
-    for (size_t i = 0; i < reference.grads.size(); ++i) {
+  for (BatchKind kind : {BatchKind::kMixed, BatchKind::kOneBucket,
+                         BatchKind::kOneBucketWithDropout}) {
+    const KernelRun reference =
+        RunBatch(TinyModel64(), torch::kFloat64, LoraKernel::kPerSlot, kind);
+    for (LoraKernel kernel : {LoraKernel::kPerSlot, LoraKernel::kGrouped}) {
+      const KernelRun run = RunBatch(cuda_model, torch::kFloat64, kernel, kind);
       EXPECT_LE(
-          MaxDiff(run.grads[i], reference.grads[i]),
-          kFp64IdentityBound * reference.grads[i].abs().max().item<double>())
-          << "gradient " << i;
+          MaxDiff(run.logits, reference.logits),
+          kFp64IdentityBound * reference.logits.abs().max().item<double>());
+      ASSERT_EQ(run.grads.size(), reference.grads.size());
+      for (size_t i = 0; i < reference.grads.size(); ++i) {
+        EXPECT_LE(
+            MaxDiff(run.grads[i], reference.grads[i]),
+            kFp64IdentityBound * reference.grads[i].abs().max().item<double>())
+            << "gradient " << i;
+      }
     }
   }
 }
