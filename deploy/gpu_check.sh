@@ -18,7 +18,9 @@
 # LORAPLEX_GPU_STEPS=build,tests,bench picks the steps. The benchmark
 # profiles one step of 16 slots per shape (tables in bench.log, Chrome
 # traces in profiles.tar.xz).
-# Each step's log is in OUT. A build that fails part-way still runs the
+# Each step's log is in OUT: at most 8 files (summary.txt, nvidia-smi.txt,
+# version.txt, build.log with the configure output, cuda_tests.log,
+# runtime_tests.log, bench.log, profiles.tar.xz). A build that fails part-way still runs the
 # tests that were built (the others show as not built); exits non-zero when
 # any step failed, after writing what it has.
 set -euo pipefail
@@ -96,8 +98,8 @@ if [[ "$steps" == *,build,* ]]; then
     -DCMAKE_CXX_COMPILER="$cxx" \
     -DTorch_DIR="$torch_cmake/Torch" -DLORAPLEX_TORCH_FROM_VENV=OFF \
     -DLORAPLEX_WITH_CUDA="$with_cuda" -DLORAPLEX_VENV="$build/no-venv" \
-    > "$out/configure.log" 2>&1 || fail "configure" "$out/configure.log"
-  grep -i "protobuf headers\|LibTorch .* at " "$out/configure.log" |
+    > "$out/build.log" 2>&1 || fail "configure" "$out/build.log"
+  grep -i "protobuf headers\|LibTorch .* at " "$out/build.log" |
     sed 's/^-- //' >> "$out/summary.txt" || true
 
   # What the check runs: the server, the GPU benchmark and the test programs
@@ -110,7 +112,7 @@ if [[ "$steps" == *,build,* ]]; then
   note "building with $jobs jobs"
   build_start=$SECONDS
   if cmake --build "$build" -j"$jobs" "${target_args[@]}" "${keep_going[@]}" \
-      > "$out/build.log" 2>&1; then
+      >> "$out/build.log" 2>&1; then
     note "built in $((SECONDS - build_start)) s"
   else
     status=1
