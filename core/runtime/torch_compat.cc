@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <string>
@@ -167,7 +168,20 @@ absl::StatusOr<std::vector<ProfiledEvent>> ProfileCall(
                    [](const ProfiledEvent& a, const ProfiledEvent& b) {
                      return a.start_ns < b.start_ns;
                    });
-  if (!trace_path.empty()) result->save(trace_path);
+  if (!trace_path.empty()) {
+    std::string why = "nothing was written";
+    std::error_code error;
+    std::filesystem::remove(trace_path, error);  // So an old one cannot pass.
+    try {
+      result->save(trace_path);
+    } catch (const c10::Error& e) {
+      why = e.what_without_backtrace();
+    }
+    if (!std::filesystem::exists(trace_path, error)) {
+      return absl::InternalError(
+          absl::StrCat("writing the trace to ", trace_path, " failed: ", why));
+    }
+  }
   return events;
 #else
   (void)fn;

@@ -101,7 +101,8 @@ struct ProfiledEvent {
 // with `cuda` also the CUDA kernels and copies, in the order they started.
 // Writes a Chrome trace (chrome://tracing, Perfetto) to `trace_path` unless
 // it is empty. FAILED_PRECONDITION on LibTorch 1.13 or when the profiler
-// cannot start; `fn`'s exceptions pass through.
+// cannot start, INTERNAL when the trace cannot be written; `fn`'s
+// exceptions pass through.
 absl::StatusOr<std::vector<ProfiledEvent>> ProfileCall(
     const std::function<void()>& fn, bool cuda, const std::string& trace_path);
 

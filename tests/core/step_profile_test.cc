@@ -118,6 +118,17 @@ TEST(StepProfileTest, ProfilesLibTorchOperatorsAndWritesATrace) {
   EXPECT_TRUE(json.contains("traceEvents"));
 }
 
+TEST(StepProfileTest, ATraceThatCannotBeWrittenIsAnError) {
+  if (!kTorchIs2OrNewer) GTEST_SKIP() << "profiling needs LibTorch 2.x";
+  const std::string trace =
+      (std::filesystem::path(::testing::TempDir()) / "no-such-dir" / "t.json")
+          .string();
+  const absl::StatusOr<std::vector<ProfiledEvent>> events =
+      ProfileCall([] { torch::ones({2}).sum(); }, false, trace);
+  EXPECT_EQ(events.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(events.status().message(), ::testing::HasSubstr(trace));
+}
+
 TEST(StepProfileTest, ProfilesCudaKernelsOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Tensor a = torch::randn({256, 256}, torch::kCUDA);
