@@ -5,7 +5,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <iomanip>
@@ -49,10 +48,7 @@ inline std::string ProfileStep(const std::function<void()>& step,
        << " operators called (" << profile.cpu_ops << " in all)";
   if (profile.device_events > 0) {
     line << ", " << profile.device_events << " device kernels/copies, device "
-         << "busy "
-         << 100.0 * static_cast<double>(profile.device_busy_ns) /
-                static_cast<double>(std::max<int64_t>(1, profile.span_ns))
-         << "% of the step";
+         << "busy " << DeviceBusyPercent(profile) << "% of the step";
   }
   return line.str();
 }

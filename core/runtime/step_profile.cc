@@ -91,6 +91,11 @@ ProfileSummary SummarizeProfile(const std::vector<ProfiledEvent>& events) {
   return summary;
 }
 
+double DeviceBusyPercent(const ProfileSummary& summary) {
+  return 100.0 * static_cast<double>(summary.device_busy_ns) /
+         static_cast<double>(std::max<int64_t>(1, summary.span_ns));
+}
+
 std::string FormatProfile(const ProfileSummary& summary, int top) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(2);
@@ -101,8 +106,7 @@ std::string FormatProfile(const ProfileSummary& summary, int top) {
   if (summary.device_events > 0) {
     out << "; " << summary.device_events
         << " device kernels/copies, device busy "
-        << summary.device_busy_ns / 1e6 << " ms ("
-        << 100.0 * static_cast<double>(summary.device_busy_ns) / span
+        << summary.device_busy_ns / 1e6 << " ms (" << DeviceBusyPercent(summary)
         << "% of the span)";
   }
   out << "\n";

@@ -37,6 +37,10 @@ struct ProfileSummary {
   std::vector<ProfileEntry> device_by_time;
 };
 
+// The share of the span in which the device was busy, in percent (0 when
+// nothing ran there).
+double DeviceBusyPercent(const ProfileSummary& summary);
+
 // Events may come in any order. An operator is nested in another of the
 // same lane that starts no later and ends no earlier.
 ProfileSummary SummarizeProfile(const std::vector<ProfiledEvent>& events);

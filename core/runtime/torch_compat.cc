@@ -133,7 +133,6 @@ absl::StatusOr<std::vector<ProfiledEvent>> ProfileCall(
       /*report_input_shapes=*/true);
   std::set<ActivityType> activities = {ActivityType::CPU};
   if (cuda) activities.insert(ActivityType::CUDA);
-  std::unique_ptr<profiler::ProfilerResult> result;
   try {
     profiler::prepareProfiler(config, activities);
     profiler::enableProfiler(config, activities);
@@ -147,7 +146,8 @@ absl::StatusOr<std::vector<ProfiledEvent>> ProfileCall(
     profiler::disableProfiler();
     throw;
   }
-  result = profiler::disableProfiler();
+  const std::unique_ptr<profiler::ProfilerResult> result =
+      profiler::disableProfiler();
   if (result == nullptr) {
     return absl::FailedPreconditionError(
         "LibTorch's profiler recorded nothing");

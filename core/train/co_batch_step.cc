@@ -232,10 +232,8 @@ absl::Status SumOverRanks(const StepSync& sync,
   std::vector<torch::Tensor> tensors;
   torch::Device device = torch::kCPU;
   for (TrainingSlot* slot : slots) {
-    for (torch::Tensor param : slot->weights.parameters()) {
-      if (!param.grad().defined()) {
-        param.mutable_grad() = torch::zeros_like(param);
-      }
+    ZeroMissingGrads(*slot);
+    for (const torch::Tensor& param : slot->weights.parameters()) {
       tensors.push_back(param.grad());
       device = param.device();
     }

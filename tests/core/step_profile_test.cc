@@ -51,6 +51,7 @@ TEST(StepProfileTest, SelfTimesAndDeviceBusyTimeByHand) {
   EXPECT_EQ(s.device_events, 3);
   // [0, 50] and [80, 90].
   EXPECT_EQ(s.device_busy_ns, 60);
+  EXPECT_DOUBLE_EQ(DeviceBusyPercent(s), 60.0);
 
   const ProfileEntry* outer = Find(s.cpu_by_self_time, "outer");
   ASSERT_NE(outer, nullptr);
