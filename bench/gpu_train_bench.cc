@@ -23,7 +23,8 @@
 // each slot's own Step().
 //
 // `--profile DIR` also runs one step of 16 slots (each shape's first
-// sequence length, and the short rows) under LibTorch's profiler: it prints
+// sequence length, and the short rows) and the 16 Muon slots' optimizer
+// step under LibTorch's profiler: it prints
 // the operators by CPU self time, the kernels by device time and how busy
 // the device was, and writes each step's Chrome trace to DIR.
 //
@@ -249,6 +250,19 @@ bool CompareShortRows(const LlamaModel& model, const std::string& shape,
      << " (goal <= 0.10); batched / slot-by-slot speed-up "
      << each / batched_again << "x";
   summaries.push_back(p3.str());
+  if (!profile_dir.empty()) {
+    // The optimizer step alone (with the gradients it is given): where
+    // Muon's share of the step goes.
+    summaries.push_back(ProfileStep(
+        [&] {
+          attach_grads();
+          StepSlotOptimizers(optimizers);
+          Synchronize(device);
+        },
+        device, profile_dir,
+        shape + "-muon-step-" + std::to_string(muon_slots) + "x" +
+            std::to_string(seq)));
+  }
   return true;
 }
 

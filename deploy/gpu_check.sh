@@ -16,8 +16,8 @@
 # replaces the benchmark's arguments, LORAPLEX_GPU_BENCH_SECONDS its time
 # limit (default 300), LORAPLEX_GPU_TEST_SECONDS each test program's (300);
 # LORAPLEX_GPU_STEPS=build,tests,bench picks the steps. The benchmark
-# profiles one step of 16 slots per shape (tables in bench.log, Chrome
-# traces in profiles.tar.xz).
+# profiles one step of 16 slots per shape and the 16 Muon slots' optimizer
+# step (tables in bench.log, Chrome traces in profiles.tar.xz).
 # Each step's log is in OUT: at most 8 files (summary.txt, nvidia-smi.txt,
 # version.txt, build.log with the configure output, cuda_tests.log,
 # runtime_tests.log, bench.log, profiles.tar.xz). A build that fails part-way still runs the

@@ -298,8 +298,11 @@ void ApplyBatch(const std::vector<MuonPendingUpdate>& pending,
   std::vector<torch::Tensor> same;
   same.reserve(indices.size());
   for (size_t i : indices) same.push_back(pending[i].update);
-  const torch::Tensor orthogonal =
-      NewtonSchulz(at::stack(same), pending[indices.front()].newton_schulz);
+  // One unbind for the batch, not a select (and a to()) per matrix: a few
+  // dispatches per batch instead of thousands per step.
+  const std::vector<torch::Tensor> orthogonal =
+      NewtonSchulz(at::stack(same), pending[indices.front()].newton_schulz)
+          .unbind(0);
   // p -= step_scale · O, one multi-tensor op per step scale (a slot's
   // same-shape matrices share one).
   std::map<std::pair<double, torch::ScalarType>,
@@ -310,7 +313,10 @@ void ApplyBatch(const std::vector<MuonPendingUpdate>& pending,
     auto& [params, deltas] =
         by_scale[{update.step_scale, update.param.scalar_type()}];
     params.push_back(update.param);
-    deltas.push_back(orthogonal[k].to(update.param.scalar_type()));
+    const torch::Tensor& delta = orthogonal[k];
+    deltas.push_back(delta.scalar_type() == update.param.scalar_type()
+                         ? delta
+                         : delta.to(update.param.scalar_type()));
   }
   for (auto& [scale, lists] : by_scale) {
     at::_foreach_add_(lists.first, lists.second, -scale.first);
