@@ -40,6 +40,19 @@ torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim) {
   return inv_freq;
 }
 
+namespace {
+
+// The tables of the angles `emb` (fp32; its last dimension two equal
+// halves), in `dtype` on `device`: cos, and sin with its first half negated.
+RopeTables TablesOf(const torch::Tensor& emb, torch::ScalarType dtype,
+                    torch::Device device) {
+  torch::Tensor signed_sin = emb.sin();
+  signed_sin.narrow(-1, 0, signed_sin.size(-1) / 2).neg_();
+  return {emb.cos().to(device, dtype), signed_sin.to(device, dtype)};
+}
+
+}  // namespace
+
 RotaryEmbedding::RotaryEmbedding(const RopeConfig& rope, int64_t head_dim)
     : inv_freq_(RopeInverseFrequencies(rope, head_dim)) {}
 
@@ -48,7 +61,7 @@ RopeTables RotaryEmbedding::Tables(int64_t seq_len, torch::ScalarType dtype,
   torch::Tensor positions = torch::arange(seq_len, torch::kFloat32);
   torch::Tensor freqs = torch::outer(positions, inv_freq_);
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
+  return TablesOf(emb, dtype, device);
 }
 
 RopeTables RotaryEmbedding::TablesAt(const torch::Tensor& positions,
@@ -60,16 +73,13 @@ RopeTables RotaryEmbedding::TablesAt(const torch::Tensor& positions,
                             .unsqueeze(-1)
                             .mul(inv_freq_.view({1, 1, -1}));
   torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);
-  return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
+  return TablesOf(emb, dtype, device);
 }
 
 torch::Tensor RotaryEmbedding::Apply(const torch::Tensor& x,
                                      const RopeTables& tables) {
-  const int64_t half = x.size(-1) / 2;
-  torch::Tensor x1 = x.narrow(-1, 0, half);
-  torch::Tensor x2 = x.narrow(-1, half, half);
-  torch::Tensor rotated = torch::cat({-x2, x1}, -1);
-  return x * tables.cos + rotated * tables.sin;
+  // roll by half: cat(x₂, x₁); the table carries rotate_half's minus.
+  return x * tables.cos + x.roll(x.size(-1) / 2, -1) * tables.signed_sin;
 }
 
 }  // namespace loraplex

@@ -18,10 +18,11 @@ namespace loraplex {
 torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim);
 
 // cos and sin tables of shape [seq_len, head_dim] for positions 0..seq_len-1,
-// or [batch, 1, seq_len, head_dim] for positions given per row.
+// or [batch, 1, seq_len, head_dim] for positions given per row. The sin
+// table's first half is negated (rotate_half's sign, moved into the table).
 struct RopeTables {
   torch::Tensor cos;
-  torch::Tensor sin;
+  torch::Tensor signed_sin;
 };
 
 class RotaryEmbedding {
@@ -35,7 +36,12 @@ class RotaryEmbedding {
   RopeTables TablesAt(const torch::Tensor& positions, torch::ScalarType dtype,
                       torch::Device device) const;
 
-  // x: [batch, heads, seq, head_dim]. Returns x rotated by position.
+  // x: [batch, heads, seq, head_dim]. Returns x rotated by position:
+  // x·cos + rotate_half(x)·sin, rotate_half(x) = cat(−x₂, x₁) (the halves of
+  // the last dimension), computed as x·cos + roll(x, head_dim / 2)·signed_sin
+  // (the same products: (−a)·b is −(a·b) exactly). Four operators, where the
+  // textbook form takes seven and its two slices cost a full-size zero
+  // gradient each in backward.
   static torch::Tensor Apply(const torch::Tensor& x, const RopeTables& tables);
 
  private:
