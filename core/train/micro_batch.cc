@@ -199,6 +199,18 @@ torch::Tensor WithLmHeadTerms(const torch::Tensor& logits, int64_t start,
   return torch::cat(parts, 0);
 }
 
+// Consecutive targets of a chunk that take one loss.
+struct LossSpan {
+  const LossFnSpec* loss;
+  int64_t first;
+  int64_t count;
+};
+
+bool SameLoss(const LossFnSpec& a, const LossFnSpec& b) {
+  return a.fn == b.fn && a.clip_low == b.clip_low &&
+         a.clip_high == b.clip_high && a.beta == b.beta;
+}
+
 }  // namespace
 
 std::vector<std::vector<Piece>> PlanMicroBatches(const std::vector<Row>& rows,
@@ -301,20 +313,36 @@ absl::Status RunMicroBatch(const LlamaModel& model,
         logits, batch.target_labels.narrow(0, start, n),
         torch::nn::functional::CrossEntropyFuncOptions().reduction(
             torch::kNone));
-    // Each owner's targets in this chunk, through its own loss.
-    std::vector<torch::Tensor> parts;
+    // Each owner's targets in this chunk, through its own loss. The ranges
+    // tile the targets in order; neighbours with the same loss form one span
+    // (the losses are per token), and p is split into the spans: one op,
+    // whose backward is one cat (a narrow's backward would fill a
+    // chunk-sized zero tensor per owner).
+    std::vector<LossSpan> spans;
     for (const MicroBatch::Range& range : batch.ranges) {
       const int64_t first = std::max(range.first, start);
       const int64_t last = std::min(range.first + range.count, start + n);
       if (first >= last) continue;
-      const int64_t count = last - first;
-      parts.push_back(TokenLosses(owners.losses[range.owner],
-                                  p.narrow(0, first - start, count),
-                                  Slice(batch.weights, first, count),
-                                  Slice(batch.sampler_logprobs, first, count),
-                                  Slice(batch.advantages, first, count)));
+      const LossFnSpec& loss = owners.losses[range.owner];
+      if (!spans.empty() && SameLoss(*spans.back().loss, loss)) {
+        spans.back().count += last - first;
+      } else {
+        spans.push_back({&loss, first, last - first});
+      }
     }
-    torch::Tensor contribution = torch::cat(parts, 0);
+    std::vector<int64_t> sizes;
+    for (const LossSpan& span : spans) sizes.push_back(span.count);
+    const std::vector<torch::Tensor> span_p = p.split_with_sizes(sizes, 0);
+    std::vector<torch::Tensor> parts;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const LossSpan& span = spans[i];
+      parts.push_back(TokenLosses(
+          *span.loss, span_p[i], Slice(batch.weights, span.first, span.count),
+          Slice(batch.sampler_logprobs, span.first, span.count),
+          Slice(batch.advantages, span.first, span.count)));
+    }
+    torch::Tensor contribution =
+        parts.size() == 1 ? parts.front() : torch::cat(parts, 0);
     if (backward) {
       contribution.sum().backward();
       grads.push_back(part.grad());
