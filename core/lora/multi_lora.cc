@@ -162,10 +162,68 @@ struct BucketKey {
   }
 };
 
-// [k, ...] from k same-shape tensors; a view when k is 1.
-torch::Tensor Stack(const std::vector<torch::Tensor>& tensors) {
-  return tensors.size() == 1 ? tensors.front().unsqueeze(0)
-                             : torch::stack(tensors);
+// The LoRA matrices of a bucket as one bmm operand. apply(matrices, count)
+// takes `count` members' matrices, member-major (m0 p0, m0 p1, …, m1 p0, …),
+// part p's matrix [rows_p, cols] in every member. It returns
+// [count, cols, R], R = Σ rows_p: per member, its parts joined by rows and
+// transposed. Forward is one cat, and the result a view of it.
+//
+// Why not stack, cat and transpose: through those, each matrix's gradient
+// arrives transposed, and AccumulateGrad copies it into the parameter's
+// layout: one kernel per LoRA matrix and step (5,376 for 16 slots of a
+// 24-layer model with all seven targets). Here backward transposes the
+// operand's gradient back into one contiguous [count, R, cols] tensor (a
+// single kernel) and hands each matrix a contiguous view of its rows, which
+// has its parameter's layout, so autograd keeps it as the .grad as it is.
+class JoinTransposedFunction
+    : public torch::autograd::Function<JoinTransposedFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx,
+                               torch::TensorList matrices, int64_t count) {
+    const size_t parts = matrices.size() / static_cast<size_t>(count);
+    std::vector<int64_t> rows;
+    int64_t total = 0;
+    for (size_t p = 0; p < parts; ++p) {
+      rows.push_back(matrices[p].size(0));
+      total += rows.back();
+    }
+    ctx->saved_data["count"] = count;
+    ctx->saved_data["rows"] = rows;
+    return torch::cat(matrices, 0)
+        .view({count, total, matrices[0].size(1)})
+        .transpose(1, 2);
+  }
+
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::variable_list grads) {
+    const int64_t count = ctx->saved_data["count"].toInt();
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    // [count, Σ rows, cols], contiguous: each matrix's rows are then a
+    // contiguous block in its own layout.
+    const torch::Tensor joined = grads[0].transpose(1, 2).contiguous();
+    torch::autograd::variable_list out;
+    for (int64_t k = 0; k < count; ++k) {
+      const torch::Tensor member = joined.select(0, k);
+      int64_t offset = 0;
+      for (int64_t part_rows : rows) {
+        out.push_back(member.narrow(0, offset, part_rows));
+        offset += part_rows;
+      }
+    }
+    out.emplace_back();  // count
+    return out;
+  }
+};
+
+// [count, cols, Σ rows_p] from the member-major matrices of `count` members,
+// as JoinTransposedFunction; a view when there is a single matrix.
+torch::Tensor JoinTransposed(const std::vector<torch::Tensor>& matrices,
+                             int64_t count) {
+  if (matrices.size() == 1) return matrices.front().t().unsqueeze(0);
+  // As a TensorList: autograd tracks the tensors of a list argument, not of
+  // a std::vector.
+  return JoinTransposedFunction::apply(torch::TensorList(matrices), count);
 }
 
 }  // namespace
@@ -234,17 +292,14 @@ void MultiLoraDelta::AddGrouped(int layer, const torch::Tensor& x,
       if (one_scale) return low.mul(scales.front());
       return low.mul(torch::tensor(scales, low.options()).view({count, 1, 1}));
     };
-    // [count, Σ ranks, in]: each member's A matrices of `projs`, stacked
-    // (one stack per projection, whatever the number of members).
-    auto stacked_a = [&](const std::vector<size_t>& projs) {
-      std::vector<torch::Tensor> per_projection;
-      for (size_t j : projs) {
-        std::vector<torch::Tensor> a_list;
-        for (size_t s : members) a_list.push_back(modules[s][j]->a);
-        per_projection.push_back(Stack(a_list));
+    // [count, in, Σ ranks]: each member's A matrices of `projs`, joined
+    // and transposed (one cat, whatever the number of members).
+    auto a_t = [&](const std::vector<size_t>& projs) {
+      std::vector<torch::Tensor> matrices;
+      for (size_t s : members) {
+        for (size_t j : projs) matrices.push_back(modules[s][j]->a);
       }
-      return per_projection.size() == 1 ? per_projection.front()
-                                        : torch::cat(per_projection, 1);
+      return JoinTransposed(matrices, count);
     };
     std::vector<torch::Tensor> low(n);  // scale · x Aᵀ, [count, tokens, r].
     if (key.dropout > 0) {
@@ -255,23 +310,23 @@ void MultiLoraDelta::AddGrouped(int layer, const torch::Tensor& x,
         }
         const torch::Tensor dropped = ApplyDropout(bucket_x, seeds, key.dropout)
                                           .reshape({count, tokens, in});
-        low[j] = scaled(at::bmm(dropped, stacked_a({j}).transpose(1, 2)));
+        low[j] = scaled(at::bmm(dropped, a_t({j})));
       }
     } else {
-      // Projections that share this input read it once.
+      // Projections that share this input read it once. Split, not
+      // narrowed: backward then joins the pieces' gradients with one cat,
+      // where each narrow's backward fills a full-size zero tensor.
       const torch::Tensor all =
-          scaled(at::bmm(bucket_x.reshape({count, tokens, in}),
-                         stacked_a(used).transpose(1, 2)));
-      int64_t offset = 0;
-      for (size_t j : used) {
-        low[j] = all.narrow(2, offset, key.ranks[j]);
-        offset += key.ranks[j];
-      }
+          scaled(at::bmm(bucket_x.reshape({count, tokens, in}), a_t(used)));
+      std::vector<int64_t> ranks;
+      for (size_t j : used) ranks.push_back(key.ranks[j]);
+      const std::vector<torch::Tensor> parts = all.split_with_sizes(ranks, 2);
+      for (size_t k = 0; k < used.size(); ++k) low[used[k]] = parts[k];
     }
     for (size_t j : used) {
       std::vector<torch::Tensor> b_list;
       for (size_t s : members) b_list.push_back(modules[s][j]->b);
-      const torch::Tensor b_t = Stack(b_list).transpose(1, 2);
+      const torch::Tensor b_t = JoinTransposed(b_list, count);
       if (whole) {
         torch::Tensor& out = outputs[j];
         out =

@@ -449,6 +449,101 @@ TEST(MultiLoraTest, BackwardMemoryDoesNotGrowWithSlotCount) {
       << "bytes with 8 slots " << bytes_many << ", with 1 slot " << bytes_one;
 }
 
+// The grouped kernel hands each LoRA matrix its gradient in the matrix's
+// own layout, a view of one buffer per projection group (A) or projection
+// (B) that all the bucket's adapters share, so the backward pass keeps it as
+// it is. Through a plain stack and transpose each gradient arrives
+// transposed and is copied apart: one copy (on a GPU, one kernel) per LoRA
+// matrix and step.
+TEST(MultiLoraTest, GroupedGradientsReachTheMatricesWithoutCopies) {
+  const LlamaModel& model = TinyModel();
+  const std::vector<Projection> all(kAllProjections.begin(),
+                                    kAllProjections.end());
+  std::vector<std::unique_ptr<LoraWeights>> adapters;
+  std::vector<LoraSegment> segments;
+  for (int i = 0; i < 3; ++i) {
+    adapters.push_back(
+        std::make_unique<LoraWeights>(model.config(), torch::kCPU));
+    ASSERT_TRUE(adapters.back()->Bind(Config(4, all)).ok());
+    adapters.back()->InitPeft(i + 1);
+    RandomizeB(*adapters.back(), 10 + i, 0.05);
+    segments.push_back({adapters.back().get(), 1});
+  }
+  torch::manual_seed(2);
+  const torch::Tensor ids = torch::randint(0, 259, {3, 9}, torch::kInt64);
+  const torch::Tensor lengths = torch::tensor({9, 6, 9}, torch::kInt64);
+  MultiLoraDelta delta(segments);
+  auto logits = model.Forward(ids, lengths, &delta);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  logits->pow(2).mean().backward();
+
+  const std::vector<LoraModule>& first = adapters[0]->modules();
+  for (size_t m = 0; m < first.size(); ++m) {
+    SCOPED_TRACE("module " + std::to_string(m));
+    for (const auto& adapter : adapters) {
+      const LoraModule& module = adapter->modules()[m];
+      for (const torch::Tensor* param : {&module.a, &module.b}) {
+        ASSERT_TRUE(param->grad().defined());
+        EXPECT_GT(param->grad().abs().max().item<double>(), 0);
+        EXPECT_EQ(param->grad().strides(), param->strides());
+      }
+      EXPECT_TRUE(module.a.grad().is_alias_of(first[m].a.grad()));
+      EXPECT_TRUE(module.b.grad().is_alias_of(first[m].b.grad()));
+    }
+  }
+  // q, k and v read one input, so their A matrices form one operand.
+  EXPECT_TRUE(first[0].a.grad().is_alias_of(first[2].a.grad()));
+}
+
+// One adapter in two segments of a bucket (two forward/backward calls of one
+// session in a pass): its matrices appear twice in the grouped operands, and
+// their gradients add up, as the per-slot kernel's do (fp64).
+TEST(MultiLoraTest, GroupedKernelAddsTheGradientsOfAnAdapterInTwoSegments) {
+  const LlamaModel& model = TinyModel64();
+  const std::vector<Projection> all(kAllProjections.begin(),
+                                    kAllProjections.end());
+  LoraWeights twice(model.config(), torch::kCPU, torch::kFloat64);
+  LoraWeights once(model.config(), torch::kCPU, torch::kFloat64);
+  ASSERT_TRUE(twice.Bind(Config(4, all)).ok());
+  ASSERT_TRUE(once.Bind(Config(4, all)).ok());
+  twice.InitPeft(1);
+  once.InitPeft(2);
+  RandomizeB(twice, 3, 0.05);
+  RandomizeB(once, 4, 0.05);
+  torch::manual_seed(6);
+  const torch::Tensor ids = torch::randint(0, 259, {6, 9}, torch::kInt64);
+  const torch::Tensor lengths =
+      torch::tensor({9, 7, 9, 5, 9, 8}, torch::kInt64);
+  const torch::Tensor weights = torch::randn({6, 9, 259}, torch::kFloat64);
+  auto run = [&](LoraKernel kernel) {
+    for (const LoraWeights* w : {&twice, &once}) {
+      for (torch::Tensor p : w->parameters())
+        p.mutable_grad() = torch::Tensor();
+    }
+    MultiLoraDelta delta({{&twice, 2}, {&once, 2}, {&twice, 2}}, kernel);
+    auto logits = model.Forward(ids, lengths, &delta);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    (*logits * weights).sum().backward();
+    std::vector<torch::Tensor> grads;
+    for (const LoraWeights* w : {&twice, &once}) {
+      for (const torch::Tensor& p : w->parameters()) {
+        EXPECT_TRUE(p.grad().defined());
+        grads.push_back(p.grad().clone());
+      }
+    }
+    return grads;
+  };
+  const std::vector<torch::Tensor> reference = run(LoraKernel::kPerSlot);
+  const std::vector<torch::Tensor> grouped = run(LoraKernel::kGrouped);
+  ASSERT_EQ(grouped.size(), reference.size());
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const double scale = reference[i].abs().max().item<double>();
+    EXPECT_GT(scale, 0) << "gradient " << i;
+    EXPECT_LE(MaxDiff(grouped[i], reference[i]), 1e-12 * scale)
+        << "gradient " << i;
+  }
+}
+
 TEST(MultiLoraTest, DropoutIsSeededPerRowAndOffInEvaluation) {
   const LlamaModel& model = TinyModel();
   LoraWeights a(model.config(), torch::kCPU);
