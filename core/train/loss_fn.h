@@ -53,6 +53,12 @@ struct LossFnSpec {
   double clip_low = 0.0;
   double clip_high = 0.0;
   double beta = 0.0;  // dro's penalty weight (required).
+
+  // Every field: token losses under equal specs may be computed together.
+  bool operator==(const LossFnSpec& other) const {
+    return fn == other.fn && clip_low == other.clip_low &&
+           clip_high == other.clip_high && beta == other.beta;
+  }
 };
 
 // The loss `name` with `config` (loss_fn_config: clip_low_threshold and

@@ -206,11 +206,6 @@ struct LossSpan {
   int64_t count;
 };
 
-bool SameLoss(const LossFnSpec& a, const LossFnSpec& b) {
-  return a.fn == b.fn && a.clip_low == b.clip_low &&
-         a.clip_high == b.clip_high && a.beta == b.beta;
-}
-
 }  // namespace
 
 std::vector<std::vector<Piece>> PlanMicroBatches(const std::vector<Row>& rows,
@@ -324,7 +319,7 @@ absl::Status RunMicroBatch(const LlamaModel& model,
       const int64_t last = std::min(range.first + range.count, start + n);
       if (first >= last) continue;
       const LossFnSpec& loss = owners.losses[range.owner];
-      if (!spans.empty() && SameLoss(*spans.back().loss, loss)) {
+      if (!spans.empty() && *spans.back().loss == loss) {
         spans.back().count += last - first;
       } else {
         spans.push_back({&loss, first, last - first});
