@@ -30,6 +30,7 @@
 #include "core/common/test_faults.h"
 #include "core/dist/dist_env.h"
 #include "core/dist/process_group.h"
+#include "core/model/model_family.h"
 #include "core/model/model_presets.h"
 #include "core/runtime/device.h"
 #include "core/runtime/runtime_info.h"
@@ -220,7 +221,8 @@ int64_t ResolveTokenBudget(int64_t flag, const LlamaModel& model,
 
 // What --version prints: the version, then what it runs on.
 std::string VersionText() {
-  std::string text = absl::StrCat("loraplex-server ", LORAPLEX_VERSION);
+  std::string text = absl::StrCat("loraplex-server ", LORAPLEX_VERSION,
+                                  "\nmodel families: ", SupportedModelTypes());
   for (const std::string& line : RuntimeLines(RuntimeProto(InspectRuntime()))) {
     absl::StrAppend(&text, "\n", line);
   }

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -96,7 +97,16 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights,
       weights_(std::move(weights)),
       dtype_(dtype),
       device_(device),
-      rotary_(config_.rope, config_.head_dim) {}
+      rotary_(config_.rope, config_.head_dim),
+      sliding_rotary_(config_.sliding_rope.value_or(config_.rope),
+                      config_.head_dim) {}
+
+bool LlamaModel::HasSlidingLayers() const {
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    if (LayerIsSliding(config_, layer)) return true;
+  }
+  return false;
+}
 
 absl::Status LlamaModel::CheckTokenIds(const torch::Tensor& input_ids) const {
   const int64_t min_id = input_ids.min().item<int64_t>();
@@ -140,12 +150,12 @@ absl::Status LlamaModel::ValidateBatch(const torch::Tensor& input_ids,
 }
 
 torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
-                                        int64_t seq_len) const {
+                                        int64_t seq_len,
+                                        std::optional<int64_t> window) const {
   const bool flash_eligible =
       device_.is_cuda() &&
       (dtype_ == torch::kBFloat16 || dtype_ == torch::kHalf);
-  if (flash_eligible && (!config_.sliding_window.has_value() ||
-                         seq_len <= *config_.sliding_window)) {
+  if (flash_eligible && (!window.has_value() || seq_len <= *window)) {
     // Causal attention without a mask, so the GPU's flash kernel can run.
     // Rows are right-padded: a valid query sees only earlier keys, all
     // valid, so its result is the masked one; padding queries see earlier
@@ -161,9 +171,7 @@ torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
   torch::Tensor query = positions.view({seq_len, 1});
   torch::Tensor key = positions.view({1, seq_len});
   torch::Tensor visible = key <= query;
-  if (config_.sliding_window.has_value()) {
-    visible = visible & (query - key < *config_.sliding_window);
-  }
+  if (window.has_value()) visible = visible & (query - key < *window);
   // Keys past a row's length are padding and hidden from every query.
   // A padding query sees only itself: with a sliding window it could
   // otherwise see nothing, and the NaN of an empty softmax would reach valid
@@ -179,9 +187,18 @@ torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
 
 torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x,
                                   const torch::Tensor& weight) const {
-  torch::Tensor wide = x.to(Fp32OrFp64(x.scalar_type()));
+  const torch::ScalarType wide_type = Fp32OrFp64(x.scalar_type());
+  torch::Tensor wide = x.to(wide_type);
   torch::Tensor variance = wide.pow(2).mean(-1, /*keepdim=*/true);
   wide = wide * torch::rsqrt(variance + config_.rms_norm_eps);
+  switch (config_.norm_style) {
+    case NormStyle::kCastThenScale:
+      break;
+    case NormStyle::kScaleThenCast:
+      return (weight.to(wide_type) * wide).to(x.scalar_type());
+    case NormStyle::kOnePlusWeight:
+      return (wide * (weight.to(wide_type) + 1.0)).to(x.scalar_type());
+  }
   return weight * wide.to(x.scalar_type());
 }
 
@@ -208,15 +225,14 @@ torch::Tensor LlamaModel::AdditiveMask(const torch::Tensor& visible) const {
 }
 
 torch::Tensor LlamaModel::CachedAttentionMask(
-    const KvCache& cache, const torch::Tensor& positions) const {
+    const KvCache& cache, const torch::Tensor& positions,
+    std::optional<int64_t> window) const {
   const int64_t seq = positions.size(1);
   const int64_t columns = cache.columns_;
   torch::Tensor key = cache.positions_.narrow(1, 0, columns).unsqueeze(1);
   torch::Tensor query = positions.unsqueeze(2);  // [rows, seq, 1]
   torch::Tensor visible = (key >= 0) & (key <= query);
-  if (config_.sliding_window.has_value()) {
-    visible = visible & (query - key < *config_.sliding_window);
-  }
+  if (window.has_value()) visible = visible & (query - key < *window);
   // A padding query sees only its own column, so its softmax is never empty
   // (see AttentionMask).
   auto index_options =
@@ -243,8 +259,24 @@ torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
                                                Projection::kV};
   static const std::vector<Projection> kOut = {Projection::kO};
   std::vector<torch::Tensor> qkv = Project(layer, x, kQkv, delta);
-  torch::Tensor q = heads(qkv[0], config_.num_attention_heads);
-  torch::Tensor k = heads(qkv[1], config_.num_key_value_heads);
+  const LayerWeights& weights = weights_.layers[layer];
+  torch::Tensor q, k;
+  switch (config_.qk_norm) {
+    case QkNorm::kNone:
+      q = heads(qkv[0], config_.num_attention_heads);
+      k = heads(qkv[1], config_.num_key_value_heads);
+      break;
+    case QkNorm::kPerHead:  // Over each head's head_dim values.
+      q = RmsNorm(qkv[0].view({batch, seq, -1, head_dim}), weights.q_norm)
+              .transpose(1, 2);
+      k = RmsNorm(qkv[1].view({batch, seq, -1, head_dim}), weights.k_norm)
+              .transpose(1, 2);
+      break;
+    case QkNorm::kWholeProjection:
+      q = heads(RmsNorm(qkv[0], weights.q_norm), config_.num_attention_heads);
+      k = heads(RmsNorm(qkv[1], weights.k_norm), config_.num_key_value_heads);
+      break;
+  }
   torch::Tensor v = heads(qkv[2], config_.num_key_value_heads);
   q = RotaryEmbedding::Apply(q, rope);
   k = RotaryEmbedding::Apply(k, rope);
@@ -261,7 +293,8 @@ torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
     k = k.repeat_interleave(groups, /*dim=*/1);
     v = v.repeat_interleave(groups, /*dim=*/1);
   }
-  torch::Tensor attended = ScaledDotProductAttention(q, k, v, mask);
+  torch::Tensor attended =
+      ScaledDotProductAttention(q, k, v, mask, config_.attention_scale);
   attended = attended.transpose(1, 2).reshape(
       {batch, seq, config_.num_attention_heads * head_dim});
   return Project(layer, attended, kOut, delta)[0];
@@ -273,30 +306,72 @@ torch::Tensor LlamaModel::Mlp(int layer, const torch::Tensor& x,
                                                   Projection::kUp};
   static const std::vector<Projection> kDown = {Projection::kDown};
   std::vector<torch::Tensor> gate_up = Project(layer, x, kGateUp, delta);
-  return Project(layer, torch::silu(gate_up[0]) * gate_up[1], kDown, delta)[0];
+  torch::Tensor gate = config_.activation == MlpActivation::kGeluTanh
+                           ? torch::gelu(gate_up[0], "tanh")
+                           : torch::silu(gate_up[0]);
+  return Project(layer, gate * gate_up[1], kDown, delta)[0];
 }
 
 torch::Tensor LlamaModel::HiddenStates(const torch::Tensor& input_ids,
                                        const torch::Tensor& lengths,
                                        const ProjectionDelta* delta) const {
   const int64_t seq = input_ids.size(1);
-  return Decoder(input_ids, rotary_.Tables(seq, dtype_, device_),
-                 AttentionMask(lengths, seq), delta, nullptr);
+  LayerInputs inputs;
+  inputs.rope = rotary_.Tables(seq, dtype_, device_);
+  inputs.mask = AttentionMask(lengths, seq, std::nullopt);
+  if (HasSlidingLayers()) {
+    inputs.sliding_rope = config_.sliding_rope.has_value()
+                              ? sliding_rotary_.Tables(seq, dtype_, device_)
+                              : inputs.rope;
+    inputs.sliding_mask = AttentionMask(lengths, seq, config_.sliding_window);
+  }
+  return Decoder(input_ids, inputs, delta, nullptr);
 }
 
 torch::Tensor LlamaModel::Decoder(const torch::Tensor& input_ids,
-                                  const RopeTables& rope,
-                                  const torch::Tensor& mask,
+                                  const LayerInputs& inputs,
                                   const ProjectionDelta* delta,
                                   KvCache* cache) const {
   torch::Tensor x =
       torch::embedding(weights_.embed_tokens, input_ids.to(device_));
+  if (config_.scale_embeddings) {
+    // sqrt(hidden) rounded to the weights' dtype first, as transformers
+    // scales Gemma's embeddings.
+    x = x * torch::scalar_tensor(
+                std::sqrt(static_cast<double>(config_.hidden_size)),
+                torch::kFloat32)
+                .to(x.scalar_type());
+  }
+  const NormPlacement placement = config_.norm_placement;
   for (int layer = 0; layer < static_cast<int>(weights_.layers.size());
        ++layer) {
     const LayerWeights& weights = weights_.layers[layer];
-    x = x + Attention(layer, RmsNorm(x, weights.input_norm), rope, mask, delta,
-                      cache);
-    x = x + Mlp(layer, RmsNorm(x, weights.post_attention_norm), delta);
+    const bool sliding = LayerIsSliding(config_, layer);
+    torch::Tensor h = placement == NormPlacement::kPostNorm
+                          ? x
+                          : RmsNorm(x, weights.input_norm);
+    h = Attention(layer, h, sliding ? inputs.sliding_rope : inputs.rope,
+                  sliding ? inputs.sliding_mask : inputs.mask, delta, cache);
+    if (placement != NormPlacement::kPreNorm) {
+      h = RmsNorm(h, weights.post_attention_norm);
+    }
+    x = x + h;
+    switch (placement) {
+      case NormPlacement::kPreNorm:
+        h = RmsNorm(x, weights.post_attention_norm);
+        break;
+      case NormPlacement::kPostNorm:
+        h = x;
+        break;
+      case NormPlacement::kSandwich:
+        h = RmsNorm(x, weights.pre_feedforward_norm);
+        break;
+    }
+    h = Mlp(layer, h, delta);
+    if (placement != NormPlacement::kPreNorm) {
+      h = RmsNorm(h, weights.post_feedforward_norm);
+    }
+    x = x + h;
   }
   return RmsNorm(x, weights_.final_norm);
 }
@@ -351,9 +426,19 @@ absl::StatusOr<torch::Tensor> LlamaModel::ForwardCached(
     cache.columns_ += seq;
     cache.next_positions_ = cache.next_positions_ + counts.select(1, seq - 1);
 
-    return Decoder(input_ids,
-                   rotary_.TablesAt(positions.clamp_min(0), dtype_, device_),
-                   CachedAttentionMask(cache, positions), delta, &cache);
+    const torch::Tensor clamped = positions.clamp_min(0);
+    LayerInputs inputs;
+    inputs.rope = rotary_.TablesAt(clamped, dtype_, device_);
+    inputs.mask = CachedAttentionMask(cache, positions, std::nullopt);
+    if (HasSlidingLayers()) {
+      inputs.sliding_rope =
+          config_.sliding_rope.has_value()
+              ? sliding_rotary_.TablesAt(clamped, dtype_, device_)
+              : inputs.rope;
+      inputs.sliding_mask =
+          CachedAttentionMask(cache, positions, config_.sliding_window);
+    }
+    return Decoder(input_ids, inputs, delta, &cache);
   } catch (const c10::Error& e) {
     return TorchError(e);
   }

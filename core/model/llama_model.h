@@ -1,4 +1,7 @@
-// The frozen Llama-family decoder every adapter trains on (DESIGN.md §2).
+// The frozen decoder every adapter trains on (DESIGN.md §2): the Llama layout
+// and the variants the model families describe (model_family.h: norm
+// placement and style, q/k norms, GELU-tanh MLPs, scaled embeddings,
+// sliding-window layers with their own RoPE).
 //
 // Loads a Hugging Face checkpoint directory (config.json + safetensors, single
 // or sharded) and runs the decoder over right-padded batches:
@@ -146,16 +149,27 @@ class LlamaModel {
   torch::ScalarType logits_dtype() const;
 
  private:
+  // What the layers of one forward pass share, per kind of layer: RoPE
+  // tables and the additive attention mask (undefined: plain causal).
+  struct LayerInputs {
+    RopeTables rope;
+    torch::Tensor mask;
+    RopeTables sliding_rope;  // Of the sliding-window layers.
+    torch::Tensor sliding_mask;
+  };
+
   // INVALID_ARGUMENT unless every id is in [0, vocab).
   absl::Status CheckTokenIds(const torch::Tensor& input_ids) const;
   absl::Status ValidateBatch(const torch::Tensor& input_ids,
                              const torch::Tensor& lengths) const;
-  // The additive mask of right-padded rows with `lengths`, or undefined
-  // where plain causal attention gives the same valid positions (no sliding
-  // window shorter than seq_len) and a GPU can use its flash kernel for it
-  // (bf16 or fp16 on CUDA).
-  torch::Tensor AttentionMask(const torch::Tensor& lengths,
-                              int64_t seq_len) const;
+  // The additive mask of right-padded rows with `lengths`, keys at most
+  // `window` - 1 back when set, or undefined where plain causal attention
+  // gives the same valid positions (no window shorter than seq_len) and a
+  // GPU can use its flash kernel for it (bf16 or fp16 on CUDA).
+  torch::Tensor AttentionMask(const torch::Tensor& lengths, int64_t seq_len,
+                              std::optional<int64_t> window) const;
+  // RMSNorm over the last dimension, its weight applied as the config's
+  // NormStyle says.
   torch::Tensor RmsNorm(const torch::Tensor& x,
                         const torch::Tensor& weight) const;
   // The base outputs of `projections` on x, passed through `delta`.
@@ -170,18 +184,21 @@ class LlamaModel {
                           KvCache* cache = nullptr) const;
   // Additive mask [rows, 1, seq, columns] of the queries at `positions`
   // (int64 [rows, seq], -1 for padding) over the cache's columns, the new
-  // ones included.
+  // ones included; keys at most `window` - 1 back when set.
   torch::Tensor CachedAttentionMask(const KvCache& cache,
-                                    const torch::Tensor& positions) const;
+                                    const torch::Tensor& positions,
+                                    std::optional<int64_t> window) const;
   torch::Tensor Mlp(int layer, const torch::Tensor& x,
                     const ProjectionDelta* delta) const;
   // The -inf/0 mask [rows, 1, queries, keys] of bool `visible`.
   torch::Tensor AdditiveMask(const torch::Tensor& visible) const;
   // Embedding, every layer and the final norm, for the forward passes with
   // and without a cache.
-  torch::Tensor Decoder(const torch::Tensor& input_ids, const RopeTables& rope,
-                        const torch::Tensor& mask, const ProjectionDelta* delta,
+  torch::Tensor Decoder(const torch::Tensor& input_ids,
+                        const LayerInputs& inputs, const ProjectionDelta* delta,
                         KvCache* cache) const;
+  // True when some layer attends through the sliding window.
+  bool HasSlidingLayers() const;
   torch::Tensor HiddenStates(const torch::Tensor& input_ids,
                              const torch::Tensor& lengths,
                              const ProjectionDelta* delta) const;
@@ -191,6 +208,7 @@ class LlamaModel {
   torch::ScalarType dtype_;
   torch::Device device_;
   RotaryEmbedding rotary_;
+  RotaryEmbedding sliding_rotary_;  // The sliding-window layers' RoPE.
 };
 
 }  // namespace loraplex

@@ -1,9 +1,13 @@
-// The architecture description of a Llama-family base model.
+// The architecture description of a decoder-only base model.
 //
-// Parsed from a Hugging Face `config.json` (Llama, Qwen2 and Mistral layouts;
-// both the 4.x `rope_theta`/`rope_scaling` keys and the 5.x `rope_parameters`
-// key are understood) and validated, so that an unsupported or inconsistent
-// checkpoint is rejected up front with the offending key in the message.
+// Parsed from a Hugging Face `config.json` and validated, so that an
+// unsupported or inconsistent checkpoint is rejected up front with the
+// offending key in the message. The keys every family shares (sizes, heads,
+// RoPE in both the 4.x `rope_theta`/`rope_scaling` and the 5.x
+// `rope_parameters` spelling, dtype, token ids) are read here; the keys of
+// one family, and the architecture features they set, are read by that
+// family's description (core/model/model_family.h, one file per family under
+// core/model/families/).
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
 #ifndef LORAPLEX_CORE_MODEL_MODEL_CONFIG_H_
@@ -12,19 +16,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace loraplex {
-
-// Which Hugging Face layout a checkpoint uses. The three share module names
-// and differ only in biases and attention windowing.
-enum class ModelFamily {
-  kLlama,    // model_type "llama": optional attention_bias / mlp_bias.
-  kQwen2,    // model_type "qwen2": q/k/v projections always carry biases.
-  kMistral,  // model_type "mistral": optional sliding-window attention.
-};
 
 // How rotary frequencies are derived from rope_theta.
 enum class RopeType {
@@ -52,8 +49,43 @@ enum class StoredDtype {
 // "float32", "bfloat16", "float16": config.json's spelling.
 absl::string_view StoredDtypeName(StoredDtype dtype);
 
+// How an RMSNorm applies its weight w to the normalised x̂ (computed in
+// fp32, or fp64 for an fp64 model).
+enum class NormStyle {
+  kCastThenScale,  // w · x̂.to(dtype) (Llama, Qwen).
+  kScaleThenCast,  // (w · x̂).to(dtype) (OLMo 2/3).
+  kOnePlusWeight,  // (x̂ · (1 + w)).to(dtype) (Gemma; stored w is 0 at 1).
+};
+
+// Where a decoder layer's norms sit around attention and the MLP.
+enum class NormPlacement {
+  // x += attn(input_norm(x)); x += mlp(post_attention_norm(x)).
+  kPreNorm,
+  // x += post_attention_norm(attn(x)); x += post_feedforward_norm(mlp(x))
+  // (OLMo 2/3: no input norm).
+  kPostNorm,
+  // x += post_attention_norm(attn(input_norm(x)));
+  // x += post_feedforward_norm(mlp(pre_feedforward_norm(x))) (Gemma 2/3).
+  kSandwich,
+};
+
+// RMSNorm on queries and keys, after their projections, before RoPE.
+enum class QkNorm {
+  kNone,
+  kPerHead,          // q_norm / k_norm of width head_dim (Qwen3, Gemma 3).
+  kWholeProjection,  // Widths heads·head_dim and kv_heads·head_dim (OLMo).
+};
+
+// The MLP's gate activation: act(gate(x)) · up(x).
+enum class MlpActivation {
+  kSilu,      // "silu" (SwiGLU).
+  kGeluTanh,  // "gelu_pytorch_tanh" / "gelu_tanh" (GeGLU, Gemma).
+};
+
 struct ModelConfig {
-  ModelFamily family = ModelFamily::kLlama;
+  // config.json's model_type, e.g. "qwen3": the family whose description
+  // parsed this config (model_family.h).
+  std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -68,8 +100,26 @@ struct ModelConfig {
   bool qkv_bias = false;  // Biases on q_proj, k_proj, v_proj.
   bool o_bias = false;    // Bias on o_proj.
   bool mlp_bias = false;  // Biases on gate_proj, up_proj, down_proj.
-  // Keys further back than this are hidden (Mistral); unset = full causal.
+  // Keys further back than this are hidden in the sliding-window layers;
+  // unset = every layer full causal.
   std::optional<int64_t> sliding_window;
+  // Per layer: true where the layer attends through sliding_window
+  // (config.json's layer_types "sliding_attention"). Empty means every layer
+  // when sliding_window is set (Mistral).
+  std::vector<bool> sliding_layers;
+  // RoPE of the sliding-window layers where it differs from `rope`
+  // (Gemma 3's rope_local_base_freq; 5.x per-layer-type rope_parameters).
+  std::optional<RopeConfig> sliding_rope;
+  NormStyle norm_style = NormStyle::kCastThenScale;
+  NormPlacement norm_placement = NormPlacement::kPreNorm;
+  QkNorm qk_norm = QkNorm::kNone;
+  MlpActivation activation = MlpActivation::kSilu;
+  // Embeddings multiplied by sqrt(hidden_size), rounded to the compute
+  // dtype (Gemma).
+  bool scale_embeddings = false;
+  // Attention logits' scale; unset = 1/sqrt(head_dim). Gemma 3 uses
+  // query_pre_attn_scalar^-0.5.
+  std::optional<double> attention_scale;
   StoredDtype dtype = StoredDtype::kFloat32;  // As stored in the checkpoint.
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> eos_token_id;
@@ -89,7 +139,8 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 // A config.json (Hugging Face 4.x keys) describing `config`.
 std::string ModelConfigToJson(const ModelConfig& config);
 
-absl::string_view ModelFamilyName(ModelFamily family);
+// Whether decoder layer `layer` attends through the sliding window.
+bool LayerIsSliding(const ModelConfig& config, int64_t layer);
 
 }  // namespace loraplex
 

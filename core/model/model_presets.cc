@@ -54,7 +54,7 @@ torch::Tensor PortableNormal(const std::vector<int64_t>& shape, double stddev,
 
 ModelConfig TinyConfig() {
   ModelConfig config;
-  config.family = ModelFamily::kLlama;
+  config.model_type = "llama";
   config.vocab_size = ByteTokenizer::kVocabSize;
   config.hidden_size = 64;
   config.intermediate_size = 176;
@@ -106,7 +106,10 @@ absl::Status WriteRandomModel(const ModelConfig& config, uint64_t seed,
   for (const TensorSpec& spec : ModelTensorSpecs(config)) {
     torch::Tensor tensor;
     if (spec.shape.size() == 1 && spec.name.find("norm") != std::string::npos) {
-      tensor = torch::ones(spec.shape, torch::kFloat32);
+      // The identity norm: weight 1, or 0 where it is applied as (1 + w).
+      tensor = config.norm_style == NormStyle::kOnePlusWeight
+                   ? torch::zeros(spec.shape, torch::kFloat32)
+                   : torch::ones(spec.shape, torch::kFloat32);
     } else if (spec.shape.size() == 1) {  // Biases.
       tensor = PortableNormal(spec.shape, 0.02, seed, spec.name);
     } else if (spec.name == "model.embed_tokens.weight") {

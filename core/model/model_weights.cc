@@ -82,14 +82,63 @@ bool ProjectionHasBias(const ModelConfig& config, Projection projection) {
   }
 }
 
+namespace {
+
+// A layer's norm tensors with the field of LayerWeights each fills, in
+// checkpoint order.
+struct LayerNorm {
+  const char* module;
+  torch::Tensor LayerWeights::*field;
+  int64_t width;
+};
+
+std::vector<LayerNorm> LayerNorms(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
+  std::vector<LayerNorm> norms;
+  if (config.norm_placement != NormPlacement::kPostNorm) {
+    norms.push_back({"input_layernorm", &LayerWeights::input_norm, hidden});
+  }
+  norms.push_back(
+      {"post_attention_layernorm", &LayerWeights::post_attention_norm, hidden});
+  if (config.norm_placement == NormPlacement::kSandwich) {
+    norms.push_back({"pre_feedforward_layernorm",
+                     &LayerWeights::pre_feedforward_norm, hidden});
+  }
+  if (config.norm_placement != NormPlacement::kPreNorm) {
+    norms.push_back({"post_feedforward_layernorm",
+                     &LayerWeights::post_feedforward_norm, hidden});
+  }
+  switch (config.qk_norm) {
+    case QkNorm::kNone:
+      break;
+    case QkNorm::kPerHead:
+      norms.push_back(
+          {"self_attn.q_norm", &LayerWeights::q_norm, config.head_dim});
+      norms.push_back(
+          {"self_attn.k_norm", &LayerWeights::k_norm, config.head_dim});
+      break;
+    case QkNorm::kWholeProjection:
+      norms.push_back({"self_attn.q_norm", &LayerWeights::q_norm,
+                       config.num_attention_heads * config.head_dim});
+      norms.push_back({"self_attn.k_norm", &LayerWeights::k_norm,
+                       config.num_key_value_heads * config.head_dim});
+      break;
+  }
+  return norms;
+}
+
+}  // namespace
+
 std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config) {
   const int64_t hidden = config.hidden_size;
   std::vector<TensorSpec> specs;
   specs.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     const std::string prefix = LayerPrefix(layer);
-    specs.push_back({prefix + "input_layernorm.weight", {hidden}});
-    specs.push_back({prefix + "post_attention_layernorm.weight", {hidden}});
+    for (const LayerNorm& norm : LayerNorms(config)) {
+      specs.push_back(
+          {absl::StrCat(prefix, norm.module, ".weight"), {norm.width}});
+    }
     for (Projection p : kAllProjections) {
       const auto [out, in] = ProjectionShape(config, p);
       const std::string module = prefix + std::string(ProjectionModule(p));
@@ -113,8 +162,9 @@ ModelWeights AssembleModelWeights(
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     const std::string prefix = LayerPrefix(layer);
     LayerWeights lw;
-    lw.input_norm = fetch(prefix + "input_layernorm.weight");
-    lw.post_attention_norm = fetch(prefix + "post_attention_layernorm.weight");
+    for (const LayerNorm& norm : LayerNorms(config)) {
+      lw.*norm.field = fetch(absl::StrCat(prefix, norm.module, ".weight"));
+    }
     for (Projection p : kAllProjections) {
       const std::string module = prefix + std::string(ProjectionModule(p));
       LinearWeights& linear = lw.projections[static_cast<int>(p)];
@@ -178,10 +228,10 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
         " unexpected tensor(s): ", absl::StrJoin(unexpected, ", ")));
   }
   if (!problems.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, ": checkpoint does not match config.json (",
-        ModelFamilyName(config.family), ", ", config.num_hidden_layers,
-        " layers): ", absl::StrJoin(problems, "; ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": checkpoint does not match config.json (",
+                     config.model_type, ", ", config.num_hidden_layers,
+                     " layers): ", absl::StrJoin(problems, "; ")));
   }
 
   absl::Status load_status;

@@ -1,4 +1,4 @@
-// The frozen tensors of a Llama-family base model and how they are named.
+// The frozen tensors of a decoder-only base model and how they are named.
 //
 // `ModelTensorSpecs` lists every tensor a config implies, with Hugging Face
 // names and shapes; `LoadModelWeights` reads a checkpoint directory against
@@ -34,9 +34,15 @@ struct LinearWeights {
   torch::Tensor bias;    // [out], or undefined.
 };
 
+// A layer's norms as the config's NormPlacement and QkNorm call for them;
+// those a layout does not have stay undefined.
 struct LayerWeights {
-  torch::Tensor input_norm;                                // [hidden].
-  torch::Tensor post_attention_norm;                       // [hidden].
+  torch::Tensor input_norm;             // [hidden]; not with kPostNorm.
+  torch::Tensor post_attention_norm;    // [hidden].
+  torch::Tensor pre_feedforward_norm;   // [hidden]; kSandwich only.
+  torch::Tensor post_feedforward_norm;  // [hidden]; kPostNorm, kSandwich.
+  torch::Tensor q_norm;  // [head_dim] or [heads * head_dim]; with a QkNorm.
+  torch::Tensor k_norm;  // [head_dim] or [kv_heads * head_dim].
   std::array<LinearWeights, kNumProjections> projections;  // By Projection.
 
   const LinearWeights& at(Projection p) const {

@@ -4,6 +4,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Version.h>
 #include <c10/core/CPUAllocator.h>
+
+#include <cmath>
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/autograd/profiler_kineto.h>
 #endif
@@ -23,19 +25,28 @@ namespace loraplex {
 torch::Tensor ScaledDotProductAttention(const torch::Tensor& query,
                                         const torch::Tensor& key,
                                         const torch::Tensor& value,
-                                        const torch::Tensor& additive_mask) {
+                                        const torch::Tensor& additive_mask,
+                                        std::optional<double> scale) {
   const bool causal = !additive_mask.defined();
   // An undefined tensor would still count as a mask: pass none.
   const c10::optional<at::Tensor> mask =
       causal ? c10::nullopt : c10::optional<at::Tensor>(additive_mask);
 #if TORCH_VERSION_MAJOR >= 2
+  const c10::optional<double> logit_scale =
+      scale.has_value() ? c10::optional<double>(*scale) : c10::nullopt;
   return at::scaled_dot_product_attention(query, key, value, mask,
-                                          /*dropout_p=*/0.0, causal);
+                                          /*dropout_p=*/0.0, causal,
+                                          logit_scale);
 #else
   // LibTorch 1.13 ships the fused kernel under a private name that also
-  // returns the (unrequested) attention weights.
+  // returns the (unrequested) attention weights, and takes no scale: the
+  // queries carry it instead (the kernel divides by sqrt(head_dim)).
+  const torch::Tensor scaled =
+      scale.has_value()
+          ? query * (*scale * std::sqrt(static_cast<double>(query.size(-1))))
+          : query;
   return std::get<0>(at::_scaled_dot_product_attention(
-      query, key, value, mask, /*dropout_p=*/0.0,
+      scaled, key, value, mask, /*dropout_p=*/0.0,
       /*need_attn_weights=*/false, causal));
 #endif
 }

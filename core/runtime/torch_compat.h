@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -30,11 +31,11 @@ inline constexpr bool kTorchIs2OrNewer = TORCH_VERSION_MAJOR >= 2;
 // tensors. `additive_mask` broadcasts to [B, H, Tq, Tk] and holds 0 for
 // visible keys and -inf for hidden ones; undefined, the attention is causal
 // (query i sees keys 0..i, Tq == Tk), which lets a GPU use its flash
-// kernels.
-torch::Tensor ScaledDotProductAttention(const torch::Tensor& query,
-                                        const torch::Tensor& key,
-                                        const torch::Tensor& value,
-                                        const torch::Tensor& additive_mask);
+// kernels. `scale` multiplies the logits q·k; unset, 1/sqrt(head_dim).
+torch::Tensor ScaledDotProductAttention(
+    const torch::Tensor& query, const torch::Tensor& key,
+    const torch::Tensor& value, const torch::Tensor& additive_mask,
+    std::optional<double> scale = std::nullopt);
 
 // The key under which torch::optim::Optimizer keeps a parameter's state:
 // LibTorch 1.13 uses the TensorImpl address printed as a string, 2.x the

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/common/status_macros.h"
 #include "core/common/sha256.h"
+#include "core/common/status_macros.h"
 
 namespace loraplex {
 namespace {
@@ -42,8 +42,12 @@ std::string ModelFingerprint(const LlamaModel& model) {
   const ModelWeights& weights = model.weights();
   AddSample(weights.embed_tokens, digest);
   for (const LayerWeights& layer : weights.layers) {
-    AddSample(layer.input_norm, digest);
-    AddSample(layer.post_attention_norm, digest);
+    for (const torch::Tensor* norm :
+         {&layer.input_norm, &layer.post_attention_norm,
+          &layer.pre_feedforward_norm, &layer.post_feedforward_norm,
+          &layer.q_norm, &layer.k_norm}) {
+      if (norm->defined()) AddSample(*norm, digest);
+    }
     for (const LinearWeights& projection : layer.projections) {
       AddSample(projection.weight, digest);
       if (projection.bias.defined()) AddSample(projection.bias, digest);

@@ -14,7 +14,7 @@ grpc::ServerUnaryReactor* ServerInfoServiceImpl::GetServerInfo(
     const ModelConfig& model = context_->model;
     v1::BaseModel* base = response->mutable_base_model();
     base->set_name(context_->base_model_name);
-    base->set_family(std::string(ModelFamilyName(model.family)));
+    base->set_family(model.model_type);
     base->set_vocab_size(model.vocab_size);
     base->set_hidden_size(model.hidden_size);
     base->set_intermediate_size(model.intermediate_size);

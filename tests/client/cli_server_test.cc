@@ -126,6 +126,9 @@ TEST_F(CliServerTest, SaysWhatTheServerRunsOn) {
   const CliResult version = RunCli({"--version"}, server_program);
   ASSERT_EQ(version.exit_code, 0) << version.Describe();
   EXPECT_THAT(version.out, HasSubstr("loraplex-server 0."));
+  EXPECT_THAT(version.out,
+              HasSubstr("model families: llama, qwen2, mistral, qwen3, olmo2, "
+                        "olmo3, gemma3_text"));
   EXPECT_THAT(version.out, HasSubstr("LibTorch: " + torch));
   EXPECT_THAT(version.out, HasSubstr("BLAS: "));
   EXPECT_THAT(version.out, Not(HasSubstr("BLAS: unknown")));

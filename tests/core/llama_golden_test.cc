@@ -113,14 +113,18 @@ TEST_P(GoldenFp32Test, LogitsMatchTransformersOnCuda) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpoints, GoldenFp32Test,
-                         ::testing::Values("llama_gqa", "llama_tied_llama3",
-                                           "llama_linear_mqa",
-                                           "qwen2_bias_sharded",
-                                           "mistral_window", "llama_bf16"));
+INSTANTIATE_TEST_SUITE_P(
+    Checkpoints, GoldenFp32Test,
+    ::testing::Values("llama_gqa", "llama_tied_llama3", "llama_linear_mqa",
+                      "qwen2_bias_sharded", "mistral_window", "llama_bf16",
+                      "qwen3_tied", "qwen3_bias", "olmo2_post_norm",
+                      "olmo3_window", "gemma3_text_window", "qwen3_bf16",
+                      "gemma3_text_bf16"));
 
-TEST(GoldenTest, Bf16ComputeStaysNearTransformersBf16) {
-  const std::string dir = FixtureDir("llama_bf16");
+class GoldenBf16Test : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenBf16Test, Bf16ComputeStaysNearTransformersBf16) {
+  const std::string dir = FixtureDir(GetParam());
   const Golden golden = ReadGolden(dir);
   torch::Tensor logits = RunModel(dir, golden, std::nullopt);  // As stored.
   ASSERT_TRUE(logits.defined());
@@ -135,9 +139,9 @@ TEST(GoldenTest, Bf16ComputeStaysNearTransformersBf16) {
             std::max(0.05, 1.5 * hf_error));
 }
 
-TEST(GoldenTest, Bf16ComputeStaysNearTransformersBf16OnCuda) {
+TEST_P(GoldenBf16Test, Bf16ComputeStaysNearTransformersBf16OnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = FixtureDir("llama_bf16");
+  const std::string dir = FixtureDir(GetParam());
   const Golden golden = ReadGolden(dir);
   torch::Tensor logits =
       RunModel(dir, golden, std::nullopt, torch::Device(torch::kCUDA, 0));
@@ -148,6 +152,10 @@ TEST(GoldenTest, Bf16ComputeStaysNearTransformersBf16OnCuda) {
   EXPECT_LE(MaxValidDiff(logits, exact, golden.lengths),
             std::max(0.05, 1.5 * hf_error));
 }
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, GoldenBf16Test,
+                         ::testing::Values("llama_bf16", "qwen3_bf16",
+                                           "gemma3_text_bf16"));
 
 // Most checkpoints in the wild carry the 4.x keys (rope_theta, rope_scaling,
 // torch_dtype); the fixtures were written with the 5.x rope_parameters key.

@@ -33,7 +33,7 @@ std::string ErrorOf(const json& config) {
 TEST(ModelConfigTest, ParsesLlamaWithDefaults) {
   auto config = Parse(BaseLlama());
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->family, ModelFamily::kLlama);
+  EXPECT_EQ(config->model_type, "llama");
   EXPECT_EQ(config->head_dim, 8);
   EXPECT_EQ(config->rope.type, RopeType::kDefault);
   EXPECT_EQ(config->rope.theta, 10000.0);

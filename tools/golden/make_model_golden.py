@@ -70,6 +70,22 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+# The families added later are imported by name, so an older transformers
+# still generates the cases it knows.
+FAMILY_CLASSES = {
+    name: getattr(transformers, name, None)
+    for name in (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        "Olmo2Config",
+        "Olmo2ForCausalLM",
+        "Olmo3Config",
+        "Olmo3ForCausalLM",
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+    )
+}
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "golden"
 
@@ -194,6 +210,130 @@ def make_cases() -> list[dict]:
                 **rope_kwargs(10000.0, None),
             ),
             seed=1006,
+            bf16=True,
+        ),
+    ] + family_cases()
+
+
+def family_cases() -> list[dict]:
+    """The families of model_families.cc beyond llama, qwen2 and mistral."""
+    if not TF_V5 or any(cls is None for cls in FAMILY_CLASSES.values()):
+        print("transformers too old for qwen3/olmo2/olmo3/gemma3_text: skipped")
+        return []
+    c = FAMILY_CLASSES
+    # Token ids inside the tiny vocabulary (the families' defaults are not).
+    ids = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    three = dict(COMMON, num_hidden_layers=3)
+    return [
+        dict(
+            # Per-head q/k norms, explicit head_dim (16 != 32 / 4), tied.
+            name="qwen3_tied",
+            model_cls=c["Qwen3ForCausalLM"],
+            config=c["Qwen3Config"](
+                **COMMON,
+                num_key_value_heads=2,
+                head_dim=16,
+                tie_word_embeddings=True,
+                **rope_kwargs(1000000.0, None),
+                **ids,
+            ),
+            seed=1011,
+        ),
+        dict(
+            # Untied, with q/k/v/o biases (attention_bias).
+            name="qwen3_bias",
+            model_cls=c["Qwen3ForCausalLM"],
+            config=c["Qwen3Config"](
+                **COMMON,
+                num_key_value_heads=1,
+                tie_word_embeddings=False,
+                attention_bias=True,
+                **rope_kwargs(10000.0, None),
+                **ids,
+            ),
+            seed=1012,
+        ),
+        dict(
+            # Post-norm residuals, q/k norms over the whole projection.
+            name="olmo2_post_norm",
+            model_cls=c["Olmo2ForCausalLM"],
+            config=c["Olmo2Config"](
+                **COMMON,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+                **rope_kwargs(500000.0, None),
+                **ids,
+            ),
+            seed=1013,
+        ),
+        dict(
+            # OLMo 2's layout plus sliding-window layers (window 4 < T).
+            name="olmo3_window",
+            model_cls=c["Olmo3ForCausalLM"],
+            config=c["Olmo3Config"](
+                **three,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+                sliding_window=4,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                },
+                **ids,
+            ),
+            seed=1014,
+            check_layer_types=True,
+        ),
+        dict(
+            # Sandwich norms as (1 + w), scaled embeddings, GELU-tanh,
+            # query_pre_attn_scalar, sliding and global layers with their own
+            # RoPE bases.
+            name="gemma3_text_window",
+            model_cls=c["Gemma3ForCausalLM"],
+            config=c["Gemma3TextConfig"](
+                **three,
+                num_key_value_heads=2,
+                head_dim=16,
+                tie_word_embeddings=True,
+                sliding_window=4,
+                query_pre_attn_scalar=24,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+                **ids,
+            ),
+            seed=1015,
+            check_layer_types=True,
+        ),
+        dict(
+            name="qwen3_bf16",
+            model_cls=c["Qwen3ForCausalLM"],
+            config=c["Qwen3Config"](
+                **COMMON,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+                **rope_kwargs(1000000.0, None),
+                **ids,
+            ),
+            seed=1016,
+            bf16=True,
+        ),
+        dict(
+            name="gemma3_text_bf16",
+            model_cls=c["Gemma3ForCausalLM"],
+            config=c["Gemma3TextConfig"](
+                **three,
+                num_key_value_heads=2,
+                head_dim=16,
+                tie_word_embeddings=True,
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                **ids,
+            ),
+            seed=1017,
             bf16=True,
         ),
     ]
@@ -334,6 +474,18 @@ def run_case(case: dict, out_dir: Path) -> None:
         d = (nowin_logits[0, w:] - tensors["logits"][0, w:]).abs().max().item()
         assert d > 1e-3, f"sliding_window={w} had no effect on logits (max diff {d})"
         print(f"  sliding window {w} takes effect: max |diff| vs no window at t>={w}: {d:.4f}")
+
+    # The sliding-window layers must matter for the long row.
+    if case.get("check_layer_types"):
+        full_cfg = copy.deepcopy(cfg)
+        full_cfg.layer_types = ["full_attention"] * cfg.num_hidden_layers
+        full = case["model_cls"](full_cfg)
+        full.load_state_dict(model.state_dict())
+        full.eval()
+        w = cfg.sliding_window
+        d = (forward(full, ids, mask)[0, w:] - tensors["logits"][0, w:]).abs().max().item()
+        assert d > 1e-3, f"sliding layers had no effect on logits (max diff {d})"
+        print(f"  sliding layers take effect: max |diff| vs all full at t>={w}: {d:.4f}")
 
     # RoPE scaling must actually change the result at these short positions.
     if case.get("check_rope"):

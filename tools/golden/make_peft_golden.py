@@ -90,7 +90,7 @@ from packaging.version import Version
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 # The padded and per-row forwards are shared with the base-model fixtures.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -117,13 +117,28 @@ CASES = [
     dict(name="all_r8_rslora", r=8, lora_alpha=16, targets=ATTN + MLP, use_rslora=True, seed=3002, std=0.075),
     dict(name="mlp_r2", r=2, lora_alpha=4, targets=MLP, use_rslora=False, seed=3003, std=0.18),
     dict(name="q_v_r4_init", r=4, lora_alpha=8, targets=["q_proj", "v_proj"], use_rslora=False, seed=0, std=None),
+] + [
+    # One adapter on every projection for each family beyond Llama's layout,
+    # on that family's golden base (make_model_golden.py).
+    dict(name=f"{base}_all_r4", base=base, r=4, lora_alpha=8, targets=ATTN + MLP, use_rslora=False, seed=seed, std=0.14)
+    for base, seed in (
+        ("qwen3_tied", 3011),
+        ("olmo2_post_norm", 3012),
+        ("olmo3_window", 3013),
+        ("gemma3_text_window", 3014),
+    )
 ]
 
 KEY_RE = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 
-def load_base() -> LlamaForCausalLM:
-    m = LlamaForCausalLM.from_pretrained(str(BASE_DIR), attn_implementation="eager", **{DTYPE_KW: torch.float32})
+def base_of(case: dict) -> str:
+    return case.get("base", BASE_NAME)
+
+
+def load_base(name: str = BASE_NAME):
+    cls = LlamaForCausalLM if name == BASE_NAME else AutoModelForCausalLM
+    m = cls.from_pretrained(str(GOLDEN_ROOT / name), attn_implementation="eager", **{DTYPE_KW: torch.float32})
     m.eval()
     return m
 
@@ -177,9 +192,9 @@ def lora_params(pm) -> dict[str, torch.nn.Parameter]:
 
 
 @torch.no_grad()
-def merged_reference(lora_sd: dict[str, torch.Tensor], scaling: float, ids, mask) -> torch.Tensor:
+def merged_reference(lora_sd: dict[str, torch.Tensor], scaling: float, ids, mask, base_name: str) -> torch.Tensor:
     """Logits of a plain base model with W += scaling * B @ A, no PEFT involved."""
-    base = load_base()
+    base = load_base(base_name)
     mods = dict(base.named_modules())
     seen = 0
     for key, a in lora_sd.items():
@@ -232,7 +247,7 @@ def check_saved_adapter(case: dict, case_dir: Path, cfg) -> dict[str, torch.Tens
         "use_rslora": case["use_rslora"],
         "use_dora": False,
         "fan_in_fan_out": False,
-        "base_model_name_or_path": BASE_NAME,
+        "base_model_name_or_path": base_of(case),
         "peft_version": peft.__version__,
     }
     for k, v in want.items():
@@ -252,7 +267,8 @@ def run_case(case: dict, out_dir: Path, ids, lengths, base_logits) -> None:
     mask = mask_of(lengths, T)
     scaling = scaling_of(case)
 
-    base = load_base()
+    base_name = base_of(case)
+    base = load_base(base_name)
     cfg = base.config
     torch.manual_seed(case["seed"])
     pm = get_peft_model(base, lora_config(case))
@@ -296,11 +312,11 @@ def run_case(case: dict, out_dir: Path, ids, lengths, base_logits) -> None:
         for n, p in params.items():
             k = n.replace(".default.weight", ".weight")
             lora_sd[k] = p.detach().clone()
-        ref = merged_reference(lora_sd, scaling, ids, mask)
+        ref = merged_reference(lora_sd, scaling, ids, mask, base_name)
         d_ref = assert_close(f"{name} merged W + scaling*B@A", ref, logits, 1e-4)
 
         if case["use_rslora"]:
-            plain = merged_reference(lora_sd, case["lora_alpha"] / case["r"], ids, mask)
+            plain = merged_reference(lora_sd, case["lora_alpha"] / case["r"], ids, mask, base_name)
             d_rs = (plain - logits).abs().max().item()
             assert d_rs > 0.05, f"rsLoRA scaling makes no visible difference ({d_rs})"
             print(f"  rsLoRA matters: max |diff| vs alpha/r scaling {d_rs:.4f}")
@@ -309,7 +325,7 @@ def run_case(case: dict, out_dir: Path, ids, lengths, base_logits) -> None:
         contrib = {}
         for proj in case["targets"]:
             sd = {k: (torch.zeros_like(v) if f".{proj}.lora_B." in k else v) for k, v in lora_sd.items()}
-            d = (merged_reference(sd, scaling, ids, mask) - logits).abs().max().item()
+            d = (merged_reference(sd, scaling, ids, mask, base_name) - logits).abs().max().item()
             assert d > 1e-2, f"{proj} adapter has no visible effect ({d})"
             contrib[proj] = round(d, 3)
         print(f"  max |diff| when dropping each projection's adapter: {contrib}")
@@ -320,7 +336,7 @@ def run_case(case: dict, out_dir: Path, ids, lengths, base_logits) -> None:
         )
         tensors = {"input_ids": ids, "lengths": lengths, "logits": logits}
 
-    pm.peft_config["default"].base_model_name_or_path = BASE_NAME
+    pm.peft_config["default"].base_model_name_or_path = base_name
     with warnings.catch_warnings():
         # PEFT looks for BASE_NAME's config.json to see whether the vocabulary
         # was resized; no embedding layer is targeted, so this does not matter.
@@ -342,7 +358,7 @@ def run_case(case: dict, out_dir: Path, ids, lengths, base_logits) -> None:
         assert torch.equal(sd[n.replace(".default.weight", ".weight")], p.detach()), n
 
     # Reload onto a fresh base and reproduce the stored logits.
-    fresh = load_base()
+    fresh = load_base(base_name)
     re_pm = PeftModel.from_pretrained(fresh, str(case_dir))
     re_pm.eval()
     re_logits = forward(re_pm, ids, mask)
@@ -387,7 +403,15 @@ def main() -> None:
         if args.only and case["name"] not in args.only:
             continue
         print(f"[{case['name']}]")
-        run_case(case, args.out, ids, lengths, base_logits)
+        if base_of(case) == BASE_NAME:
+            run_case(case, args.out, ids, lengths, base_logits)
+            continue
+        # The family's base, its own golden inputs and logits.
+        golden = load_file(str(GOLDEN_ROOT / base_of(case) / "golden.safetensors"))
+        family_base = load_base(base_of(case))
+        family_logits = forward(family_base, golden["input_ids"], mask_of(golden["lengths"], golden["input_ids"].shape[1]))
+        assert_close(f"base vs {base_of(case)} golden", family_logits, golden["logits"], 1e-6)
+        run_case(case, args.out, golden["input_ids"], golden["lengths"], family_logits)
     print("all cases written and verified")
 
 

@@ -6,8 +6,7 @@ What it produces
 Under ``tests/fixtures/golden/sampling/`` (or ``--out``):
 
 * ``<base>/adapter_a`` and ``<base>/adapter_b``: two PEFT LoRA adapters for
-  each of the base checkpoints ``llama_gqa``, ``qwen2_bias_sharded`` and
-  ``mistral_window`` (see ``make_model_golden.py``): ``adapter_a`` is r=4,
+  each of the base checkpoints in ``BASES`` (see ``make_model_golden.py``): ``adapter_a`` is r=4,
   alpha=8 on q_proj + v_proj; ``adapter_b`` is r=8, alpha=16, rsLoRA, on all
   seven projections. Their weights are seeded normal values large enough to
   change what the model generates.
@@ -80,7 +79,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO_ROOT / "tests" / "fixtures" / "golden"
 DEFAULT_OUT = GOLDEN_ROOT / "sampling"
-BASES = ["llama_gqa", "qwen2_bias_sharded", "mistral_window"]
+BASES = [
+    "llama_gqa",
+    "qwen2_bias_sharded",
+    "mistral_window",
+    # The families of make_model_golden.py's family_cases().
+    "qwen3_tied",
+    "olmo2_post_norm",
+    "olmo3_window",
+    "gemma3_text_window",
+]
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -318,11 +326,14 @@ def stop_strings(out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--only", nargs="*", help="generate only these bases (and no stop_strings case)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for base in BASES:
-        run_base(base, args.out)
-    stop_strings(args.out)
+        if not args.only or base in args.only:
+            run_base(base, args.out)
+    if not args.only:
+        stop_strings(args.out)
 
 
 if __name__ == "__main__":

@@ -148,7 +148,9 @@ TEST_P(SamplingGoldenTest, AllAdaptersAndPromptsInOneBatchEqualTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Bases, SamplingGoldenTest,
                          ::testing::Values("llama_gqa", "qwen2_bias_sharded",
-                                           "mistral_window"));
+                                           "mistral_window", "qwen3_tied",
+                                           "olmo2_post_norm", "olmo3_window",
+                                           "gemma3_text_window"));
 
 TEST(StopStringGoldenTest, StopsAtTheTokenTransformersStopsAt) {
   const std::string dir = GoldenPath("sampling/stop_strings");

@@ -21,7 +21,7 @@ ModelConfig Llama3_8B() {
 // Qwen2.5-0.5B's config.json.
 ModelConfig Qwen2_5_0_5B() {
   ModelConfig config;
-  config.family = ModelFamily::kQwen2;
+  config.model_type = "qwen2";
   config.vocab_size = 151936;
   config.hidden_size = 896;
   config.intermediate_size = 4864;

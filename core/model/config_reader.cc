@@ -1,0 +1,223 @@
+#include "core/model/config_reader.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/common/json_parse.h"
+#include "core/common/status_macros.h"
+
+namespace loraplex {
+namespace {
+
+using nlohmann::json;
+
+// Bound on every size in a config, far above any real model; it keeps
+// products such as heads * head_dim well inside int64.
+constexpr int64_t kMaxSize = int64_t{1} << 24;
+
+}  // namespace
+
+bool ConfigReader::Has(const char* key) const {
+  return root_.contains(key) && !root_[key].is_null();
+}
+
+absl::Status ConfigReader::Error(const std::string& key,
+                                 const std::string& reason) const {
+  return absl::InvalidArgumentError(
+      absl::StrCat(label_, ": ", key, " ", reason));
+}
+
+absl::StatusOr<int64_t> ConfigReader::PositiveInt(const char* key) const {
+  if (!Has(key)) return Error(key, "is required");
+  return PositiveIntValue(root_[key], key);
+}
+
+absl::StatusOr<int64_t> ConfigReader::PositiveInt(const char* key,
+                                                  int64_t default_value) const {
+  if (!Has(key)) return default_value;
+  return PositiveIntValue(root_[key], key);
+}
+
+absl::StatusOr<int64_t> ConfigReader::PositiveIntValue(
+    const json& value, const std::string& key) const {
+  if (!value.is_number_integer() || value.get<int64_t>() <= 0 ||
+      value.get<int64_t>() > kMaxSize) {
+    return Error(key, absl::StrCat("must be a positive integer of at most ",
+                                   kMaxSize, ", got ", DescribeJson(value)));
+  }
+  return value.get<int64_t>();
+}
+
+absl::StatusOr<double> ConfigReader::PositiveNumber(
+    const json& object, const char* key, double default_value,
+    const std::string& where) const {
+  if (!object.contains(key) || object[key].is_null()) return default_value;
+  const json& value = object[key];
+  if (!value.is_number() || value.get<double>() <= 0) {
+    return Error(where + key, absl::StrCat("must be a positive number, got ",
+                                           DescribeJson(value)));
+  }
+  return value.get<double>();
+}
+
+absl::StatusOr<bool> ConfigReader::Bool(const char* key,
+                                        bool default_value) const {
+  if (!Has(key)) return default_value;
+  if (!root_[key].is_boolean()) {
+    return Error(key, absl::StrCat("must be true or false, got ",
+                                   DescribeJson(root_[key])));
+  }
+  return root_[key].get<bool>();
+}
+
+absl::StatusOr<std::optional<int64_t>> ConfigReader::TokenId(
+    const char* key) const {
+  if (!Has(key)) return std::optional<int64_t>();
+  json value = root_[key];
+  if (value.is_array() && !value.empty()) value = value[0];
+  if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+    return Error(key, absl::StrCat("must be a non-negative integer, got ",
+                                   DescribeJson(root_[key])));
+  }
+  return std::optional<int64_t>(value.get<int64_t>());
+}
+
+absl::Status ConfigReader::RefuseUnlessNeutral(const char* key,
+                                               const json& neutral,
+                                               const std::string& why) const {
+  if (!Has(key) || root_[key] == neutral) return absl::OkStatus();
+  return Error(
+      key, absl::StrCat(DescribeJson(root_[key]), " is not supported: ", why));
+}
+
+absl::StatusOr<RopeConfig> ParseRopeSettings(const ConfigReader& reader,
+                                             const json& settings,
+                                             const std::string& where,
+                                             double theta) {
+  RopeConfig rope;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.theta, reader.PositiveNumber(settings, "rope_theta", theta, where));
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    if (settings.contains(key) && settings[key].is_string()) {
+      type = settings[key].get<std::string>();
+      break;
+    }
+  }
+  if (settings.contains("partial_rotary_factor") &&
+      settings["partial_rotary_factor"] != 1.0) {
+    return reader.Error(where + "partial_rotary_factor",
+                        "other than 1.0 is not supported");
+  }
+  if (type == "default") return rope;
+  if (type != "linear" && type != "llama3") {
+    return reader.Error(
+        where + "rope_type",
+        absl::StrCat("\"", type,
+                     "\" is not supported (supported: default, linear, "
+                     "llama3)"));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.factor, reader.PositiveNumber(settings, "factor", 0, where));
+  if (rope.factor <= 0) {
+    return reader.Error(where + "factor", "is required for rope_type " + type);
+  }
+  if (type == "linear") {
+    rope.type = RopeType::kLinear;
+    return rope;
+  }
+  rope.type = RopeType::kLlama3;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.low_freq_factor,
+      reader.PositiveNumber(settings, "low_freq_factor", 1.0, where));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.high_freq_factor,
+      reader.PositiveNumber(settings, "high_freq_factor", 4.0, where));
+  if (rope.high_freq_factor <= rope.low_freq_factor) {
+    return reader.Error(where + "high_freq_factor",
+                        "must be larger than low_freq_factor");
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      double original,
+      reader.PositiveNumber(settings, "original_max_position_embeddings", 8192,
+                            where));
+  rope.original_max_position_embeddings = static_cast<int64_t>(original);
+  return rope;
+}
+
+absl::Status ParseLayerTypes(const ConfigReader& reader, int64_t period,
+                             ModelConfig& config) {
+  const int64_t layers = config.num_hidden_layers;
+  config.sliding_layers.assign(layers, false);
+  if (!reader.Has("layer_types")) {
+    for (int64_t i = 0; i < layers && period > 0; ++i) {
+      config.sliding_layers[i] = (i + 1) % period != 0;
+    }
+    return absl::OkStatus();
+  }
+  const json& types = reader.root()["layer_types"];
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != layers) {
+    return reader.Error("layer_types",
+                        absl::StrCat("must be a list of num_hidden_layers (",
+                                     layers, ") entries"));
+  }
+  for (int64_t i = 0; i < layers; ++i) {
+    const json& type = types[i];
+    if (type == "sliding_attention") {
+      config.sliding_layers[i] = true;
+    } else if (type != "full_attention") {
+      return reader.Error(absl::StrCat("layer_types[", i, "]"),
+                          absl::StrCat(DescribeJson(type),
+                                       " is not supported (full_attention or "
+                                       "sliding_attention)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseAttentionBias(const ConfigReader& reader,
+                                ModelConfig& config) {
+  LORAPLEX_ASSIGN_OR_RETURN(bool bias, reader.Bool("attention_bias", false));
+  config.qkv_bias = bias;
+  config.o_bias = bias;
+  return absl::OkStatus();
+}
+
+absl::Status ParseSlidingWindow(const ConfigReader& reader,
+                                ModelConfig& config) {
+  if (!reader.Has("sliding_window")) {
+    config.sliding_window.reset();
+    return absl::OkStatus();
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(int64_t window,
+                            reader.PositiveInt("sliding_window"));
+  config.sliding_window = window;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ParsePerLayerTypeRope(const ConfigReader& reader,
+                                           ModelConfig& config) {
+  if (!reader.Has("rope_parameters")) return false;
+  const json& params = reader.root()["rope_parameters"];
+  if (!params.is_object() || !params.contains("full_attention")) return false;
+  for (const auto& [type, settings] : params.items()) {
+    if (type != "full_attention" && type != "sliding_attention") {
+      return reader.Error("rope_parameters." + type,
+                          "is not a layer type (full_attention or "
+                          "sliding_attention)");
+    }
+    if (!settings.is_object()) {
+      return reader.Error("rope_parameters." + type, "must be an object");
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        RopeConfig rope,
+        ParseRopeSettings(reader, settings, "rope_parameters." + type + ".",
+                          config.rope.theta));
+    if (type == "full_attention") {
+      config.rope = rope;
+    } else {
+      config.sliding_rope = rope;
+    }
+  }
+  return true;
+}
+
+}  // namespace loraplex

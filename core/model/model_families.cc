@@ -1,0 +1,38 @@
+// The one list of supported model families: a new family is a file under
+// families/ and a line here.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/model/model_family.h"
+
+namespace loraplex {
+
+const ModelFamilySpec& LlamaFamily();
+const ModelFamilySpec& Qwen2Family();
+const ModelFamilySpec& MistralFamily();
+const ModelFamilySpec& Qwen3Family();
+const ModelFamilySpec& Olmo2Family();
+const ModelFamilySpec& Olmo3Family();
+const ModelFamilySpec& Gemma3TextFamily();
+
+const std::vector<const ModelFamilySpec*>& ModelFamilies() {
+  static const std::vector<const ModelFamilySpec*> families = {
+      &LlamaFamily(), &Qwen2Family(), &MistralFamily(),   &Qwen3Family(),
+      &Olmo2Family(), &Olmo3Family(), &Gemma3TextFamily()};
+  return families;
+}
+
+const ModelFamilySpec* FindModelFamily(absl::string_view model_type) {
+  for (const ModelFamilySpec* family : ModelFamilies()) {
+    if (family->model_type == model_type) return family;
+  }
+  return nullptr;
+}
+
+std::string SupportedModelTypes() {
+  return absl::StrJoin(ModelFamilies(), ", ",
+                       [](std::string* out, const ModelFamilySpec* family) {
+                         absl::StrAppend(out, family->model_type);
+                       });
+}
+
+}  // namespace loraplex

@@ -1,0 +1,50 @@
+// A base-model family (Llama, Qwen3, OLMo 3, Gemma 3, ...) as a small
+// description: the config.json model_type and architectures it accepts, and
+// how its own keys set the architecture features of ModelConfig (norms,
+// q/k norms, MLP activation, attention windows, RoPE per layer type). The
+// decoder (llama_model.h), its weight names (model_weights.h) and the LoRA
+// targets follow from those features, so a family is one file under
+// core/model/families/ plus one line in model_families.cc:
+//
+//   const ModelFamilySpec* family = FindModelFamily("qwen3");
+//   LORAPLEX_RETURN_IF_ERROR(family->parse(reader, config));
+#ifndef LORAPLEX_CORE_MODEL_MODEL_FAMILY_H_
+#define LORAPLEX_CORE_MODEL_MODEL_FAMILY_H_
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "core/model/config_reader.h"
+#include "core/model/model_config.h"
+
+namespace loraplex {
+
+struct ModelFamilySpec {
+  // config.json's model_type, e.g. "qwen3".
+  absl::string_view model_type;
+  // The architectures entry transformers writes (the first is written by
+  // ModelConfigToJson), e.g. "Qwen3ForCausalLM"; config.json may name any.
+  std::vector<absl::string_view> architectures;
+  // Reads the family's own keys into `config` and sets its architecture
+  // features. Runs after the keys every family shares were read (sizes,
+  // heads, head_dim, rope, dtype, token ids, tie_word_embeddings).
+  absl::Status (*parse)(const ConfigReader& reader, ModelConfig& config);
+  // Writes the family's own keys of `config` (for ModelConfigToJson).
+  void (*write)(const ModelConfig& config, nlohmann::json& out);
+};
+
+// Every supported family, in a fixed order.
+const std::vector<const ModelFamilySpec*>& ModelFamilies();
+
+// The family with this model_type, or nullptr.
+const ModelFamilySpec* FindModelFamily(absl::string_view model_type);
+
+// "llama, qwen2, ...": the supported model_types, for error messages.
+std::string SupportedModelTypes();
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_MODEL_MODEL_FAMILY_H_

@@ -1,0 +1,261 @@
+// The model families' config.json keys (core/model/families/): the features
+// each family sets, transformers' defaults where a key is absent, both the
+// 4.x and 5.x RoPE spellings, ModelConfigToJson round trips, and a clear
+// error for every key a family does not implement.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/model/model_config.h"
+#include "core/model/model_family.h"
+
+namespace loraplex {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+json Base(const std::string& model_type, const std::string& architecture) {
+  return {{"model_type", model_type}, {"architectures", {architecture}},
+          {"vocab_size", 100},        {"hidden_size", 32},
+          {"intermediate_size", 64},  {"num_hidden_layers", 6},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
+}
+
+absl::StatusOr<ModelConfig> Parse(const json& config) {
+  return ParseModelConfig(config.dump(), "config.json");
+}
+
+std::string ErrorOf(const json& config) {
+  auto parsed = Parse(config);
+  EXPECT_FALSE(parsed.ok()) << config.dump();
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(parsed.status().message());
+}
+
+std::vector<int64_t> SlidingLayers(const ModelConfig& config) {
+  std::vector<int64_t> layers;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    if (LayerIsSliding(config, i)) layers.push_back(i);
+  }
+  return layers;
+}
+
+TEST(ModelFamilyConfigTest, EveryFamilyIsRegisteredOnceAndFoundByName) {
+  std::set<std::string> seen;
+  for (const ModelFamilySpec* family : ModelFamilies()) {
+    EXPECT_TRUE(seen.insert(std::string(family->model_type)).second);
+    EXPECT_EQ(FindModelFamily(family->model_type), family);
+    EXPECT_FALSE(family->architectures.empty());
+  }
+  for (const char* type : {"llama", "qwen2", "mistral", "qwen3", "olmo2",
+                           "olmo3", "gemma3_text"}) {
+    EXPECT_NE(FindModelFamily(type), nullptr) << type;
+  }
+  EXPECT_EQ(FindModelFamily("gpt2"), nullptr);
+  EXPECT_THAT(ErrorOf(Base("gpt2", "GPT2LMHeadModel")),
+              HasSubstr("model_type \"gpt2\" is not supported (supported: "
+                        "llama, qwen2, mistral, qwen3, olmo2, olmo3, "
+                        "gemma3_text)"));
+}
+
+TEST(ModelFamilyConfigTest, LlamaLayoutKeepsItsDefaults) {
+  auto config = Parse(Base("llama", "LlamaForCausalLM"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->norm_style, NormStyle::kCastThenScale);
+  EXPECT_EQ(config->norm_placement, NormPlacement::kPreNorm);
+  EXPECT_EQ(config->qk_norm, QkNorm::kNone);
+  EXPECT_EQ(config->activation, MlpActivation::kSilu);
+  EXPECT_FALSE(config->scale_embeddings);
+  EXPECT_FALSE(config->attention_scale.has_value());
+  EXPECT_TRUE(SlidingLayers(*config).empty());
+}
+
+TEST(ModelFamilyConfigTest, Qwen3HasPerHeadQkNormsAndNoBiases) {
+  json raw = Base("qwen3", "Qwen3ForCausalLM");
+  raw["head_dim"] = 16;
+  auto config = Parse(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model_type, "qwen3");
+  EXPECT_EQ(config->qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(config->head_dim, 16);
+  EXPECT_FALSE(config->qkv_bias);
+  EXPECT_TRUE(SlidingLayers(*config).empty());
+  raw["attention_bias"] = true;
+  EXPECT_TRUE(Parse(raw)->qkv_bias && Parse(raw)->o_bias);
+}
+
+TEST(ModelFamilyConfigTest, Qwen3WindowsLayersFromMaxWindowLayersWhenAsked) {
+  json raw = Base("qwen3", "Qwen3ForCausalLM");
+  raw["sliding_window"] = 8;
+  raw["max_window_layers"] = 4;
+  // Without use_sliding_window, transformers ignores the window.
+  EXPECT_TRUE(SlidingLayers(Parse(raw).value()).empty());
+  raw["use_sliding_window"] = true;
+  auto config = Parse(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sliding_window, 8);
+  EXPECT_EQ(SlidingLayers(*config), (std::vector<int64_t>{4, 5}));
+}
+
+TEST(ModelFamilyConfigTest, OlmoLayoutsArePostNormWithWholeProjectionQkNorms) {
+  auto olmo2 = Parse(Base("olmo2", "Olmo2ForCausalLM"));
+  ASSERT_TRUE(olmo2.ok()) << olmo2.status();
+  EXPECT_EQ(olmo2->norm_placement, NormPlacement::kPostNorm);
+  EXPECT_EQ(olmo2->norm_style, NormStyle::kScaleThenCast);
+  EXPECT_EQ(olmo2->qk_norm, QkNorm::kWholeProjection);
+  EXPECT_EQ(olmo2->rms_norm_eps, 1e-5);  // transformers' OLMo default.
+  EXPECT_TRUE(SlidingLayers(*olmo2).empty());
+
+  // OLMo 3: three sliding layers then a full one, window 4096, unless the
+  // config says otherwise.
+  auto olmo3 = Parse(Base("olmo3", "Olmo3ForCausalLM"));
+  ASSERT_TRUE(olmo3.ok()) << olmo3.status();
+  EXPECT_EQ(olmo3->norm_placement, NormPlacement::kPostNorm);
+  EXPECT_EQ(olmo3->sliding_window, 4096);
+  EXPECT_EQ(SlidingLayers(*olmo3), (std::vector<int64_t>{0, 1, 2, 4, 5}));
+}
+
+TEST(ModelFamilyConfigTest, Olmo3LegacyRopeScalingAppliesToFullLayersOnly) {
+  json raw = Base("olmo3", "Olmo3ForCausalLM");
+  raw["rope_theta"] = 500000.0;
+  raw["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  auto config = Parse(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope.type, RopeType::kLinear);
+  ASSERT_TRUE(config->sliding_rope.has_value());
+  EXPECT_EQ(config->sliding_rope->type, RopeType::kDefault);
+  EXPECT_EQ(config->sliding_rope->theta, 500000.0);
+}
+
+TEST(ModelFamilyConfigTest, Gemma3TextFeaturesAndDefaults) {
+  json raw = Base("gemma3_text", "Gemma3ForCausalLM");
+  raw["head_dim"] = 16;
+  raw["query_pre_attn_scalar"] = 64;
+  raw["rope_theta"] = 1000000.0;
+  raw["rope_local_base_freq"] = 10000.0;
+  raw["sliding_window"] = 512;
+  raw["sliding_window_pattern"] = 3;
+  auto config = Parse(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->norm_style, NormStyle::kOnePlusWeight);
+  EXPECT_EQ(config->norm_placement, NormPlacement::kSandwich);
+  EXPECT_EQ(config->qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(config->activation, MlpActivation::kGeluTanh);
+  EXPECT_TRUE(config->scale_embeddings);
+  EXPECT_DOUBLE_EQ(config->attention_scale.value(), 0.125);
+  EXPECT_EQ(config->rope.theta, 1000000.0);
+  ASSERT_TRUE(config->sliding_rope.has_value());
+  EXPECT_EQ(config->sliding_rope->theta, 10000.0);
+  EXPECT_EQ(SlidingLayers(*config), (std::vector<int64_t>{0, 1, 3, 4}));
+}
+
+TEST(ModelFamilyConfigTest, PerLayerTypeRopeParameters) {
+  json raw = Base("gemma3_text", "Gemma3ForCausalLM");
+  raw["layer_types"] = {"sliding_attention", "full_attention",
+                        "sliding_attention", "full_attention",
+                        "sliding_attention", "full_attention"};
+  raw["rope_parameters"] = {
+      {"full_attention",
+       {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  auto config = Parse(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope.type, RopeType::kLinear);
+  EXPECT_EQ(config->rope.factor, 8.0);
+  EXPECT_EQ(config->sliding_rope->theta, 1e4);
+  EXPECT_EQ(SlidingLayers(*config), (std::vector<int64_t>{0, 2, 4}));
+
+  raw["rope_parameters"]["chunked_attention"] = json::object();
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("rope_parameters.chunked_attention is "
+                                      "not a layer type"));
+  raw["rope_parameters"].erase("chunked_attention");
+  raw["rope_parameters"]["full_attention"]["rope_type"] = "dynamic";
+  EXPECT_THAT(ErrorOf(raw),
+              HasSubstr("rope_parameters.full_attention.rope_type "
+                        "\"dynamic\" is not supported"));
+}
+
+TEST(ModelFamilyConfigTest, BadLayerTypesAreNamed) {
+  json raw = Base("olmo3", "Olmo3ForCausalLM");
+  raw["layer_types"] = {"full_attention"};
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("layer_types must be a list of "
+                                      "num_hidden_layers (6) entries"));
+  raw["layer_types"] = {"full_attention", "full_attention", "chunked_attention",
+                        "full_attention", "full_attention", "full_attention"};
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("layer_types[2] \"chunked_attention\" "
+                                      "is not supported"));
+}
+
+TEST(ModelFamilyConfigTest, UnimplementedFeaturesAreRefusedByName) {
+  json raw = Base("gemma3_text", "Gemma3ForCausalLM");
+  raw["attn_logit_softcapping"] = 50.0;
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("config.json: attn_logit_softcapping "
+                                      "50.0 is not supported"));
+  raw = Base("gemma3_text", "Gemma3ForCausalLM");
+  raw["final_logit_softcapping"] = 30.0;
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("final_logit_softcapping 30.0 is not "
+                                      "supported"));
+  raw = Base("gemma3_text", "Gemma3ForCausalLM");
+  raw["use_bidirectional_attention"] = true;
+  EXPECT_THAT(ErrorOf(raw),
+              HasSubstr("use_bidirectional_attention true is not supported"));
+  raw = Base("qwen3", "Qwen3ForCausalLM");
+  raw["quantization_config"] = {{"quant_method", "fp8"}};
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("quantization_config is not supported"));
+  raw = Base("qwen3", "Qwen3ForCausalLM");
+  raw["hidden_act"] = "relu";
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("hidden_act must be \"silu\" or "
+                                      "\"gelu_pytorch_tanh\", got \"relu\""));
+  raw = Base("qwen3", "Qwen3ForCausalLM");
+  raw["architectures"] = {"Qwen3MoeForCausalLM"};
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("architectures entry "
+                                      "\"Qwen3MoeForCausalLM\" is not "
+                                      "supported with model_type \"qwen3\""));
+  // Neutral values are accepted.
+  raw = Base("gemma3_text", "Gemma3ForCausalLM");
+  raw["attn_logit_softcapping"] = nullptr;
+  raw["use_bidirectional_attention"] = false;
+  EXPECT_TRUE(Parse(raw).ok());
+}
+
+TEST(ModelFamilyConfigTest, WrittenJsonParsesBackForEveryFamily) {
+  std::vector<json> configs = {
+      Base("mistral", "MistralForCausalLM"), Base("qwen3", "Qwen3ForCausalLM"),
+      Base("olmo2", "Olmo2ForCausalLM"), Base("olmo3", "Olmo3ForCausalLM"),
+      Base("gemma3_text", "Gemma3ForCausalLM")};
+  configs[0]["sliding_window"] = 16;
+  configs[1]["use_sliding_window"] = true;
+  configs[1]["sliding_window"] = 8;
+  configs[1]["max_window_layers"] = 2;
+  configs[4]["query_pre_attn_scalar"] = 64;
+  configs[4]["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  for (const json& raw : configs) {
+    SCOPED_TRACE(raw["model_type"].get<std::string>());
+    auto config = Parse(raw);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto again = ParseModelConfig(ModelConfigToJson(*config), "written");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->model_type, config->model_type);
+    EXPECT_EQ(SlidingLayers(*again), SlidingLayers(*config));
+    EXPECT_EQ(again->sliding_window, config->sliding_window);
+    EXPECT_EQ(again->norm_style, config->norm_style);
+    EXPECT_EQ(again->norm_placement, config->norm_placement);
+    EXPECT_EQ(again->qk_norm, config->qk_norm);
+    EXPECT_EQ(again->activation, config->activation);
+    EXPECT_EQ(again->scale_embeddings, config->scale_embeddings);
+    EXPECT_EQ(again->attention_scale, config->attention_scale);
+    EXPECT_EQ(again->rope.type, config->rope.type);
+    EXPECT_EQ(again->rope.factor, config->rope.factor);
+    EXPECT_EQ(again->sliding_rope.has_value(),
+              config->sliding_rope.has_value());
+    if (config->sliding_rope.has_value()) {
+      EXPECT_EQ(again->sliding_rope->theta, config->sliding_rope->theta);
+      EXPECT_EQ(again->sliding_rope->type, config->sliding_rope->type);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loraplex

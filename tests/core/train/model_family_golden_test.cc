@@ -1,0 +1,347 @@
+// Everything downstream of the decoder for each model family beyond
+// Llama's layout (Qwen3, OLMo 2, OLMo 3, Gemma 3 text), against
+// transformers + PEFT + torch.optim on the committed goldens: PEFT's
+// adapters load and give PEFT's logits; they export again under PEFT's
+// names and load back identically; a forward/backward gives PyTorch's loss,
+// logprobs and gradients in float64 (tools/golden/
+// make_family_step_golden.py) and one AdamW step torch.optim.AdamW's
+// weights; co-batched with another adapter, each call's gradients are those
+// it gets alone.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "adapters/peft_adapter.h"
+#include "core/common/json_parse.h"
+#include "core/lora/multi_lora.h"
+#include "core/model/llama_model.h"
+#include "core/optim/slot_optimizer.h"
+#include "core/safetensors/safetensors.h"
+#include "core/train/co_batch_step.h"
+#include "tests/common/golden_files.h"
+#include "tests/common/test_dir.h"
+
+namespace loraplex {
+namespace {
+
+// float64 against float64 but for the rotary tables, which both compute in
+// fp32 (as tests/fixtures/golden/losses/README.md measures), relative to
+// max(1, |value|).
+constexpr double kTolerance = 2e-6;
+
+const nlohmann::json& Golden() {
+  static const nlohmann::json* golden =
+      new nlohmann::json(nlohmann::json::parse(
+          ReadGoldenText(GoldenPath("family_steps/cases.json"))));
+  return *golden;
+}
+
+std::unique_ptr<LlamaModel> LoadBase(const std::string& base,
+                                     torch::ScalarType dtype,
+                                     torch::Device device = torch::kCPU) {
+  auto model = LlamaModel::Load(GoldenPath(base), {device, dtype});
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+std::string AdapterDir(const std::string& base) {
+  return GoldenPath(absl::StrCat("peft/", base, "_all_r4"));
+}
+
+std::unique_ptr<LoraWeights> LoadAdapter(const std::string& dir,
+                                         const LlamaModel& model) {
+  auto adapter = LoadPeftAdapter(dir, model.config());
+  EXPECT_TRUE(adapter.ok()) << adapter.status();
+  if (!adapter.ok()) return nullptr;
+  auto weights = std::make_unique<LoraWeights>(model.config(), model.device(),
+                                               model.logits_dtype());
+  EXPECT_TRUE(weights->Bind(adapter->config).ok());
+  EXPECT_TRUE(CopyPeftAdapter(*adapter, *weights).ok());
+  return weights;
+}
+
+struct LogitsGolden {
+  torch::Tensor input_ids, lengths, logits;
+};
+
+LogitsGolden ReadLogits(const std::string& dir) {
+  auto file = SafetensorsFile::Open(dir + "/golden.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  return {(*file)->Load("input_ids").value().clone(),
+          (*file)->Load("lengths").value().clone(),
+          (*file)->Load("logits").value().clone()};
+}
+
+double MaxValidDiff(const torch::Tensor& a, const torch::Tensor& b,
+                    const torch::Tensor& lengths) {
+  double worst = 0;
+  for (int64_t row = 0; row < lengths.size(0); ++row) {
+    const int64_t n = lengths[row].item<int64_t>();
+    worst = std::max(worst, (a[row].narrow(0, 0, n).to(torch::kFloat64) -
+                             b[row].narrow(0, 0, n).to(torch::kFloat64))
+                                .abs()
+                                .max()
+                                .item<double>());
+  }
+  return worst;
+}
+
+std::vector<Datum> Datums() {
+  std::vector<Datum> data;
+  for (const nlohmann::json& d : Golden()["datums"]) {
+    Datum datum;
+    datum.input_ids = d["input_ids"].get<std::vector<int64_t>>();
+    datum.target_tokens = d["target_tokens"].get<std::vector<int64_t>>();
+    datum.weights = d["weights"].get<std::vector<double>>();
+    data.push_back(std::move(datum));
+  }
+  return data;
+}
+
+LossFnSpec CrossEntropy() {
+  auto spec = LossFnSpecOf("cross_entropy", {});
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+// Max |actual - golden[prefix + PEFT name]| / max(1, |golden|) over every
+// LoRA matrix of `weights`, `pick` choosing the matrix's tensor to compare.
+template <typename Pick>
+double WorstRelativeDiff(const std::string& base, const LoraWeights& weights,
+                         const std::string& prefix, Pick pick) {
+  auto file = SafetensorsFile::Open(
+      GoldenPath("family_steps/" + base + ".safetensors"));
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return 1e9;
+  double worst = 0;
+  for (const LoraModule& m : weights.modules()) {
+    for (bool is_a : {true, false}) {
+      const std::string name =
+          prefix + PeftTensorName(m.layer, m.projection, is_a);
+      auto expected = (*file)->Load(name);
+      EXPECT_TRUE(expected.ok()) << name;
+      if (!expected.ok()) return 1e9;
+      const torch::Tensor actual = pick(is_a ? m.a : m.b);
+      EXPECT_TRUE(actual.defined()) << name;
+      if (!actual.defined()) return 1e9;
+      const double scale = std::max(1.0, expected->abs().max().item<double>());
+      worst = std::max(worst,
+                       (actual - *expected).abs().max().item<double>() / scale);
+    }
+  }
+  return worst;
+}
+
+class ModelFamilyGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelFamilyGoldenTest, PeftAdapterGivesPeftLogits) {
+  const std::string base = GetParam();
+  auto model = LoadBase(base, torch::kFloat32);
+  ASSERT_NE(model, nullptr);
+  auto weights = LoadAdapter(AdapterDir(base), *model);
+  ASSERT_NE(weights, nullptr);
+  const LogitsGolden golden = ReadLogits(AdapterDir(base));
+  MultiLoraDelta delta({{weights.get(), golden.input_ids.size(0)}});
+  torch::NoGradGuard no_grad;
+  auto logits = model->Forward(golden.input_ids, golden.lengths, &delta);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_LE(MaxValidDiff(*logits, golden.logits, golden.lengths), 1e-4);
+  // The adapter matters: the base alone is far from PEFT's logits.
+  auto plain = model->Forward(golden.input_ids, golden.lengths);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_GT(MaxValidDiff(*plain, golden.logits, golden.lengths), 0.05);
+}
+
+// PEFT's adapter, exported again: PEFT's tensor names and shapes, config
+// fields PEFT has, and the same weights when loaded back.
+TEST_P(ModelFamilyGoldenTest, ExportedAdapterHasPeftLayoutAndLoadsBack) {
+  const std::string base = GetParam();
+  auto model = LoadBase(base, torch::kFloat32);
+  ASSERT_NE(model, nullptr);
+  auto weights = LoadAdapter(AdapterDir(base), *model);
+  ASSERT_NE(weights, nullptr);
+  const std::string dir = FreshTestDir();
+  ASSERT_TRUE(ExportPeftAdapter(*weights, base, dir).ok());
+
+  auto names = [](const std::string& path) {
+    auto file = SafetensorsFile::Open(path);
+    EXPECT_TRUE(file.ok()) << file.status();
+    std::set<std::pair<std::string, std::vector<int64_t>>> out;
+    for (const SafetensorsTensorInfo& info : (*file)->tensors()) {
+      out.insert({info.name, info.shape});
+    }
+    return out;
+  };
+  EXPECT_EQ(names(dir + "/adapter_model.safetensors"),
+            names(AdapterDir(base) + "/adapter_model.safetensors"));
+  auto ours = ReadUntrustedJsonFile(dir + "/adapter_config.json");
+  auto theirs =
+      ReadUntrustedJsonFile(AdapterDir(base) + "/adapter_config.json");
+  ASSERT_TRUE(ours.ok() && theirs.ok());
+  for (const auto& [key, value] : ours->items()) {
+    EXPECT_TRUE(theirs->contains(key)) << key << " is not a PEFT field";
+  }
+  EXPECT_EQ((*ours)["base_model_name_or_path"], base);
+
+  auto reloaded = LoadAdapter(dir, *model);
+  ASSERT_NE(reloaded, nullptr);
+  ASSERT_EQ(reloaded->modules().size(), weights->modules().size());
+  for (size_t i = 0; i < weights->modules().size(); ++i) {
+    EXPECT_TRUE(
+        torch::equal(reloaded->modules()[i].a, weights->modules()[i].a));
+    EXPECT_TRUE(
+        torch::equal(reloaded->modules()[i].b, weights->modules()[i].b));
+  }
+}
+
+TEST_P(ModelFamilyGoldenTest, ForwardBackwardAndAdamWStepMatchPyTorch) {
+  const std::string base = GetParam();
+  const nlohmann::json& expected = Golden()["bases"][base];
+  auto model = LoadBase(base, torch::kFloat64);
+  ASSERT_NE(model, nullptr);
+  auto weights = LoadAdapter(AdapterDir(base), *model);
+  ASSERT_NE(weights, nullptr);
+  const std::vector<Datum> data = Datums();
+  auto result = RunCoBatchPass(
+      *model, {}, {{weights.get(), &data, CrossEntropy()}}, CoBatchOptions{});
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->calls.size(), 1u);
+  const ForwardBackwardOutput& out = result->calls[0];
+  const double loss = expected["loss"];
+  EXPECT_NEAR(out.loss, loss, kTolerance * std::max(1.0, std::abs(loss)));
+  ASSERT_EQ(out.logprobs.size(), data.size());
+  for (size_t d = 0; d < data.size(); ++d) {
+    const auto want = expected["logprobs"][d].get<std::vector<double>>();
+    ASSERT_EQ(out.logprobs[d].size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(out.logprobs[d][i], want[i], kTolerance)
+          << "datum " << d << " token " << i;
+    }
+  }
+  EXPECT_LE(WorstRelativeDiff(base, *weights, "grad.",
+                              [](const torch::Tensor& p) { return p.grad(); }),
+            kTolerance);
+
+  const nlohmann::json& adamw = Golden()["adamw"];
+  OptimizerConfig config;
+  config.family = OptimizerFamily::kAdamW;
+  config.lr = adamw["lr"];
+  config.weight_decay = adamw["weight_decay"];
+  config.beta1 = adamw["betas"][0];
+  config.beta2 = adamw["betas"][1];
+  config.eps = adamw["eps"];
+  std::vector<torch::Tensor> params;
+  for (const LoraModule& m : weights->modules()) {
+    params.push_back(m.a);
+    params.push_back(m.b);
+  }
+  auto optimizer = BuildSlotOptimizer(config, params);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  optimizer->Step();
+  EXPECT_LE(WorstRelativeDiff(base, *weights, "adamw.",
+                              [](const torch::Tensor& p) { return p; }),
+            kTolerance);
+}
+
+// The golden call co-batched with another adapter's call on other rows, cut
+// into micro-batches that mix them: each call's loss and gradients are
+// those it has alone (float64, to the last bits of summation order).
+void ExpectCoBatchedCallsEqualEachAlone(const std::string& base,
+                                        torch::Device device) {
+  auto model = LoadBase(base, torch::kFloat64, device);
+  ASSERT_NE(model, nullptr);
+  const std::vector<Datum> data = Datums();
+  std::vector<Datum> other_data(data.rbegin(), data.rend());
+  for (Datum& datum : other_data) {
+    for (double& w : datum.weights) w = -0.5 * w;
+  }
+  auto make_other = [&] {
+    auto other = LoadAdapter(AdapterDir(base), *model);
+    torch::NoGradGuard no_grad;
+    for (const LoraModule& m : other->modules()) m.b.mul_(-0.7);
+    return other;
+  };
+  auto alone = LoadAdapter(AdapterDir(base), *model);
+  auto other_alone = make_other();
+  ASSERT_NE(alone, nullptr);
+  ASSERT_NE(other_alone, nullptr);
+  auto first = RunCoBatchPass(
+      *model, {}, {{alone.get(), &data, CrossEntropy()}}, CoBatchOptions{});
+  auto second = RunCoBatchPass(
+      *model, {}, {{other_alone.get(), &other_data, CrossEntropy()}},
+      CoBatchOptions{});
+  ASSERT_TRUE(first.ok() && second.ok());
+
+  auto together = LoadAdapter(AdapterDir(base), *model);
+  auto other_together = make_other();
+  CoBatchOptions options;
+  options.token_budget = 16;  // Micro-batches that mix the two calls.
+  auto both =
+      RunCoBatchPass(*model, {},
+                     {{together.get(), &data, CrossEntropy()},
+                      {other_together.get(), &other_data, CrossEntropy()}},
+                     options);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_NEAR(both->calls[0].loss, first->calls[0].loss, 1e-10);
+  EXPECT_NEAR(both->calls[1].loss, second->calls[0].loss, 1e-10);
+  for (const auto& [a, b] :
+       {std::pair{alone.get(), together.get()},
+        std::pair{other_alone.get(), other_together.get()}}) {
+    for (size_t i = 0; i < a->modules().size(); ++i) {
+      EXPECT_LE((a->modules()[i].a.grad() - b->modules()[i].a.grad())
+                    .abs()
+                    .max()
+                    .item<double>(),
+                1e-10);
+      EXPECT_LE((a->modules()[i].b.grad() - b->modules()[i].b.grad())
+                    .abs()
+                    .max()
+                    .item<double>(),
+                1e-10);
+    }
+  }
+}
+
+TEST_P(ModelFamilyGoldenTest, CoBatchedCallsEqualEachAlone) {
+  ExpectCoBatchedCallsEqualEachAlone(GetParam(), torch::kCPU);
+}
+
+TEST_P(ModelFamilyGoldenTest, CoBatchedCallsEqualEachAloneOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ExpectCoBatchedCallsEqualEachAlone(GetParam(),
+                                     torch::Device(torch::kCUDA, 0));
+}
+
+// The next GPU run checks the same logits on CUDA.
+TEST_P(ModelFamilyGoldenTest, PeftAdapterGivesPeftLogitsOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string base = GetParam();
+  const torch::Device cuda(torch::kCUDA, 0);
+  auto model = LoadBase(base, torch::kFloat32, cuda);
+  ASSERT_NE(model, nullptr);
+  auto weights = LoadAdapter(AdapterDir(base), *model);
+  ASSERT_NE(weights, nullptr);
+  const LogitsGolden golden = ReadLogits(AdapterDir(base));
+  MultiLoraDelta delta({{weights.get(), golden.input_ids.size(0)}});
+  torch::NoGradGuard no_grad;
+  auto logits = model->Forward(golden.input_ids.to(cuda),
+                               golden.lengths.to(cuda), &delta);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_LE(MaxValidDiff(logits->cpu(), golden.logits, golden.lengths), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelFamilyGoldenTest,
+                         ::testing::Values("qwen3_tied", "olmo2_post_norm",
+                                           "olmo3_window",
+                                           "gemma3_text_window"));
+
+}  // namespace
+}  // namespace loraplex
