@@ -24,6 +24,7 @@ struct SampleFlags {
   std::string checkpoint;
   std::string prompt;
   std::string messages_file;
+  std::string chat_template_kwargs;
   std::string tokens;
   int n = 1;
   int64_t max_tokens = 256;
@@ -38,12 +39,16 @@ struct SampleFlags {
 };
 
 // The messages of a JSON file: a list of {"role", "content"} objects, or an
-// object with such a "messages" list (one line of a chat dataset).
+// object with such a "messages" list (one line of a chat dataset, whose
+// chat_template_kwargs come along).
 absl::Status ReadMessages(const std::string& path, v1::ChatPrompt* prompt) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();
   nlohmann::json parsed = nlohmann::json::parse(*text, nullptr, false);
   if (parsed.is_object() && parsed.contains("messages")) {
+    if (parsed.contains("chat_template_kwargs")) {
+      prompt->set_chat_template_kwargs(parsed["chat_template_kwargs"].dump());
+    }
     parsed = parsed["messages"];
   }
   if (!parsed.is_array() || parsed.empty()) {
@@ -82,6 +87,13 @@ absl::StatusOr<v1::SampleRequest> RequestOf(const SampleFlags& flags) {
     absl::Status read =
         ReadMessages(flags.messages_file, request.mutable_messages());
     if (!read.ok()) return read;
+    if (!flags.chat_template_kwargs.empty()) {
+      request.mutable_messages()->set_chat_template_kwargs(
+          flags.chat_template_kwargs);
+    }
+  } else if (!flags.chat_template_kwargs.empty()) {
+    return absl::InvalidArgumentError(
+        "--chat-template-kwargs goes with --messages");
   }
   if (!flags.tokens.empty()) {
     for (absl::string_view piece : absl::StrSplit(flags.tokens, ',')) {
@@ -172,6 +184,11 @@ void AddSampleCommand(CLI::App& app, CliContext& context,
       ->add_option("--messages", flags->messages_file,
                    "JSON file of chat messages, rendered with the model's "
                    "chat template")
+      ->group("Prompt");
+  sample
+      ->add_option("--chat-template-kwargs", flags->chat_template_kwargs,
+                   "Template variables for --messages, a JSON object: "
+                   "'{\"enable_thinking\": false}'")
       ->group("Prompt");
   sample->add_option("--tokens", flags->tokens, "Prompt token ids: 1,2,3")
       ->group("Prompt");

@@ -36,8 +36,9 @@ absl::Status PrintText(const Tokenizer& tokenizer, const std::string& text) {
   return absl::OkStatus();
 }
 
-// Every line as training sees it: {"ids": [...], "mask": [...]}, or the
-// line's error.
+// Every line as training sees it: {"ids": [...], "mask": [...]} per
+// example (with "line" where a chat line became one per assistant turn), or
+// the line's error.
 absl::Status PrintDataset(const Tokenizer& tokenizer,
                           const loraplex::DatasetParseOptions& options,
                           const std::string& path) {
@@ -51,7 +52,7 @@ absl::Status PrintDataset(const Tokenizer& tokenizer,
     absl::string_view text = line;
     if (number == 1) absl::ConsumePrefix(&text, "\xEF\xBB\xBF");  // BOM
     if (text.find_first_not_of(" \t\r") == absl::string_view::npos) continue;
-    absl::StatusOr<loraplex::Example> parsed =
+    absl::StatusOr<std::vector<loraplex::Example>> parsed =
         loraplex::ParseJsonlLine(text, tokenizer, options);
     if (!parsed.ok()) {
       ++bad;
@@ -61,11 +62,14 @@ absl::Status PrintDataset(const Tokenizer& tokenizer,
                 << "\n";
       continue;
     }
-    const loraplex::Example& example = *parsed;
-    std::vector<int> mask(example.loss_mask.begin(), example.loss_mask.end());
-    std::cout
-        << nlohmann::json({{"ids", example.input_ids}, {"mask", mask}}).dump()
-        << "\n";
+    // A line that became one example per assistant turn shows each, with
+    // its line number.
+    for (const loraplex::Example& example : *parsed) {
+      std::vector<int> mask(example.loss_mask.begin(), example.loss_mask.end());
+      nlohmann::json row = {{"ids", example.input_ids}, {"mask", mask}};
+      if (parsed->size() > 1) row["line"] = number;
+      std::cout << row.dump() << "\n";
+    }
   }
   if (bad > 0) {
     return absl::InvalidArgumentError(

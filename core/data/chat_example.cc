@@ -26,11 +26,10 @@ ordered_json Slice(const ordered_json& messages, size_t count) {
 
 absl::StatusOr<jinja::Rendering> Render(const ChatTemplate& chat,
                                         const ordered_json& messages,
-                                        const ordered_json& tools,
+                                        const ChatRenderOptions& extras,
                                         bool add_generation_prompt) {
-  ChatRenderOptions options;
+  ChatRenderOptions options = extras;
   options.add_generation_prompt = add_generation_prompt;
-  options.tools = tools;
   return chat.Render(messages, options);
 }
 
@@ -53,11 +52,11 @@ absl::StatusOr<Example> Finish(TokenizerEncoding encoding,
 // TemplateChatExample).
 absl::StatusOr<std::pair<size_t, size_t>> PrefixSpan(
     const ChatTemplate& chat, const Tokenizer& tokenizer,
-    const ordered_json& messages, const ordered_json& tools, size_t i,
+    const ordered_json& messages, const ChatRenderOptions& extras, size_t i,
     const std::string& full, const TokenizerEncoding& full_encoding) {
   const std::string name = absl::StrCat("messages[", i, "]");
   absl::StatusOr<jinja::Rendering> before =
-      Render(chat, Slice(messages, i), tools, /*add_generation_prompt=*/true);
+      Render(chat, Slice(messages, i), extras, /*add_generation_prompt=*/true);
   if (!before.ok()) {
     return Bad(absl::StrCat(
         name, ": rendering the conversation before it ",
@@ -74,7 +73,7 @@ absl::StatusOr<std::pair<size_t, size_t>> PrefixSpan(
         "blocks in the template)"));
   }
   absl::StatusOr<jinja::Rendering> through =
-      Render(chat, Slice(messages, i + 1), tools, false);
+      Render(chat, Slice(messages, i + 1), extras, false);
   if (!through.ok()) {
     return Bad(absl::StrCat(name, ": rendering the conversation up to it ",
                             "failed: ", through.status().message()));
@@ -163,10 +162,10 @@ absl::StatusOr<Example> JointPromptCompletionExample(
 absl::StatusOr<Example> TemplateChatExample(const ChatTemplate& chat,
                                             const Tokenizer& tokenizer,
                                             const ordered_json& messages,
-                                            const ordered_json& tools,
+                                            const ChatRenderOptions& extras,
                                             const std::vector<bool>& trained) {
   LORAPLEX_ASSIGN_OR_RETURN(jinja::Rendering full,
-                            Render(chat, messages, tools, false));
+                            Render(chat, messages, extras, false));
   absl::StatusOr<TokenizerEncoding> encoding =
       tokenizer.EncodeWithOffsets(full.text);
   if (!encoding.ok()) return Bad(encoding.status().message());
@@ -178,7 +177,7 @@ absl::StatusOr<Example> TemplateChatExample(const ChatTemplate& chat,
       std::all_of(assistants.begin(), assistants.end(),
                   [&](size_t i) { return i < trained.size() && trained[i]; });
   TextSpans spans;
-  if (chat.has_generation_blocks(!tools.is_null())) {
+  if (chat.has_generation_blocks(!extras.tools.is_null())) {
     if (all_trained) {
       spans = full.generation_spans;
     } else if (full.generation_spans.size() != assistants.size()) {
@@ -196,7 +195,7 @@ absl::StatusOr<Example> TemplateChatExample(const ChatTemplate& chat,
     for (size_t i : assistants) {
       if (i >= trained.size() || !trained[i]) continue;
       LORAPLEX_ASSIGN_OR_RETURN(
-          auto span, PrefixSpan(chat, tokenizer, messages, tools, i, full.text,
+          auto span, PrefixSpan(chat, tokenizer, messages, extras, i, full.text,
                                 *encoding));
       spans.push_back(span);
     }
@@ -207,18 +206,86 @@ absl::StatusOr<Example> TemplateChatExample(const ChatTemplate& chat,
                 "chat template renders them empty)");
 }
 
+absl::StatusOr<std::vector<Example>> PerTurnChatExamples(
+    const ChatTemplate& chat, const Tokenizer& tokenizer,
+    const ordered_json& messages, const ChatRenderOptions& extras,
+    const std::vector<bool>& trained) {
+  std::vector<Example> examples;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].value("role", "") != "assistant" || i >= trained.size() ||
+        !trained[i]) {
+      continue;
+    }
+    const std::string name = absl::StrCat("messages[", i, "]");
+    absl::StatusOr<jinja::Rendering> before = Render(
+        chat, Slice(messages, i), extras, /*add_generation_prompt=*/true);
+    if (!before.ok()) {
+      return Bad(absl::StrCat(
+          name, ": rendering the conversation before it ",
+          "with the generation prompt failed: ", before.status().message()));
+    }
+    absl::StatusOr<jinja::Rendering> through =
+        Render(chat, Slice(messages, i + 1), extras, false);
+    if (!through.ok()) {
+      return Bad(absl::StrCat(name, ": rendering the conversation up to it ",
+                              "failed: ", through.status().message()));
+    }
+    absl::StatusOr<TokenizerEncoding> prompt =
+        tokenizer.EncodeWithOffsets(before->text);
+    if (!prompt.ok()) return Bad(prompt.status().message());
+    absl::StatusOr<TokenizerEncoding> turn =
+        tokenizer.EncodeWithOffsets(through->text);
+    if (!turn.ok()) return Bad(turn.status().message());
+    size_t common = 0;
+    while (common < turn->ids.size() && common < prompt->ids.size() &&
+           turn->ids[common] == prompt->ids[common] &&
+           turn->offsets[common] == prompt->offsets[common]) {
+      ++common;
+    }
+    std::vector<uint8_t> mask(turn->ids.size(), 0);
+    std::fill(mask.begin() + common, mask.end(), 1);
+    LORAPLEX_ASSIGN_OR_RETURN(
+        Example example,
+        Finish(*std::move(turn), std::move(mask),
+               absl::StrCat(name,
+                            ": the chat template renders no token for it "
+                            "after the conversation before it")));
+    examples.push_back(std::move(example));
+  }
+  if (examples.empty()) {
+    return Bad("no assistant message is trained (all have weight 0)");
+  }
+  return examples;
+}
+
+absl::StatusOr<std::vector<Example>> TemplateChatExamples(
+    const ChatTemplate& chat, const Tokenizer& tokenizer,
+    const ordered_json& messages, const ChatRenderOptions& extras,
+    const std::vector<bool>& trained) {
+  // A conversation the template cannot render fails the same either way.
+  LORAPLEX_RETURN_IF_ERROR(Render(chat, messages, extras, false).status());
+  absl::StatusOr<Example> whole =
+      TemplateChatExample(chat, tokenizer, messages, extras, trained);
+  if (whole.ok()) return std::vector<Example>{*std::move(whole)};
+  // Generation blocks decide where a template has them.
+  if (chat.has_generation_blocks(!extras.tools.is_null())) {
+    return whole.status();
+  }
+  return PerTurnChatExamples(chat, tokenizer, messages, extras, trained);
+}
+
 absl::StatusOr<Example> TemplatePromptCompletionExample(
     const ChatTemplate& chat, const Tokenizer& tokenizer,
     const ordered_json& prompt, const ordered_json& completion,
-    const ordered_json& tools) {
-  absl::StatusOr<jinja::Rendering> head = Render(chat, prompt, tools, true);
+    const ChatRenderOptions& extras) {
+  absl::StatusOr<jinja::Rendering> head = Render(chat, prompt, extras, true);
   if (!head.ok()) {
     return Bad(absl::StrCat("prompt: ", head.status().message()));
   }
   ordered_json all = prompt;
   for (const auto& message : completion) all.push_back(message);
   LORAPLEX_ASSIGN_OR_RETURN(jinja::Rendering full,
-                            Render(chat, all, tools, false));
+                            Render(chat, all, extras, false));
   if (!absl::StartsWith(full.text, head->text)) {
     return Bad(
         "the chat template renders prompt + completion so that it does not "

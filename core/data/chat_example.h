@@ -40,8 +40,10 @@ absl::StatusOr<Example> JointPromptCompletionExample(
     std::string_view completion);
 
 // `messages` rendered with `chat` (as apply_chat_template(tokenize=True):
-// no special tokens besides the template's own). Targets: the assistant
-// messages i with trained[i]. Their text is found by the template's
+// no special tokens besides the template's own), `extras` giving the tools
+// and further template variables (its add_generation_prompt is ignored).
+// Targets: the assistant messages i with trained[i]. Their text is found by the
+// template's
 // {% generation %} blocks (the k-th block is the k-th assistant message)
 // or, without them, by rendering prefixes: message i spans from the end of
 // the conversation before it plus the generation prompt to the last token
@@ -50,7 +52,28 @@ absl::StatusOr<Example> JointPromptCompletionExample(
 // located, e.g. for templates that render past turns differently.
 absl::StatusOr<Example> TemplateChatExample(
     const ChatTemplate& chat, const Tokenizer& tokenizer,
-    const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+    const nlohmann::ordered_json& messages, const ChatRenderOptions& extras,
+    const std::vector<bool>& trained);
+
+// One example per trained assistant turn i, rendered as the model sees it
+// at inference: ids = the tokens of messages[:i+1] rendered; targets = the
+// tokens after their longest common prefix (same ids and offsets) with
+// messages[:i] rendered with the generation prompt, to the end. For
+// templates that render a turn differently once later turns follow (past
+// reasoning dropped) or whose generation prompt opens a block a finished
+// turn lacks (`<think>`). Errors name the message.
+absl::StatusOr<std::vector<Example>> PerTurnChatExamples(
+    const ChatTemplate& chat, const Tokenizer& tokenizer,
+    const nlohmann::ordered_json& messages, const ChatRenderOptions& extras,
+    const std::vector<bool>& trained);
+
+// The examples a conversation trains: TemplateChatExample's one where the
+// template marks assistant text with {% generation %} blocks or renders
+// every earlier turn the same whatever follows (the prefix rule places
+// every trained turn); otherwise PerTurnChatExamples'.
+absl::StatusOr<std::vector<Example>> TemplateChatExamples(
+    const ChatTemplate& chat, const Tokenizer& tokenizer,
+    const nlohmann::ordered_json& messages, const ChatRenderOptions& extras,
     const std::vector<bool>& trained);
 
 // TRL's conversational prompt/completion: the text prompt + completion
@@ -59,8 +82,7 @@ absl::StatusOr<Example> TemplateChatExample(
 absl::StatusOr<Example> TemplatePromptCompletionExample(
     const ChatTemplate& chat, const Tokenizer& tokenizer,
     const nlohmann::ordered_json& prompt,
-    const nlohmann::ordered_json& completion,
-    const nlohmann::ordered_json& tools);
+    const nlohmann::ordered_json& completion, const ChatRenderOptions& extras);
 
 }  // namespace loraplex
 

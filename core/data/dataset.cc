@@ -72,8 +72,10 @@ namespace {
 
 using data_internal::Bad;
 using data_internal::ExampleBuilder;
+using data_internal::kChatTemplateKwargsKey;
 using data_internal::kParseLabel;
 using data_internal::kToolsKey;
+using data_internal::kTurnsKey;
 using data_internal::ParsedLine;
 using data_internal::ParseMessages;
 using data_internal::ParsePromptCompletion;
@@ -219,10 +221,11 @@ absl::StatusOr<LineKind> ClassifyLine(const json& object) {
   std::optional<LineKind> kind;
   std::string first_key;
   std::vector<std::string> unknown;
-  bool has_tools = false;
+  std::vector<std::string> chat_options;  // Keys of chat lines only.
   for (auto it = object.begin(); it != object.end(); ++it) {
-    if (it.key() == kToolsKey) {
-      has_tools = true;
+    if (it.key() == kToolsKey || it.key() == kChatTemplateKwargsKey ||
+        it.key() == kTurnsKey) {
+      chat_options.push_back(it.key());
       continue;
     }
     std::optional<LineKind> key_kind = KindOfKey(it.key());
@@ -243,9 +246,11 @@ absl::StatusOr<LineKind> ClassifyLine(const json& object) {
         unknown.empty() ? "an empty object" : absl::StrJoin(unknown, ", ")));
   }
   const std::vector<absl::string_view> keys = KeysOf(*kind);
-  if (has_tools && *kind != LineKind::kMessages &&
-      *kind != LineKind::kPromptCompletion) {
-    unknown.push_back(QuoteKey(std::string(kToolsKey)));
+  for (const std::string& key : chat_options) {
+    const bool fits =
+        *kind == LineKind::kMessages ||
+        (*kind == LineKind::kPromptCompletion && key != kTurnsKey);
+    if (!fits) unknown.push_back(QuoteKey(key));
   }
   if (!unknown.empty()) {
     return Bad(absl::StrCat("has unknown key", unknown.size() > 1 ? "s " : " ",
@@ -301,7 +306,7 @@ absl::StatusOr<ParsedLine> ParseLine(absl::string_view text,
       break;
   }
   if (!example.ok()) return example.status();
-  return ParsedLine{*std::move(example), false};
+  return ParsedLine{{*std::move(example)}, false};
   return Bad("has no recognised kind");
 }
 
@@ -318,13 +323,13 @@ std::string ChatRoleHeader(absl::string_view role) {
   return absl::StrCat(kChatRoleOpen, role, kChatRoleClose);
 }
 
-absl::StatusOr<Example> ParseJsonlLine(absl::string_view line,
-                                       const Tokenizer& tokenizer,
-                                       const DatasetParseOptions& options) {
+absl::StatusOr<std::vector<Example>> ParseJsonlLine(
+    absl::string_view line, const Tokenizer& tokenizer,
+    const DatasetParseOptions& options) {
   absl::ConsumeSuffix(&line, "\r");
   LORAPLEX_ASSIGN_OR_RETURN(ParsedLine parsed,
                             ParseLine(line, tokenizer, options));
-  return std::move(parsed.example);
+  return std::move(parsed.examples);
 }
 
 absl::StatusOr<Dataset> ParseJsonlDataset(absl::string_view contents,
@@ -358,12 +363,15 @@ absl::StatusOr<Dataset> ParseJsonlDataset(absl::string_view contents,
     // Once a line is bad nothing is returned, so stop keeping examples.
     if (num_bad > 0) continue;
     if (parsed->builtin_chat) ++dataset.num_builtin_chat_lines;
-    Example* example = &parsed->example;
-    dataset.num_tokens += static_cast<int64_t>(example->input_ids.size());
-    for (uint8_t target : example->loss_mask) {
-      dataset.num_target_tokens += target;
+    ++dataset.num_lines;
+    if (parsed->examples.size() > 1) ++dataset.num_per_turn_lines;
+    for (Example& example : parsed->examples) {
+      dataset.num_tokens += static_cast<int64_t>(example.input_ids.size());
+      for (uint8_t target : example.loss_mask) {
+        dataset.num_target_tokens += target;
+      }
+      dataset.examples.push_back(std::move(example));
     }
-    dataset.examples.push_back(*std::move(example));
   }
   if (num_bad > 0) {
     std::string message =

@@ -76,6 +76,10 @@ struct Dataset {
   int64_t num_target_tokens = 0;  // Sum of loss_mask.
   // Chat lines in the built-in format (the base model has no template).
   int64_t num_builtin_chat_lines = 0;
+  // Non-blank lines, and those of them that became one example per trained
+  // assistant turn.
+  int64_t num_lines = 0;
+  int64_t num_per_turn_lines = 0;
 };
 
 struct DatasetParseOptions {
@@ -94,11 +98,13 @@ struct DatasetParseOptions {
 };
 
 // One line of a JSONL dataset (a trailing '\r' is ignored), as training
-// sees it; INVALID_ARGUMENT with the reason, without a line number, when it
-// is bad. Not for blank lines, which datasets skip.
-absl::StatusOr<Example> ParseJsonlLine(absl::string_view line,
-                                       const Tokenizer& tokenizer,
-                                       const DatasetParseOptions& options = {});
+// sees it: one example, or one per trained assistant turn for a chat
+// template that is not prefix-stable (chat_example.h); INVALID_ARGUMENT
+// with the reason, without a line number, when it is bad. Not for blank
+// lines, which datasets skip.
+absl::StatusOr<std::vector<Example>> ParseJsonlLine(
+    absl::string_view line, const Tokenizer& tokenizer,
+    const DatasetParseOptions& options = {});
 
 // Parses JSONL text. A dataset with any bad line is rejected with
 // INVALID_ARGUMENT whose message has a summary line and then "line N: reason"

@@ -25,6 +25,7 @@ using nlohmann::json;
 struct CheckedMessages {
   std::vector<std::string> roles;
   std::vector<bool> trained;
+  bool any_trained = false;
   bool any_trained_text = false;
 };
 
@@ -126,6 +127,7 @@ absl::StatusOr<CheckedMessages> CheckMessages(const json& messages,
                            !content->get_ref<const std::string&>().empty()) ||
                           (calls && !message["tool_calls"].empty());
     checked.trained.push_back(trained);
+    checked.any_trained = checked.any_trained || trained;
     checked.any_trained_text =
         checked.any_trained_text || (trained && has_text);
     checked.roles.push_back(role_name);
@@ -191,10 +193,67 @@ absl::Status CheckChatSetup(const json& line,
   return absl::OkStatus();
 }
 
-// The line's tools as written (null when absent).
-nlohmann::ordered_json ToolsOf(const nlohmann::ordered_json& ordered) {
-  auto tools = ordered.find(kToolsKey);
-  return tools == ordered.end() ? nlohmann::ordered_json() : *tools;
+// What the line gives the template besides its messages: tools (null when
+// absent) and chat_template_kwargs, as written.
+absl::StatusOr<ChatRenderOptions> RenderExtrasOf(
+    const nlohmann::ordered_json& ordered) {
+  ChatRenderOptions extras;
+  if (auto tools = ordered.find(kToolsKey); tools != ordered.end()) {
+    extras.tools = *tools;
+  }
+  auto kwargs = ordered.find(kChatTemplateKwargsKey);
+  if (kwargs == ordered.end() || kwargs->is_null()) return extras;
+  if (!kwargs->is_object()) {
+    return Bad(absl::StrCat(kChatTemplateKwargsKey,
+                            " must be an object of template variables, got ",
+                            DescribeJson(json(*kwargs))));
+  }
+  for (const auto& [name, value] : kwargs->items()) {
+    if (name == "messages" || name == "tools" ||
+        name == "add_generation_prompt") {
+      return Bad(absl::StrCat(kChatTemplateKwargsKey, ".", name,
+                              ": set by the line itself, not a template "
+                              "variable"));
+    }
+    extras.variables[name] = value;
+  }
+  return extras;
+}
+
+// A chat_template_kwargs key needs the model's template.
+absl::Status CheckKwargsNeedTemplate(const json& line,
+                                     const DatasetParseOptions& options) {
+  if (options.chat_template == nullptr &&
+      line.contains(std::string(kChatTemplateKwargsKey))) {
+    return Bad(absl::StrCat(kChatTemplateKwargsKey,
+                            " needs the base model's chat template, and it "
+                            "has none"));
+  }
+  return absl::OkStatus();
+}
+
+// "turns": "all" (default) or "last": with "last" only the final assistant
+// message can train.
+absl::Status ApplyTurns(const json& line, const CheckedMessages& checked,
+                        std::vector<bool>& trained) {
+  auto turns = line.find(std::string(kTurnsKey));
+  if (turns == line.end() || *turns == "all") return absl::OkStatus();
+  if (*turns != "last") {
+    return Bad(absl::StrCat(kTurnsKey, " must be \"all\" or \"last\", got ",
+                            DescribeJson(*turns)));
+  }
+  bool last = true;
+  for (size_t i = trained.size(); i-- > 0;) {
+    if (checked.roles[i] != kChatRoleAssistant) continue;
+    if (!last) trained[i] = false;
+    last = false;
+  }
+  if (std::find(trained.begin(), trained.end(), true) == trained.end()) {
+    return Bad(absl::StrCat(kTurnsKey,
+                            " is \"last\" but the last assistant message has "
+                            "weight 0, so nothing would be trained"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -207,23 +266,31 @@ absl::StatusOr<ParsedLine> ParseMessages(const json& line,
   LORAPLEX_ASSIGN_OR_RETURN(
       CheckedMessages checked,
       CheckMessages(line["messages"], "messages", templated));
-  if (!checked.any_trained_text) {
-    return Bad(absl::StrCat("messages", kNothingTrained));
+  // An assistant message with empty content still trains its end of turn.
+  if (!checked.any_trained) {
+    return Bad(
+        "messages has no assistant turn with weight 1, so nothing would be "
+        "trained");
   }
+  std::vector<bool> trained = checked.trained;
+  LORAPLEX_RETURN_IF_ERROR(ApplyTurns(line, checked, trained));
   LORAPLEX_RETURN_IF_ERROR(CheckChatSetup(line, options));
+  LORAPLEX_RETURN_IF_ERROR(CheckKwargsNeedTemplate(line, options));
   if (options.chat_template == nullptr) {
+    checked.trained = trained;
     LORAPLEX_ASSIGN_OR_RETURN(
         Example example,
         BuiltinChatExample(line["messages"], checked, tokenizer));
-    return ParsedLine{std::move(example), true};
+    return ParsedLine{{std::move(example)}, true};
   }
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::ordered_json ordered,
                             InWrittenOrder(text));
+  LORAPLEX_ASSIGN_OR_RETURN(ChatRenderOptions extras, RenderExtrasOf(ordered));
   LORAPLEX_ASSIGN_OR_RETURN(
-      Example example, TemplateChatExample(*options.chat_template, tokenizer,
-                                           ordered["messages"],
-                                           ToolsOf(ordered), checked.trained));
-  return ParsedLine{std::move(example), false};
+      std::vector<Example> examples,
+      TemplateChatExamples(*options.chat_template, tokenizer,
+                           ordered["messages"], extras, trained));
+  return ParsedLine{std::move(examples), false};
 }
 
 // {"prompt": str, "completion": str} tokenized as one text, or TRL's
@@ -246,7 +313,7 @@ absl::StatusOr<ParsedLine> ParsePromptCompletion(
         Example example, JointPromptCompletionExample(
                              tokenizer, prompt.get_ref<const std::string&>(),
                              completion.get_ref<const std::string&>()));
-    return ParsedLine{std::move(example), false};
+    return ParsedLine{{std::move(example)}, false};
   }
   if (!prompt.is_array() || !completion.is_array()) {
     for (const auto& [field, value] :
@@ -271,6 +338,7 @@ absl::StatusOr<ParsedLine> ParsePromptCompletion(
     return Bad(absl::StrCat("completion", kNothingTrained));
   }
   LORAPLEX_RETURN_IF_ERROR(CheckChatSetup(line, options));
+  LORAPLEX_RETURN_IF_ERROR(CheckKwargsNeedTemplate(line, options));
   if (options.chat_template == nullptr) {
     // The built-in format: the conversation, trained on the completion.
     json messages = prompt;
@@ -281,15 +349,16 @@ absl::StatusOr<ParsedLine> ParsePromptCompletion(
     for (const json& message : completion) messages.push_back(message);
     LORAPLEX_ASSIGN_OR_RETURN(Example example,
                               BuiltinChatExample(messages, checked, tokenizer));
-    return ParsedLine{std::move(example), true};
+    return ParsedLine{{std::move(example)}, true};
   }
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::ordered_json ordered,
                             InWrittenOrder(text));
+  LORAPLEX_ASSIGN_OR_RETURN(ChatRenderOptions extras, RenderExtrasOf(ordered));
   LORAPLEX_ASSIGN_OR_RETURN(
       Example example, TemplatePromptCompletionExample(
                            *options.chat_template, tokenizer, ordered["prompt"],
-                           ordered["completion"], ToolsOf(ordered)));
-  return ParsedLine{std::move(example), false};
+                           ordered["completion"], extras));
+  return ParsedLine{{std::move(example)}, false};
 }
 
 }  // namespace loraplex::data_internal

@@ -22,6 +22,14 @@ namespace loraplex::data_internal {
 // An optional key of "messages" and of conversational prompt/completion
 // lines: the tool definitions the chat template renders.
 inline constexpr absl::string_view kToolsKey = "tools";
+// An optional key of the same lines: further template variables
+// ({"enable_thinking": false}), as transformers passes **kwargs and vLLM's
+// API names them.
+inline constexpr absl::string_view kChatTemplateKwargsKey =
+    "chat_template_kwargs";
+// An optional key of "messages" lines: "all" (default) trains every
+// assistant turn with weight 1, "last" only the final assistant turn.
+inline constexpr absl::string_view kTurnsKey = "turns";
 
 // A line's problem (INVALID_ARGUMENT; the caller adds the line number).
 absl::Status Bad(absl::string_view reason);
@@ -63,7 +71,8 @@ class ExampleBuilder {
 };
 
 struct ParsedLine {
-  Example example;
+  // One, or one per trained assistant turn (PerTurnChatExamples).
+  std::vector<Example> examples;
   // A chat line in the built-in format (the base model has no template).
   bool builtin_chat = false;
 };

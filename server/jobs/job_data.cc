@@ -62,6 +62,13 @@ absl::StatusOr<JobData> PrepareJobData(DatasetLoader& datasets,
           " loraplex's built-in format (\"<|role|>\\n\" + content + EOS "
           "per message)"));
     }
+    if (const int64_t n = (*dataset)->num_per_turn_lines; n > 0) {
+      data.notes.push_back(absl::StrCat(
+          field, ": ", n, " of its ", (*dataset)->num_lines, " lines became ",
+          "one example per trained assistant turn (the chat template renders ",
+          "earlier turns differently once later ones follow), ",
+          (*dataset)->examples.size(), " examples in all"));
+    }
     absl::StatusOr<SequenceSet> sequences = BuildSequences(**dataset, options);
     if (!sequences.ok()) return Prefixed(field, sequences.status());
     return std::make_shared<const SequenceSet>(*std::move(sequences));

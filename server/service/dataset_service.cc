@@ -230,7 +230,12 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
     context_->logger->Info(
         "dataset ", record.id, " (tenant ", tenant_, "): stored, ",
         record.num_examples, " examples, ", dataset->num_tokens, " tokens (",
-        dataset->num_target_tokens, " trained), ", record.size_bytes, " bytes");
+        dataset->num_target_tokens, " trained), ", record.size_bytes, " bytes",
+        dataset->num_per_turn_lines > 0
+            ? absl::StrCat("; ", dataset->num_per_turn_lines, " of ",
+                           dataset->num_lines,
+                           " lines became one example per assistant turn")
+            : std::string());
     DatasetToProto(record, response_);
     return absl::OkStatus();
   }

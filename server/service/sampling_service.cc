@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
 #include "core/tokenizer/unicode_text.h"
 #include "proto/resource_names.h"
@@ -69,6 +70,28 @@ absl::StatusOr<std::vector<int64_t>> PromptOf(
       }
       ChatRenderOptions options;
       options.add_generation_prompt = true;
+      if (const std::string& kwargs = request.messages().chat_template_kwargs();
+          !kwargs.empty()) {
+        absl::StatusOr<nlohmann::json> parsed =
+            ParseUntrustedJson(kwargs, "messages.chat_template_kwargs");
+        if (!parsed.ok()) return parsed.status();
+        if (!parsed->is_object()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("messages.chat_template_kwargs must be a JSON "
+                           "object of template variables, got ",
+                           DescribeJson(*parsed)));
+        }
+        // Key order as sent: templates may show it (tojson, items()).
+        options.variables = nlohmann::ordered_json::parse(kwargs);
+        for (const char* reserved :
+             {"messages", "tools", "add_generation_prompt"}) {
+          if (options.variables.contains(reserved)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "messages.chat_template_kwargs.", reserved,
+                ": set by the request itself, not a template variable"));
+          }
+        }
+      }
       absl::StatusOr<jinja::Rendering> rendering =
           context.chat_template->Render(messages, options);
       if (!rendering.ok()) {

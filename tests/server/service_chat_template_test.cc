@@ -16,6 +16,7 @@
 #include "tests/common/cli_process.h"
 #include "tests/common/golden_files.h"
 #include "tests/common/test_dir.h"
+#include "tests/server/chat_model_dir.h"
 #include "tests/server/service_fixture.h"
 
 namespace loraplex {
@@ -27,7 +28,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 std::string Golden(const std::string& relative) {
-  return GoldenPath("chat_templates/" + relative);
+  return ChatFixture(relative);
 }
 
 std::vector<ordered_json> GoldenLines(const std::string& file) {
@@ -43,13 +44,7 @@ std::string WriteChatModel(const std::string& template_name) {
   EXPECT_TRUE(config.ok()) << config.status();
   config->vocab_size = 1024;
   EXPECT_TRUE(WriteRandomModel(*config, /*seed=*/5, dir).ok());
-  fs::copy_file(Golden("tokenizer/tokenizer.json"), dir + "/tokenizer.json");
-  std::ifstream in(Golden("tokenizer/tokenizer_config.json"));
-  nlohmann::json tokenizer_config = nlohmann::json::parse(in);
-  std::ifstream source(Golden("templates/" + template_name + ".jinja"));
-  tokenizer_config["chat_template"] =
-      std::string(std::istreambuf_iterator<char>(source), {});
-  std::ofstream(dir + "/tokenizer_config.json") << tokenizer_config.dump(2);
+  WriteChatTokenizer(dir, template_name);
   return dir;
 }
 

@@ -78,6 +78,16 @@ Under ``tests/fixtures/golden/chat_templates/`` (or ``--out``):
     [s, e); empty spans mark nothing. (On these fixtures this equals the
     overlap rule: a ``note`` field would flag a line where HF's
     ``assistant_mask`` differs from it.)
+  - ``turn_examples`` (add_generation_prompt=false lines that render): the
+    per-turn rule, used where the prefix rule fails: one ``{"message": i,
+    "ids", "mask"}`` per trained assistant turn i, with ``ids`` =
+    ``apply_chat_template(messages[:i+1], tokenize=True)`` and ``mask`` 1 on
+    the tokens after the longest common token prefix (same ids and offsets)
+    with ``apply_chat_template(messages[:i], add_generation_prompt=True)``
+    (position 0 never); ``last_turn_examples`` the same for the last
+    assistant turn only (``turns: "last"``); ``turn_examples_error`` /
+    ``last_turn_examples_error`` when a render raises or a turn has no
+    target.
 
   The console output ends with, per template, how many
   add_generation_prompt=false lines have a ``prefix_mask`` and how many a
@@ -818,6 +828,45 @@ def prefix_spans(render: Renderer, messages) -> list[tuple[int, int]]:
   return spans
 
 
+def turn_examples(render: Renderer, messages, last_only: bool = False) -> list[dict]:
+  """The per-turn rule for templates that are not prefix-stable: each
+  trained assistant turn i (weight != 0) is its own example, rendered as
+  the model sees it at inference: ids = render(messages[:i+1]) tokenized;
+  targets = its tokens after the longest common token prefix (same ids and
+  offsets) with P = render(messages[:i], generation prompt), to the end.
+  With last_only, only the last assistant turn, when trained. ValueError
+  when a render raises or a turn leaves no target."""
+  turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+  if last_only:
+    turns = turns[-1:]
+  examples = []
+  for i in turns:
+    if messages[i].get("weight", 1) == 0:
+      continue
+    try:
+      p = render.text(messages[:i], True)
+      q = render.text(messages[:i + 1], False)
+    except Exception as e:  # noqa: BLE001 - any render failure
+      raise ValueError(f"message {i}: rendering raised: {e}") from e
+    eq = render.tok(q, add_special_tokens=False, return_offsets_mapping=True)
+    ep = render.tok(p, add_special_tokens=False, return_offsets_mapping=True)
+    common = 0
+    for iq, oq, ip, op in zip(eq["input_ids"], eq["offset_mapping"],
+                              ep["input_ids"], ep["offset_mapping"]):
+      if iq != ip or tuple(oq) != tuple(op):
+        break
+      common += 1
+    ids = list(eq["input_ids"])
+    assert ids == render.ids(messages[:i + 1], False)
+    mask = [0] * common + [1] * (len(ids) - common)
+    if common == 0 and mask:
+      mask[0] = 0  # Nothing before position 0 predicts it.
+    if not any(mask):
+      raise ValueError(f"message {i}: no token after the conversation before it")
+    examples.append({"message": i, "ids": ids, "mask": mask})
+  return examples
+
+
 def overlap_mask(tok, text: str, spans) -> list[int]:
   """Tokens whose offsets (s, e) overlap a non-empty span [a, b): e > a and
   s < b (transformers' own rule for generation spans)."""
@@ -872,6 +921,13 @@ def expected_lines(tok, templates: dict, conversations: list) -> list[dict]:
             line["prefix_spans"] = [list(s) for s in spans]
           except ValueError as e:
             line["prefix_mask_error"] = str(e)
+          if line["error"] is None:
+            for key, last_only in (("turn_examples", False),
+                                   ("last_turn_examples", True)):
+              try:
+                line[key] = turn_examples(render, messages, last_only)
+              except ValueError as e:
+                line[key + "_error"] = str(e)
         lines.append(line)
   return lines
 
@@ -1119,7 +1175,9 @@ def main() -> int:
             if line["template"] == name and not line["add_generation_prompt"]]
     ok = sum(1 for line in rows if line["prefix_mask"] is not None)
     failed = sum(1 for line in rows if "prefix_mask_error" in line)
-    print(f"  {name}: {ok} / {failed}")
+    per_turn = sum(1 for line in rows
+                   if line["prefix_mask"] is None and line.get("turn_examples"))
+    print(f"  {name}: {ok} / {failed} ({per_turn} trained per turn instead)")
   return 0
 
 

@@ -4,10 +4,12 @@
 // apply_chat_template(tokenize=True) and to tokenizing prompt + completion
 // as one text; masks equal to return_assistant_tokens_mask where the
 // template has {% generation %} blocks, and otherwise to an independent
-// Python implementation of the prefix rule.
+// Python implementation of the prefix rule, or, where a template is not
+// prefix-stable, of the per-turn rule (one example per assistant turn).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -61,11 +63,22 @@ class ChatExampleGoldenTest : public ::testing::Test {
     return templates_.emplace(name, *std::move(parsed)).first->second;
   }
 
-  absl::StatusOr<Example> Parse(const ordered_json& line,
-                                const std::string& template_name) {
+  absl::StatusOr<std::vector<Example>> ParseAll(
+      const ordered_json& line, const std::string& template_name) {
     DatasetParseOptions options;
     options.chat_template = &Template(template_name);
     return ParseJsonlLine(line.dump(), *tokenizer_, options);
+  }
+
+  // A line that must give exactly one example.
+  absl::StatusOr<Example> Parse(const ordered_json& line,
+                                const std::string& template_name) {
+    absl::StatusOr<std::vector<Example>> examples =
+        ParseAll(line, template_name);
+    if (!examples.ok()) return examples.status();
+    EXPECT_EQ(examples->size(), 1u) << line.dump();
+    if (examples->empty()) return absl::InternalError("no example");
+    return examples->front();
   }
 
   std::unique_ptr<HfTokenizer> tokenizer_;
@@ -73,13 +86,32 @@ class ChatExampleGoldenTest : public ::testing::Test {
   std::map<std::string, ChatTemplate> templates_;
 };
 
+// Expects `examples` to be the golden per-turn examples `turns`.
+void ExpectTurnExamples(const std::vector<Example>& examples,
+                        const ordered_json& turns, const std::string& where) {
+  ASSERT_EQ(examples.size(), turns.size()) << where;
+  for (size_t k = 0; k < turns.size(); ++k) {
+    EXPECT_EQ(examples[k].input_ids, Ids(turns[k]["ids"]))
+        << where << " turn " << k;
+    EXPECT_EQ(examples[k].loss_mask, Mask(turns[k]["mask"]))
+        << where << " turn " << k;
+  }
+}
+
+bool AnyTarget(const ordered_json& mask) {
+  for (size_t i = 1; i < mask.size(); ++i) {
+    if (mask[i].get<int>() != 0) return true;
+  }
+  return false;
+}
+
 TEST_F(ChatExampleGoldenTest, MessagesTrainOnTheAssistantTokensHfMarks) {
   std::map<std::string, ordered_json> conversations;
   for (const ordered_json& c :
        ReadGoldenLines(GoldenPath("chat_templates/conversations.jsonl"))) {
     conversations[c["name"].get<std::string>()] = c;
   }
-  int by_generation = 0, by_prefix = 0, refused = 0;
+  int by_generation = 0, by_prefix = 0, per_turn = 0, refused = 0;
   for (const ordered_json& expected :
        ReadGoldenLines(GoldenPath("chat_templates/expected.jsonl"))) {
     if (expected["add_generation_prompt"] == true ||
@@ -89,53 +121,127 @@ TEST_F(ChatExampleGoldenTest, MessagesTrainOnTheAssistantTokensHfMarks) {
     const std::string name = expected["template"];
     const ordered_json& conversation =
         conversations.at(expected["conversation"].get<std::string>());
-    if (conversation.contains("kwargs")) continue;  // Not a dataset field.
     const std::string where =
         absl::StrCat(name, " / ", expected["conversation"].get<std::string>());
     ordered_json line = {{"messages", conversation["messages"]}};
     if (conversation.contains("tools")) line["tools"] = conversation["tools"];
-    const ordered_json& golden = expected["weighted_mask"].is_null()
-                                     ? expected["prefix_mask"]
-                                     : expected["weighted_mask"];
-    absl::StatusOr<Example> example = Parse(line, name);
-    bool has_answer = false;  // A trained assistant turn with text.
-    for (const ordered_json& m : conversation["messages"]) {
-      has_answer = has_answer ||
-                   (m["role"] == "assistant" && m.value("weight", 1) != 0 &&
-                    ((m.contains("content") && m["content"].is_string() &&
-                      !m["content"].get<std::string>().empty()) ||
-                     (m.contains("tool_calls") && !m["tool_calls"].empty())));
+    // Template variables, as transformers' **kwargs.
+    if (conversation.contains("kwargs")) {
+      line["chat_template_kwargs"] = conversation["kwargs"];
     }
-    if (golden.is_null() || !has_answer) {
-      // The prefix rule cannot place a turn, or nothing is trained: the
-      // line is refused with the message it concerns.
-      ASSERT_FALSE(example.ok()) << where;
-      EXPECT_EQ(example.status().code(), absl::StatusCode::kInvalidArgument);
-      if (golden.is_null()) {
-        EXPECT_THAT(std::string(example.status().message()),
-                    HasSubstr("messages["))
-            << where;
+    const bool generation = !expected["assistant_mask"].is_null();
+    const ordered_json& golden =
+        generation ? expected["weighted_mask"] : expected["prefix_mask"];
+    absl::StatusOr<std::vector<Example>> examples = ParseAll(line, name);
+    if (!golden.is_null() && AnyTarget(golden)) {
+      // One example per conversation, as transformers masks it.
+      ASSERT_TRUE(examples.ok()) << where << ": " << examples.status();
+      ASSERT_EQ(examples->size(), 1u) << where;
+      const Example& example = examples->front();
+      EXPECT_EQ(example.input_ids, Ids(expected["ids"])) << where;
+      EXPECT_EQ(example.loss_mask, Mask(golden)) << where;
+      if (generation) {
+        ++by_generation;
+        // Without weights the generation spans are HF's own assistant mask.
+        if (expected["weighted_mask"] == expected["assistant_mask"]) {
+          EXPECT_EQ(example.loss_mask, Mask(expected["assistant_mask"]))
+              << where;
+        }
+      } else {
+        ++by_prefix;
       }
-      ++refused;
-      continue;
-    }
-    ASSERT_TRUE(example.ok()) << where << ": " << example.status();
-    EXPECT_EQ(example->input_ids, Ids(expected["ids"])) << where;
-    EXPECT_EQ(example->loss_mask, Mask(golden)) << where;
-    if (!expected["assistant_mask"].is_null()) {
-      ++by_generation;
-      // Without weights the generation spans are HF's own assistant mask.
-      if (expected["weighted_mask"] == expected["assistant_mask"]) {
-        EXPECT_EQ(example->loss_mask, Mask(expected["assistant_mask"]))
-            << where;
+    } else if (golden.is_null() && !generation &&
+               expected.contains("turn_examples") &&
+               !expected["turn_examples"].empty()) {
+      // Not prefix-stable: one example per trained assistant turn, each
+      // rendered as the model sees it at inference.
+      ASSERT_TRUE(examples.ok()) << where << ": " << examples.status();
+      ExpectTurnExamples(*examples, expected["turn_examples"], where);
+      line["turns"] = "last";
+      absl::StatusOr<std::vector<Example>> last = ParseAll(line, name);
+      if (expected.contains("last_turn_examples") &&
+          !expected["last_turn_examples"].empty()) {
+        ASSERT_TRUE(last.ok()) << where << ": " << last.status();
+        ExpectTurnExamples(*last, expected["last_turn_examples"],
+                           where + " (last turn)");
+      } else {
+        EXPECT_FALSE(last.ok()) << where << " (last turn)";
       }
+      ++per_turn;
     } else {
-      ++by_prefix;
+      // Nothing to train, or no rule places a turn: refused, naming why.
+      ASSERT_FALSE(examples.ok()) << where;
+      EXPECT_EQ(examples.status().code(), absl::StatusCode::kInvalidArgument);
+      ++refused;
     }
   }
   EXPECT_GE(by_generation, 25);
   EXPECT_GE(by_prefix, 90);
-  EXPECT_GE(refused, 5);
+  EXPECT_GE(per_turn, 7);
+  EXPECT_GE(refused, 1);
+}
+
+// A reasoning template's single user/assistant pair, and its multi-turn
+// conversations: once refused by the prefix rule, now trained turn by turn.
+TEST_F(ChatExampleGoldenTest, ReasoningTemplateTrainsEveryTurn) {
+  const ordered_json line = {{"messages",
+                              {{{"role", "user"}, {"content", "Hi"}},
+                               {{"role", "assistant"},
+                                {"content", "Hello."},
+                                {"reasoning_content", "They greet me."}},
+                               {{"role", "user"}, {"content", "How are you?"}},
+                               {{"role", "assistant"},
+                                {"content", "Fine."},
+                                {"reasoning_content", "Small talk."}}}}};
+  absl::StatusOr<std::vector<Example>> examples = ParseAll(line, "qwen3");
+  ASSERT_TRUE(examples.ok()) << examples.status();
+  ASSERT_EQ(examples->size(), 2u);
+  // Each example is a prefix of the conversation as rendered at its turn;
+  // the first turn's example is shorter.
+  EXPECT_LT((*examples)[0].input_ids.size(), (*examples)[1].input_ids.size());
+  ordered_json last = line;
+  last["turns"] = "last";
+  absl::StatusOr<std::vector<Example>> only_last = ParseAll(last, "qwen3");
+  ASSERT_TRUE(only_last.ok()) << only_last.status();
+  ASSERT_EQ(only_last->size(), 1u);
+  EXPECT_EQ(only_last->front().input_ids, (*examples)[1].input_ids);
+  EXPECT_EQ(only_last->front().loss_mask, (*examples)[1].loss_mask);
+}
+
+// An assistant message with empty content trains its end of turn.
+TEST_F(ChatExampleGoldenTest, AnEmptyAnswerTrainsItsEndOfTurn) {
+  const ordered_json line = {{"messages",
+                              {{{"role", "user"}, {"content", "Say nothing."}},
+                               {{"role", "assistant"}, {"content", ""}}}}};
+  absl::StatusOr<std::vector<Example>> examples = ParseAll(line, "qwen25");
+  ASSERT_TRUE(examples.ok()) << examples.status();
+  ASSERT_EQ(examples->size(), 1u);
+  const std::vector<uint8_t>& mask = examples->front().loss_mask;
+  EXPECT_NE(std::find(mask.begin(), mask.end(), 1), mask.end());
+}
+
+TEST_F(ChatExampleGoldenTest, BadTurnsAndKwargsAreNamed) {
+  const ordered_json messages = {{{"role", "user"}, {"content", "Hi"}},
+                                 {{"role", "assistant"}, {"content", "Yo"}}};
+  ordered_json line = {{"messages", messages}, {"turns", "first"}};
+  EXPECT_THAT(std::string(ParseAll(line, "qwen3").status().message()),
+              HasSubstr("turns must be \"all\" or \"last\", got \"first\""));
+  line = {{"messages", messages}, {"chat_template_kwargs", "thinking"}};
+  EXPECT_THAT(std::string(ParseAll(line, "qwen3").status().message()),
+              HasSubstr("chat_template_kwargs must be an object"));
+  line = {{"messages", messages},
+          {"chat_template_kwargs", {{"add_generation_prompt", true}}}};
+  EXPECT_THAT(std::string(ParseAll(line, "qwen3").status().message()),
+              HasSubstr("chat_template_kwargs.add_generation_prompt: set by "
+                        "the line itself"));
+  line = {{"text", "plain"}, {"turns", "last"}};
+  EXPECT_THAT(std::string(ParseAll(line, "qwen3").status().message()),
+              HasSubstr("unknown key \"turns\""));
+  // Without a template there is nothing to pass variables to.
+  line = {{"messages", messages}, {"chat_template_kwargs", {{"x", 1}}}};
+  EXPECT_THAT(
+      std::string(ParseJsonlLine(line.dump(), *tokenizer_).status().message()),
+      HasSubstr("chat_template_kwargs needs the base model's chat template"));
 }
 
 TEST_F(ChatExampleGoldenTest, PromptAndCompletionAreTokenizedAsOneText) {
@@ -154,9 +260,12 @@ TEST_F(ChatExampleGoldenTest, PromptAndCompletionAreTokenizedAsOneText) {
     const Tokenizer& tokenizer = *tokenizers[name];
     const ordered_json line = {{"prompt", expected["prompt"]},
                                {"completion", expected["completion"]}};
-    absl::StatusOr<Example> example = ParseJsonlLine(line.dump(), tokenizer);
+    absl::StatusOr<std::vector<Example>> examples =
+        ParseJsonlLine(line.dump(), tokenizer);
     const std::string where = absl::StrCat(name, " / ", line.dump());
-    ASSERT_TRUE(example.ok()) << where << ": " << example.status();
+    ASSERT_TRUE(examples.ok()) << where << ": " << examples.status();
+    ASSERT_EQ(examples->size(), 1u) << where;
+    const Example* example = &examples->front();
     std::vector<int64_t> ids = Ids(expected["ids"]);
     ids.push_back(tokenizer.eos_id());
     std::vector<uint8_t> mask = Mask(expected["target"]);

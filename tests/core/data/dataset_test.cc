@@ -270,13 +270,18 @@ TEST_F(DatasetTest, RejectsBadMessages) {
                       R"( "tools": []})"),
             "tools need the base model's chat template, and it has none");
   const std::string no_answer =
-      "messages has no assistant turn with content and weight 1, so nothing "
-      "would be trained";
+      "messages has no assistant turn with weight 1, so nothing would be "
+      "trained";
   EXPECT_EQ(ReasonFor(R"({"messages": [{"role": "user", "content": "a"}]})"),
             no_answer);
-  EXPECT_EQ(ReasonFor(R"({"messages": [{"role": "user", "content": "a"},)"
-                      R"( {"role": "assistant", "content": ""}]})"),
-            no_answer);
+  // An empty answer still trains its end of turn (EOS here), as HF's
+  // generation-block mask does.
+  absl::StatusOr<Dataset> empty_answer =
+      Parse(R"({"messages": [{"role": "user", "content": "a"},)"
+            R"( {"role": "assistant", "content": ""}]})");
+  ASSERT_TRUE(empty_answer.ok()) << empty_answer.status();
+  EXPECT_EQ(empty_answer->num_target_tokens, 1);  // The EOS.
+  EXPECT_EQ(empty_answer->examples[0].loss_mask.back(), 1);
   EXPECT_EQ(
       ReasonFor(R"({"messages": [{"role": "user", "content": "a"},)"
                 R"( {"role": "assistant", "content": "b", "weight": 0}]})"),

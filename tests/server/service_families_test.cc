@@ -1,0 +1,234 @@
+// The real loraplex-server on a checkpoint directory of each model family
+// beyond Llama's layout (the architecture of the family's golden fixture,
+// random weights, a byte-level BPE tokenizer.json and a chat template in
+// tokenizer_config.json, as a downloaded instruct model has them):
+// GetServerInfo names the family, a chat job trains to SUCCEEDED, its
+// adapter exports in PEFT's layout and the job's weights sample greedily
+// as a forward pass of the base plus that adapter does.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/lora/multi_lora.h"
+#include "core/model/model_config.h"
+#include "core/model/model_presets.h"
+#include "tests/common/cli_process.h"
+#include "tests/common/golden_files.h"
+#include "tests/server/chat_model_dir.h"
+#include "tests/common/test_dir.h"
+#include "tests/server/service_fixture.h"
+
+namespace loraplex {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct FamilyCase {
+  const char* golden_base;  // tests/fixtures/golden/<base>/config.json.
+  const char* template_name;
+};
+
+// The family's architecture at a vocabulary that holds the fixture
+// tokenizer's 1015 tokens, written as a hub download is laid out.
+std::string WriteFamilyModel(const FamilyCase& family) {
+  auto config = LoadModelConfig(GoldenPath(family.golden_base));
+  EXPECT_TRUE(config.ok()) << config.status();
+  config->vocab_size = 1024;
+  config->max_position_embeddings = 256;
+  const std::string dir = FreshTestDir("family-model");
+  EXPECT_TRUE(WriteRandomModel(*config, /*seed=*/3, dir).ok());
+  WriteChatTokenizer(dir, family.template_name);
+  return dir;
+}
+
+std::string ChatLines() {
+  std::string jsonl;
+  for (int i = 0; i < 6; ++i) {
+    nlohmann::json line = {
+        {"messages",
+         {{{"role", "user"},
+           {"content", absl::StrCat("What is ", i, " + ", i, "?")}},
+          {{"role", "assistant"},
+           {"content", absl::StrCat("It is ", 2 * i, ".")}}}}};
+    jsonl += line.dump() + "\n";
+  }
+  return jsonl;
+}
+
+class ServiceFamiliesTest : public ::testing::TestWithParam<FamilyCase> {};
+
+TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
+  const FamilyCase& family = GetParam();
+  const std::string model_dir = WriteFamilyModel(family);
+  auto model_config = LoadModelConfig(model_dir);
+  ASSERT_TRUE(model_config.ok()) << model_config.status();
+
+  auto server = StartServer(FreshTestDir("state"), /*slots=*/2,
+                            {"--model", model_dir, "--model-name=acme/family-tiny"});
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  ASSERT_NE(client, nullptr);
+
+  auto info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->base_model().family(), model_config->model_type);
+  EXPECT_EQ(info->base_model().num_hidden_layers(),
+            model_config->num_hidden_layers);
+
+  auto dataset = client->UploadDatasetContents(ChatLines(), "chat");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  v1::CreateJobRequest request =
+      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 4, 4, 7);
+  request.mutable_training()->set_seq_len(64);
+  auto job = client->CreateJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto done = WaitForJob(*client, job->name());
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
+      << done->error().message() << "\n"
+      << server->Log();
+
+  const std::string exported = FreshTestDir("export");
+  v1::ExportAdapterRequest export_request;
+  export_request.set_job(done->name());
+  auto files = client->ExportAdapter(export_request, exported);
+  ASSERT_TRUE(files.ok()) << files.status();
+  auto adapter = LoadPeftAdapter(exported, *model_config);
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ(adapter->base_model_name_or_path, "acme/family-tiny");
+  EXPECT_EQ(adapter->config.targets.size(), kAllProjections.size());
+
+  // Greedy samples from the job equal a forward pass of the base plus the
+  // exported adapter, token by token.
+  v1::SampleRequest sample;
+  sample.set_job(done->name());
+  sample.set_text("What is 2 + 2?");
+  sample.set_max_tokens(6);
+  sample.set_temperature(0);
+  sample.set_ignore_eos(true);
+  auto sampled = client->Sample(sample);
+  ASSERT_TRUE(sampled.ok()) << sampled.status();
+  ASSERT_EQ(sampled->samples_size(), 1);
+  std::vector<int64_t> ids(sampled->prompt_tokens().begin(),
+                           sampled->prompt_tokens().end());
+  ASSERT_FALSE(ids.empty());
+
+  auto model = LlamaModel::Load(model_dir, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  LoraWeights weights((*model)->config(), torch::kCPU);
+  ASSERT_TRUE(weights.Bind(adapter->config).ok());
+  ASSERT_TRUE(CopyPeftAdapter(*adapter, weights).ok());
+  torch::NoGradGuard no_grad;
+  for (int64_t token : sampled->samples(0).tokens()) {
+    torch::Tensor input = torch::tensor(ids, torch::kInt64).unsqueeze(0);
+    torch::Tensor lengths =
+        torch::tensor({static_cast<int64_t>(ids.size())}, torch::kInt64);
+    MultiLoraDelta delta({{&weights, 1}});
+    auto logits = (*model)->Forward(input, lengths, &delta);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    // The sampler's choice is the argmax here, up to the rounding that
+    // separates a KV-cache decode from a full forward pass.
+    const torch::Tensor last =
+        (*logits)[0][static_cast<int64_t>(ids.size()) - 1];
+    EXPECT_GE(last[token].item<double>(), last.max().item<double>() - 1e-4)
+        << "after " << ids.size() << " tokens";
+    ids.push_back(token);
+  }
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
+}
+
+// A Qwen3-style directory with a reasoning template: multi-turn lines with
+// reasoning content, which the template renders differently once later turns
+// follow, train one example per assistant turn to SUCCEEDED; and
+// `loraplex sample --messages` renders with enable_thinking=false when asked.
+TEST(ServiceFamiliesChatTest, ReasoningChatTrainsPerTurnAndSamplesWithKwargs) {
+  const std::string model_dir = WriteFamilyModel({"qwen3_tied", "qwen3"});
+  auto server =
+      StartServer(FreshTestDir("state"), /*slots=*/1, {"--model", model_dir});
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  ASSERT_NE(client, nullptr);
+
+  std::string jsonl;
+  for (int i = 0; i < 4; ++i) {
+    nlohmann::ordered_json line = {
+        {"messages",
+         {{{"role", "user"},
+           {"content", absl::StrCat("Count to ", i + 2, ".")}},
+          {{"role", "assistant"},
+           {"reasoning_content", "Count up from one."},
+           {"content", "1, 2."}},
+          {{"role", "user"}, {"content", "Again, backwards."}},
+          {{"role", "assistant"},
+           {"reasoning_content", "Reverse it."},
+           {"content", "2, 1."}}}}};
+    jsonl += line.dump() + "\n";
+  }
+  auto dataset = client->UploadDatasetContents(jsonl, "reasoning");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ(dataset->num_examples(), 8);  // Two turns a line.
+  EXPECT_THAT(server->Log(),
+              ::testing::HasSubstr(
+                  "4 of 4 lines became one example per assistant turn"));
+  v1::CreateJobRequest request =
+      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 3, 5);
+  request.mutable_training()->set_seq_len(128);
+  auto job = client->CreateJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto done = WaitForJob(*client, job->name());
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
+      << done->error().message() << "\n"
+      << server->Log();
+  auto events = client->ListAllJobEvents(job->name());
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_FALSE(events->empty());
+  EXPECT_THAT(events->front().status_change().message(),
+              ::testing::HasSubstr("4 of its 4 lines became one example per "
+                                   "trained assistant turn"));
+
+  const std::string messages = FreshTestDir("messages") + "/chat.json";
+  std::ofstream(messages) << R"([{"role": "user", "content": "Count to 3."}])";
+  auto sample = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {
+        "--server", server->address(), "--json",
+        "sample",   "--messages",         messages,
+        "--job",    done->name(),         "--max-tokens",
+        "2",        "--temperature",      "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunCli(args);
+  };
+  const CliResult plain = sample({});
+  ASSERT_EQ(plain.exit_code, 0) << plain.Describe();
+  const CliResult no_thinking =
+      sample({"--chat-template-kwargs", R"({"enable_thinking": false})"});
+  ASSERT_EQ(no_thinking.exit_code, 0) << no_thinking.Describe();
+  const auto plain_json = nlohmann::json::parse(plain.out);
+  const auto no_thinking_json = nlohmann::json::parse(no_thinking.out);
+  // The template's generation prompt gains an empty think block.
+  ASSERT_TRUE(plain_json.contains("promptTokens")) << plain.out;
+  EXPECT_GT(no_thinking_json["promptTokens"].size(),
+            plain_json["promptTokens"].size());
+  const CliResult bad = sample({"--chat-template-kwargs", "[1]"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr(
+                           "messages.chat_template_kwargs must be a JSON "
+                           "object"));
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, ServiceFamiliesTest,
+    ::testing::Values(FamilyCase{"qwen3_tied", "qwen3"},
+                      FamilyCase{"olmo2_post_norm", "chatml"},
+                      FamilyCase{"olmo3_window", "chatml"},
+                      FamilyCase{"gemma3_text_window", "gemma"}),
+    [](const ::testing::TestParamInfo<FamilyCase>& info) {
+      return std::string(info.param.golden_base);
+    });
+
+}  // namespace
+}  // namespace loraplex
