@@ -20,7 +20,7 @@ struct Expr {
   enum class Kind {
     kLiteral,    // value
     kName,       // name
-    kList,       // items (also tuples)
+    kList,       // items; a tuple when `tuple`
     kDict,       // items: key, value, key, value, ...
     kAttribute,  // items[0].name
     kItem,       // items[0][items[1]]
@@ -31,6 +31,7 @@ struct Expr {
     kNot,        // not items[0]
     kNegate,     // -items[0]
     kBinary,     // items[0] op items[1]
+    kCompare,    // items[0] ops[0] items[1] ops[1] items[2] ... (chained)
     kCondition,  // items[1] if items[0] else items[2] (null = undefined)
   };
   Kind kind = Kind::kLiteral;
@@ -38,6 +39,11 @@ struct Expr {
   Value value;
   std::string name;      // kName, kAttribute, kFilter, kTest; op for kBinary.
   bool negated = false;  // kTest
+  bool tuple = false;    // kList
+  // kFilter, kTest: a name the subset lacks, allowed where jinja2 only
+  // fails if it runs (inside {% if %} and inline ifs).
+  bool unknown = false;
+  std::vector<std::string> ops;  // kCompare
   std::vector<ExprPtr> items;
   std::vector<std::pair<std::string, ExprPtr>> keywords;
 };
@@ -50,13 +56,20 @@ struct Stmt {
     kText,      // text
     kOutput,    // {{ expr }}
     kIf,        // conditions[i] -> bodies[i]; a last extra body = else
-    kFor,       // for targets in expr [if filter]: bodies[0]; else bodies[1]
+    kFor,       // for targets in expr [if filter] [recursive]: bodies[0];
+                // else bodies[1]
     kSet,       // set targets (or target.attribute) = expr
     kSetBlock,  // set targets[0] %} bodies[0] {% endset
     kMacro,     // macro name(targets = defaults) %} bodies[0]
     kBreak,
     kContinue,
     kGeneration,  // generation %} bodies[0] {% endgeneration
+    // call(targets = defaults) expr %} bodies[0] {% endcall: expr (a call)
+    // gets caller=, a macro rendering bodies[0].
+    kCallBlock,
+    // filter expr %} bodies[0] {% endfilter: expr's innermost operand is
+    // the name kFilterBlockBody, bound to bodies[0]'s output.
+    kFilterBlock,
   };
   Kind kind = Kind::kText;
   int line = 0;
@@ -67,8 +80,13 @@ struct Stmt {
   std::vector<Body> bodies;
   std::vector<std::string> targets;
   std::string attribute;          // kSet on a namespace: ns.attribute = ...
-  std::vector<ExprPtr> defaults;  // kMacro: per target, may be null
+  std::vector<ExprPtr> defaults;  // kMacro, kCallBlock: per target, or null
+  bool recursive = false;         // kFor
 };
+
+// The variable a {% filter %} block's output is bound to; no template can
+// name it (it is not an identifier).
+inline constexpr char kFilterBlockBody[] = "(filter block)";
 
 }  // namespace loraplex::jinja
 

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "core/chat/jinja_format.h"
 #include "core/chat/jinja_parser.h"
 #include "core/common/status_macros.h"
 
@@ -15,12 +16,13 @@ namespace loraplex::jinja {
 namespace {
 
 constexpr std::string_view kFilters[] = {
-    "abs",    "capitalize", "count",  "d",          "default", "e",
-    "escape", "first",      "float",  "indent",     "int",     "items",
-    "join",   "last",       "length", "list",       "lower",   "map",
-    "max",    "min",        "reject", "rejectattr", "replace", "reverse",
-    "round",  "safe",       "select", "selectattr", "sort",    "string",
-    "sum",    "title",      "tojson", "trim",       "unique",  "upper"};
+    "abs",     "capitalize", "count", "d",     "default", "dictsort",
+    "e",       "escape",     "first", "float", "format",  "indent",
+    "int",     "items",      "join",  "last",  "length",  "list",
+    "lower",   "map",        "max",   "min",   "reject",  "rejectattr",
+    "replace", "reverse",    "round", "safe",  "select",  "selectattr",
+    "sort",    "string",     "sum",   "title", "tojson",  "trim",
+    "unique",  "upper"};
 
 absl::Status FilterError(const std::string& filter, const std::string& what) {
   return absl::InvalidArgumentError(
@@ -60,6 +62,9 @@ absl::StatusOr<Value> Attribute(const Value& item, const std::string& path) {
 absl::StatusOr<Value> SelectItems(const std::string& filter,
                                   const Value& operand, const CallArgs& args,
                                   bool by_attribute, bool keep) {
+  // jinja2 loops only `if value:`, so none, undefined, "" and 0 select
+  // nothing.
+  if (!operand.Truthy()) return Value::Generator({});
   LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, Items(filter, operand));
   size_t next = 0;
   std::string attribute;
@@ -96,7 +101,7 @@ absl::StatusOr<Value> SelectItems(const std::string& filter,
     }
     if (passed == keep) out.push_back(item);
   }
-  return Value::List(std::move(out));
+  return Value::Generator(std::move(out));
 }
 
 absl::StatusOr<Value> Indent(const Value& operand, const CallArgs& args) {
@@ -168,6 +173,27 @@ absl::StatusOr<Value> ComparisonKey(const Value& item, const Value* attribute,
   return key;
 }
 
+// The values of (sort key, value) pairs in a stable sort by key, as a list;
+// keys Python cannot order are the filter's error.
+absl::StatusOr<Value> SortedByKey(const std::string& filter,
+                                  std::vector<std::pair<Value, Value>> keyed,
+                                  bool reverse) {
+  absl::Status status;
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [&](const auto& a, const auto& b) {
+                     absl::StatusOr<int> c = Compare(a.first, b.first);
+                     if (!c.ok()) {
+                       status = c.status();
+                       return false;
+                     }
+                     return reverse ? *c > 0 : *c < 0;
+                   });
+  if (!status.ok()) return FilterError(filter, std::string(status.message()));
+  std::vector<Value> out;
+  for (auto& [key, value] : keyed) out.push_back(std::move(value));
+  return Value::List(std::move(out));
+}
+
 // sort(reverse=False, case_sensitive=False, attribute=None), stable.
 absl::StatusOr<Value> Sort(const Value& operand, const CallArgs& args) {
   LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, Items("sort", operand));
@@ -180,20 +206,35 @@ absl::StatusOr<Value> Sort(const Value& operand, const CallArgs& args) {
                               ComparisonKey(item, attribute, case_sensitive));
     keyed.emplace_back(std::move(key), item);
   }
-  absl::Status status;
-  std::stable_sort(keyed.begin(), keyed.end(),
-                   [&](const auto& a, const auto& b) {
-                     absl::StatusOr<int> c = Compare(a.first, b.first);
-                     if (!c.ok()) {
-                       status = c.status();
-                       return false;
-                     }
-                     return reverse ? *c > 0 : *c < 0;
-                   });
-  if (!status.ok()) return FilterError("sort", std::string(status.message()));
-  std::vector<Value> out;
-  for (auto& [key, item] : keyed) out.push_back(std::move(item));
-  return Value::List(std::move(out));
+  return SortedByKey("sort", std::move(keyed), reverse);
+}
+
+// dictsort(case_sensitive=False, by='key', reverse=False): the dict's
+// (key, value) tuples, stably sorted by key or value.
+absl::StatusOr<Value> DictSort(const Value& operand, const CallArgs& args) {
+  if (!operand.is_dict() || operand.dict().is_namespace) {
+    return FilterError("dictsort",
+                       absl::StrCat("'", operand.TypeName(),
+                                    "' object has no attribute 'items'"));
+  }
+  const bool case_sensitive = BoolArg(args, 0, "case_sensitive", false);
+  const Value* by = args.Find(1, "by");
+  const std::string by_name = by != nullptr ? by->Str() : "key";
+  if (by_name != "key" && by_name != "value") {
+    return FilterError("dictsort",
+                       "You can only sort by either \"key\" or \"value\"");
+  }
+  const bool reverse = BoolArg(args, 2, "reverse", false);
+  std::vector<std::pair<Value, Value>> keyed;
+  for (const auto& [key, value] : operand.dict().items) {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        Value sort_key,
+        ComparisonKey(by_name == "key" ? Value::String(key) : value, nullptr,
+                      case_sensitive));
+    keyed.emplace_back(std::move(sort_key),
+                       Value::Tuple({Value::String(key), value}));
+  }
+  return SortedByKey("dictsort", std::move(keyed), reverse);
 }
 
 // unique(case_sensitive=False, attribute=None): first occurrences, in order.
@@ -298,12 +339,14 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& operand,
     }
     return operand;
   }
-  if (name == "safe") return operand;
+  if (name == "safe") {
+    return operand.is_markup() ? operand : Value::Markup(operand.Str());
+  }
   if (operand.is_undefined() && name != "length" && name != "count" &&
       name != "list" && name != "items" && name != "join" && name != "string" &&
       name != "trim" && name != "lower" && name != "upper" &&
       name != "select" && name != "reject" && name != "selectattr" &&
-      name != "rejectattr" && name != "map") {
+      name != "rejectattr" && name != "map" && name != "format") {
     return absl::InvalidArgumentError(
         absl::StrCat("filter ", name, ": ", operand.name()));
   }
@@ -339,35 +382,18 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& operand,
         count != nullptr && count->is_number() ? count->int_value() : -1));
   }
   if (name == "e" || name == "escape") {
-    std::string out;
-    for (char c : operand.Str()) {
-      switch (c) {
-        case '&':
-          out += "&amp;";
-          break;
-        case '<':
-          out += "&lt;";
-          break;
-        case '>':
-          out += "&gt;";
-          break;
-        case '"':
-          out += "&#34;";
-          break;
-        case '\'':
-          out += "&#39;";
-          break;
-        default:
-          out += c;
-      }
-    }
-    return Value::String(std::move(out));
+    if (operand.is_markup()) return operand;
+    return Value::Markup(HtmlEscape(operand.Str()));
   }
   if (name == "list") {
     LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, Items(name, operand));
     return Value::List(std::move(items));
   }
   if (name == "first" || name == "last") {
+    if (name == "last" && operand.is_generator()) {
+      // jinja2's last takes reversed(value).
+      return FilterError(name, "'generator' object is not reversible");
+    }
     LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, Items(name, operand));
     if (items.empty())
       return Value::Undefined(
@@ -388,7 +414,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& operand,
     if (!operand.is_dict()) return FilterError(name, "takes a dict");
     std::vector<Value> out;
     for (const auto& [key, value] : operand.dict().items) {
-      out.push_back(Value::List({Value::String(key), value}));
+      out.push_back(Value::Tuple({Value::String(key), value}));
     }
     return Value::List(std::move(out));
   }
@@ -409,6 +435,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& operand,
     return Value::String(std::move(out));
   }
   if (name == "map") {
+    if (!operand.Truthy()) return Value::Generator({});  // As select.
     LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, Items(name, operand));
     std::vector<Value> out;
     const Value* attribute = args.Find(99, "attribute");
@@ -418,7 +445,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& operand,
         LORAPLEX_ASSIGN_OR_RETURN(Value v, Attribute(item, attribute->Str()));
         out.push_back(v.is_undefined() && fallback != nullptr ? *fallback : v);
       }
-      return Value::List(std::move(out));
+      return Value::Generator(std::move(out));
     }
     if (args.positional.empty() || !args.positional[0].is_string() ||
         !IsKnownFilter(args.positional[0].string_value())) {
@@ -432,13 +459,29 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& operand,
           Value v, ApplyFilter(args.positional[0].string_value(), item, rest));
       out.push_back(std::move(v));
     }
-    return Value::List(std::move(out));
+    return Value::Generator(std::move(out));
   }
   if (name == "select" || name == "reject") {
     return SelectItems(name, operand, args, false, name == "select");
   }
   if (name == "selectattr" || name == "rejectattr") {
     return SelectItems(name, operand, args, true, name == "selectattr");
+  }
+  if (name == "dictsort") return DictSort(operand, args);
+  if (name == "format") {
+    // soft_str(value) % (kwargs or args), as jinja2's do_format.
+    if (!args.positional.empty() && !args.keyword.empty()) {
+      return FilterError(name,
+                         "can't handle positional and keyword arguments at "
+                         "the same time");
+    }
+    Value values = Value::Tuple(args.positional);
+    if (!args.keyword.empty()) {
+      auto dict = std::make_shared<Dict>();
+      for (const auto& [key, value] : args.keyword) dict->Set(key, value);
+      values = Value::MakeDict(std::move(dict));
+    }
+    return PythonPercentFormat(operand.Str(), values);
   }
   if (name == "sort") return Sort(operand, args);
   if (name == "unique") return Unique(operand, args);

@@ -25,6 +25,7 @@ absl::StatusOr<ExprPtr> Parser::ParseTupleExpression() {
   LORAPLEX_ASSIGN_OR_RETURN(ExprPtr first, ParseExpression());
   if (!IsOp(",")) return first;
   ExprPtr list = Make(Expr::Kind::kList, first->line);
+  list->tuple = true;
   list->items.push_back(std::move(first));
   while (AcceptOp(",")) {
     if (Peek().type == TokenType::kBlockEnd) break;
@@ -94,7 +95,7 @@ absl::StatusOr<ExprPtr> Parser::ParseNot() {
 
 absl::StatusOr<ExprPtr> Parser::ParseCompare() {
   LORAPLEX_ASSIGN_OR_RETURN(ExprPtr lhs, ParseMath1());
-  ExprPtr chain;  // a < b < c is (a < b) and (b < c)
+  ExprPtr chain;  // a < b < c is (a < b) and (b < c), b evaluated once
   while (true) {
     std::string op;
     if (Peek().type == TokenType::kOp &&
@@ -112,13 +113,18 @@ absl::StatusOr<ExprPtr> Parser::ParseCompare() {
       break;
     }
     LORAPLEX_ASSIGN_OR_RETURN(ExprPtr rhs, ParseMath1());
-    if (chain != nullptr) {
-      return ErrorAt(rhs->line, "chained comparisons are not supported");
+    if (chain == nullptr) {
+      chain = Make(Expr::Kind::kCompare, lhs->line);
+      chain->items.push_back(std::move(lhs));
     }
-    LORAPLEX_ASSIGN_OR_RETURN(chain,
-                              Binary(op, std::move(lhs), std::move(rhs)));
+    chain->ops.push_back(std::move(op));
+    chain->items.push_back(std::move(rhs));
   }
-  return chain != nullptr ? std::move(chain) : std::move(lhs);
+  if (chain == nullptr) return lhs;
+  if (chain->ops.size() > 1) return chain;
+  // One comparison is a plain binary operation.
+  return Binary(chain->ops[0], std::move(chain->items[0]),
+                std::move(chain->items[1]));
 }
 
 absl::StatusOr<ExprPtr> Parser::ParseMath1() {
@@ -198,11 +204,8 @@ absl::StatusOr<ExprPtr> Parser::ParseFilter(ExprPtr operand) {
     LORAPLEX_ASSIGN_OR_RETURN(std::string part, ExpectName());
     name += "." + part;
   }
-  if (!IsKnownFilter(name)) {
-    return ErrorAt(line,
-                   absl::StrCat("the filter \"", name, "\" is not supported"));
-  }
   ExprPtr e = Make(Expr::Kind::kFilter, line);
+  e->unknown = !IsKnownFilter(name);  // An error unless soft (CheckNames).
   e->name = std::move(name);
   e->items.push_back(std::move(operand));
   if (AcceptOp("(")) LORAPLEX_RETURN_IF_ERROR(ParseArguments(e.get()));
@@ -223,11 +226,8 @@ absl::StatusOr<ExprPtr> Parser::ParseTest(ExprPtr operand) {
     return ErrorAt(line, absl::StrCat("expected a test name after \"is\", got ",
                                       Describe(Peek())));
   }
-  if (!IsKnownTest(name)) {
-    return ErrorAt(line,
-                   absl::StrCat("the test \"", name, "\" is not supported"));
-  }
   ExprPtr e = Make(Expr::Kind::kTest, line);
+  e->unknown = !IsKnownTest(name);  // An error unless soft (CheckNames).
   e->name = std::move(name);
   e->negated = negated;
   e->items.push_back(std::move(operand));
@@ -361,6 +361,7 @@ absl::StatusOr<ExprPtr> Parser::ParsePrimary() {
       if (t.text == "(") {
         if (AcceptOp(")")) {
           e->kind = Expr::Kind::kList;
+          e->tuple = true;
           return e;
         }
         LORAPLEX_ASSIGN_OR_RETURN(ExprPtr inner, ParseExpression());
@@ -369,6 +370,7 @@ absl::StatusOr<ExprPtr> Parser::ParsePrimary() {
           return inner;
         }
         e->kind = Expr::Kind::kList;
+        e->tuple = true;
         e->items.push_back(std::move(inner));
         while (AcceptOp(",") && !IsOp(")")) {
           LORAPLEX_ASSIGN_OR_RETURN(ExprPtr item, ParseExpression());

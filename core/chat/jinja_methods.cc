@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/chat/jinja_builtins.h"
+#include "core/chat/jinja_format.h"
 #include "core/common/status_macros.h"
 #include "core/tokenizer/unicode_text.h"
 
@@ -301,6 +302,7 @@ absl::StatusOr<Value> StringMethod(const std::string& text,
     if (start < text.size()) lines.push_back(Value::String(text.substr(start)));
     return Value::List(std::move(lines));
   }
+  if (name == "format") return PythonStrFormat(text, args);
   if (name == "isdigit" || name == "isspace" || name == "isalpha") {
     if (text.empty()) return Value::Bool(false);
     size_t pos = 0;
@@ -324,7 +326,7 @@ constexpr const char* kStringMethods[] = {
     "strip",      "lstrip",  "rstrip",  "startswith", "endswith",
     "split",      "rsplit",  "upper",   "lower",      "title",
     "capitalize", "replace", "find",    "count",      "join",
-    "splitlines", "isdigit", "isspace", "isalpha"};
+    "splitlines", "isdigit", "isspace", "isalpha",    "format"};
 
 Value BoundMethod(const Value& object, const std::string& name) {
   if (object.is_string()) {
@@ -347,7 +349,7 @@ Value BoundMethod(const Value& object, const std::string& name) {
             std::vector<Value> out;
             for (const auto& [key, value] : object.dict().items) {
               if (name == "items") {
-                out.push_back(Value::List({Value::String(key), value}));
+                out.push_back(Value::Tuple({Value::String(key), value}));
               } else {
                 out.push_back(name == "keys" ? Value::String(key) : value);
               }
@@ -400,6 +402,10 @@ absl::StatusOr<Value> GetAttribute(const Value& object,
 
 absl::StatusOr<Value> GetItem(const Value& object, const Value& key) {
   if (object.is_undefined()) return UndefinedError(object);
+  if (object.is_generator()) {
+    // A generator is not subscriptable; jinja2 then gives undefined.
+    return Value::Undefined("'generator' object is not subscriptable");
+  }
   if (object.is_dict() && key.is_string()) {
     const Value* item = object.dict().Find(key.string_value());
     if (item != nullptr) return *item;
@@ -466,6 +472,7 @@ absl::StatusOr<Value> GetSlice(const Value& object, const Value* start,
       text += cps[static_cast<size_t>(i)];
     }
   }
+  if (object.is_tuple()) return Value::Tuple(std::move(items));
   return object.is_list() ? Value::List(std::move(items))
                           : Value::String(std::move(text));
 }

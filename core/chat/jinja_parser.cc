@@ -1,5 +1,6 @@
 #include "core/chat/jinja_parser.h"
 
+#include <algorithm>
 #include <cctype>
 #include <initializer_list>
 #include <string>
@@ -47,9 +48,7 @@ absl::StatusOr<std::unique_ptr<Stmt>> Parser::ParseStatement() {
     if (AcceptName("if")) {
       LORAPLEX_ASSIGN_OR_RETURN(stmt->filter, ParseOr());
     }
-    if (IsName("recursive")) {
-      return ErrorAt(Peek().line, "recursive for loops are not supported");
-    }
+    stmt->recursive = AcceptName("recursive");
     LORAPLEX_RETURN_IF_ERROR(ExpectBlockEnd());
     LORAPLEX_ASSIGN_OR_RETURN(Body body, ParseBody({"else", "endfor"}, &end));
     stmt->bodies.push_back(std::move(body));
@@ -86,20 +85,40 @@ absl::StatusOr<std::unique_ptr<Stmt>> Parser::ParseStatement() {
     stmt->kind = Stmt::Kind::kMacro;
     LORAPLEX_ASSIGN_OR_RETURN(stmt->text, ExpectName());
     LORAPLEX_RETURN_IF_ERROR(Expect("("));
-    while (!AcceptOp(")")) {
-      LORAPLEX_ASSIGN_OR_RETURN(std::string param, ExpectName());
-      stmt->targets.push_back(param);
-      ExprPtr fallback;
-      if (AcceptOp("=")) {
-        LORAPLEX_ASSIGN_OR_RETURN(fallback, ParseExpression());
-      }
-      stmt->defaults.push_back(std::move(fallback));
-      if (!IsOp(")")) LORAPLEX_RETURN_IF_ERROR(Expect(","));
-    }
+    LORAPLEX_RETURN_IF_ERROR(ParseParameters(*stmt));
     LORAPLEX_RETURN_IF_ERROR(ExpectBlockEnd());
     LORAPLEX_ASSIGN_OR_RETURN(Body body, ParseBody({"endmacro"}, &end));
     stmt->bodies.push_back(std::move(body));
     if (Peek().type == TokenType::kName) Next();  // {% endmacro name %}
+    LORAPLEX_RETURN_IF_ERROR(ExpectBlockEnd());
+    return stmt;
+  }
+  if (tag.text == "call") {
+    stmt->kind = Stmt::Kind::kCallBlock;
+    if (AcceptOp("(")) {  // The caller's own parameters.
+      LORAPLEX_RETURN_IF_ERROR(ParseParameters(*stmt));
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(stmt->expr, ParseExpression());
+    if (stmt->expr->kind != Expr::Kind::kCall) {
+      return ErrorAt(tag.line, "expected call");
+    }
+    LORAPLEX_RETURN_IF_ERROR(ExpectBlockEnd());
+    LORAPLEX_ASSIGN_OR_RETURN(Body body, ParseBody({"endcall"}, &end));
+    stmt->bodies.push_back(std::move(body));
+    LORAPLEX_RETURN_IF_ERROR(ExpectBlockEnd());
+    return stmt;
+  }
+  if (tag.text == "filter") {
+    stmt->kind = Stmt::Kind::kFilterBlock;
+    ExprPtr body_text = Make(Expr::Kind::kName, tag.line);
+    body_text->name = kFilterBlockBody;
+    LORAPLEX_ASSIGN_OR_RETURN(stmt->expr, ParseFilter(std::move(body_text)));
+    while (AcceptOp("|")) {
+      LORAPLEX_ASSIGN_OR_RETURN(stmt->expr, ParseFilter(std::move(stmt->expr)));
+    }
+    LORAPLEX_RETURN_IF_ERROR(ExpectBlockEnd());
+    LORAPLEX_ASSIGN_OR_RETURN(Body body, ParseBody({"endfilter"}, &end));
+    stmt->bodies.push_back(std::move(body));
     LORAPLEX_RETURN_IF_ERROR(ExpectBlockEnd());
     return stmt;
   }
@@ -118,7 +137,8 @@ absl::StatusOr<std::unique_ptr<Stmt>> Parser::ParseStatement() {
     return stmt;
   }
   static constexpr std::string_view kClosers[] = {
-      "elif", "else", "endif", "endfor", "endset", "endmacro", "endgeneration"};
+      "elif",     "else",          "endif",   "endfor",   "endset",
+      "endmacro", "endgeneration", "endcall", "endfilter"};
   for (std::string_view closer : kClosers) {
     if (tag.text == closer) {
       return ErrorAt(tag.line, absl::StrCat("{% ", tag.text,
@@ -143,10 +163,106 @@ absl::StatusOr<std::vector<std::string>> Parser::ParseTargets() {
 
 }  // namespace parser_internal
 
+namespace {
+
+// jinja2 3.1's own filters and tests: a name the subset lacks but jinja2
+// has is "not supported"; one jinja2 lacks too gets jinja2's error.
+constexpr std::string_view kJinja2Filters[] = {
+    "abs",      "attr",       "batch",       "capitalize",
+    "center",   "count",      "d",           "default",
+    "dictsort", "e",          "escape",      "filesizeformat",
+    "first",    "float",      "forceescape", "format",
+    "groupby",  "indent",     "int",         "items",
+    "join",     "last",       "length",      "list",
+    "lower",    "map",        "max",         "min",
+    "pprint",   "random",     "reject",      "rejectattr",
+    "replace",  "reverse",    "round",       "safe",
+    "select",   "selectattr", "slice",       "sort",
+    "string",   "striptags",  "sum",         "title",
+    "tojson",   "trim",       "truncate",    "unique",
+    "upper",    "urlencode",  "urlize",      "wordcount",
+    "wordwrap", "xmlattr"};
+constexpr std::string_view kJinja2Tests[] = {
+    "!=",          "<",         "<=",      "==",          ">",        ">=",
+    "boolean",     "callable",  "defined", "divisibleby", "eq",       "equalto",
+    "escaped",     "even",      "false",   "filter",      "float",    "ge",
+    "greaterthan", "gt",        "in",      "integer",     "iterable", "le",
+    "lessthan",    "lower",     "lt",      "mapping",     "ne",       "none",
+    "number",      "odd",       "sameas",  "sequence",    "string",   "test",
+    "true",        "undefined", "upper"};
+
+absl::Status CheckNames(const Expr& e, bool soft);
+
+absl::Status CheckNames(const ExprPtr& e, bool soft) {
+  return e == nullptr ? absl::OkStatus() : CheckNames(*e, soft);
+}
+
+// jinja2 refuses an unknown filter or test when it compiles the template,
+// except in a "soft" frame (an {% if %}'s tests and bodies, an inline if),
+// where only running it fails; published templates rely on that.
+absl::Status CheckNames(const Expr& e, bool soft) {
+  if (e.unknown && !soft) {
+    return ErrorAt(
+        e.line,
+        UnknownNameMessage(e.kind == Expr::Kind::kFilter ? "filter" : "test",
+                           e.name, false));
+  }
+  soft = soft || e.kind == Expr::Kind::kCondition;
+  for (const ExprPtr& item : e.items) {
+    LORAPLEX_RETURN_IF_ERROR(CheckNames(item, soft));
+  }
+  for (const auto& [key, value] : e.keywords) {
+    LORAPLEX_RETURN_IF_ERROR(CheckNames(value, soft));
+  }
+  return absl::OkStatus();
+}
+
+// `soft` as jinja2's frames: if-blocks share their frame; loops, macros,
+// call, filter and set blocks open a new one.
+absl::Status CheckNames(const Body& body, bool soft) {
+  for (const auto& stmt : body) {
+    const bool is_if = stmt->kind == Stmt::Kind::kIf;
+    const bool outer = soft || is_if;
+    LORAPLEX_RETURN_IF_ERROR(CheckNames(
+        stmt->expr, outer && stmt->kind != Stmt::Kind::kFilterBlock));
+    LORAPLEX_RETURN_IF_ERROR(CheckNames(stmt->filter, false));
+    for (const ExprPtr& condition : stmt->conditions) {
+      LORAPLEX_RETURN_IF_ERROR(CheckNames(condition, outer));
+    }
+    for (const ExprPtr& fallback : stmt->defaults) {
+      LORAPLEX_RETURN_IF_ERROR(CheckNames(fallback, false));
+    }
+    for (const Body& inner : stmt->bodies) {
+      LORAPLEX_RETURN_IF_ERROR(CheckNames(inner, is_if && outer));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string UnknownNameMessage(std::string_view kind, std::string_view name,
+                               bool running) {
+  const bool jinja2_has =
+      kind == "filter"
+          ? std::find(std::begin(kJinja2Filters), std::end(kJinja2Filters),
+                      name) != std::end(kJinja2Filters)
+          : std::find(std::begin(kJinja2Tests), std::end(kJinja2Tests), name) !=
+                std::end(kJinja2Tests);
+  if (jinja2_has) {
+    return absl::StrCat("the ", std::string(kind), " \"", std::string(name),
+                        "\" is not supported");
+  }
+  return absl::StrCat("No ", std::string(kind), " named '", std::string(name),
+                      "'", running ? " found." : ".");
+}
+
 absl::StatusOr<Body> ParseTemplate(std::string_view source) {
   LORAPLEX_ASSIGN_OR_RETURN(std::vector<Token> tokens, LexTemplate(source));
   parser_internal::Parser parser(std::move(tokens));
-  return parser.ParseAll();
+  LORAPLEX_ASSIGN_OR_RETURN(Body body, parser.ParseAll());
+  LORAPLEX_RETURN_IF_ERROR(CheckNames(body, false));
+  return body;
 }
 
 }  // namespace loraplex::jinja

@@ -93,6 +93,23 @@ class Parser {
     return Next().text;
   }
 
+  // `name, name=default, ...)` after a macro's or call block's "(": the
+  // names into stmt.targets and their defaults (null: none) into
+  // stmt.defaults.
+  absl::Status ParseParameters(Stmt& stmt) {
+    while (!AcceptOp(")")) {
+      LORAPLEX_ASSIGN_OR_RETURN(std::string param, ExpectName());
+      stmt.targets.push_back(param);
+      ExprPtr fallback;
+      if (AcceptOp("=")) {
+        LORAPLEX_ASSIGN_OR_RETURN(fallback, ParseExpression());
+      }
+      stmt.defaults.push_back(std::move(fallback));
+      if (!IsOp(")")) LORAPLEX_RETURN_IF_ERROR(Expect(","));
+    }
+    return absl::OkStatus();
+  }
+
   // Statements up to one of `ends` (a block tag name, consumed with its
   // tag's opening; the caller reads the rest of the tag). No ends: to EOF.
   absl::StatusOr<Body> ParseBody(std::initializer_list<std::string_view> ends,

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/chat/jinja_builtins.h"
+#include "core/chat/jinja_operators.h"
 #include "core/chat/jinja_parser.h"
 #include "core/common/status_macros.h"
 
@@ -34,118 +35,40 @@ bool HasGeneration(const Body& body) {
   return false;
 }
 
-absl::Status OperandError(const std::string& op, const Value& a,
-                          const Value& b) {
-  if (a.is_undefined() || b.is_undefined()) {
-    return absl::InvalidArgumentError((a.is_undefined() ? a : b).name());
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported operand types for ", op, ": '", a.TypeName(),
-                   "' and '", b.TypeName(), "'"));
-}
+bool UsesName(const Body& body, const std::string& name);
 
-absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a,
-                                 const Value& b) {
-  if (op == "~") return Value::String(a.Str() + b.Str());
-  const bool numbers = a.is_number() && b.is_number();
-  const bool floats = numbers && (a.kind() == Value::Kind::kFloat ||
-                                  b.kind() == Value::Kind::kFloat);
-  if (op == "+") {
-    if (a.is_string() && b.is_string()) {
-      return Value::String(a.string_value() + b.string_value());
-    }
-    if (a.is_list() && b.is_list()) {
-      std::vector<Value> items = a.list();
-      items.insert(items.end(), b.list().begin(), b.list().end());
-      return Value::List(std::move(items));
-    }
-    if (numbers) {
-      return floats ? Value::Float(a.float_value() + b.float_value())
-                    : Value::Int(a.int_value() + b.int_value());
-    }
-    return OperandError(op, a, b);
+bool UsesName(const Expr* e, const std::string& name) {
+  if (e == nullptr) return false;
+  if (e->kind == Expr::Kind::kName && e->name == name) return true;
+  for (const ExprPtr& item : e->items) {
+    if (UsesName(item.get(), name)) return true;
   }
-  if (op == "*") {
-    const Value* seq = a.is_string() || a.is_list() ? &a : &b;
-    const Value* count = seq == &a ? &b : &a;
-    if ((seq->is_string() || seq->is_list()) &&
-        count->kind() == Value::Kind::kInt) {
-      const int64_t n = std::max<int64_t>(0, count->int_value());
-      if (n * static_cast<int64_t>(seq->Length().value_or(0)) > (1 << 24)) {
-        return absl::InvalidArgumentError("a repeated sequence is too long");
-      }
-      if (seq->is_string()) {
-        std::string out;
-        for (int64_t i = 0; i < n; ++i) out += seq->string_value();
-        return Value::String(std::move(out));
-      }
-      std::vector<Value> items;
-      for (int64_t i = 0; i < n; ++i) {
-        items.insert(items.end(), seq->list().begin(), seq->list().end());
-      }
-      return Value::List(std::move(items));
-    }
-  }
-  if (!numbers) return OperandError(op, a, b);
-  if (op == "-") {
-    return floats ? Value::Float(a.float_value() - b.float_value())
-                  : Value::Int(a.int_value() - b.int_value());
-  }
-  if (op == "*") {
-    return floats ? Value::Float(a.float_value() * b.float_value())
-                  : Value::Int(a.int_value() * b.int_value());
-  }
-  if (op == "**") {
-    if (!floats && b.int_value() >= 0) {
-      return Value::Int(static_cast<int64_t>(
-          std::llround(std::pow(a.float_value(), b.float_value()))));
-    }
-    return Value::Float(std::pow(a.float_value(), b.float_value()));
-  }
-  if ((op == "/" || op == "//" || op == "%") && b.float_value() == 0.0) {
-    return absl::InvalidArgumentError("division by zero");
-  }
-  if (op == "/") return Value::Float(a.float_value() / b.float_value());
-  if (op == "//") {
-    if (floats)
-      return Value::Float(std::floor(a.float_value() / b.float_value()));
-    const int64_t x = a.int_value(), y = b.int_value();
-    int64_t q = x / y;
-    if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
-    return Value::Int(q);
-  }
-  if (op == "%") {
-    if (floats) {
-      double r = std::fmod(a.float_value(), b.float_value());
-      if (r != 0 && ((r < 0) != (b.float_value() < 0))) r += b.float_value();
-      return Value::Float(r);
-    }
-    const int64_t x = a.int_value(), y = b.int_value();
-    int64_t r = x % y;
-    if (r != 0 && ((r < 0) != (y < 0))) r += y;
-    return Value::Int(r);
-  }
-  return OperandError(op, a, b);
-}
-
-absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
-  if (container.is_string()) {
-    if (!item.is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'in <string>' requires a string, not '", item.TypeName(), "'"));
-    }
-    return container.string_value().find(item.string_value()) !=
-           std::string::npos;
-  }
-  if (container.is_dict()) {
-    return item.is_string() && container.dict().Find(item.string_value());
-  }
-  LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, container.Iterate());
-  for (const Value& v : items) {
-    if (v.Equals(item)) return true;
+  for (const auto& [key, value] : e->keywords) {
+    if (UsesName(value.get(), name)) return true;
   }
   return false;
 }
+
+// Whether `body` reads `name` anywhere (jinja2 gives a macro its `caller`
+// parameter only when its body mentions it).
+bool UsesName(const Body& body, const std::string& name) {
+  for (const auto& stmt : body) {
+    if (UsesName(stmt->expr.get(), name) || UsesName(stmt->filter.get(), name))
+      return true;
+    for (const ExprPtr& e : stmt->conditions) {
+      if (UsesName(e.get(), name)) return true;
+    }
+    for (const ExprPtr& e : stmt->defaults) {
+      if (UsesName(e.get(), name)) return true;
+    }
+    for (const Body& inner : stmt->bodies) {
+      if (UsesName(inner, name)) return true;
+    }
+  }
+  return false;
+}
+
+using Scope = absl::flat_hash_map<std::string, Value>;
 
 class Renderer {
  public:
@@ -262,7 +185,13 @@ class Renderer {
         return Flow::kNormal;
       }
       case Stmt::Kind::kMacro:
-        scopes_.back()[stmt.text] = MakeMacro(stmt);
+        scopes_.back()[stmt.text] = MakeMacro(stmt, stmt.text, nullptr);
+        return Flow::kNormal;
+      case Stmt::Kind::kCallBlock:
+        LORAPLEX_RETURN_IF_ERROR(ExecCallBlock(stmt, out));
+        return Flow::kNormal;
+      case Stmt::Kind::kFilterBlock:
+        LORAPLEX_RETURN_IF_ERROR(ExecFilterBlock(stmt, out));
         return Flow::kNormal;
       case Stmt::Kind::kBreak:
         return Flow::kBreak;
@@ -285,6 +214,13 @@ class Renderer {
 
   absl::Status ExecFor(const Stmt& stmt, std::string* out) {
     LORAPLEX_ASSIGN_OR_RETURN(Value iterable, Eval(*stmt.expr));
+    return Loop(stmt, iterable, 1, out);
+  }
+
+  // One level of a for loop; a recursive loop's `loop(items)` runs the next
+  // level with the scopes the loop started in.
+  absl::Status Loop(const Stmt& stmt, const Value& iterable, int64_t depth,
+                    std::string* out) {
     absl::StatusOr<std::vector<Value>> all = iterable.Iterate();
     if (!all.ok()) return all.status();
     std::vector<Value> items;
@@ -301,10 +237,40 @@ class Renderer {
     } else {
       items = *std::move(all);
     }
+    const size_t base = scopes_.size();
+    auto recurse = std::make_shared<const Function>(
+        [this, &stmt, depth,
+         base](const CallArgs& args) -> absl::StatusOr<Value> {
+          if (!stmt.recursive) {
+            return absl::InvalidArgumentError(
+                "The loop must have the 'recursive' marker to be called "
+                "recursively.");
+          }
+          if (args.positional.size() != 1 || depth >= kMaxCallDepth) {
+            return absl::InvalidArgumentError(
+                args.positional.size() != 1
+                    ? "loop() takes the items of the next level"
+                    : "a recursive loop recurses too deeply");
+          }
+          std::vector<Scope> inner;
+          if (scopes_.size() >= base) {
+            inner.assign(std::make_move_iterator(scopes_.begin() + base),
+                         std::make_move_iterator(scopes_.end()));
+            scopes_.resize(base);
+          }
+          std::string captured;
+          absl::Status status =
+              Loop(stmt, args.positional[0], depth + 1, &captured);
+          scopes_.insert(scopes_.end(), std::make_move_iterator(inner.begin()),
+                         std::make_move_iterator(inner.end()));
+          if (!status.ok()) return status;
+          return Value::String(std::move(captured));
+        });
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
       scopes_.emplace_back();
       auto loop = std::make_shared<Dict>();
+      loop->call = recurse;
       loop->Set("index", Value::Int(i + 1));
       loop->Set("index0", Value::Int(i));
       loop->Set("revindex", Value::Int(n - i));
@@ -312,8 +278,8 @@ class Renderer {
       loop->Set("first", Value::Bool(i == 0));
       loop->Set("last", Value::Bool(i == n - 1));
       loop->Set("length", Value::Int(n));
-      loop->Set("depth", Value::Int(1));
-      loop->Set("depth0", Value::Int(0));
+      loop->Set("depth", Value::Int(depth));
+      loop->Set("depth0", Value::Int(depth - 1));
       loop->Set("previtem",
                 i > 0 ? items[i - 1]
                       : Value::Undefined("'loop.previtem' is undefined"));
@@ -346,16 +312,23 @@ class Renderer {
     return absl::OkStatus();
   }
 
-  Value MakeMacro(const Stmt& stmt) {
-    const Stmt* macro = &stmt;
+  // A macro, or a call block's caller: renders def.bodies[0] with its
+  // parameters (def.targets = def.defaults) over `closure`, or for a macro
+  // (no closure) over the globals when it is called.
+  Value MakeMacro(const Stmt& def, std::string name,
+                  std::shared_ptr<const std::vector<Scope>> closure) {
+    const Stmt* macro = &def;
+    const bool takes_caller =
+        def.kind == Stmt::Kind::kMacro && UsesName(def.bodies[0], "caller");
     return Value::MakeFunction(
-        stmt.text,
-        [this, macro](const CallArgs& args) -> absl::StatusOr<Value> {
+        name,
+        [this, macro, name, closure,
+         takes_caller](const CallArgs& args) -> absl::StatusOr<Value> {
           if (depth_ >= kMaxCallDepth) {
             return absl::InvalidArgumentError(
-                absl::StrCat("macro ", macro->text, " recurses too deeply"));
+                absl::StrCat("macro ", name, " recurses too deeply"));
           }
-          absl::flat_hash_map<std::string, Value> params;
+          Scope params;
           for (size_t i = 0; i < macro->targets.size(); ++i) {
             const Value* given = args.Find(i, macro->targets[i]);
             if (given != nullptr) {
@@ -368,9 +341,25 @@ class Renderer {
                   absl::StrCat("'", macro->targets[i], "' is undefined"));
             }
           }
-          std::vector<absl::flat_hash_map<std::string, Value>> saved =
-              std::move(scopes_);
-          scopes_ = {saved[0], std::move(params)};
+          const Value* caller = args.Find(SIZE_MAX, "caller");
+          if (caller != nullptr && !takes_caller) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "macro '", name,
+                "' was invoked with two values for the special caller "
+                "argument. This is most likely a bug."));
+          }
+          if (takes_caller) {
+            params["caller"] = caller != nullptr
+                                   ? *caller
+                                   : Value::Undefined("No caller defined");
+          }
+          std::vector<Scope> saved = std::move(scopes_);
+          if (closure != nullptr) {
+            scopes_ = *closure;
+          } else {
+            scopes_ = {saved[0]};
+          }
+          scopes_.push_back(std::move(params));
           ++depth_;
           std::string captured;
           absl::StatusOr<Flow> flow = Exec(macro->bodies[0], &captured);
@@ -379,6 +368,51 @@ class Renderer {
           if (!flow.ok()) return flow.status();
           return Value::String(std::move(captured));
         });
+  }
+
+  // {% call(params) callee(args) %}body{% endcall %}: callee(args,
+  // caller=<a macro rendering body>).
+  absl::Status ExecCallBlock(const Stmt& stmt, std::string* out) {
+    const Expr& call = *stmt.expr;
+    LORAPLEX_ASSIGN_OR_RETURN(Value callee, Eval(*call.items[0]));
+    LORAPLEX_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(call, 1));
+    args.keyword.emplace_back(
+        "caller",
+        MakeMacro(stmt, "caller",
+                  std::make_shared<const std::vector<Scope>>(scopes_)));
+    LORAPLEX_ASSIGN_OR_RETURN(Value result, CallValue(callee, args));
+    return Write(out, result.Str());
+  }
+
+  // {% filter f(args) | g %}body{% endfilter %}: g(f(body, args)).
+  absl::Status ExecFilterBlock(const Stmt& stmt, std::string* out) {
+    std::string captured;
+    scopes_.emplace_back();
+    absl::StatusOr<Flow> flow = Exec(stmt.bodies[0], &captured);
+    absl::StatusOr<Value> filtered = absl::InternalError("not run");
+    if (flow.ok()) {
+      scopes_.back()[kFilterBlockBody] = Value::String(std::move(captured));
+      filtered = Eval(*stmt.expr);
+    }
+    scopes_.pop_back();
+    if (!flow.ok()) return flow.status();
+    if (!filtered.ok()) return filtered.status();
+    return Write(out, filtered->Str());
+  }
+
+  absl::StatusOr<Value> CallValue(const Value& callee, const CallArgs& args) {
+    if (callee.is_dict() && callee.dict().call != nullptr) {
+      return (*callee.dict().call)(args);  // A loop object: loop(items).
+    }
+    if (!callee.is_function()) {
+      if (callee.is_undefined()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            callee.name(), " (not a function the chat template subset has)"));
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", callee.TypeName(), "' object is not callable"));
+    }
+    return callee.function()(args);
   }
 
   absl::StatusOr<CallArgs> EvalArgs(const Expr& e, size_t first) {
@@ -412,7 +446,8 @@ class Renderer {
           LORAPLEX_ASSIGN_OR_RETURN(Value v, Eval(*item));
           items.push_back(std::move(v));
         }
-        return Value::List(std::move(items));
+        return e.tuple ? Value::Tuple(std::move(items))
+                       : Value::List(std::move(items));
       }
       case Expr::Kind::kDict: {
         auto dict = std::make_shared<Dict>();
@@ -420,7 +455,7 @@ class Renderer {
           LORAPLEX_ASSIGN_OR_RETURN(Value key, Eval(*e.items[i]));
           if (!key.is_string()) {
             return absl::InvalidArgumentError(
-                "dict literal keys must be strings here");
+                "dict literal keys other than strings are not supported");
           }
           LORAPLEX_ASSIGN_OR_RETURN(Value value, Eval(*e.items[i + 1]));
           dict->Set(key.string_value(), std::move(value));
@@ -450,25 +485,23 @@ class Renderer {
       }
       case Expr::Kind::kCall: {
         LORAPLEX_ASSIGN_OR_RETURN(Value callee, Eval(*e.items[0]));
-        if (!callee.is_function()) {
-          if (callee.is_undefined()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(callee.name(),
-                             " (not a function the chat template subset "
-                             "has)"));
-          }
-          return absl::InvalidArgumentError(
-              absl::StrCat("'", callee.TypeName(), "' object is not callable"));
-        }
         LORAPLEX_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
-        return callee.function()(args);
+        return CallValue(callee, args);
       }
       case Expr::Kind::kFilter: {
+        if (e.unknown) {
+          return absl::InvalidArgumentError(
+              UnknownNameMessage("filter", e.name, true));
+        }
         LORAPLEX_ASSIGN_OR_RETURN(Value operand, Eval(*e.items[0]));
         LORAPLEX_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
         return ApplyFilter(e.name, operand, args);
       }
       case Expr::Kind::kTest: {
+        if (e.unknown) {
+          return absl::InvalidArgumentError(
+              UnknownNameMessage("test", e.name, true));
+        }
         LORAPLEX_ASSIGN_OR_RETURN(Value operand, Eval(*e.items[0]));
         LORAPLEX_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
         LORAPLEX_ASSIGN_OR_RETURN(bool passed,
@@ -496,6 +529,19 @@ class Renderer {
       }
       case Expr::Kind::kBinary:
         return EvalBinary(e);
+      case Expr::Kind::kCompare: {
+        // Python's chain: each operand evaluated once, stop at the first
+        // false comparison.
+        LORAPLEX_ASSIGN_OR_RETURN(Value left, Eval(*e.items[0]));
+        for (size_t i = 0; i < e.ops.size(); ++i) {
+          LORAPLEX_ASSIGN_OR_RETURN(Value right, Eval(*e.items[i + 1]));
+          LORAPLEX_ASSIGN_OR_RETURN(bool holds,
+                                    Comparison(e.ops[i], left, right));
+          if (!holds) return Value::Bool(false);
+          left = std::move(right);
+        }
+        return Value::Bool(true);
+      }
     }
     return absl::InternalError("unknown expression");
   }
@@ -506,23 +552,15 @@ class Renderer {
     if (op == "and") return a.Truthy() ? Eval(*e.items[1]) : a;
     if (op == "or") return a.Truthy() ? a : Eval(*e.items[1]);
     LORAPLEX_ASSIGN_OR_RETURN(Value b, Eval(*e.items[1]));
-    if (op == "==") return Value::Bool(a.Equals(b));
-    if (op == "!=") return Value::Bool(!a.Equals(b));
-    if (op == "in" || op == "not in") {
-      LORAPLEX_ASSIGN_OR_RETURN(bool in, Contains(b, a));
-      return Value::Bool(in == (op == "in"));
-    }
-    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
-      LORAPLEX_ASSIGN_OR_RETURN(int c, Compare(a, b));
-      return Value::Bool(op == "<"    ? c < 0
-                         : op == ">"  ? c > 0
-                         : op == "<=" ? c <= 0
-                                      : c >= 0);
+    if (op == "==" || op == "!=" || op == "in" || op == "not in" || op == "<" ||
+        op == ">" || op == "<=" || op == ">=") {
+      LORAPLEX_ASSIGN_OR_RETURN(bool holds, Comparison(op, a, b));
+      return Value::Bool(holds);
     }
     return Arithmetic(op, a, b);
   }
 
-  std::vector<absl::flat_hash_map<std::string, Value>> scopes_;
+  std::vector<Scope> scopes_;
   std::string* main_ = nullptr;
   std::vector<std::pair<size_t, size_t>> spans_;
   int depth_ = 0;

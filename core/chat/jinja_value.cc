@@ -81,6 +81,51 @@ Value Value::List(std::vector<Value> items) {
   return v;
 }
 
+Value Value::Tuple(std::vector<Value> items) {
+  Value v = List(std::move(items));
+  v.tuple_ = true;
+  return v;
+}
+
+Value Value::Generator(std::vector<Value> items) {
+  Value v = List(std::move(items));
+  v.generator_ = true;
+  return v;
+}
+
+Value Value::Markup(std::string value) {
+  Value v = String(std::move(value));
+  v.markup_ = true;
+  return v;
+}
+
+std::string HtmlEscape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
 Value Value::MakeDict(std::shared_ptr<Dict> dict) {
   Value v;
   v.kind_ = Kind::kDict;
@@ -110,7 +155,7 @@ bool Value::Truthy() const {
     case Kind::kString:
       return !string_.empty();
     case Kind::kList:
-      return !list_->empty();
+      return generator_ || !list_->empty();  // A generator object is true.
     case Kind::kDict:
       return dict_->is_namespace || !dict_->items.empty();
     case Kind::kFunction:
@@ -279,6 +324,10 @@ absl::Status DumpJsonTo(const Value& value, const JsonDumpOptions& options,
       AppendJsonString(value.string_value(), options.ensure_ascii, out);
       return absl::OkStatus();
     case Value::Kind::kList: {
+      if (value.is_generator()) {
+        return absl::InvalidArgumentError(
+            "Object of type generator is not JSON serializable");
+      }
       if (value.list().empty()) {
         *out += "[]";
         return absl::OkStatus();
@@ -365,11 +414,12 @@ std::string Value::Repr() const {
     case Kind::kString:
       return ReprString(string_);
     case Kind::kList: {
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i > 0) out += ", ";
         out += (*list_)[i].Repr();
       }
+      if (tuple_) return out + (list_->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::kDict: {
@@ -384,6 +434,8 @@ std::string Value::Repr() const {
     }
     case Kind::kFunction:
       return absl::StrCat("<function ", string_, ">");
+    case Kind::kUndefined:
+      return "Undefined";
     default:
       return Str();
   }
@@ -404,7 +456,7 @@ std::string Value::TypeName() const {
     case Kind::kString:
       return "str";
     case Kind::kList:
-      return "list";
+      return tuple_ ? "tuple" : generator_ ? "generator" : "list";
     case Kind::kDict:
       return dict_->is_namespace ? "Namespace" : "dict";
     case Kind::kFunction:
@@ -428,6 +480,7 @@ bool Value::Equals(const Value& other) const {
     case Kind::kString:
       return string_ == other.string_;
     case Kind::kList: {
+      if (tuple_ != other.tuple_) return false;
       if (list_->size() != other.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
         if (!(*list_)[i].Equals((*other.list_)[i])) return false;
@@ -469,6 +522,7 @@ std::optional<int64_t> Value::Length() const {
     case Kind::kString:
       return static_cast<int64_t>(CodePoints(string_).size());
     case Kind::kList:
+      if (generator_) return std::nullopt;  // A generator has no len().
       return static_cast<int64_t>(list_->size());
     case Kind::kDict:
       return static_cast<int64_t>(dict_->items.size());

@@ -42,6 +42,8 @@ using Function = std::function<absl::StatusOr<Value>(const CallArgs&)>;
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;
   bool is_namespace = false;
+  // Set on the `loop` object of a recursive for loop: `loop(children)`.
+  std::shared_ptr<const Function> call;
 
   const Value* Find(const std::string& key) const;
   void Set(const std::string& key, Value value);
@@ -71,6 +73,15 @@ class Value {
   static Value Float(double value);
   static Value String(std::string value);
   static Value List(std::vector<Value> items);
+  // A Python tuple: a list that prints as (a, b) and is never == a list.
+  static Value Tuple(std::vector<Value> items);
+  // What jinja2's map, select, reject, selectattr and rejectattr return: a
+  // generator, iterated like a list but always true, without a length, and
+  // not JSON serializable (`| list` makes it a list).
+  static Value Generator(std::vector<Value> items);
+  // A jinja2 Markup string (the safe and escape filters): `+` with a plain
+  // string HTML-escapes that string, as Markup.__add__ does.
+  static Value Markup(std::string value);
   static Value MakeDict(std::shared_ptr<Dict> dict);
   static Value MakeFunction(std::string name, Function function);
   // JSON as Python's json.loads gives it (use nlohmann::ordered_json to
@@ -82,7 +93,11 @@ class Value {
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
   bool is_none() const { return kind_ == Kind::kNone; }
   bool is_string() const { return kind_ == Kind::kString; }
+  // Lists and tuples both.
   bool is_list() const { return kind_ == Kind::kList; }
+  bool is_tuple() const { return kind_ == Kind::kList && tuple_; }
+  bool is_generator() const { return kind_ == Kind::kList && generator_; }
+  bool is_markup() const { return kind_ == Kind::kString && markup_; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_number() const {
     return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool;
@@ -122,6 +137,9 @@ class Value {
  private:
   Kind kind_ = Kind::kUndefined;
   bool bool_ = false;
+  bool tuple_ = false;
+  bool generator_ = false;
+  bool markup_ = false;
   int64_t int_ = 0;
   double float_ = 0.0;
   std::string string_;
@@ -174,6 +192,9 @@ struct JsonDumpOptions {
 };
 
 // Python's json.dumps(value, ...). Undefined and functions are errors.
+// `text` with & < > " ' replaced by HTML entities (jinja2's escape).
+std::string HtmlEscape(const std::string& text);
+
 absl::StatusOr<std::string> DumpJson(const Value& value,
                                      const JsonDumpOptions& options);
 

@@ -127,6 +127,125 @@ SNIPPETS = [
      {"m": {"content": "<think>x</think>\n\nanswer"}}),
     ("{% for t in d.get('tools', []) %}{{ t }}{% endfor %}{{ d.get('x') }}"
      "{{ d.keys() | list }}{{ d.values() | list }}", {"d": {"a": 1}}),
+    # dictsort.
+    ("{{ d | dictsort }}|{{ d | dictsort(true) }}|{{ d | dictsort(by='value',"
+     " reverse=true) }}", {"d": {"b": 1, "A": 2, "a": 3}}),
+    ("{% for k, v in d | dictsort(false, 'value') %}{{ k }}={{ v }};"
+     "{% endfor %}{{ {} | dictsort }}", {"d": {"x": "B", "y": "a", "z": "c"}}),
+    ("{{ d | dictsort(by='x') }}", {"d": {"a": 1}}),
+    ("{{ n | dictsort }}", {"n": None}),
+    ("{{ u | dictsort }}", {}),
+    ("{{ d | dictsort(by='value') }}", {"d": {"a": 1, "b": "x"}}),
+    # Filters transformers' environment lacks (from_json): an error when
+    # compiled, except inside {% if %} and inline ifs, where only running
+    # them fails.
+    ("{% if s is string %}{{ s | from_json }}{% endif %}ok", {"s": 1}),
+    ("{% if s is string %}{{ s | from_json }}{% endif %}ok", {"s": "[1]"}),
+    ("{{ s | from_json }}", {"s": "[1]"}),
+    ("{% if s %}{% for x in s %}{{ x | from_json }}{% endfor %}{% endif %}",
+     {"s": []}),
+    ("{{ (s | from_json) if s is mapping else s }}", {"s": "k"}),
+    ("{% if false %}{% set y = x | from_json %}{{ x is hugetest }}"
+     "{% endif %}ok", {}),
+    # Python string formatting: str.format, % and the format filter.
+    ("{{ '{} and {}'.format(1, 'x') }}|{{ '{1}{0}{1}'.format('a', 'b') }}|"
+     "{{ '{name}!'.format(name='n') }}|{{ '{0[k]} {1[1]} {0.k}'.format(d, xs)"
+     " }}", {"d": {"k": "v"}, "xs": [1, 2]}),
+    ("{{ '{:d}|{:.2f}|{:>5}|{:<5}|{:^5}|{:05d}|{:+d}|{:,}|{:x}|{:#x}|{:e}|"
+     "{:g}|{:%}|{:.1%}'.format(42, 3.14159, 'ab', 'ab', 'ab', 42, 3, 1234567,"
+     " 255, 255, 12345.678, 0.00001, 0.25, 0.5) }}", {}),
+    ("{{ '{0!r} {0!s} {{x}} {0:*^7}'.format('hi') }}|{{ '{}'.format(1.0) }}|"
+     "{{ '{}'.format(none) }}|{{ '{}'.format([1, 'a']) }}|"
+     "{{ '{:.3}'.format(3.14159) }}|{{ '{:.3}'.format(3.0) }}|"
+     "{{ '{:10.3f}|'.format(-2.5) }}{{ '{:>8.2%}'.format(0.5) }}|"
+     "{{ '{:.2}'.format('abc') }}|{{ '{:5}|{:5}'.format(1, true) }}|"
+     "{{ '{:,.2f}'.format(1234567.891) }}|{{ '{:=+6d}'.format(7) }}", {}),
+    ("{{ '{}'.format() }}", {}),
+    ("{{ '{0} {}'.format(1, 2) }}", {}),
+    ("{{ '{:d}'.format('a') }}", {}),
+    ("{{ '{:s}'.format(1.5) }}", {}),
+    ("{{ '{x}'.format(y=1) }}", {}),
+    ("{{ '{'.format(1) }}", {}),
+    ("{{ '{}'.format(u.v) }}", {}),
+    ("{{ '%s|%d|%.2f|%r|%5s|%-5s|%x|%05.1f|%%|%i|%e|%g|%+d|%.1s' % ('a', 42,"
+     " 3.14159, 'b', 'c', 'd', 255, 2.25, 7, 12345.678, 0.5, 3, 'xyz') }}", {}),
+    ("{{ '%s!' % 'x' }}|{{ '%s' % [1, 2] }}|{{ '%s' % ((1, 2),) }}|"
+     "{{ '%d' % 3.9 }}|{{ '%s' % none }}|{{ '%(a)s-%(b)d' % {'a': 'x', 'b': 2}"
+     " }}|{{ '%s' % {'a': 1} }}|{{ 'abc' % () }}|{{ 'abc' % {} }}|"
+     "{{ '%c%o%X%5.2s|%.0f|%.0f' % (65, 8, 255, 'abc', 0.5, 1.5) }}|"
+     "{{ 'n=%s' % u }}", {}),
+    ("{{ '%s %s' % 'x' }}", {}),
+    ("{{ '%s' % (1, 2) }}", {}),
+    ("{{ '%d' % 'x' }}", {}),
+    ("{{ '%s' % () }}", {}),
+    ("{{ 'abc' % 1 }}", {}),
+    ("{{ '%(a)s' % 1 }}", {}),
+    ("{{ '%q' % 1 }}", {}),
+    ("{{ 5 % 'a' }}", {}),
+    ("{{ '%s and %s' | format('a', 'b') }}|{{ '%(x)s' | format(x=1) }}|"
+     "{{ '%.1f' | format(2.25) }}|{{ 'plain' | format }}|"
+     "{{ '%s' | format([1]) }}", {}),
+    ("{{ '%s' | format }}", {}),
+    ("{{ '%s %s' | format('a', x=1) }}", {}),
+    # Tuples.
+    ("{{ (1, 2) }}{{ (1,) }}{{ () }}{{ (1, 2) == [1, 2] }}{{ (1, 2) == (1, 2)"
+     " }}{{ (1, 2) + (3,) }}{{ (1, 2) * 2 }}{{ ('a', 'b')[1] }}{{ (1, 2, 3)[1:]"
+     " }}{{ 2 in (1, 2) }}{{ (1, 2) | length }}", {}),
+    ("{% for a, b in [(1, 'x'), (2, 'y')] %}{{ a }}{{ b }}{% endfor %}"
+     "{% for x in ('p', 'q') %}{{ x }}{% endfor %}{% set t = 1, 'z' %}{{ t }}"
+     "{% set a, b = t %}{{ b }}{{ d.items() | list }}{{ d | items | list }}"
+     "{{ (1, 2) | list }}{{ (3, 1) | sort }}{{ ((1, 2), 'x') | tojson }}",
+     {"d": {"k": 1}}),
+    ("{{ (1, 2) + [3] }}", {}),
+    ("{{ [3] + (1, 2) }}", {}),
+    ("{% for a, b in [(1, 2, 3)] %}{% endfor %}", {}),
+    # Call blocks and filter blocks.
+    ("{% macro w(t) %}<{{ t }}>{{ caller() }}</{{ t }}>{% endmacro %}"
+     "{% call w('b') %}hi {{ d.b }}{% endcall %}", {"d": {"b": 1}}),
+    ("{% macro rows(items) %}{% for i in items %}[{{ caller(i, loop.index) }}]"
+     "{% endfor %}{% endmacro %}{% set k = 10 %}{% call(x, n) rows([1, 2]) %}"
+     "{{ n }}:{{ x * k }}{% endcall %}", {}),
+    ("{% macro m() %}{{ caller(3) }}|{{ caller() }}{% endmacro %}"
+     "{% call(x='d') m() %}{{ x }}{% endcall %}", {}),
+    ("{% macro m() %}{{ caller is defined }}{% endmacro %}{{ m() }}", {}),
+    ("{% macro m() %}plain{% endmacro %}{% call m() %}body{% endcall %}", {}),
+    ("{% macro m() %}{{ caller() }}{% endmacro %}{{ m() }}", {}),
+    ("{% call(x) m2() %}{% endcall %}", {}),
+    ("{% filter upper %}hello {{ d.b }}{% endfilter %}", {"d": {"b": 1}}),
+    ("{% filter indent(2, true) | upper %}a\nb{% endfilter %}|"
+     "{% filter replace('x', 'y') %}{% for i in range(2) %}x{{ i }}"
+     "{% endfor %}{% endfilter %}|{% filter trim %}  {% set q = 1 %}"
+     "{{ q }}  {% endfilter %}{{ q }}", {}),
+    ("{% filter hugefilter %}x{% endfilter %}", {}),
+    # Recursive loops.
+    ("{% for x in t recursive %}{{ loop.depth }}{{ loop.depth0 }}{{ x.n }}"
+     "{% if x.c %}({{ loop(x.c) }}){% endif %}{% endfor %}",
+     {"t": [{"n": "a", "c": [{"n": "b", "c": [{"n": "c"}]}]}, {"n": "d"}]}),
+    ("{% for x in [[1, [2]], 3] recursive %}{% if x is iterable %}"
+     "{{ loop(x) }}{% else %}{{ x }}@{{ loop.depth }}/{{ loop.index }};"
+     "{% endif %}{% endfor %}", {}),
+    ("{% for x in [[], 1, [5, 6]] if x != 5 recursive %}{% if x is iterable %}"
+     "<{{ loop(x) }}>{% else %}{{ x }}{% endif %}{% else %}E{% endfor %}", {}),
+    ("{% for x in [1] %}{{ loop(x) }}{% endfor %}", {}),
+    # Chained comparisons.
+    ("{{ 1 < 2 < 3 }}{{ 1 < 3 < 2 }}{{ 1 == 1 == 1 }}{{ 2 > 1 == 1 }}"
+     "{{ 1 < 2 <= 2 != 3 }}{{ 'a' in 'abc' in ['abc'] }}{{ 0 < x < 10 }}"
+     "{{ not 1 < 2 < 0 }}", {"x": 5}),
+    ("{{ 3 < 1 < 'a' }}", {}),
+    ("{{ 1 < 'a' < 3 }}", {}),
+    # select / reject / map over undefined, none, empty and falsy operands.
+    ("{{ n | selectattr('a') | list }}{{ n | rejectattr('a', 'none') | list }}"
+     "{{ n | map(attribute='a') | list }}{{ n | select | list }}"
+     "{{ n | reject | list }}", {"n": None}),
+    ("{{ u | selectattr('a') | list }}{{ u | map(attribute='a') | list }}"
+     "{{ u | select | list }}{{ u | reject('none') | list }}"
+     "{{ '' | select | list }}{{ 0 | map('upper') | list }}", {}),
+    ("{{ xs | selectattr('a') | list }}{{ xs | map(attribute='a') | list }}"
+     "{{ xs | map(attribute='a', default=5) | list }}"
+     "{{ xs | rejectattr('a') | map(attribute='b') | join(',') }}",
+     {"xs": [{"a": 1}, {"a": 0}, {"b": 2}]}),
+    ("{{ 5 | select | list }}", {}),
+    ("{{ d.x | selectattr('a') | list }}", {}),
     # Errors.
     ("{{ raise_exception('Roles must alternate') }}", {}),
     ("{{ x.y }}", {}),
@@ -137,6 +256,23 @@ SNIPPETS = [
     ("{{ x is hugetest }}", {"x": 1}),
     ("{% set n.a = 1 %}", {"n": 1}),
     ("{{ 1 / 0 }}", {}),
+    # Generators: map, select, reject, selectattr and rejectattr return
+    # them; true even when empty, no length, not JSON serializable.
+    ("{{ xs | map(attribute='a') | tojson }}", {"xs": [{"a": 1}]}),
+    ("{{ xs | map(attribute='a') | list | tojson }}", {"xs": [{"a": 1}]}),
+    ("{% if xs | select('none') %}yes{% else %}no{% endif %}", {"xs": [1, 2]}),
+    ("{% if xs | select('none') | list %}yes{% else %}no{% endif %}", {"xs": [1, 2]}),
+    ("{{ xs | select('odd') | length }}", {"xs": [1, 2, 3]}),
+    ("{{ xs | select('odd') | join(',') }}", {"xs": [1, 2, 3]}),
+    ("{{ xs | select('odd') | last }}", {"xs": [1, 2, 3]}),
+    ("{{ xs | select('odd') | first }}", {"xs": [1, 2, 3]}),
+    ("[{{ (xs | select('odd'))[0] }}]", {"xs": [1, 2, 3]}),
+    # Markup: safe and escape make it; + with a plain string escapes that.
+    ("{{ 'a<b'|safe + '<c>' }}", {}),
+    ("{{ '<c>' + 'a&b'|safe }}", {}),
+    ("{{ 'x'|safe ~ '<y>' }}", {}),
+    ("{{ ('<i>'|e) + '\"q\"' }}", {}),
+    ("{{ \"it's\"|safe + \"<it's>\" }}", {}),
 ]
 
 

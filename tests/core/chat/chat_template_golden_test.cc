@@ -122,7 +122,13 @@ TEST(JinjaTemplateTest, UnsupportedConstructsAreNamedWithTheirLine) {
       {"{% include 'x' %}", "the tag \"include\" is not supported"},
       {"{{ x | wordwrap }}",
        "line 1: the filter \"wordwrap\" is not supported"},
-      {"{{ x is hugetest }}", "the test \"hugetest\" is not supported"},
+      {"{{ x is hugetest }}", "line 1: No test named 'hugetest'."},
+      {"{{ '[1]' | from_json }}", "line 1: No filter named 'from_json'."},
+      {"{% if x %}{% for y in x %}{{ y | from_json }}{% endfor %}{% endif %}",
+       "line 1: No filter named 'from_json'."},
+      {"{% filter wordwrap %}x{% endfilter %}",
+       "the filter \"wordwrap\" is not supported"},
+      {"{% call m %}x{% endcall %}", "line 1: expected call"},
       {"{% raw %}x{% endraw %}", "the tag \"raw\" is not supported"},
       {"{% for x in xs %}", "missing {% endfor %} before the end"},
       {"{% endif %}", "{% endif %} without its opening tag"},
@@ -135,6 +141,16 @@ TEST(JinjaTemplateTest, UnsupportedConstructsAreNamedWithTheirLine) {
     EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(message))
         << source;
   }
+  // Inside an {% if %}, as in jinja2, an unknown filter fails only if it
+  // runs.
+  auto deferred = jinja::Template::Parse(
+      "{% if x %}{{ x | from_json }}{% endif %}{{ y | wordwrap if z }}");
+  ASSERT_TRUE(deferred.ok()) << deferred.status();
+  EXPECT_EQ(deferred->Render({})->text, "");
+  auto ran = deferred->Render({{"x", jinja::Value::String("[1]")}});
+  ASSERT_FALSE(ran.ok());
+  EXPECT_THAT(std::string(ran.status().message()),
+              HasSubstr("line 1: No filter named 'from_json' found."));
   // Methods are looked up when they run.
   auto t = jinja::Template::Parse("\n{{ 'a'.zfill(3) }}");
   ASSERT_TRUE(t.ok()) << t.status();
