@@ -143,6 +143,16 @@ fi
 echo "==> installing tests/tinker/requirements-nodeps.txt into $venv"
 pip_install --no-deps -r tests/tinker/requirements-nodeps.txt ||
   die "pip install --no-deps -r tests/tinker/requirements-nodeps.txt failed"
+# Published chat templates for tests/chat_live (fetched, never committed):
+# llama.cpp's collection in PyPI's llama-cpp-python source distribution.
+templates_pin=${LORAPLEX_TEMPLATES_PIN:-0.3.36}
+templates_dir="$venv/published-chat-templates"
+if ! grep -qs "llama-cpp-python $templates_pin " "$templates_dir/SOURCE"; then
+  echo "==> fetching published chat templates (llama-cpp-python $templates_pin sdist)"
+  as_user "$venv/bin/python" tools/fetch_published_templates.py \
+    "$templates_dir" --version "$templates_pin" ||
+    die "fetching the published chat templates failed"
+fi
 echo "==> installing the Python package ./python into $venv"
 as_user "$venv/bin/pip" install -q --disable-pip-version-check ./python ||
   die "pip install ./python into $venv failed"
