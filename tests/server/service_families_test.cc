@@ -17,8 +17,8 @@
 #include "core/model/model_presets.h"
 #include "tests/common/cli_process.h"
 #include "tests/common/golden_files.h"
-#include "tests/server/chat_model_dir.h"
 #include "tests/common/test_dir.h"
+#include "tests/server/chat_model_dir.h"
 #include "tests/server/service_fixture.h"
 
 namespace loraplex {
@@ -66,8 +66,9 @@ TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
   auto model_config = LoadModelConfig(model_dir);
   ASSERT_TRUE(model_config.ok()) << model_config.status();
 
-  auto server = StartServer(FreshTestDir("state"), /*slots=*/2,
-                            {"--model", model_dir, "--model-name=acme/family-tiny"});
+  auto server =
+      StartServer(FreshTestDir("state"), /*slots=*/2,
+                  {"--model", model_dir, "--model-name=acme/family-tiny"});
   ASSERT_NE(server, nullptr);
   auto client = ClientFor(*server);
   ASSERT_NE(client, nullptr);
@@ -83,13 +84,8 @@ TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
   v1::CreateJobRequest request =
       JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 4, 4, 7);
   request.mutable_training()->set_seq_len(64);
-  auto job = client->CreateJob(request);
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto done = WaitForJob(*client, job->name());
+  auto done = TrainToSuccess(*client, request, *server);
   ASSERT_TRUE(done.ok()) << done.status();
-  ASSERT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
-      << done->error().message() << "\n"
-      << server->Log();
 
   const std::string exported = FreshTestDir("export");
   v1::ExportAdapterRequest export_request;
@@ -176,14 +172,9 @@ TEST(ServiceFamiliesChatTest, ReasoningChatTrainsPerTurnAndSamplesWithKwargs) {
   v1::CreateJobRequest request =
       JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 3, 5);
   request.mutable_training()->set_seq_len(128);
-  auto job = client->CreateJob(request);
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto done = WaitForJob(*client, job->name());
+  auto done = TrainToSuccess(*client, request, *server);
   ASSERT_TRUE(done.ok()) << done.status();
-  ASSERT_EQ(done->status(), v1::JOB_STATUS_SUCCEEDED)
-      << done->error().message() << "\n"
-      << server->Log();
-  auto events = client->ListAllJobEvents(job->name());
+  auto events = client->ListAllJobEvents(done->name());
   ASSERT_TRUE(events.ok()) << events.status();
   ASSERT_FALSE(events->empty());
   EXPECT_THAT(events->front().status_change().message(),
@@ -195,9 +186,9 @@ TEST(ServiceFamiliesChatTest, ReasoningChatTrainsPerTurnAndSamplesWithKwargs) {
   auto sample = [&](const std::vector<std::string>& extra) {
     std::vector<std::string> args = {
         "--server", server->address(), "--json",
-        "sample",   "--messages",         messages,
-        "--job",    done->name(),         "--max-tokens",
-        "2",        "--temperature",      "0"};
+        "sample",   "--messages",      messages,
+        "--job",    done->name(),      "--max-tokens",
+        "2",        "--temperature",   "0"};
     args.insert(args.end(), extra.begin(), extra.end());
     return RunCli(args);
   };

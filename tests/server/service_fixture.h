@@ -136,6 +136,23 @@ inline absl::StatusOr<v1::Job> WaitForJob(LoraplexClient& client,
   }
 }
 
+// Creates `request`'s job and waits for it: the job once SUCCEEDED, else an
+// error with its status, its error and the server's log.
+inline absl::StatusOr<v1::Job> TrainToSuccess(
+    LoraplexClient& client, const v1::CreateJobRequest& request,
+    const ServerProcess& server) {
+  absl::StatusOr<v1::Job> job = client.CreateJob(request);
+  if (!job.ok()) return job.status();
+  absl::StatusOr<v1::Job> done = WaitForJob(client, job->name());
+  if (!done.ok()) return done.status();
+  if (done->status() != v1::JOB_STATUS_SUCCEEDED) {
+    return absl::InternalError(absl::StrCat(
+        done->name(), " ended ", v1::JobStatus_Name(done->status()), ": ",
+        done->error().message(), "\n", server.Log()));
+  }
+  return done;
+}
+
 // Polls until `predicate(job)` holds.
 template <typename Predicate>
 absl::StatusOr<v1::Job> WaitUntil(LoraplexClient& client,
