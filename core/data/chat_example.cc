@@ -159,13 +159,15 @@ absl::StatusOr<Example> JointPromptCompletionExample(
   return Finish(std::move(out), std::move(mask), "completion has no token");
 }
 
-absl::StatusOr<Example> TemplateChatExample(const ChatTemplate& chat,
-                                            const Tokenizer& tokenizer,
-                                            const ordered_json& messages,
-                                            const ChatRenderOptions& extras,
-                                            const std::vector<bool>& trained) {
-  LORAPLEX_ASSIGN_OR_RETURN(jinja::Rendering full,
-                            Render(chat, messages, extras, false));
+namespace {
+
+// TemplateChatExample for `full`, the whole conversation's rendering.
+absl::StatusOr<Example> ExampleOfRendering(const ChatTemplate& chat,
+                                           const Tokenizer& tokenizer,
+                                           const ordered_json& messages,
+                                           const ChatRenderOptions& extras,
+                                           const std::vector<bool>& trained,
+                                           const jinja::Rendering& full) {
   absl::StatusOr<TokenizerEncoding> encoding =
       tokenizer.EncodeWithOffsets(full.text);
   if (!encoding.ok()) return Bad(encoding.status().message());
@@ -204,6 +206,18 @@ absl::StatusOr<Example> TemplateChatExample(const ChatTemplate& chat,
   return Finish(*std::move(encoding), std::move(mask),
                 "no token of a trained assistant message to learn from (the "
                 "chat template renders them empty)");
+}
+
+}  // namespace
+
+absl::StatusOr<Example> TemplateChatExample(const ChatTemplate& chat,
+                                            const Tokenizer& tokenizer,
+                                            const ordered_json& messages,
+                                            const ChatRenderOptions& extras,
+                                            const std::vector<bool>& trained) {
+  LORAPLEX_ASSIGN_OR_RETURN(jinja::Rendering full,
+                            Render(chat, messages, extras, false));
+  return ExampleOfRendering(chat, tokenizer, messages, extras, trained, full);
 }
 
 absl::StatusOr<std::vector<Example>> PerTurnChatExamples(
@@ -263,9 +277,10 @@ absl::StatusOr<std::vector<Example>> TemplateChatExamples(
     const ordered_json& messages, const ChatRenderOptions& extras,
     const std::vector<bool>& trained) {
   // A conversation the template cannot render fails the same either way.
-  LORAPLEX_RETURN_IF_ERROR(Render(chat, messages, extras, false).status());
+  LORAPLEX_ASSIGN_OR_RETURN(jinja::Rendering full,
+                            Render(chat, messages, extras, false));
   absl::StatusOr<Example> whole =
-      TemplateChatExample(chat, tokenizer, messages, extras, trained);
+      ExampleOfRendering(chat, tokenizer, messages, extras, trained, full);
   if (whole.ok()) return std::vector<Example>{*std::move(whole)};
   // Generation blocks decide where a template has them.
   if (chat.has_generation_blocks(!extras.tools.is_null())) {

@@ -142,22 +142,28 @@ double WorstRelativeDiff(const std::string& base, const LoraWeights& weights,
 
 class ModelFamilyGoldenTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(ModelFamilyGoldenTest, PeftAdapterGivesPeftLogits) {
-  const std::string base = GetParam();
-  auto model = LoadBase(base, torch::kFloat32);
+// Base + PEFT's adapter on `device` gives PEFT's logits, and the adapter
+// matters: the base alone is far from them.
+void ExpectPeftLogits(const std::string& base, torch::Device device) {
+  auto model = LoadBase(base, torch::kFloat32, device);
   ASSERT_NE(model, nullptr);
   auto weights = LoadAdapter(AdapterDir(base), *model);
   ASSERT_NE(weights, nullptr);
   const LogitsGolden golden = ReadLogits(AdapterDir(base));
+  const torch::Tensor ids = golden.input_ids.to(device);
+  const torch::Tensor lengths = golden.lengths.to(device);
   MultiLoraDelta delta({{weights.get(), golden.input_ids.size(0)}});
   torch::NoGradGuard no_grad;
-  auto logits = model->Forward(golden.input_ids, golden.lengths, &delta);
+  auto logits = model->Forward(ids, lengths, &delta);
   ASSERT_TRUE(logits.ok()) << logits.status();
-  EXPECT_LE(MaxValidDiff(*logits, golden.logits, golden.lengths), 1e-4);
-  // The adapter matters: the base alone is far from PEFT's logits.
-  auto plain = model->Forward(golden.input_ids, golden.lengths);
+  EXPECT_LE(MaxValidDiff(logits->cpu(), golden.logits, golden.lengths), 1e-4);
+  auto plain = model->Forward(ids, lengths);
   ASSERT_TRUE(plain.ok());
-  EXPECT_GT(MaxValidDiff(*plain, golden.logits, golden.lengths), 0.05);
+  EXPECT_GT(MaxValidDiff(plain->cpu(), golden.logits, golden.lengths), 0.05);
+}
+
+TEST_P(ModelFamilyGoldenTest, PeftAdapterGivesPeftLogits) {
+  ExpectPeftLogits(GetParam(), torch::kCPU);
 }
 
 // PEFT's adapter, exported again: PEFT's tensor names and shapes, config
@@ -323,19 +329,7 @@ TEST_P(ModelFamilyGoldenTest, CoBatchedCallsEqualEachAloneOnCuda) {
 // The next GPU run checks the same logits on CUDA.
 TEST_P(ModelFamilyGoldenTest, PeftAdapterGivesPeftLogitsOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string base = GetParam();
-  const torch::Device cuda(torch::kCUDA, 0);
-  auto model = LoadBase(base, torch::kFloat32, cuda);
-  ASSERT_NE(model, nullptr);
-  auto weights = LoadAdapter(AdapterDir(base), *model);
-  ASSERT_NE(weights, nullptr);
-  const LogitsGolden golden = ReadLogits(AdapterDir(base));
-  MultiLoraDelta delta({{weights.get(), golden.input_ids.size(0)}});
-  torch::NoGradGuard no_grad;
-  auto logits = model->Forward(golden.input_ids.to(cuda),
-                               golden.lengths.to(cuda), &delta);
-  ASSERT_TRUE(logits.ok()) << logits.status();
-  EXPECT_LE(MaxValidDiff(logits->cpu(), golden.logits, golden.lengths), 1e-4);
+  ExpectPeftLogits(GetParam(), torch::Device(torch::kCUDA, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelFamilyGoldenTest,
