@@ -50,7 +50,7 @@ absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
     bool any = false;
     if (entry.is_string()) {
       const std::string& text = entry.get_ref<const std::string&>();
-      for (Projection p : kAllProjections) {
+      for (Projection p : kLayerProjections) {
         for (int layer = 0; layer < num_layers; ++layer) {
           if (PeftEntryNames(PeftModuleName(layer, p), text)) {
             named.insert({p, layer});
@@ -68,7 +68,7 @@ absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
       return absl::InvalidArgumentError(absl::StrCat(
           label, ": ", key, " names an unsupported module ",
           DescribeJson(entry),
-          "; supported: ", EnumNameList(kAllProjections, &ProjectionName),
+          "; supported: ", EnumNameList(kLayerProjections, &ProjectionName),
           " of layers 0-", num_layers - 1,
           ", by name, suffix (\"mlp.up_proj\") or full path "
           "(\"model.layers.0.mlp.up_proj\"), and lm_head"));
@@ -110,7 +110,7 @@ absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
     for (const auto& module : excluded) named.erase(module);
   }
   std::vector<Projection> projections;
-  for (Projection p : kAllProjections) {
+  for (Projection p : kLayerProjections) {
     std::vector<int> layers;
     for (int layer = 0; layer < num_layers; ++layer) {
       if (named.count({p, layer}) > 0) layers.push_back(layer);

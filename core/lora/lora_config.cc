@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/common/enum_names.h"
 #include "core/common/json_fields.h"
 #include "core/common/number_checks.h"
@@ -35,7 +36,7 @@ absl::Status ValidateLoraConfig(const LoraConfig& config) {
                      EnumNameList(kLoraTargets, &ProjectionName)));
   }
   for (size_t i = 1; i < config.targets.size(); ++i) {
-    if (config.targets[i - 1] >= config.targets[i]) {
+    if (!ProjectionLess(config.targets[i - 1], config.targets[i])) {
       return absl::InvalidArgumentError(
           "lora.target_modules must not repeat a module");
     }
@@ -68,7 +69,7 @@ absl::StatusOr<std::vector<Projection>> ParseTargetModules(
     }
     targets.push_back(*projection);
   }
-  std::sort(targets.begin(), targets.end());
+  std::sort(targets.begin(), targets.end(), ProjectionLess);
   return targets;
 }
 
@@ -98,6 +99,61 @@ nlohmann::json LoraConfigToJson(const LoraConfig& config) {
           {"dropout", config.dropout},
           {"use_rslora", config.use_rslora},
           {"target_modules", targets}};
+}
+
+absl::StatusOr<std::vector<Projection>> FitLoraTargets(
+    const ModelConfig& model, const std::vector<Projection>& targets) {
+  auto has = [&](Projection p) {
+    return std::find(targets.begin(), targets.end(), p) != targets.end();
+  };
+  struct Group {
+    Projection fused;
+    std::vector<Projection> parts;
+    std::string Parts() const {
+      std::vector<std::string> names;
+      for (Projection part : parts) names.emplace_back(ProjectionName(part));
+      return absl::StrJoin(names, ", ");
+    }
+  };
+  const Group groups[] = {
+      {Projection::kQkv, {Projection::kQ, Projection::kK, Projection::kV}},
+      {Projection::kGateUp, {Projection::kGate, Projection::kUp}}};
+  if (!model.fused_projections) {
+    for (const Group& group : groups) {
+      if (has(group.fused)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lora.target_modules names ", ProjectionName(group.fused),
+            ", which model_type ", model.model_type,
+            " does not have: name its parts, ", group.Parts()));
+      }
+    }
+    return targets;
+  }
+  std::vector<Projection> wanted = targets;
+  for (const Group& group : groups) {
+    int named = 0;
+    for (Projection part : group.parts) named += has(part) ? 1 : 0;
+    if (named == 0) continue;
+    if (named != static_cast<int>(group.parts.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lora.target_modules: model_type ", model.model_type, " stores ",
+          group.Parts(), " as one matrix, ", ProjectionName(group.fused),
+          ", adapted as a whole: name ", ProjectionName(group.fused),
+          " (or all of its parts)"));
+    }
+    wanted.erase(std::remove_if(wanted.begin(), wanted.end(),
+                                [&](Projection p) {
+                                  return std::find(group.parts.begin(),
+                                                   group.parts.end(),
+                                                   p) != group.parts.end();
+                                }),
+                 wanted.end());
+    if (std::find(wanted.begin(), wanted.end(), group.fused) == wanted.end()) {
+      wanted.push_back(group.fused);
+    }
+  }
+  std::sort(wanted.begin(), wanted.end(), ProjectionLess);
+  return wanted;
 }
 
 }  // namespace loraplex

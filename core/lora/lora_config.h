@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/model/model_config.h"
 #include "core/model/projection.h"
 
 namespace loraplex {
@@ -28,8 +29,9 @@ struct LoraConfig {
   double dropout = 0.0;
   // Scale alpha / sqrt(rank) instead of alpha / rank (Kalajdzievski 2023).
   bool use_rslora = false;
-  // Adapted modules in Projection order, no duplicates: the layers'
+  // Adapted modules in ProjectionLess order, no duplicates: the layers'
   // projections, and Projection::kLmHead last when the LM head is adapted.
+  // The default, Llama's seven, fits a fused layout too (FitLoraTargets).
   std::vector<Projection> targets = {kAllProjections.begin(),
                                      kAllProjections.end()};
 
@@ -44,16 +46,25 @@ absl::Status ValidateLoraConfig(const LoraConfig& config);
 double LoraScale(const LoraConfig& config);
 
 // A JSON list of module names ("q_proj", ...) as projections, sorted into
-// Projection order (duplicates kept). Errors start with `field`:
+// ProjectionLess order (duplicates kept). Errors start with `field`:
 // "lora.target_modules names an unsupported module \"embed_tokens\"; ...".
 absl::StatusOr<std::vector<Projection>> ParseTargetModules(
     const nlohmann::json& names, absl::string_view field);
 
 // {"rank", "alpha", "dropout", "use_rslora", "target_modules": ["q_proj",
 // ...]}; absent fields keep their defaults, unknown ones are rejected.
-// Target names are sorted into Projection order.
+// Target names are sorted into ProjectionLess order.
 absl::StatusOr<LoraConfig> LoraConfigFromJson(const nlohmann::json& json);
 nlohmann::json LoraConfigToJson(const LoraConfig& config);
+
+// `targets` as the layers of `model` have them. On a fused layout
+// (ModelConfig::fused_projections) q_proj, k_proj and v_proj together become
+// qkv_proj, and gate_proj with up_proj gate_up_proj, so the default targets
+// (Llama's seven) fit every layout. A module the layout does not have, or
+// part of a fused one alone, is INVALID_ARGUMENT naming
+// lora.target_modules.
+absl::StatusOr<std::vector<Projection>> FitLoraTargets(
+    const ModelConfig& model, const std::vector<Projection>& targets);
 
 }  // namespace loraplex
 

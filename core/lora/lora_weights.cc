@@ -27,11 +27,14 @@ LoraWeights::LoraWeights(const ModelConfig& model, torch::Device device,
     : model_(model),
       device_(device),
       dtype_(Fp32OrFp64(dtype)),
-      module_index_(model.num_hidden_layers * kNumProjections + 1, -1),
-      storage_(model.num_hidden_layers * kNumProjections + 1) {}
+      module_index_(model.num_hidden_layers * kNumProjectionIds + 1, -1),
+      storage_(model.num_hidden_layers * kNumProjectionIds + 1) {}
 
-absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& config) {
-  LORAPLEX_RETURN_IF_ERROR(ValidateLoraConfig(config));
+absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& requested) {
+  LORAPLEX_RETURN_IF_ERROR(ValidateLoraConfig(requested));
+  LoraConfig config = requested;
+  LORAPLEX_ASSIGN_OR_RETURN(config.targets,
+                            FitLoraTargets(model_, requested.targets));
   const auto options = torch::TensorOptions().dtype(dtype_).device(device_);
   const int64_t r = config.rank;
   // Built aside and committed at the end, so a failed allocation leaves
@@ -56,7 +59,7 @@ absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& config) {
     for (int layer = 0; layer < model_.num_hidden_layers; ++layer) {
       for (Projection p : config.targets) {
         if (p == Projection::kLmHead) continue;
-        add_module(layer, p, layer * kNumProjections + static_cast<int>(p));
+        add_module(layer, p, layer * kNumProjectionIds + static_cast<int>(p));
       }
     }
     if (config.TargetsLmHead()) {
@@ -112,7 +115,7 @@ const LoraModule* LoraWeights::Find(int layer, Projection projection) const {
     return nullptr;
   }
   const int index =
-      module_index_[layer * kNumProjections + static_cast<int>(projection)];
+      module_index_[layer * kNumProjectionIds + static_cast<int>(projection)];
   return index < 0 ? nullptr : &modules_[index];
 }
 

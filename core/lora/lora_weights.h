@@ -41,7 +41,8 @@ class LoraWeights {
   LoraWeights(const ModelConfig& model, torch::Device device,
               torch::ScalarType dtype = torch::kFloat32);
 
-  // Shapes the tensors for `config` (validated here), reusing the storage
+  // Shapes the tensors for `config` (validated here, its targets fitted to
+  // the model: FitLoraTargets; config() has them fitted), reusing the storage
   // of each (layer, projection) when it is large enough. Values are
   // unspecified until InitPeft() or CopyFrom(). Returns the number of
   // storage blocks that had to be allocated.
@@ -79,7 +80,9 @@ class LoraWeights {
     torch::Tensor a;  // Flat, capacity rank_capacity * in.
     torch::Tensor b;  // Flat, capacity out * rank_capacity.
   };
-  int LmHeadIndex() const { return model_.num_hidden_layers * kNumProjections; }
+  int LmHeadIndex() const {
+    return model_.num_hidden_layers * kNumProjectionIds;
+  }
 
   ModelConfig model_;
   torch::Device device_;
@@ -87,7 +90,7 @@ class LoraWeights {
   std::optional<LoraConfig> config_;
   double scale_ = 0.0;
   std::vector<LoraModule> modules_;
-  // By layer * kNumProjections + projection, then one for the LM head; -1
+  // By layer * kNumProjectionIds + projection, then one for the LM head; -1
   // when not adapted.
   std::vector<int> module_index_;
   std::vector<Storage> storage_;  // Same indexing.

@@ -1,5 +1,8 @@
 #include "core/model/config_reader.h"
 
+#include <cmath>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
@@ -88,6 +91,61 @@ absl::Status ConfigReader::RefuseUnlessNeutral(const char* key,
       key, absl::StrCat(DescribeJson(root_[key]), " is not supported: ", why));
 }
 
+namespace {
+
+// LongRoPE's factor lists, its original context and its attention factor,
+// with transformers' defaults: the original context from the top level when
+// the settings have none, and, without attention_factor,
+// sqrt(1 + ln(s) / ln(original)) for s = factor (or max positions /
+// original) above 1.
+absl::StatusOr<RopeConfig> ParseLongRope(const ConfigReader& reader,
+                                         const json& settings,
+                                         const std::string& where,
+                                         RopeConfig rope) {
+  rope.type = RopeType::kLongRope;
+  for (auto [key, factors] : {std::pair<const char*, std::vector<double>*>{
+                                  "short_factor", &rope.short_factor},
+                              {"long_factor", &rope.long_factor}}) {
+    auto it = settings.find(key);
+    if (it == settings.end() || !it->is_array() || it->empty()) {
+      return reader.Error(where + key,
+                          "must be a non-empty list of numbers for "
+                          "rope_type longrope");
+    }
+    for (const json& value : *it) {
+      if (!value.is_number() || !(value.get<double>() > 0)) {
+        return reader.Error(where + key, "must hold positive numbers only");
+      }
+      factors->push_back(value.get<double>());
+    }
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      int64_t top_original,
+      reader.PositiveInt("original_max_position_embeddings", 4096));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      double original,
+      reader.PositiveNumber(settings, "original_max_position_embeddings",
+                            static_cast<double>(top_original), where));
+  rope.original_max_position_embeddings = static_cast<int64_t>(original);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      int64_t max_positions,
+      reader.PositiveInt("max_position_embeddings", 2048));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.factor, reader.PositiveNumber(
+                       settings, "factor",
+                       static_cast<double>(max_positions) / original, where));
+  const double fallback =
+      rope.factor <= 1.0
+          ? 1.0
+          : std::sqrt(1.0 + std::log(rope.factor) / std::log(original));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.attention_factor,
+      reader.PositiveNumber(settings, "attention_factor", fallback, where));
+  return rope;
+}
+
+}  // namespace
+
 absl::StatusOr<RopeConfig> ParseRopeSettings(const ConfigReader& reader,
                                              const json& settings,
                                              const std::string& where,
@@ -102,18 +160,26 @@ absl::StatusOr<RopeConfig> ParseRopeSettings(const ConfigReader& reader,
       break;
     }
   }
-  if (settings.contains("partial_rotary_factor") &&
-      settings["partial_rotary_factor"] != 1.0) {
-    return reader.Error(where + "partial_rotary_factor",
-                        "other than 1.0 is not supported");
+  // Top-level (4.x) or in the settings (5.x); whether the family rotates a
+  // fraction of each head is checked by the common parser.
+  LORAPLEX_ASSIGN_OR_RETURN(
+      const double top_partial,
+      reader.PositiveNumber(reader.root(), "partial_rotary_factor", 1.0, ""));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.partial_rotary_factor,
+      reader.PositiveNumber(settings, "partial_rotary_factor", top_partial,
+                            where));
+  if (rope.partial_rotary_factor > 1.0) {
+    return reader.Error(where + "partial_rotary_factor", "must be at most 1");
   }
   if (type == "default") return rope;
+  if (type == "longrope") return ParseLongRope(reader, settings, where, rope);
   if (type != "linear" && type != "llama3") {
     return reader.Error(
         where + "rope_type",
         absl::StrCat("\"", type,
                      "\" is not supported (supported: default, linear, "
-                     "llama3)"));
+                     "llama3, longrope)"));
   }
   LORAPLEX_ASSIGN_OR_RETURN(
       rope.factor, reader.PositiveNumber(settings, "factor", 0, where));

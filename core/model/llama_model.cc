@@ -257,8 +257,17 @@ torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
   };
   static const std::vector<Projection> kQkv = {Projection::kQ, Projection::kK,
                                                Projection::kV};
+  static const std::vector<Projection> kFusedQkv = {Projection::kQkv};
   static const std::vector<Projection> kOut = {Projection::kO};
-  std::vector<torch::Tensor> qkv = Project(layer, x, kQkv, delta);
+  std::vector<torch::Tensor> qkv;
+  if (config_.fused_projections) {
+    // One matrix: q, k and v side by side in its output.
+    const int64_t kv_width = config_.num_key_value_heads * head_dim;
+    qkv = Project(layer, x, kFusedQkv, delta)[0].split_with_sizes(
+        {config_.num_attention_heads * head_dim, kv_width, kv_width}, -1);
+  } else {
+    qkv = Project(layer, x, kQkv, delta);
+  }
   const LayerWeights& weights = weights_.layers[layer];
   torch::Tensor q, k;
   switch (config_.qk_norm) {
@@ -304,8 +313,13 @@ torch::Tensor LlamaModel::Mlp(int layer, const torch::Tensor& x,
                               const ProjectionDelta* delta) const {
   static const std::vector<Projection> kGateUp = {Projection::kGate,
                                                   Projection::kUp};
+  static const std::vector<Projection> kFusedGateUp = {Projection::kGateUp};
   static const std::vector<Projection> kDown = {Projection::kDown};
-  std::vector<torch::Tensor> gate_up = Project(layer, x, kGateUp, delta);
+  // A fused matrix holds gate, then up.
+  std::vector<torch::Tensor> gate_up =
+      config_.fused_projections
+          ? Project(layer, x, kFusedGateUp, delta)[0].chunk(2, -1)
+          : Project(layer, x, kGateUp, delta);
   torch::Tensor gate = config_.activation == MlpActivation::kGeluTanh
                            ? torch::gelu(gate_up[0], "tanh")
                            : torch::silu(gate_up[0]);
@@ -317,12 +331,13 @@ torch::Tensor LlamaModel::HiddenStates(const torch::Tensor& input_ids,
                                        const ProjectionDelta* delta) const {
   const int64_t seq = input_ids.size(1);
   LayerInputs inputs;
-  inputs.rope = rotary_.Tables(seq, dtype_, device_);
+  inputs.rope = rotary_.Tables(lengths, seq, dtype_, device_);
   inputs.mask = AttentionMask(lengths, seq, std::nullopt);
   if (HasSlidingLayers()) {
-    inputs.sliding_rope = config_.sliding_rope.has_value()
-                              ? sliding_rotary_.Tables(seq, dtype_, device_)
-                              : inputs.rope;
+    inputs.sliding_rope =
+        config_.sliding_rope.has_value()
+            ? sliding_rotary_.Tables(lengths, seq, dtype_, device_)
+            : inputs.rope;
     inputs.sliding_mask = AttentionMask(lengths, seq, config_.sliding_window);
   }
   return Decoder(input_ids, inputs, delta, nullptr);

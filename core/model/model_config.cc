@@ -44,6 +44,43 @@ absl::Status ParseRope(const ConfigReader& reader, ModelConfig& config) {
   return absl::OkStatus();
 }
 
+// A rotated fraction of each head only where the family's decoder does
+// that, and LongRoPE factors for each rotated pair.
+absl::Status CheckRotation(const ConfigReader& reader,
+                           const ModelFamilySpec& family,
+                           const ModelConfig& config) {
+  for (const RopeConfig* rope :
+       {&config.rope, config.sliding_rope ? &*config.sliding_rope : nullptr}) {
+    if (rope == nullptr) continue;
+    const int64_t rotary_dim = RotaryDim(*rope, config.head_dim);
+    if (rope->partial_rotary_factor != 1.0 && !family.partial_rotary) {
+      return reader.Error(
+          "partial_rotary_factor",
+          absl::StrCat("other than 1.0 is not supported for model_type ",
+                       config.model_type));
+    }
+    if (rotary_dim < 2 || rotary_dim % 2 != 0) {
+      return reader.Error(
+          "partial_rotary_factor",
+          absl::StrCat("(", rope->partial_rotary_factor,
+                       ") must rotate an even number of a head's ",
+                       config.head_dim, " dimensions, got ", rotary_dim));
+    }
+    if (rope->type != RopeType::kLongRope) continue;
+    for (const auto* factors : {&rope->short_factor, &rope->long_factor}) {
+      if (static_cast<int64_t>(factors->size()) != rotary_dim / 2) {
+        return reader.Error(
+            factors == &rope->short_factor ? "rope_scaling.short_factor"
+                                           : "rope_scaling.long_factor",
+            absl::StrCat("must have ", rotary_dim / 2,
+                         " entries (half the rotated head dimensions), got ",
+                         factors->size()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseDtype(const ConfigReader& reader, ModelConfig& config) {
   const char* key = reader.Has("dtype") ? "dtype" : "torch_dtype";
   if (!reader.Has(key)) return absl::OkStatus();
@@ -174,6 +211,18 @@ absl::Status RefuseUnsupportedFeatures(const ConfigReader& reader) {
 
 }  // namespace
 
+int64_t RotaryDim(const RopeConfig& rope, int64_t head_dim) {
+  return static_cast<int64_t>(static_cast<double>(head_dim) *
+                              rope.partial_rotary_factor);
+}
+
+std::vector<Projection> LayerProjections(const ModelConfig& config) {
+  if (config.fused_projections) {
+    return {kFusedProjections.begin(), kFusedProjections.end()};
+  }
+  return {kAllProjections.begin(), kAllProjections.end()};
+}
+
 bool LayerIsSliding(const ModelConfig& config, int64_t layer) {
   if (!config.sliding_window.has_value()) return false;
   if (config.sliding_layers.empty()) return true;
@@ -227,6 +276,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const json& root,
                      config.sliding_layers.size(), " layer types for ",
                      config.num_hidden_layers, " layers"));
   }
+  LORAPLEX_RETURN_IF_ERROR(CheckRotation(reader, *family, config));
   LORAPLEX_RETURN_IF_ERROR(ParseDtype(reader, config));
   LORAPLEX_ASSIGN_OR_RETURN(config.bos_token_id,
                             reader.TokenId("bos_token_id"));
@@ -291,6 +341,14 @@ json RopeToJson(const RopeConfig& rope) {
               {"factor", rope.factor},
               {"low_freq_factor", rope.low_freq_factor},
               {"high_freq_factor", rope.high_freq_factor},
+              {"original_max_position_embeddings",
+               rope.original_max_position_embeddings}};
+    case RopeType::kLongRope:
+      return {{"rope_type", "longrope"},
+              {"rope_theta", rope.theta},
+              {"short_factor", rope.short_factor},
+              {"long_factor", rope.long_factor},
+              {"attention_factor", rope.attention_factor},
               {"original_max_position_embeddings",
                rope.original_max_position_embeddings}};
   }

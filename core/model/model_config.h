@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/model/projection.h"
 
 namespace loraplex {
 
@@ -28,6 +29,11 @@ enum class RopeType {
   kDefault,  // Plain RoPE.
   kLinear,   // Position interpolation: frequencies divided by `factor`.
   kLlama3,   // Llama 3.1 band-wise frequency scaling.
+  // LongRoPE (Phi-3.5, Phi-4-mini): frequencies divided per dimension by
+  // short_factor, or by long_factor when a pass reaches past
+  // original_max_position_embeddings; cos and sin scaled by
+  // attention_factor.
+  kLongRope,
 };
 
 struct RopeConfig {
@@ -36,8 +42,18 @@ struct RopeConfig {
   double factor = 1.0;                              // kLinear and kLlama3.
   double low_freq_factor = 1.0;                     // kLlama3.
   double high_freq_factor = 4.0;                    // kLlama3.
-  int64_t original_max_position_embeddings = 8192;  // kLlama3.
+  int64_t original_max_position_embeddings = 8192;  // kLlama3, kLongRope.
+  std::vector<double> short_factor;                 // kLongRope.
+  std::vector<double> long_factor;                  // kLongRope.
+  double attention_factor = 1.0;                    // kLongRope.
+  // The leading fraction of head_dim that is rotated; the rest passes
+  // through (Phi-4-mini: 0.75).
+  double partial_rotary_factor = 1.0;
 };
+
+// The rotated dimensions of a head: int(head_dim · partial_rotary_factor),
+// as transformers computes it.
+int64_t RotaryDim(const RopeConfig& rope, int64_t head_dim);
 
 // How a checkpoint stores its weights (config.json's dtype / torch_dtype).
 enum class StoredDtype {
@@ -100,6 +116,9 @@ struct ModelConfig {
   bool qkv_bias = false;  // Biases on q_proj, k_proj, v_proj.
   bool o_bias = false;    // Bias on o_proj.
   bool mlp_bias = false;  // Biases on gate_proj, up_proj, down_proj.
+  // q/k/v and gate/up stored as one matrix each (qkv_proj, gate_up_proj:
+  // kFusedProjections), adapted as PEFT adapts those modules (Phi-3).
+  bool fused_projections = false;
   // Keys further back than this are hidden in the sliding-window layers;
   // unset = every layer full causal.
   std::optional<int64_t> sliding_window;
@@ -138,6 +157,10 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 
 // A config.json (Hugging Face 4.x keys) describing `config`.
 std::string ModelConfigToJson(const ModelConfig& config);
+
+// The projections of each decoder layer: kAllProjections, or
+// kFusedProjections for a fused layout.
+std::vector<Projection> LayerProjections(const ModelConfig& config);
 
 // Whether decoder layer `layer` attends through the sliding window.
 bool LayerIsSliding(const ModelConfig& config, int64_t layer);

@@ -13,11 +13,12 @@ const ModelFamilySpec& Qwen3Family();
 const ModelFamilySpec& Olmo2Family();
 const ModelFamilySpec& Olmo3Family();
 const ModelFamilySpec& Gemma3TextFamily();
+const ModelFamilySpec& Phi3Family();
 
 const std::vector<const ModelFamilySpec*>& ModelFamilies() {
   static const std::vector<const ModelFamilySpec*> families = {
-      &LlamaFamily(), &Qwen2Family(), &MistralFamily(),   &Qwen3Family(),
-      &Olmo2Family(), &Olmo3Family(), &Gemma3TextFamily()};
+      &LlamaFamily(), &Qwen2Family(), &MistralFamily(),    &Qwen3Family(),
+      &Olmo2Family(), &Olmo3Family(), &Gemma3TextFamily(), &Phi3Family()};
   return families;
 }
 

@@ -34,6 +34,9 @@ struct ModelFamilySpec {
   absl::Status (*parse)(const ConfigReader& reader, ModelConfig& config);
   // Writes the family's own keys of `config` (for ModelConfigToJson).
   void (*write)(const ModelConfig& config, nlohmann::json& out);
+  // Whether the family's attention rotates only a leading fraction of each
+  // head (partial_rotary_factor below 1); refused elsewhere.
+  bool partial_rotary = false;
 };
 
 // Every supported family, in a fixed order.

@@ -61,6 +61,10 @@ std::array<int64_t, 2> ProjectionShape(const ModelConfig& config,
       return {config.intermediate_size, hidden};
     case Projection::kDown:
       return {hidden, config.intermediate_size};
+    case Projection::kQkv:
+      return {q_width + 2 * kv_width, hidden};
+    case Projection::kGateUp:
+      return {2 * config.intermediate_size, hidden};
     case Projection::kLmHead:
       return {config.vocab_size, hidden};
   }
@@ -72,6 +76,7 @@ bool ProjectionHasBias(const ModelConfig& config, Projection projection) {
     case Projection::kQ:
     case Projection::kK:
     case Projection::kV:
+    case Projection::kQkv:
       return config.qkv_bias;
     case Projection::kO:
       return config.o_bias;
@@ -139,7 +144,7 @@ std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config) {
       specs.push_back(
           {absl::StrCat(prefix, norm.module, ".weight"), {norm.width}});
     }
-    for (Projection p : kAllProjections) {
+    for (Projection p : LayerProjections(config)) {
       const auto [out, in] = ProjectionShape(config, p);
       const std::string module = prefix + std::string(ProjectionModule(p));
       specs.push_back({module + ".weight", {out, in}});
@@ -165,7 +170,7 @@ ModelWeights AssembleModelWeights(
     for (const LayerNorm& norm : LayerNorms(config)) {
       lw.*norm.field = fetch(absl::StrCat(prefix, norm.module, ".weight"));
     }
-    for (Projection p : kAllProjections) {
+    for (Projection p : LayerProjections(config)) {
       const std::string module = prefix + std::string(ProjectionModule(p));
       LinearWeights& linear = lw.projections[static_cast<int>(p)];
       linear.weight = fetch(module + ".weight");

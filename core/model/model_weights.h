@@ -43,7 +43,8 @@ struct LayerWeights {
   torch::Tensor post_feedforward_norm;  // [hidden]; kPostNorm, kSandwich.
   torch::Tensor q_norm;  // [head_dim] or [heads * head_dim]; with a QkNorm.
   torch::Tensor k_norm;  // [head_dim] or [kv_heads * head_dim].
-  std::array<LinearWeights, kNumProjections> projections;  // By Projection.
+  // By Projection; those of LayerProjections(config).
+  std::array<LinearWeights, kNumProjectionIds> projections;
 
   const LinearWeights& at(Projection p) const {
     return projections[static_cast<int>(p)];

@@ -1,5 +1,7 @@
-// The seven linear projections of a Llama-family decoder layer and the LM
-// head — the LoRA targets — and their Hugging Face names. No LibTorch here.
+// The linear projections of a decoder layer and the LM head — the LoRA
+// targets — and their Hugging Face names: the seven of the Llama layout, and
+// the fused qkv_proj and gate_up_proj of layouts that store q/k/v and
+// gate/up as one matrix each (Phi-3). No LibTorch here.
 //
 //   for (Projection p : kAllProjections) std::cout << ProjectionName(p);
 #ifndef LORAPLEX_CORE_MODEL_PROJECTION_H_
@@ -22,19 +24,40 @@ enum class Projection {
   // lm_head: hidden -> vocab, after the last layer. Not a layer's
   // projection: kAllProjections and kNumProjections leave it out.
   kLmHead,
+  // Fused layouts (ModelConfig::fused_projections): one matrix whose output
+  // is q, k and v (gate and up) side by side, and one LoRA module on it, A
+  // shared by its parts, as PEFT adapts the module. After kLmHead so that
+  // the ids of the others (dropout seeds) stay as they were.
+  kQkv,     // self_attn.qkv_proj: hidden -> (heads + 2 kv_heads) * head_dim.
+  kGateUp,  // mlp.gate_up_proj: hidden -> 2 * intermediate.
 };
-// The projections of one decoder layer.
+// The projections of one decoder layer of the Llama layout.
 inline constexpr int kNumProjections = 7;
+// Every Projection value (for tables indexed by projection).
+inline constexpr int kNumProjectionIds = 10;
 // The layer of the LM head's module, which belongs to no layer.
 inline constexpr int kLmHeadLayer = -1;
 inline constexpr std::array<Projection, kNumProjections> kAllProjections = {
     Projection::kQ,    Projection::kK,  Projection::kV,   Projection::kO,
     Projection::kGate, Projection::kUp, Projection::kDown};
+// The projections of one decoder layer of a fused layout.
+inline constexpr std::array<Projection, 4> kFusedProjections = {
+    Projection::kQkv, Projection::kO, Projection::kGateUp, Projection::kDown};
+// Every projection some layout's layer has, in ProjectionLess order.
+inline constexpr std::array<Projection, 9> kLayerProjections = {
+    Projection::kQ,   Projection::kK,      Projection::kV,
+    Projection::kQkv, Projection::kO,      Projection::kGate,
+    Projection::kUp,  Projection::kGateUp, Projection::kDown};
 // Every module a LoRA adapter may target: the layers' projections, then the
 // LM head (opt-in: vLLM does not load LoRA on lm_head).
-inline constexpr std::array<Projection, kNumProjections + 1> kLoraTargets = {
-    Projection::kQ,    Projection::kK,  Projection::kV,    Projection::kO,
-    Projection::kGate, Projection::kUp, Projection::kDown, Projection::kLmHead};
+inline constexpr std::array<Projection, 10> kLoraTargets = {
+    Projection::kQ,    Projection::kK,     Projection::kV,  Projection::kQkv,
+    Projection::kO,    Projection::kGate,  Projection::kUp, Projection::kGateUp,
+    Projection::kDown, Projection::kLmHead};
+
+// The order modules are listed in: a layer's projections as they run (q, k,
+// v, qkv, o, gate, up, gate_up, down), the LM head last.
+bool ProjectionLess(Projection a, Projection b);
 
 // Short name as used in PEFT target_modules, e.g. "q_proj", "lm_head".
 absl::string_view ProjectionName(Projection projection);

@@ -6,15 +6,24 @@
 
 namespace loraplex {
 
-torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim) {
-  auto exponents =
-      torch::arange(0, head_dim, 2, torch::kInt64).to(torch::kFloat32) /
-      static_cast<float>(head_dim);
-  torch::Tensor inv_freq =
-      1.0 /
+torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim,
+                                     bool long_context) {
+  const int64_t dim = RotaryDim(rope, head_dim);
+  auto exponents = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) /
+                   static_cast<float>(dim);
+  const torch::Tensor powers =
       torch::pow(torch::scalar_tensor(rope.theta, torch::kFloat32), exponents);
+  if (rope.type == RopeType::kLongRope) {
+    // 1 / (factor · θ^(2i/d)), the product in fp32 as transformers forms it.
+    const std::vector<double>& factors =
+        long_context ? rope.long_factor : rope.short_factor;
+    return 1.0 / (torch::tensor(factors, torch::kFloat64).to(torch::kFloat32) *
+                  powers);
+  }
+  torch::Tensor inv_freq = 1.0 / powers;
   switch (rope.type) {
     case RopeType::kDefault:
+    case RopeType::kLongRope:
       return inv_freq;
     case RopeType::kLinear:
       return inv_freq / rope.factor;
@@ -43,25 +52,69 @@ torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim) {
 namespace {
 
 // The tables of the angles `emb` (fp32; its last dimension two equal
-// halves), in `dtype` on `device`: cos, and sin with its first half negated.
-RopeTables TablesOf(const torch::Tensor& emb, torch::ScalarType dtype,
-                    torch::Device device) {
+// halves), scaled by `attention_factor` unless it is 1, in `dtype` on
+// `device`: cos, and sin with its first half negated.
+RopeTables TablesOf(const torch::Tensor& emb, double attention_factor,
+                    torch::ScalarType dtype, torch::Device device) {
+  torch::Tensor cos = emb.cos();
   torch::Tensor signed_sin = emb.sin();
+  if (attention_factor != 1.0) {
+    cos = cos * attention_factor;
+    signed_sin = signed_sin * attention_factor;
+  }
   signed_sin.narrow(-1, 0, signed_sin.size(-1) / 2).neg_();
-  return {emb.cos().to(device, dtype), signed_sin.to(device, dtype)};
+  return {cos.to(device, dtype), signed_sin.to(device, dtype)};
+}
+
+// Per row of `reach` (int64 [batch]: one past the furthest position each
+// row reaches), whether it runs past the original context.
+torch::Tensor LongRows(const torch::Tensor& reach, int64_t original) {
+  return reach.to(torch::kCPU, torch::kInt64) > original;
 }
 
 }  // namespace
 
 RotaryEmbedding::RotaryEmbedding(const RopeConfig& rope, int64_t head_dim)
-    : inv_freq_(RopeInverseFrequencies(rope, head_dim)) {}
+    : inv_freq_(RopeInverseFrequencies(rope, head_dim)),
+      attention_factor_(rope.type == RopeType::kLongRope ? rope.attention_factor
+                                                         : 1.0),
+      original_context_(rope.original_max_position_embeddings) {
+  if (rope.type == RopeType::kLongRope) {
+    long_inv_freq_ = RopeInverseFrequencies(rope, head_dim, true);
+  }
+}
+
+RopeTables RotaryEmbedding::TablesWith(const torch::Tensor& inv_freq,
+                                       int64_t seq_len, torch::ScalarType dtype,
+                                       torch::Device device) const {
+  torch::Tensor positions = torch::arange(seq_len, torch::kFloat32);
+  torch::Tensor freqs = torch::outer(positions, inv_freq);
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  return TablesOf(emb, attention_factor_, dtype, device);
+}
 
 RopeTables RotaryEmbedding::Tables(int64_t seq_len, torch::ScalarType dtype,
                                    torch::Device device) const {
-  torch::Tensor positions = torch::arange(seq_len, torch::kFloat32);
-  torch::Tensor freqs = torch::outer(positions, inv_freq_);
-  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  return TablesOf(emb, dtype, device);
+  return TablesWith(inv_freq_, seq_len, dtype, device);
+}
+
+RopeTables RotaryEmbedding::Tables(const torch::Tensor& lengths,
+                                   int64_t seq_len, torch::ScalarType dtype,
+                                   torch::Device device) const {
+  if (!long_inv_freq_.defined()) return Tables(seq_len, dtype, device);
+  const torch::Tensor long_rows = LongRows(lengths, original_context_);
+  const int64_t count = long_rows.sum().item<int64_t>();
+  if (count == 0) return Tables(seq_len, dtype, device);
+  if (count == long_rows.numel()) {
+    return TablesWith(long_inv_freq_, seq_len, dtype, device);
+  }
+  // Rows on both sides of the original context: tables per row.
+  const RopeTables short_tables = Tables(seq_len, dtype, device);
+  const RopeTables long_tables =
+      TablesWith(long_inv_freq_, seq_len, dtype, device);
+  const torch::Tensor pick = long_rows.to(device).view({-1, 1, 1, 1});
+  return {torch::where(pick, long_tables.cos, short_tables.cos),
+          torch::where(pick, long_tables.signed_sin, short_tables.signed_sin)};
 }
 
 RopeTables RotaryEmbedding::TablesAt(const torch::Tensor& positions,
@@ -69,17 +122,36 @@ RopeTables RotaryEmbedding::TablesAt(const torch::Tensor& positions,
                                      torch::Device device) const {
   // positions · inv_freq is one product per element, as in the reference's
   // fp32 matmul of inverse frequencies by position ids.
-  torch::Tensor freqs = positions.to(torch::kCPU, torch::kFloat32)
-                            .unsqueeze(-1)
-                            .mul(inv_freq_.view({1, 1, -1}));
+  const torch::Tensor cpu_positions = positions.to(torch::kCPU);
+  torch::Tensor inv_freq = inv_freq_.view({1, 1, -1});
+  if (long_inv_freq_.defined()) {
+    // Each row by the furthest position it reaches in this pass.
+    const torch::Tensor long_rows =
+        LongRows(std::get<0>(cpu_positions.max(1)) + 1, original_context_);
+    inv_freq = torch::where(long_rows.view({-1, 1, 1}),
+                            long_inv_freq_.view({1, 1, -1}), inv_freq);
+  }
+  torch::Tensor freqs =
+      cpu_positions.to(torch::kFloat32).unsqueeze(-1).mul(inv_freq);
   torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);
-  return TablesOf(emb, dtype, device);
+  return TablesOf(emb, attention_factor_, dtype, device);
 }
 
 torch::Tensor RotaryEmbedding::Apply(const torch::Tensor& x,
                                      const RopeTables& tables) {
   // roll by half: cat(x₂, x₁); the table carries rotate_half's minus.
-  return x * tables.cos + x.roll(x.size(-1) / 2, -1) * tables.signed_sin;
+  const int64_t rotary_dim = tables.cos.size(-1);
+  if (rotary_dim == x.size(-1)) {
+    return x * tables.cos + x.roll(rotary_dim / 2, -1) * tables.signed_sin;
+  }
+  // Partial rotation: the leading rotary_dim values turn, the rest pass.
+  const std::vector<torch::Tensor> parts =
+      x.split_with_sizes({rotary_dim, x.size(-1) - rotary_dim}, -1);
+  const torch::Tensor& turned = parts[0];
+  return torch::cat({turned * tables.cos +
+                         turned.roll(rotary_dim / 2, -1) * tables.signed_sin,
+                     parts[1]},
+                    -1);
 }
 
 }  // namespace loraplex

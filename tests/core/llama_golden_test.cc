@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
                       "qwen2_bias_sharded", "mistral_window", "llama_bf16",
                       "qwen3_tied", "qwen3_bias", "olmo2_post_norm",
                       "olmo3_window", "gemma3_text_window", "qwen3_bf16",
-                      "gemma3_text_bf16"));
+                      "gemma3_text_bf16", "phi3_longrope", "phi3_tied"));
 
 class GoldenBf16Test : public ::testing::TestWithParam<std::string> {};
 

@@ -76,8 +76,9 @@ TEST(LoraConfigTest, ErrorsNameTheField) {
       Error(
           LoraConfigFromJson({{"target_modules", {"embed_tokens"}}}).status()),
       HasSubstr("lora.target_modules names an unsupported module "
-                "\"embed_tokens\"; supported: q_proj, k_proj, v_proj, o_proj, "
-                "gate_proj, up_proj, down_proj, lm_head"));
+                "\"embed_tokens\"; supported: q_proj, k_proj, v_proj, "
+                "qkv_proj, o_proj, gate_proj, up_proj, gate_up_proj, "
+                "down_proj, lm_head"));
   EXPECT_THAT(
       Error(LoraConfigFromJson({{"target_modules", {"q_proj", "q_proj"}}})
                 .status()),

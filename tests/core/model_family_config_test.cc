@@ -5,8 +5,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "core/lora/lora_config.h"
 #include "core/model/model_config.h"
 #include "core/model/model_family.h"
 
@@ -50,14 +52,14 @@ TEST(ModelFamilyConfigTest, EveryFamilyIsRegisteredOnceAndFoundByName) {
     EXPECT_FALSE(family->architectures.empty());
   }
   for (const char* type : {"llama", "qwen2", "mistral", "qwen3", "olmo2",
-                           "olmo3", "gemma3_text"}) {
+                           "olmo3", "gemma3_text", "phi3"}) {
     EXPECT_NE(FindModelFamily(type), nullptr) << type;
   }
   EXPECT_EQ(FindModelFamily("gpt2"), nullptr);
   EXPECT_THAT(ErrorOf(Base("gpt2", "GPT2LMHeadModel")),
               HasSubstr("model_type \"gpt2\" is not supported (supported: "
                         "llama, qwen2, mistral, qwen3, olmo2, olmo3, "
-                        "gemma3_text)"));
+                        "gemma3_text, phi3)"));
 }
 
 TEST(ModelFamilyConfigTest, LlamaLayoutKeepsItsDefaults) {
@@ -220,11 +222,87 @@ TEST(ModelFamilyConfigTest, UnimplementedFeaturesAreRefusedByName) {
   EXPECT_TRUE(Parse(raw).ok());
 }
 
+// Phi-3.5-mini's keys, as 4.x writes them: LongRoPE in rope_scaling, the
+// original context on its own, Phi3Config's eps default.
+json Phi3LongRope() {
+  json raw = Base("phi3", "Phi3ForCausalLM");
+  raw["hidden_size"] = 64;  // head_dim 16.
+  raw["max_position_embeddings"] = 131072;
+  raw["original_max_position_embeddings"] = 4096;
+  raw["partial_rotary_factor"] = 0.75;
+  raw["rope_scaling"] = {{"type", "longrope"},
+                         {"short_factor", {1.0, 1.1, 1.2, 1.3, 1.4, 1.5}},
+                         {"long_factor", {2.0, 3.0, 4.0, 5.0, 6.0, 7.0}}};
+  return raw;
+}
+
+TEST(ModelFamilyConfigTest, Phi3IsFusedWithLongRopeAndPartialRotation) {
+  auto config = Parse(Phi3LongRope());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->fused_projections);
+  EXPECT_EQ(LayerProjections(*config),
+            std::vector<Projection>(kFusedProjections.begin(),
+                                    kFusedProjections.end()));
+  EXPECT_EQ(config->rms_norm_eps, 1e-5);
+  EXPECT_EQ(config->rope.type, RopeType::kLongRope);
+  EXPECT_EQ(config->rope.original_max_position_embeddings, 4096);
+  EXPECT_EQ(RotaryDim(config->rope, config->head_dim), 12);
+  EXPECT_EQ(config->rope.long_factor[5], 7.0);
+  // transformers' default: sqrt(1 + ln(131072 / 4096) / ln(4096)).
+  EXPECT_DOUBLE_EQ(config->rope.attention_factor,
+                   std::sqrt(1.0 + std::log(32.0) / std::log(4096.0)));
+  EXPECT_FALSE(Parse(Base("llama", "LlamaForCausalLM"))->fused_projections);
+
+  json raw = Phi3LongRope();
+  raw["rope_scaling"]["long_factor"] = {2.0, 3.0};
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("long_factor must have 6 entries (half "
+                                      "the rotated head dimensions), got 2"));
+  raw = Phi3LongRope();
+  raw["rope_scaling"].erase("short_factor");
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("rope_scaling.short_factor must be a "
+                                      "non-empty list of numbers"));
+  raw = Phi3LongRope();
+  raw["resid_pdrop"] = 0.1;
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("resid_pdrop 0.1 is not supported"));
+  // Only a family whose attention rotates part of a head accepts it.
+  raw = Base("llama", "LlamaForCausalLM");
+  raw["partial_rotary_factor"] = 0.5;
+  EXPECT_THAT(ErrorOf(raw), HasSubstr("partial_rotary_factor other than 1.0 "
+                                      "is not supported for model_type "
+                                      "llama"));
+}
+
+TEST(ModelFamilyConfigTest, LoraTargetsFitTheLayout) {
+  const ModelConfig phi3 = *Parse(Phi3LongRope());
+  const ModelConfig llama = *Parse(Base("llama", "LlamaForCausalLM"));
+  const std::vector<Projection> seven(kAllProjections.begin(),
+                                      kAllProjections.end());
+  auto fitted = FitLoraTargets(phi3, seven);
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  EXPECT_EQ(*fitted, std::vector<Projection>(kFusedProjections.begin(),
+                                             kFusedProjections.end()));
+  EXPECT_EQ(*FitLoraTargets(llama, seven), seven);
+  fitted = FitLoraTargets(phi3, {Projection::kQ, Projection::kK, Projection::kV,
+                                 Projection::kLmHead});
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  EXPECT_EQ(*fitted,
+            std::vector<Projection>({Projection::kQkv, Projection::kLmHead}));
+  EXPECT_THAT(
+      FitLoraTargets(phi3, {Projection::kQ, Projection::kV}).status().message(),
+      HasSubstr("model_type phi3 stores q_proj, k_proj, v_proj as one "
+                "matrix, qkv_proj, adapted as a whole"));
+  EXPECT_THAT(FitLoraTargets(llama, {Projection::kGateUp}).status().message(),
+              HasSubstr("names gate_up_proj, which model_type llama does not "
+                        "have: name its parts, gate_proj, up_proj"));
+}
+
 TEST(ModelFamilyConfigTest, WrittenJsonParsesBackForEveryFamily) {
-  std::vector<json> configs = {
-      Base("mistral", "MistralForCausalLM"), Base("qwen3", "Qwen3ForCausalLM"),
-      Base("olmo2", "Olmo2ForCausalLM"), Base("olmo3", "Olmo3ForCausalLM"),
-      Base("gemma3_text", "Gemma3ForCausalLM")};
+  std::vector<json> configs = {Base("mistral", "MistralForCausalLM"),
+                               Base("qwen3", "Qwen3ForCausalLM"),
+                               Base("olmo2", "Olmo2ForCausalLM"),
+                               Base("olmo3", "Olmo3ForCausalLM"),
+                               Base("gemma3_text", "Gemma3ForCausalLM"),
+                               Phi3LongRope()};
   configs[0]["sliding_window"] = 16;
   configs[1]["use_sliding_window"] = true;
   configs[1]["sliding_window"] = 8;
@@ -248,6 +326,14 @@ TEST(ModelFamilyConfigTest, WrittenJsonParsesBackForEveryFamily) {
     EXPECT_EQ(again->attention_scale, config->attention_scale);
     EXPECT_EQ(again->rope.type, config->rope.type);
     EXPECT_EQ(again->rope.factor, config->rope.factor);
+    EXPECT_EQ(again->rope.short_factor, config->rope.short_factor);
+    EXPECT_EQ(again->rope.long_factor, config->rope.long_factor);
+    EXPECT_EQ(again->rope.attention_factor, config->rope.attention_factor);
+    EXPECT_EQ(again->rope.partial_rotary_factor,
+              config->rope.partial_rotary_factor);
+    EXPECT_EQ(again->rope.original_max_position_embeddings,
+              config->rope.original_max_position_embeddings);
+    EXPECT_EQ(again->fused_projections, config->fused_projections);
     EXPECT_EQ(again->sliding_rope.has_value(),
               config->sliding_rope.has_value());
     if (config->sliding_rope.has_value()) {

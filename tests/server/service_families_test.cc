@@ -81,6 +81,18 @@ TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
 
   auto dataset = client->UploadDatasetContents(ChatLines(), "chat");
   ASSERT_TRUE(dataset.ok()) << dataset.status();
+  if (model_config->fused_projections) {
+    // Part of a fused module alone is refused when the job is created.
+    v1::CreateJobRequest partial =
+        JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 4, 7);
+    partial.mutable_lora()->add_target_modules("q_proj");
+    auto refused = client->CreateJob(partial);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(refused.status().message(),
+                ::testing::HasSubstr("stores q_proj, k_proj, v_proj as one "
+                                     "matrix, qkv_proj"));
+  }
   v1::CreateJobRequest request =
       JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 4, 4, 7);
   request.mutable_training()->set_seq_len(64);
@@ -95,7 +107,9 @@ TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
   auto adapter = LoadPeftAdapter(exported, *model_config);
   ASSERT_TRUE(adapter.ok()) << adapter.status();
   EXPECT_EQ(adapter->base_model_name_or_path, "acme/family-tiny");
-  EXPECT_EQ(adapter->config.targets.size(), kAllProjections.size());
+  // Every projection of the family's layers (Phi-3's fused ones included).
+  EXPECT_EQ(adapter->config.targets.size(),
+            LayerProjections(*model_config).size());
 
   // Greedy samples from the job equal a forward pass of the base plus the
   // exported adapter, token by token.
@@ -216,7 +230,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(FamilyCase{"qwen3_tied", "qwen3"},
                       FamilyCase{"olmo2_post_norm", "chatml"},
                       FamilyCase{"olmo3_window", "chatml"},
-                      FamilyCase{"gemma3_text_window", "gemma"}),
+                      FamilyCase{"gemma3_text_window", "gemma"},
+                      FamilyCase{"phi3_tied", "chatml"}),
     [](const ::testing::TestParamInfo<FamilyCase>& info) {
       return std::string(info.param.golden_base);
     });

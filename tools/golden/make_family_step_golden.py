@@ -51,12 +51,13 @@ from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 from transformers.models.olmo3.modeling_olmo3 import Olmo3RMSNorm
+from transformers.models.phi3.modeling_phi3 import Phi3RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO_ROOT / "tests" / "fixtures" / "golden"
 DEFAULT_OUT = GOLDEN_ROOT / "family_steps"
-FAMILIES = ["qwen3_tied", "olmo2_post_norm", "olmo3_window", "gemma3_text_window"]
+FAMILIES = ["qwen3_tied", "olmo2_post_norm", "olmo3_window", "gemma3_text_window", "phi3_tied"]
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
 LENGTHS = [5, 8, 11]
 ADAMW = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
@@ -73,7 +74,8 @@ def attention_in_input_dtype(module, query, key, value, attention_mask, scaling,
     q_pos = torch.arange(k_len - q_len, k_len)[:, None]
     k_pos = torch.arange(k_len)[None, :]
     hidden = k_pos > q_pos
-    window = getattr(module, "sliding_window", None)
+    # An attribute of the layer (OLMo 3, Gemma 3) or an argument (Phi-3).
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     if window is not None:
         hidden = hidden | (q_pos - k_pos >= window)
     weights = weights.masked_fill(hidden, float("-inf"))
@@ -90,7 +92,7 @@ def normed(x, eps):
 
 
 def weight_times_normed(self, hidden_states):
-    """Qwen3 / OLMo RMSNorm without the float32 upcast."""
+    """Qwen3 / OLMo / Phi-3 RMSNorm without the float32 upcast."""
     return self.weight * normed(hidden_states, self.variance_epsilon)
 
 
@@ -99,7 +101,7 @@ def gemma_norm(self, x):
     return normed(x, self.eps) * (1.0 + self.weight)
 
 
-for norm_class in (Qwen3RMSNorm, Olmo2RMSNorm, Olmo3RMSNorm):
+for norm_class in (Qwen3RMSNorm, Olmo2RMSNorm, Olmo3RMSNorm, Phi3RMSNorm):
     norm_class.forward = weight_times_normed
 Gemma3RMSNorm.forward = gemma_norm
 

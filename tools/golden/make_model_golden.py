@@ -83,6 +83,8 @@ FAMILY_CLASSES = {
         "Olmo3ForCausalLM",
         "Gemma3TextConfig",
         "Gemma3ForCausalLM",
+        "Phi3Config",
+        "Phi3ForCausalLM",
     )
 }
 
@@ -322,6 +324,46 @@ def family_cases() -> list[dict]:
             bf16=True,
         ),
         dict(
+            # Fused qkv_proj / gate_up_proj, LongRoPE past an original
+            # context of 4 positions (the 7-token row takes the long factors,
+            # the others the short: per row, as each runs alone), 3/4 of
+            # each head rotated.
+            name="phi3_longrope",
+            model_cls=c["Phi3ForCausalLM"],
+            config=c["Phi3Config"](
+                **dict(COMMON, hidden_size=64, intermediate_size=96),
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+                original_max_position_embeddings=4,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.75,
+                    "original_max_position_embeddings": 4,
+                    "short_factor": [1.0, 1.3, 1.9, 2.6, 3.1, 4.0],
+                    "long_factor": [1.5, 2.5, 4.5, 7.0, 11.0, 16.0],
+                },
+                **ids,
+            ),
+            seed=1018,
+            per_row_rope=True,
+        ),
+        dict(
+            # Fused projections, plain RoPE, tied, a window on every layer.
+            name="phi3_tied",
+            model_cls=c["Phi3ForCausalLM"],
+            config=c["Phi3Config"](
+                **COMMON,
+                num_key_value_heads=4,
+                tie_word_embeddings=True,
+                sliding_window=4,
+                **rope_kwargs(10000.0, None),
+                **ids,
+            ),
+            seed=1019,
+            check_window=True,
+        ),
+        dict(
             name="gemma3_text_bf16",
             model_cls=c["Gemma3ForCausalLM"],
             config=c["Gemma3TextConfig"](
@@ -455,9 +497,17 @@ def run_case(case: dict, out_dir: Path) -> None:
         model_f32 = model
         tensors["logits"] = forward(model, ids, mask).contiguous()
 
-    # Padding must not change valid positions (checks the attention mask path).
     unpadded = forward_unpadded(model_f32, ids, lengths)
-    pad_diff = assert_close(f"{name} padded vs unpadded", tensors["logits"], unpadded, 1e-5)
+    if case.get("per_row_rope"):
+        # LongRoPE picks its factors by the length a forward pass reaches,
+        # which padding changes: the reference is each row run alone (the
+        # padded batch takes the long factors for every row, and must differ).
+        pad_diff = (tensors["logits"] - unpadded).abs().max().item()
+        assert pad_diff > 1e-3, f"long and short factors gave the same logits ({pad_diff})"
+        tensors["logits"] = unpadded.contiguous()
+    else:
+        # Padding must not change valid positions (checks the attention mask path).
+        pad_diff = assert_close(f"{name} padded vs unpadded", tensors["logits"], unpadded, 1e-5)
 
     # The window must actually matter for the long row.
     if case.get("check_window"):
@@ -540,7 +590,10 @@ def run_case(case: dict, out_dir: Path) -> None:
 
     # Reload the saved checkpoint and reproduce the stored logits.
     re32 = reload(case_dir, torch.float32)
-    d32 = assert_close(f"{name} reload fp32", forward(re32, ids, mask), tensors["logits"], 1e-6)
+    run = forward_unpadded if case.get("per_row_rope") else forward
+    d32 = assert_close(
+        f"{name} reload fp32", run(re32, ids, lengths if case.get("per_row_rope") else mask), tensors["logits"], 1e-6
+    )
     if case.get("bf16"):
         re16 = reload(case_dir, torch.bfloat16)
         assert next(re16.parameters()).dtype == torch.bfloat16

@@ -104,8 +104,10 @@ BASE_NAME = "llama_gqa"
 
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
 
-ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
-MLP = ["gate_proj", "up_proj", "down_proj"]
+ATTN = ["q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj", "gate_up_proj"]
+# Phi-3's layers: q/k/v and gate/up fused, one LoRA module each.
+FUSED = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
 
 # ``std`` is the standard deviation of the seeded normal values written into
 # lora_A and lora_B. It is chosen per case so that the effective update
@@ -114,18 +116,28 @@ MLP = ["gate_proj", "up_proj", "down_proj"]
 # base model still matters.
 CASES = [
     dict(name="q_v_r4", r=4, lora_alpha=8, targets=["q_proj", "v_proj"], use_rslora=False, seed=3001, std=0.15),
-    dict(name="all_r8_rslora", r=8, lora_alpha=16, targets=ATTN + MLP, use_rslora=True, seed=3002, std=0.075),
-    dict(name="mlp_r2", r=2, lora_alpha=4, targets=MLP, use_rslora=False, seed=3003, std=0.18),
+    dict(name="all_r8_rslora", r=8, lora_alpha=16, targets=ATTN[:4] + MLP[:3], use_rslora=True, seed=3002, std=0.075),
+    dict(name="mlp_r2", r=2, lora_alpha=4, targets=MLP[:3], use_rslora=False, seed=3003, std=0.18),
     dict(name="q_v_r4_init", r=4, lora_alpha=8, targets=["q_proj", "v_proj"], use_rslora=False, seed=0, std=None),
 ] + [
     # One adapter on every projection for each family beyond Llama's layout,
     # on that family's golden base (make_model_golden.py).
-    dict(name=f"{base}_all_r4", base=base, r=4, lora_alpha=8, targets=ATTN + MLP, use_rslora=False, seed=seed, std=0.14)
+    dict(
+        name=f"{base}_all_r4",
+        base=base,
+        r=4,
+        lora_alpha=8,
+        targets=FUSED if base.startswith("phi3") else ATTN[:4] + MLP[:3],
+        use_rslora=False,
+        seed=seed,
+        std=0.14,
+    )
     for base, seed in (
         ("qwen3_tied", 3011),
         ("olmo2_post_norm", 3012),
         ("olmo3_window", 3013),
         ("gemma3_text_window", 3014),
+        ("phi3_tied", 3016),
     )
 ]
 
@@ -156,6 +168,8 @@ def proj_dims(cfg) -> dict[str, tuple[int, int]]:
         "gate_proj": (h, i),
         "up_proj": (h, i),
         "down_proj": (i, h),
+        "qkv_proj": (h, q + 2 * kv),
+        "gate_up_proj": (h, 2 * i),
     }
 
 

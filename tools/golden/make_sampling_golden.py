@@ -88,6 +88,7 @@ BASES = [
     "olmo2_post_norm",
     "olmo3_window",
     "gemma3_text_window",
+    "phi3_tied",
 ]
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
 
@@ -113,13 +114,24 @@ def load(path: Path):
     return m
 
 
+# Phi-3 fuses q/k/v and gate/up: a target on any part is one on the fused
+# module.
+FUSED_MODULE = dict(q_proj="qkv_proj", k_proj="qkv_proj", v_proj="qkv_proj", gate_proj="gate_up_proj", up_proj="gate_up_proj")
+
+
+def targets_for(base_dir: Path, targets: list[str]) -> list[str]:
+    if json.loads((base_dir / "config.json").read_text())["model_type"] != "phi3":
+        return targets
+    return sorted({FUSED_MODULE.get(t, t) for t in targets})
+
+
 def make_adapter(base_dir: Path, spec: dict, out: Path) -> None:
     model = load(base_dir)
     config = LoraConfig(
         task_type="CAUSAL_LM",
         r=spec["r"],
         lora_alpha=spec["lora_alpha"],
-        target_modules=spec["targets"],
+        target_modules=targets_for(base_dir, spec["targets"]),
         use_rslora=spec["use_rslora"],
         lora_dropout=0.0,
         bias="none",

@@ -150,7 +150,7 @@ INSTANTIATE_TEST_SUITE_P(Bases, SamplingGoldenTest,
                          ::testing::Values("llama_gqa", "qwen2_bias_sharded",
                                            "mistral_window", "qwen3_tied",
                                            "olmo2_post_norm", "olmo3_window",
-                                           "gemma3_text_window"));
+                                           "gemma3_text_window", "phi3_tied"));
 
 TEST(StopStringGoldenTest, StopsAtTheTokenTransformersStopsAt) {
   const std::string dir = GoldenPath("sampling/stop_strings");

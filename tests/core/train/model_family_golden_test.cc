@@ -334,8 +334,8 @@ TEST_P(ModelFamilyGoldenTest, PeftAdapterGivesPeftLogitsOnCuda) {
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelFamilyGoldenTest,
                          ::testing::Values("qwen3_tied", "olmo2_post_norm",
-                                           "olmo3_window",
-                                           "gemma3_text_window"));
+                                           "olmo3_window", "gemma3_text_window",
+                                           "phi3_tied"));
 
 }  // namespace
 }  // namespace loraplex
