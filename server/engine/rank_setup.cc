@@ -48,7 +48,8 @@ std::string ModelFingerprint(const LlamaModel& model) {
           &layer.q_norm, &layer.k_norm}) {
       if (norm->defined()) AddSample(*norm, digest);
     }
-    for (const LinearWeights& projection : layer.projections) {
+    for (Projection p : LayerProjections(model.config())) {
+      const LinearWeights& projection = layer.at(p);
       AddSample(projection.weight, digest);
       if (projection.bias.defined()) AddSample(projection.bias, digest);
     }

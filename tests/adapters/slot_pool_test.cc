@@ -113,8 +113,8 @@ TEST(SlotPoolTest, AttachAndRetireLeaveOtherSlotsAndTheBaseAlone) {
   const int64_t steps = pool.slot(0).counters.steps;
   std::vector<torch::Tensor> base;
   for (const LayerWeights& layer : model.weights().layers) {
-    for (const LinearWeights& linear : layer.projections) {
-      base.push_back(linear.weight.clone());
+    for (Projection p : LayerProjections(model.config())) {
+      base.push_back(layer.at(p).weight.clone());
     }
   }
   for (int round = 0; round < 3; ++round) {
@@ -130,9 +130,9 @@ TEST(SlotPoolTest, AttachAndRetireLeaveOtherSlotsAndTheBaseAlone) {
   EXPECT_EQ(pool.slot(0).counters.steps, steps);
   std::vector<torch::Tensor> base_after;
   for (const LayerWeights& layer : model.weights().layers) {
-    for (const LinearWeights& linear : layer.projections) {
-      base_after.push_back(linear.weight);
-      EXPECT_FALSE(linear.weight.requires_grad());
+    for (Projection p : LayerProjections(model.config())) {
+      base_after.push_back(layer.at(p).weight);
+      EXPECT_FALSE(layer.at(p).weight.requires_grad());
     }
   }
   EXPECT_TRUE(AllEqual(base_after, base));

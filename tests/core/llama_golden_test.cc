@@ -268,8 +268,8 @@ TEST(GoldenTest, WeightsAreFrozen) {
   const ModelWeights& weights = (*model)->weights();
   EXPECT_FALSE(weights.embed_tokens.requires_grad());
   for (const LayerWeights& layer : weights.layers) {
-    for (const LinearWeights& linear : layer.projections) {
-      EXPECT_FALSE(linear.weight.requires_grad());
+    for (Projection p : LayerProjections((*model)->config())) {
+      EXPECT_FALSE(layer.at(p).weight.requires_grad());
     }
     EXPECT_TRUE(layer.at(Projection::kQ).bias.defined());
     EXPECT_FALSE(layer.at(Projection::kO).bias.defined());

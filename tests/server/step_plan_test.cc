@@ -204,7 +204,8 @@ TEST(RankSetupTest, FingerprintTellsModelsApart) {
   auto base = LlamaModel::Load(dir + "/a", {});
   ASSERT_TRUE(base.ok());
   ModelWeights tuned = (*base)->weights();
-  LinearWeights& down = tuned.layers.back().projections.back();
+  LinearWeights& down =
+      tuned.layers.back().projections[static_cast<int>(Projection::kDown)];
   down.weight = down.weight * 1.01;
   const LlamaModel fine_tune((*base)->config(), tuned, (*base)->dtype(),
                              (*base)->device());
