@@ -213,7 +213,8 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
   AddFlagOption(command, flags, training, "--batch-size", &flags->batch_size,
                 "Sequences per step (default 4)");
   AddFlagOption(command, flags, training, "--seq-len", &flags->seq_len,
-                "Tokens per sequence (default 512)");
+                "Tokens per sequence (default 512, or the model's "
+                "max_position_embeddings when smaller)");
   AddBoolFlag(command, flags, training, "--pack", &flags->pack,
               "Pack examples into seq_len pieces");
   AddFlagOption(command, flags, training, "--max-steps", &flags->max_steps,

@@ -55,6 +55,7 @@
 #include "server/service/server_info_service.h"
 #include "server/service/session_service.h"
 #include "server/service/state_cleanup.h"
+#include "server/service/unparsable_requests.h"
 
 namespace loraplex {
 namespace {
@@ -607,6 +608,8 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     std::vector<
         std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
         interceptors;
+    // First: the requests counted are counted with the status sent.
+    interceptors.push_back(RefuseUnparsableRequestsInterceptor());
     interceptors.push_back(CountRequestsInterceptor(&requests));
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }

@@ -28,11 +28,15 @@ bool IsSha256Hex(absl::string_view text) {
 }
 
 // Receives the header and the chunks, then validates and stores the file
-// on a worker thread so no gRPC thread parses a large upload.
-class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
+// on a worker thread so no gRPC thread parses a large upload. It reads the
+// messages as bytes and parses them itself: gRPC reports a message it
+// cannot parse as a failed read, which is also how the stream's end looks,
+// so a malformed message would otherwise end the upload with the chunks
+// before it.
+class UploadReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   UploadReactor(const ServiceContext* context,
-                grpc::CallbackServerContext* call, v1::Dataset* response)
+                grpc::CallbackServerContext* call, grpc::ByteBuffer* response)
       : context_(context), call_(call), response_(response) {
     absl::StatusOr<std::string> tenant = Authenticate(*context_, call);
     if (!tenant.ok()) {
@@ -40,7 +44,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
       return;
     }
     tenant_ = *tenant;
-    StartRead(&request_);
+    StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
@@ -58,11 +62,10 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
       }
       if (declared_bytes_ &&
           static_cast<int64_t>(contents_.size()) != *declared_bytes_) {
-        Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-            "header.total_bytes: the upload declared ", *declared_bytes_,
-            " bytes but its stream ended after ", contents_.size(),
-            " (a message the server could not parse ends it early); "
-            "nothing was stored"))));
+        Finish(ToGrpcStatus(absl::InvalidArgumentError(
+            absl::StrCat("header.total_bytes: the upload declared ",
+                         *declared_bytes_, " bytes but its stream ended after ",
+                         contents_.size(), "; nothing was stored"))));
         return;
       }
       context_->work->Post([this] {
@@ -76,12 +79,14 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
       });
       return;
     }
-    absl::Status status = Accept();
+    ++messages_;
+    absl::Status status = Parse();
+    if (status.ok()) status = Accept();
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
     }
-    StartRead(&request_);
+    StartRead(&message_);
   }
 
   // A cancelled upload (client gone, deadline) must not be stored with the
@@ -96,6 +101,19 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
   }
 
  private:
+  // message_ into request_.
+  absl::Status Parse() {
+    request_.Clear();
+    grpc::Status parsed =
+        grpc::SerializationTraits<v1::UploadDatasetRequest>::Deserialize(
+            &message_, &request_);
+    if (parsed.ok()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the upload stream could not be parsed: its message ", messages_,
+        " is no UploadDatasetRequest (malformed, truncated, or a string "
+        "that is not UTF-8); nothing was stored"));
+  }
+
   absl::Status Accept() {
     if (request_.has_header()) {
       if (header_seen_) {
@@ -179,7 +197,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
     if (!id) return false;
     LORAPLEX_ASSIGN_OR_RETURN(DatasetRecord earlier,
                               context_->store->GetDataset(tenant_, *id));
-    DatasetToProto(earlier, response_);
+    LORAPLEX_RETURN_IF_ERROR(Answer(earlier));
     return true;
   }
 
@@ -236,15 +254,29 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
                            dataset->num_lines,
                            " lines became one example per assistant turn")
             : std::string());
-    DatasetToProto(record, response_);
-    return absl::OkStatus();
+    return Answer(record);
+  }
+
+  // Sets the response to `record`.
+  absl::Status Answer(const DatasetRecord& record) {
+    v1::Dataset dataset;
+    DatasetToProto(record, &dataset);
+    bool own_buffer = false;
+    grpc::Status serialized = grpc::SerializationTraits<v1::Dataset>::Serialize(
+        dataset, response_, &own_buffer);
+    if (serialized.ok()) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat("the dataset's answer could not be serialized: ",
+                     serialized.error_message()));
   }
 
   const ServiceContext* context_;
   grpc::CallbackServerContext* call_;
-  v1::Dataset* response_;
+  grpc::ByteBuffer* response_;  // A v1::Dataset.
   std::string tenant_;
-  v1::UploadDatasetRequest request_;
+  grpc::ByteBuffer message_;          // The message read last.
+  int64_t messages_ = 0;              // Messages read so far.
+  v1::UploadDatasetRequest request_;  // message_, parsed.
   bool header_seen_ = false;
   std::string display_name_;
   std::string contents_;
@@ -257,9 +289,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadDatasetRequest> {
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::UploadDatasetRequest>*
-DatasetServiceImpl::UploadDataset(grpc::CallbackServerContext* call,
-                                  v1::Dataset* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* DatasetServiceImpl::UploadDataset(
+    grpc::CallbackServerContext* call, grpc::ByteBuffer* response) {
   return new UploadReactor(context_, call, response);
 }
 

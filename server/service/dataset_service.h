@@ -8,13 +8,18 @@
 
 namespace loraplex {
 
-class DatasetServiceImpl final : public v1::DatasetService::CallbackService {
+// UploadDataset reads raw messages (UploadDatasetRequest, each parsed by
+// the handler) and answers a serialized Dataset: only so can it tell a
+// message that does not parse from the end of the stream.
+class DatasetServiceImpl final
+    : public v1::DatasetService::WithRawCallbackMethod_UploadDataset<
+          v1::DatasetService::CallbackService> {
  public:
   explicit DatasetServiceImpl(const ServiceContext* context)
       : context_(context) {}
 
-  grpc::ServerReadReactor<v1::UploadDatasetRequest>* UploadDataset(
-      grpc::CallbackServerContext* call, v1::Dataset* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadDataset(
+      grpc::CallbackServerContext* call, grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetDataset(grpc::CallbackServerContext* call,
                                        const v1::GetDatasetRequest* request,
                                        v1::Dataset* response) override;

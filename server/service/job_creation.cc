@@ -1,5 +1,6 @@
 #include "server/service/job_creation.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -108,6 +109,15 @@ absl::StatusOr<PendingJob> ValidateCreateJob(
     return absl::InvalidArgumentError(absl::StrCat(
         "lora.rank must be at most ", context.limits.max_rank,
         " on this server (--max-rank), got ", pending.spec.lora.rank));
+  }
+  // A fused layout (Phi-3) adapts q/k/v or gate/up only together.
+  LORAPLEX_RETURN_IF_ERROR(
+      FitLoraTargets(context.model, pending.spec.lora.targets).status());
+  // The default seq_len is a default for any model: on one with fewer
+  // positions it is the model's (a seq_len asked for is never changed).
+  if (!request.training().has_seq_len()) {
+    pending.spec.training.seq_len = std::min(
+        pending.spec.training.seq_len, context.model.max_position_embeddings);
   }
   // Every sequence is cut or packed to seq_len: bounding it here keeps a
   // job's data from ever failing the co-batched step of other jobs.

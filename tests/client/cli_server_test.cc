@@ -38,6 +38,7 @@ class CliServerTest : public ::testing::Test {
   void SetUp() override {
     ServerProcessOptions options;
     options.state_dir = FreshTestDir("state");
+    state_dir_ = options.state_dir;
     auto server = ServerProcess::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(server).value();
@@ -54,6 +55,7 @@ class CliServerTest : public ::testing::Test {
     return RunCli(args);
   }
 
+  std::string state_dir_;
   std::unique_ptr<ServerProcess> server_;
 };
 
@@ -219,6 +221,85 @@ TEST_F(CliServerTest, QuickstartUsesTheRunningServer) {
                 HasSubstr("Sample " + job_dir + ": \"reverse: lamp\\n\" -> \""))
         << result.out;
   }
+}
+
+// On a model with fewer positions than the default seq_len (512), a job
+// that leaves seq_len unset gets the model's max_position_embeddings:
+// `adapters attach DIR --evaluate DS` and `jobs create` work without
+// --seq-len, and a --seq-len past the model is refused naming the field.
+TEST_F(CliServerTest, DefaultSeqLenFitsAModelWithFewerPositions) {
+  // The built-in tiny model (written by the fixture's server) with 256
+  // positions.
+  const std::string model_dir = FreshTestDir("short-model");
+  std::filesystem::copy(state_dir_ + "/models/tiny", model_dir,
+                        std::filesystem::copy_options::recursive);
+  nlohmann::json config;
+  std::ifstream(model_dir + "/config.json") >> config;
+  ASSERT_TRUE(config.contains("max_position_embeddings"));
+  config["max_position_embeddings"] = 256;
+  std::ofstream(model_dir + "/config.json") << config.dump(2);
+  ServerProcessOptions options;
+  options.state_dir = FreshTestDir("short-state");
+  options.model_dir = model_dir;
+  auto server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--server", (*server)->address()});
+    return RunCli(args);
+  };
+
+  const std::string dir = FreshTestDir();
+  std::ofstream(dir + "/reverse.jsonl") << QuickstartDatasetJsonl();
+  const CliResult upload =
+      run({"--json", "datasets", "upload", dir + "/reverse.jsonl"});
+  ASSERT_EQ(upload.exit_code, 0) << upload.Describe();
+  const std::string dataset = nlohmann::json::parse(upload.out)["name"];
+
+  // An adapter to attach, trained with a seq_len that fits.
+  const CliResult train = run({"--json", "jobs", "create", "--dataset", dataset,
+                               "--rank", "4", "--seq-len", "64", "--batch-size",
+                               "2", "--max-steps", "2", "--wait"});
+  ASSERT_EQ(train.exit_code, 0) << train.Describe() << (*server)->Log();
+  const auto trained = nlohmann::json::parse(train.out);
+  EXPECT_EQ(trained["training"]["seqLen"], "64");
+  const std::string adapter_dir = dir + "/adapter";
+  const CliResult exported =
+      run({"adapters", "export", trained["name"].get<std::string>(), "--out",
+           adapter_dir});
+  ASSERT_EQ(exported.exit_code, 0) << exported.Describe();
+
+  const CliResult attach = run({"--json", "adapters", "attach", adapter_dir,
+                                "--evaluate", dataset, "--wait"});
+  ASSERT_EQ(attach.exit_code, 0) << attach.Describe() << (*server)->Log();
+  const auto evaluated = nlohmann::json::parse(attach.out);
+  EXPECT_EQ(evaluated["status"], "JOB_STATUS_SUCCEEDED");
+  EXPECT_EQ(evaluated["training"]["seqLen"], "256");
+
+  const CliResult create =
+      run({"--json", "jobs", "create", "--dataset", dataset, "--rank", "4",
+           "--batch-size", "2", "--max-steps", "2", "--wait"});
+  ASSERT_EQ(create.exit_code, 0) << create.Describe() << (*server)->Log();
+  const auto job = nlohmann::json::parse(create.out);
+  EXPECT_EQ(job["status"], "JOB_STATUS_SUCCEEDED");
+  EXPECT_EQ(job["training"]["seqLen"], "256");
+
+  // A seq_len asked for is never changed.
+  for (const std::string command : {"attach", "create"}) {
+    std::vector<std::string> args =
+        command == "attach"
+            ? std::vector<std::string>{"adapters", "attach", adapter_dir,
+                                       "--evaluate", dataset}
+            : std::vector<std::string>{"jobs", "create", "--dataset", dataset};
+    args.insert(args.end(), {"--seq-len", "512"});
+    const CliResult refused = run(args);
+    EXPECT_EQ(refused.exit_code, 1) << refused.Describe();
+    EXPECT_THAT(refused.err, HasSubstr("INVALID_ARGUMENT"));
+    EXPECT_THAT(refused.err,
+                HasSubstr("training.seq_len must be at most the base model's "
+                          "max_position_embeddings (256), got 512"));
+  }
+  const absl::Status stopped = (*server)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
 TEST(CliQuickstartTest, StartsAndStopsItsOwnServer) {

@@ -1,6 +1,7 @@
-// What any gRPC server is expected to offer: TLS, health checking and
-// reflection (what grpcurl uses). Health and reflection are spoken as raw
-// protobuf bytes since their .proto files are not installed.
+// What any gRPC server is expected to offer: TLS, health checking,
+// reflection (what grpcurl uses) and INVALID_ARGUMENT for a request that
+// does not parse. Health and reflection are spoken as raw protobuf bytes
+// since their .proto files are not installed.
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -12,12 +13,14 @@
 
 #include "tests/common/test_dir.h"
 #include "tests/common/tls_files.h"
+#include "tests/server/raw_grpc_call.h"
 #include "tests/server/service_fixture.h"
 
 namespace loraplex {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Bytes(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
@@ -29,10 +32,11 @@ std::string Bytes(const grpc::ByteBuffer& buffer) {
   return bytes;
 }
 
-// One grpc.health.v1.Health/Check call with the encoded request `body`;
+// One unary call of `method` with the encoded request `body` (any bytes);
 // the encoded response in *response.
-grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
-                         const std::string& body, std::string* response) {
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                          const std::string& method, const std::string& body,
+                          std::string* response) {
   grpc::Slice slice(body);
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer answer;
@@ -42,11 +46,91 @@ grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
   grpc::Status status =
       grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
           channel.get(),
-          grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
+          grpc::internal::RpcMethod(method.c_str(),
                                     grpc::internal::RpcMethod::NORMAL_RPC),
           &context, request, &answer);
   if (status.ok()) *response = Bytes(answer);
   return status;
+}
+
+// One grpc.health.v1.Health/Check call with the encoded request `body`.
+grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel,
+                         const std::string& body, std::string* response) {
+  return RawUnaryCall(channel, "/grpc.health.v1.Health/Check", body, response);
+}
+
+// A request that does not parse as its method's message is INVALID_ARGUMENT
+// saying so (gRPC's callback handlers answer it UNIMPLEMENTED, as if the
+// method did not exist), and the server goes on serving.
+TEST(ServiceRequestParsingTest, UnparsableRequestsAreInvalidArgument) {
+  auto server = StartServer(FreshTestDir("state"), 1);
+  ASSERT_NE(server, nullptr);
+  auto channel = grpc::CreateChannel(server->address(),
+                                     grpc::InsecureChannelCredentials());
+  struct Case {
+    std::string method;
+    std::string body;
+    std::string what;
+  };
+  const std::string overlong_varint =
+      std::string("\x08") + std::string(10, '\xff') + "\x01";
+  const std::vector<Case> cases = {
+      {"/loraplex.v1.JobService/GetJob", std::string("\x0a\x05", 2) + "ab",
+       "truncated string field"},
+      {"/loraplex.v1.JobService/CreateJob",
+       std::string("\x1a\x40", 2) + "datasets/", "truncated string field"},
+      {"/loraplex.v1.DatasetService/ListDatasets", overlong_varint,
+       "11-byte varint"},
+      {"/loraplex.v1.DatasetService/GetDataset",
+       std::string("\x0a\x02\xc3\x28", 4), "string field not UTF-8"},
+      {"/loraplex.v1.ServerService/GetServerInfo", overlong_varint,
+       "11-byte varint"},
+  };
+  for (const Case& c : cases) {
+    std::string response;
+    grpc::Status status = RawUnaryCall(channel, c.method, c.body, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.method << ", " << c.what << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("the request could not be parsed as the message " +
+                          c.method + " takes"))
+        << c.what;
+    // The next request of the same method, the empty message, reaches the
+    // handler (which may find fields missing).
+    status = RawUnaryCall(channel, c.method, "", &response);
+    EXPECT_NE(status.error_code(), grpc::StatusCode::UNIMPLEMENTED)
+        << c.method << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), Not(HasSubstr("could not be parsed")))
+        << c.method;
+  }
+  // Server-streaming methods take their request parsed by gRPC too.
+  for (const std::string method :
+       {"/loraplex.v1.JobService/WatchJob",
+        "/loraplex.v1.SamplingService/StreamSample"}) {
+    grpc::Status status =
+        RawStreamingCall(channel, method, {overlong_varint}, 10);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("the request could not be parsed"));
+  }
+  // Well-formed requests: a missing job is NOT_FOUND, a method the server
+  // lacks is still UNIMPLEMENTED, and the client's calls succeed.
+  std::string response;
+  EXPECT_EQ(RawUnaryCall(channel, "/loraplex.v1.JobService/GetJob",
+                         std::string("\x0a\x0cjobs/missing", 14), &response)
+                .error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(RawUnaryCall(channel, "/loraplex.v1.JobService/NoSuchMethod",
+                         overlong_varint, &response)
+                .error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  auto client = ClientFor(*server);
+  auto info = client->GetServerInfo();
+  EXPECT_TRUE(info.ok()) << info.status();
+  auto jobs = client->ListAllJobs();
+  EXPECT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
 TEST(ServiceHealthTest, StandardHealthServiceReportsServing) {

@@ -15,6 +15,7 @@
 
 #include "core/common/sha256.h"
 #include "loraplex/v1/datasets.grpc.pb.h"
+#include "tests/server/raw_grpc_call.h"
 #include "tests/server/service_fixture.h"
 
 namespace loraplex {
@@ -70,6 +71,13 @@ class ServiceUploadTest : public ::testing::Test {
     return writer->Finish();
   }
 
+  // Uploads `messages`, each sent as it is (bytes that need not be a
+  // message), through the generic stub.
+  grpc::Status GenericUpload(const std::vector<std::string>& messages) {
+    return RawStreamingCall(
+        channel_, "/loraplex.v1.DatasetService/UploadDataset", messages);
+  }
+
   const std::string& server_state() const { return state_; }
 
   std::string state_;
@@ -116,58 +124,53 @@ TEST_F(ServiceUploadTest, CancelledUploadsAreNeverStored) {
   EXPECT_EQ(stored->sha256(), Sha256Hex(lines));
 }
 
+// A malformed message mid-upload fails it and nothing is stored, whether
+// or not the header declares the size (gRPC reports a message it cannot
+// parse as the end of the stream: without a declared size the lines before
+// it were once stored).
 TEST_F(ServiceUploadTest, MalformedMessageMidUploadFailsTheUpload) {
   const std::string first = ReversalJsonl(10, 1);
   const std::string second = ReversalJsonl(10, 2);
-  v1::UploadDatasetRequest header;
-  header.mutable_header()->set_display_name("malformed");
-  header.mutable_header()->set_total_bytes(
-      static_cast<int64_t>(first.size() + second.size()));
-  v1::UploadDatasetRequest part;
-  part.set_chunk(first);
-  v1::UploadDatasetRequest rest;
-  rest.set_chunk(second);
-  // Header, 10 lines, 5 bytes that are no message, 10 more lines.
-  const std::vector<std::string> messages = {
-      header.SerializeAsString(), part.SerializeAsString(),
-      std::string("\xff\xff\xff\xff\xff", 5), rest.SerializeAsString()};
-
-  grpc::GenericStub generic(channel_);
-  grpc::CompletionQueue queue;
-  grpc::ClientContext context;
-  auto call = generic.PrepareCall(
-      &context, "/loraplex.v1.DatasetService/UploadDataset", &queue);
-  auto wait = [&](intptr_t tag) {
-    void* got = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(queue.Next(&got, &ok));
-    EXPECT_EQ(reinterpret_cast<intptr_t>(got), tag);
-    return ok;
-  };
-  call->StartCall(reinterpret_cast<void*>(1));
-  ASSERT_TRUE(wait(1));
-  bool open = true;
-  intptr_t tag = 2;
-  for (const std::string& bytes : messages) {
-    if (!open) break;
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer buffer(&slice, 1);
-    call->Write(buffer, reinterpret_cast<void*>(tag));
-    open = wait(tag++);
+  for (const bool declared : {true, false}) {
+    SCOPED_TRACE(declared ? "size and digest declared" : "nothing declared");
+    v1::UploadDatasetRequest header;
+    header.mutable_header()->set_display_name("malformed");
+    if (declared) {
+      header.mutable_header()->set_total_bytes(
+          static_cast<int64_t>(first.size() + second.size()));
+      header.mutable_header()->set_sha256(Sha256Hex(first + second));
+    }
+    v1::UploadDatasetRequest part;
+    part.set_chunk(first);
+    v1::UploadDatasetRequest rest;
+    rest.set_chunk(second);
+    // Header, 10 lines, 5 bytes that are no message, 10 more lines.
+    grpc::Status status = GenericUpload(
+        {header.SerializeAsString(), part.SerializeAsString(),
+         std::string("\xff\xff\xff\xff\xff", 5), rest.SerializeAsString()});
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("the upload stream could not be parsed: its "
+                          "message 3 is no UploadDatasetRequest"));
+    EXPECT_THAT(status.error_message(), HasSubstr("nothing was stored"));
+    EXPECT_EQ(StoredDatasets(), 0u);
   }
-  if (open) {
-    call->WritesDone(reinterpret_cast<void*>(tag));
-    wait(tag++);
-  }
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(tag));
-  wait(tag);
-  queue.Shutdown();
+  // A header whose display_name is not UTF-8 is no message either.
+  grpc::Status status =
+      GenericUpload({std::string("\x0a\x04\x0a\x02\xc3\x28", 6)});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << status.error_message();
-  EXPECT_THAT(status.error_message(), HasSubstr("header.total_bytes"));
-  EXPECT_THAT(status.error_message(), HasSubstr("nothing was stored"));
-  EXPECT_EQ(StoredDatasets(), 0u);
+  EXPECT_THAT(status.error_message(), HasSubstr("its message 1 is no"));
+  // Well-formed uploads through the same raw path are stored.
+  v1::UploadDatasetRequest header;
+  header.mutable_header()->set_display_name("whole");
+  v1::UploadDatasetRequest part;
+  part.set_chunk(first);
+  status =
+      GenericUpload({header.SerializeAsString(), part.SerializeAsString()});
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(StoredDatasets(), 1u);
 }
 
 TEST_F(ServiceUploadTest, DeclaredSizeAndDigestAreChecked) {
