@@ -4,15 +4,14 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/model/llama_model.h"
 #include "core/safetensors/safetensors.h"
+#include "tests/common/golden_logits.h"
 #include "tests/common/test_dir.h"
 
 namespace loraplex {
@@ -24,44 +23,7 @@ std::string FixtureDir(const std::string& name) {
   return std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/golden/" + name;
 }
 
-struct Golden {
-  torch::Tensor input_ids;
-  torch::Tensor lengths;
-  std::map<std::string, torch::Tensor> logits;
-};
-
-Golden ReadGolden(const std::string& dir) {
-  auto file = SafetensorsFile::Open(dir + "/golden.safetensors");
-  EXPECT_TRUE(file.ok()) << file.status();
-  Golden golden;
-  golden.input_ids = (*file)->Load("input_ids").value().clone();
-  golden.lengths = (*file)->Load("lengths").value().clone();
-  for (const auto& info : (*file)->tensors()) {
-    if (info.name.rfind("logits", 0) == 0) {
-      golden.logits[info.name] = (*file)->Load(info.name).value().clone();
-    }
-  }
-  return golden;
-}
-
-// Max |a - b| over the valid (unpadded) positions of every row.
-double MaxValidDiff(const torch::Tensor& actual, const torch::Tensor& expected,
-                    const torch::Tensor& lengths) {
-  double worst = 0;
-  for (int64_t row = 0; row < lengths.size(0); ++row) {
-    const int64_t len = lengths[row].item<int64_t>();
-    torch::Tensor diff =
-        (actual[row].narrow(0, 0, len) - expected[row].narrow(0, 0, len))
-            .abs()
-            .max();
-    const double d = diff.item<double>();
-    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
-    worst = std::max(worst, d);
-  }
-  return worst;
-}
-
-torch::Tensor RunModel(const std::string& dir, const Golden& golden,
+torch::Tensor RunModel(const std::string& dir, const GoldenLogits& golden,
                        std::optional<torch::ScalarType> dtype,
                        const torch::Device& device = torch::kCPU) {
   ModelLoadOptions options;
@@ -83,7 +45,7 @@ class GoldenFp32Test : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenFp32Test, LogitsMatchTransformers) {
   const std::string dir = FixtureDir(GetParam());
-  const Golden golden = ReadGolden(dir);
+  const GoldenLogits golden = ReadGoldenLogits(dir);
   torch::Tensor logits = RunModel(dir, golden, torch::kFloat32);
   ASSERT_TRUE(logits.defined());
   ASSERT_EQ(logits.sizes(), golden.logits.at("logits").sizes());
@@ -102,7 +64,7 @@ TEST_P(GoldenFp32Test, LogitsMatchTransformersOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda(torch::kCUDA, 0);
   const std::string dir = FixtureDir(GetParam());
-  const Golden golden = ReadGolden(dir);
+  const GoldenLogits golden = ReadGoldenLogits(dir);
   for (torch::ScalarType dtype : {torch::kFloat32, torch::kFloat64}) {
     torch::Tensor logits = RunModel(dir, golden, dtype, cuda);
     ASSERT_TRUE(logits.defined());
@@ -125,7 +87,7 @@ class GoldenBf16Test : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenBf16Test, Bf16ComputeStaysNearTransformersBf16) {
   const std::string dir = FixtureDir(GetParam());
-  const Golden golden = ReadGolden(dir);
+  const GoldenLogits golden = ReadGoldenLogits(dir);
   torch::Tensor logits = RunModel(dir, golden, std::nullopt);  // As stored.
   ASSERT_TRUE(logits.defined());
   const torch::Tensor& reference = golden.logits.at("logits_bf16");
@@ -142,7 +104,7 @@ TEST_P(GoldenBf16Test, Bf16ComputeStaysNearTransformersBf16) {
 TEST_P(GoldenBf16Test, Bf16ComputeStaysNearTransformersBf16OnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = FixtureDir(GetParam());
-  const Golden golden = ReadGolden(dir);
+  const GoldenLogits golden = ReadGoldenLogits(dir);
   torch::Tensor logits =
       RunModel(dir, golden, std::nullopt, torch::Device(torch::kCUDA, 0));
   ASSERT_TRUE(logits.defined());
@@ -180,7 +142,7 @@ TEST(GoldenTest, LegacyRopeKeysGiveSameLogits) {
   config.erase("dtype");
   std::ofstream(copy / "config.json") << config.dump(2);
 
-  const Golden golden = ReadGolden(copy.string());
+  const GoldenLogits golden = ReadGoldenLogits(copy.string());
   torch::Tensor logits = RunModel(copy.string(), golden, std::nullopt);
   ASSERT_TRUE(logits.defined());
   EXPECT_LE(MaxValidDiff(logits, golden.logits.at("logits"), golden.lengths),
@@ -210,7 +172,7 @@ TEST(GoldenTest, Fp16CheckpointComputesInFp32) {
   std::ofstream(copy / "config.json") << config.dump(2);
   fs::copy(source + "/golden.safetensors", copy / "golden.safetensors");
 
-  const Golden golden = ReadGolden(copy.string());
+  const GoldenLogits golden = ReadGoldenLogits(copy.string());
   auto model = LlamaModel::Load(copy.string(), {});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->dtype(), torch::kFloat32);
@@ -225,7 +187,7 @@ TEST(GoldenTest, Fp16CheckpointComputesInFp32) {
 
 TEST(GoldenTest, ForwardHiddenThenLogitsEqualsForward) {
   const std::string dir = FixtureDir("llama_gqa");
-  const Golden golden = ReadGolden(dir);
+  const GoldenLogits golden = ReadGoldenLogits(dir);
   auto model = LlamaModel::Load(dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
   torch::NoGradGuard no_grad;
@@ -239,7 +201,7 @@ TEST(GoldenTest, ForwardHiddenThenLogitsEqualsForward) {
 
 TEST(GoldenTest, PaddingDoesNotChangeValidPositions) {
   const std::string dir = FixtureDir("mistral_window");
-  const Golden golden = ReadGolden(dir);
+  const GoldenLogits golden = ReadGoldenLogits(dir);
   auto model = LlamaModel::Load(dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
   torch::NoGradGuard no_grad;

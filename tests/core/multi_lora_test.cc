@@ -16,36 +16,12 @@
 #include "core/lora/lora_weights.h"
 #include "core/model/llama_model.h"
 #include "core/runtime/torch_compat.h"
-#include "core/safetensors/safetensors.h"
+#include "tests/common/golden_logits.h"
 #include "tests/common/tiny_model.h"
 #include "tests/common/train_fixture.h"
 
 namespace loraplex {
 namespace {
-
-struct Golden {
-  torch::Tensor input_ids;
-  torch::Tensor lengths;
-  torch::Tensor logits;
-};
-
-Golden LoadGolden(const std::string& dir) {
-  auto file = SafetensorsFile::Open(dir + "/golden.safetensors");
-  EXPECT_TRUE(file.ok()) << file.status();
-  return {(*file)->Load("input_ids").value().clone(),
-          (*file)->Load("lengths").value().clone(),
-          (*file)->Load("logits").value().clone()};
-}
-
-// Max |a - b| over the valid positions of row `row`.
-double RowDiff(const torch::Tensor& a, const torch::Tensor& b,
-               const torch::Tensor& lengths, int64_t row) {
-  const int64_t len = lengths[row].item<int64_t>();
-  return (a[row].narrow(0, 0, len) - b[row].narrow(0, 0, len))
-      .abs()
-      .max()
-      .item<double>();
-}
 
 class PeftGoldenTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -71,19 +47,22 @@ class PeftGoldenTest : public ::testing::TestWithParam<std::string> {
 LlamaModel* PeftGoldenTest::model_ = nullptr;
 
 TEST_P(PeftGoldenTest, LogitsMatchPeft) {
-  const Golden golden = LoadGolden(FixturePath("golden/peft/" + GetParam()));
+  const GoldenLogits golden =
+      ReadGoldenLogits(FixturePath("golden/peft/" + GetParam()));
   std::unique_ptr<LoraWeights> weights = LoadAdapter(GetParam());
   ASSERT_NE(weights, nullptr);
   MultiLoraDelta delta({{weights.get(), golden.input_ids.size(0)}});
   auto logits = model_->Forward(golden.input_ids, golden.lengths, &delta);
   ASSERT_TRUE(logits.ok()) << logits.status();
   for (int64_t row = 0; row < golden.input_ids.size(0); ++row) {
-    EXPECT_LE(RowDiff(*logits, golden.logits, golden.lengths, row), 1e-4)
+    EXPECT_LE(RowDiff(*logits, golden.logits.at("logits"), golden.lengths, row),
+              1e-4)
         << "row " << row;
   }
   // The adapter matters: without it the logits are far from PEFT's.
   auto base = model_->Forward(golden.input_ids, golden.lengths);
-  EXPECT_GT(RowDiff(*base, golden.logits, golden.lengths, 0), 0.05);
+  EXPECT_GT(RowDiff(*base, golden.logits.at("logits"), golden.lengths, 0),
+            0.05);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PeftGoldenTest,
@@ -95,13 +74,13 @@ INSTANTIATE_TEST_SUITE_P(Cases, PeftGoldenTest,
 TEST_F(PeftGoldenTest, EachSegmentSeesOnlyItsAdapter) {
   const std::vector<std::string> names = {"all_r8_rslora", "q_v_r4", "mlp_r2"};
   std::vector<std::unique_ptr<LoraWeights>> weights;
-  std::vector<Golden> goldens;
+  std::vector<GoldenLogits> goldens;
   for (const std::string& name : names) {
     weights.push_back(LoadAdapter(name));
     ASSERT_NE(weights.back(), nullptr);
-    goldens.push_back(LoadGolden(FixturePath("golden/peft/" + name)));
+    goldens.push_back(ReadGoldenLogits(FixturePath("golden/peft/" + name)));
   }
-  const Golden base = LoadGolden(FixturePath("golden/llama_gqa"));
+  const GoldenLogits base = ReadGoldenLogits(FixturePath("golden/llama_gqa"));
   // Rows: base row 0 without adapter, then row r of the golden batch with
   // adapter r.
   torch::Tensor ids =
@@ -114,11 +93,12 @@ TEST_F(PeftGoldenTest, EachSegmentSeesOnlyItsAdapter) {
                         {weights[2].get(), 1}});
   auto logits = model_->Forward(ids, lengths, &delta);
   ASSERT_TRUE(logits.ok()) << logits.status();
-  EXPECT_LE(RowDiff(logits->narrow(0, 0, 1), base.logits, base.lengths, 0),
+  EXPECT_LE(RowDiff(logits->narrow(0, 0, 1), base.logits.at("logits"),
+                    base.lengths, 0),
             1e-4);
   for (int64_t r = 0; r < 3; ++r) {
     torch::Tensor row = logits->narrow(0, r + 1, 1);
-    EXPECT_LE(RowDiff(row, goldens[r].logits.narrow(0, r, 1),
+    EXPECT_LE(RowDiff(row, goldens[r].logits.at("logits").narrow(0, r, 1),
                       base.lengths.narrow(0, r, 1), 0),
               1e-4)
         << names[r];

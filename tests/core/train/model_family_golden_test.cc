@@ -27,6 +27,7 @@
 #include "core/safetensors/safetensors.h"
 #include "core/train/co_batch_step.h"
 #include "tests/common/golden_files.h"
+#include "tests/common/golden_logits.h"
 #include "tests/common/test_dir.h"
 
 namespace loraplex {
@@ -66,32 +67,6 @@ std::unique_ptr<LoraWeights> LoadAdapter(const std::string& dir,
   EXPECT_TRUE(weights->Bind(adapter->config).ok());
   EXPECT_TRUE(CopyPeftAdapter(*adapter, *weights).ok());
   return weights;
-}
-
-struct LogitsGolden {
-  torch::Tensor input_ids, lengths, logits;
-};
-
-LogitsGolden ReadLogits(const std::string& dir) {
-  auto file = SafetensorsFile::Open(dir + "/golden.safetensors");
-  EXPECT_TRUE(file.ok()) << file.status();
-  return {(*file)->Load("input_ids").value().clone(),
-          (*file)->Load("lengths").value().clone(),
-          (*file)->Load("logits").value().clone()};
-}
-
-double MaxValidDiff(const torch::Tensor& a, const torch::Tensor& b,
-                    const torch::Tensor& lengths) {
-  double worst = 0;
-  for (int64_t row = 0; row < lengths.size(0); ++row) {
-    const int64_t n = lengths[row].item<int64_t>();
-    worst = std::max(worst, (a[row].narrow(0, 0, n).to(torch::kFloat64) -
-                             b[row].narrow(0, 0, n).to(torch::kFloat64))
-                                .abs()
-                                .max()
-                                .item<double>());
-  }
-  return worst;
 }
 
 std::vector<Datum> Datums() {
@@ -149,17 +124,21 @@ void ExpectPeftLogits(const std::string& base, torch::Device device) {
   ASSERT_NE(model, nullptr);
   auto weights = LoadAdapter(AdapterDir(base), *model);
   ASSERT_NE(weights, nullptr);
-  const LogitsGolden golden = ReadLogits(AdapterDir(base));
+  const GoldenLogits golden = ReadGoldenLogits(AdapterDir(base));
   const torch::Tensor ids = golden.input_ids.to(device);
   const torch::Tensor lengths = golden.lengths.to(device);
   MultiLoraDelta delta({{weights.get(), golden.input_ids.size(0)}});
   torch::NoGradGuard no_grad;
   auto logits = model->Forward(ids, lengths, &delta);
   ASSERT_TRUE(logits.ok()) << logits.status();
-  EXPECT_LE(MaxValidDiff(logits->cpu(), golden.logits, golden.lengths), 1e-4);
+  EXPECT_LE(
+      MaxValidDiff(logits->cpu(), golden.logits.at("logits"), golden.lengths),
+      1e-4);
   auto plain = model->Forward(ids, lengths);
   ASSERT_TRUE(plain.ok());
-  EXPECT_GT(MaxValidDiff(plain->cpu(), golden.logits, golden.lengths), 0.05);
+  EXPECT_GT(
+      MaxValidDiff(plain->cpu(), golden.logits.at("logits"), golden.lengths),
+      0.05);
 }
 
 TEST_P(ModelFamilyGoldenTest, PeftAdapterGivesPeftLogits) {
