@@ -11,6 +11,7 @@
 #include "core/lora/lora_config.h"
 #include "core/model/model_config.h"
 #include "core/model/model_family.h"
+#include "tests/common/config_json.h"
 
 namespace loraplex {
 namespace {
@@ -23,17 +24,6 @@ json Base(const std::string& model_type, const std::string& architecture) {
           {"vocab_size", 100},        {"hidden_size", 32},
           {"intermediate_size", 64},  {"num_hidden_layers", 6},
           {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
-}
-
-absl::StatusOr<ModelConfig> Parse(const json& config) {
-  return ParseModelConfig(config.dump(), "config.json");
-}
-
-std::string ErrorOf(const json& config) {
-  auto parsed = Parse(config);
-  EXPECT_FALSE(parsed.ok()) << config.dump();
-  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
-  return std::string(parsed.status().message());
 }
 
 std::vector<int64_t> SlidingLayers(const ModelConfig& config) {
@@ -56,14 +46,14 @@ TEST(ModelFamilyConfigTest, EveryFamilyIsRegisteredOnceAndFoundByName) {
     EXPECT_NE(FindModelFamily(type), nullptr) << type;
   }
   EXPECT_EQ(FindModelFamily("gpt2"), nullptr);
-  EXPECT_THAT(ErrorOf(Base("gpt2", "GPT2LMHeadModel")),
+  EXPECT_THAT(ConfigJsonError(Base("gpt2", "GPT2LMHeadModel")),
               HasSubstr("model_type \"gpt2\" is not supported (supported: "
                         "llama, qwen2, mistral, qwen3, olmo2, olmo3, "
                         "gemma3_text, phi3)"));
 }
 
 TEST(ModelFamilyConfigTest, LlamaLayoutKeepsItsDefaults) {
-  auto config = Parse(Base("llama", "LlamaForCausalLM"));
+  auto config = ParseConfigJson(Base("llama", "LlamaForCausalLM"));
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->norm_style, NormStyle::kCastThenScale);
   EXPECT_EQ(config->norm_placement, NormPlacement::kPreNorm);
@@ -77,7 +67,7 @@ TEST(ModelFamilyConfigTest, LlamaLayoutKeepsItsDefaults) {
 TEST(ModelFamilyConfigTest, Qwen3HasPerHeadQkNormsAndNoBiases) {
   json raw = Base("qwen3", "Qwen3ForCausalLM");
   raw["head_dim"] = 16;
-  auto config = Parse(raw);
+  auto config = ParseConfigJson(raw);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->model_type, "qwen3");
   EXPECT_EQ(config->qk_norm, QkNorm::kPerHead);
@@ -85,7 +75,7 @@ TEST(ModelFamilyConfigTest, Qwen3HasPerHeadQkNormsAndNoBiases) {
   EXPECT_FALSE(config->qkv_bias);
   EXPECT_TRUE(SlidingLayers(*config).empty());
   raw["attention_bias"] = true;
-  EXPECT_TRUE(Parse(raw)->qkv_bias && Parse(raw)->o_bias);
+  EXPECT_TRUE(ParseConfigJson(raw)->qkv_bias && ParseConfigJson(raw)->o_bias);
 }
 
 TEST(ModelFamilyConfigTest, Qwen3WindowsLayersFromMaxWindowLayersWhenAsked) {
@@ -93,16 +83,16 @@ TEST(ModelFamilyConfigTest, Qwen3WindowsLayersFromMaxWindowLayersWhenAsked) {
   raw["sliding_window"] = 8;
   raw["max_window_layers"] = 4;
   // Without use_sliding_window, transformers ignores the window.
-  EXPECT_TRUE(SlidingLayers(Parse(raw).value()).empty());
+  EXPECT_TRUE(SlidingLayers(ParseConfigJson(raw).value()).empty());
   raw["use_sliding_window"] = true;
-  auto config = Parse(raw);
+  auto config = ParseConfigJson(raw);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->sliding_window, 8);
   EXPECT_EQ(SlidingLayers(*config), (std::vector<int64_t>{4, 5}));
 }
 
 TEST(ModelFamilyConfigTest, OlmoLayoutsArePostNormWithWholeProjectionQkNorms) {
-  auto olmo2 = Parse(Base("olmo2", "Olmo2ForCausalLM"));
+  auto olmo2 = ParseConfigJson(Base("olmo2", "Olmo2ForCausalLM"));
   ASSERT_TRUE(olmo2.ok()) << olmo2.status();
   EXPECT_EQ(olmo2->norm_placement, NormPlacement::kPostNorm);
   EXPECT_EQ(olmo2->norm_style, NormStyle::kScaleThenCast);
@@ -112,7 +102,7 @@ TEST(ModelFamilyConfigTest, OlmoLayoutsArePostNormWithWholeProjectionQkNorms) {
 
   // OLMo 3: three sliding layers then a full one, window 4096, unless the
   // config says otherwise.
-  auto olmo3 = Parse(Base("olmo3", "Olmo3ForCausalLM"));
+  auto olmo3 = ParseConfigJson(Base("olmo3", "Olmo3ForCausalLM"));
   ASSERT_TRUE(olmo3.ok()) << olmo3.status();
   EXPECT_EQ(olmo3->norm_placement, NormPlacement::kPostNorm);
   EXPECT_EQ(olmo3->sliding_window, 4096);
@@ -123,7 +113,7 @@ TEST(ModelFamilyConfigTest, Olmo3LegacyRopeScalingAppliesToFullLayersOnly) {
   json raw = Base("olmo3", "Olmo3ForCausalLM");
   raw["rope_theta"] = 500000.0;
   raw["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
-  auto config = Parse(raw);
+  auto config = ParseConfigJson(raw);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->rope.type, RopeType::kLinear);
   ASSERT_TRUE(config->sliding_rope.has_value());
@@ -139,7 +129,7 @@ TEST(ModelFamilyConfigTest, Gemma3TextFeaturesAndDefaults) {
   raw["rope_local_base_freq"] = 10000.0;
   raw["sliding_window"] = 512;
   raw["sliding_window_pattern"] = 3;
-  auto config = Parse(raw);
+  auto config = ParseConfigJson(raw);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->norm_style, NormStyle::kOnePlusWeight);
   EXPECT_EQ(config->norm_placement, NormPlacement::kSandwich);
@@ -162,7 +152,7 @@ TEST(ModelFamilyConfigTest, PerLayerTypeRopeParameters) {
       {"full_attention",
        {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
       {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
-  auto config = Parse(raw);
+  auto config = ParseConfigJson(raw);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->rope.type, RopeType::kLinear);
   EXPECT_EQ(config->rope.factor, 8.0);
@@ -170,11 +160,12 @@ TEST(ModelFamilyConfigTest, PerLayerTypeRopeParameters) {
   EXPECT_EQ(SlidingLayers(*config), (std::vector<int64_t>{0, 2, 4}));
 
   raw["rope_parameters"]["chunked_attention"] = json::object();
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("rope_parameters.chunked_attention is "
-                                      "not a layer type"));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("rope_parameters.chunked_attention is "
+                        "not a layer type"));
   raw["rope_parameters"].erase("chunked_attention");
   raw["rope_parameters"]["full_attention"]["rope_type"] = "dynamic";
-  EXPECT_THAT(ErrorOf(raw),
+  EXPECT_THAT(ConfigJsonError(raw),
               HasSubstr("rope_parameters.full_attention.rope_type "
                         "\"dynamic\" is not supported"));
 }
@@ -182,44 +173,50 @@ TEST(ModelFamilyConfigTest, PerLayerTypeRopeParameters) {
 TEST(ModelFamilyConfigTest, BadLayerTypesAreNamed) {
   json raw = Base("olmo3", "Olmo3ForCausalLM");
   raw["layer_types"] = {"full_attention"};
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("layer_types must be a list of "
-                                      "num_hidden_layers (6) entries"));
+  EXPECT_THAT(ConfigJsonError(raw), HasSubstr("layer_types must be a list of "
+                                              "num_hidden_layers (6) entries"));
   raw["layer_types"] = {"full_attention", "full_attention", "chunked_attention",
                         "full_attention", "full_attention", "full_attention"};
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("layer_types[2] \"chunked_attention\" "
-                                      "is not supported"));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("layer_types[2] \"chunked_attention\" "
+                        "is not supported"));
 }
 
 TEST(ModelFamilyConfigTest, UnimplementedFeaturesAreRefusedByName) {
   json raw = Base("gemma3_text", "Gemma3ForCausalLM");
   raw["attn_logit_softcapping"] = 50.0;
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("config.json: attn_logit_softcapping "
-                                      "50.0 is not supported"));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("config.json: attn_logit_softcapping "
+                        "50.0 is not supported"));
   raw = Base("gemma3_text", "Gemma3ForCausalLM");
   raw["final_logit_softcapping"] = 30.0;
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("final_logit_softcapping 30.0 is not "
-                                      "supported"));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("final_logit_softcapping 30.0 is not "
+                        "supported"));
   raw = Base("gemma3_text", "Gemma3ForCausalLM");
   raw["use_bidirectional_attention"] = true;
-  EXPECT_THAT(ErrorOf(raw),
+  EXPECT_THAT(ConfigJsonError(raw),
               HasSubstr("use_bidirectional_attention true is not supported"));
   raw = Base("qwen3", "Qwen3ForCausalLM");
   raw["quantization_config"] = {{"quant_method", "fp8"}};
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("quantization_config is not supported"));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("quantization_config is not supported"));
   raw = Base("qwen3", "Qwen3ForCausalLM");
   raw["hidden_act"] = "relu";
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("hidden_act must be \"silu\" or "
-                                      "\"gelu_pytorch_tanh\", got \"relu\""));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("hidden_act must be \"silu\" or "
+                        "\"gelu_pytorch_tanh\", got \"relu\""));
   raw = Base("qwen3", "Qwen3ForCausalLM");
   raw["architectures"] = {"Qwen3MoeForCausalLM"};
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("architectures entry "
-                                      "\"Qwen3MoeForCausalLM\" is not "
-                                      "supported with model_type \"qwen3\""));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("architectures entry "
+                        "\"Qwen3MoeForCausalLM\" is not "
+                        "supported with model_type \"qwen3\""));
   // Neutral values are accepted.
   raw = Base("gemma3_text", "Gemma3ForCausalLM");
   raw["attn_logit_softcapping"] = nullptr;
   raw["use_bidirectional_attention"] = false;
-  EXPECT_TRUE(Parse(raw).ok());
+  EXPECT_TRUE(ParseConfigJson(raw).ok());
 }
 
 // Phi-3.5-mini's keys, as 4.x writes them: LongRoPE in rope_scaling, the
@@ -237,7 +234,7 @@ json Phi3LongRope() {
 }
 
 TEST(ModelFamilyConfigTest, Phi3IsFusedWithLongRopeAndPartialRotation) {
-  auto config = Parse(Phi3LongRope());
+  auto config = ParseConfigJson(Phi3LongRope());
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(config->fused_projections);
   EXPECT_EQ(LayerProjections(*config),
@@ -251,30 +248,35 @@ TEST(ModelFamilyConfigTest, Phi3IsFusedWithLongRopeAndPartialRotation) {
   // transformers' default: sqrt(1 + ln(131072 / 4096) / ln(4096)).
   EXPECT_DOUBLE_EQ(config->rope.attention_factor,
                    std::sqrt(1.0 + std::log(32.0) / std::log(4096.0)));
-  EXPECT_FALSE(Parse(Base("llama", "LlamaForCausalLM"))->fused_projections);
+  EXPECT_FALSE(
+      ParseConfigJson(Base("llama", "LlamaForCausalLM"))->fused_projections);
 
   json raw = Phi3LongRope();
   raw["rope_scaling"]["long_factor"] = {2.0, 3.0};
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("long_factor must have 6 entries (half "
-                                      "the rotated head dimensions), got 2"));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("long_factor must have 6 entries (half "
+                        "the rotated head dimensions), got 2"));
   raw = Phi3LongRope();
   raw["rope_scaling"].erase("short_factor");
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("rope_scaling.short_factor must be a "
-                                      "non-empty list of numbers"));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("rope_scaling.short_factor must be a "
+                        "non-empty list of numbers"));
   raw = Phi3LongRope();
   raw["resid_pdrop"] = 0.1;
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("resid_pdrop 0.1 is not supported"));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("resid_pdrop 0.1 is not supported"));
   // Only a family whose attention rotates part of a head accepts it.
   raw = Base("llama", "LlamaForCausalLM");
   raw["partial_rotary_factor"] = 0.5;
-  EXPECT_THAT(ErrorOf(raw), HasSubstr("partial_rotary_factor other than 1.0 "
-                                      "is not supported for model_type "
-                                      "llama"));
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("partial_rotary_factor other than 1.0 "
+                        "is not supported for model_type "
+                        "llama"));
 }
 
 TEST(ModelFamilyConfigTest, LoraTargetsFitTheLayout) {
-  const ModelConfig phi3 = *Parse(Phi3LongRope());
-  const ModelConfig llama = *Parse(Base("llama", "LlamaForCausalLM"));
+  const ModelConfig phi3 = *ParseConfigJson(Phi3LongRope());
+  const ModelConfig llama = *ParseConfigJson(Base("llama", "LlamaForCausalLM"));
   const std::vector<Projection> seven(kAllProjections.begin(),
                                       kAllProjections.end());
   auto fitted = FitLoraTargets(phi3, seven);
@@ -311,7 +313,7 @@ TEST(ModelFamilyConfigTest, WrittenJsonParsesBackForEveryFamily) {
   configs[4]["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
   for (const json& raw : configs) {
     SCOPED_TRACE(raw["model_type"].get<std::string>());
-    auto config = Parse(raw);
+    auto config = ParseConfigJson(raw);
     ASSERT_TRUE(config.ok()) << config.status();
     auto again = ParseModelConfig(ModelConfigToJson(*config), "written");
     ASSERT_TRUE(again.ok()) << again.status();
