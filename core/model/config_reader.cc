@@ -101,8 +101,9 @@ namespace {
 absl::StatusOr<RopeConfig> ParseLongRope(const ConfigReader& reader,
                                          const json& settings,
                                          const std::string& where,
-                                         RopeConfig rope) {
+                                         int64_t head_dim, RopeConfig rope) {
   rope.type = RopeType::kLongRope;
+  const int64_t pairs = RotaryDim(rope, head_dim) / 2;
   for (auto [key, factors] : {std::pair<const char*, std::vector<double>*>{
                                   "short_factor", &rope.short_factor},
                               {"long_factor", &rope.long_factor}}) {
@@ -117,6 +118,13 @@ absl::StatusOr<RopeConfig> ParseLongRope(const ConfigReader& reader,
         return reader.Error(where + key, "must hold positive numbers only");
       }
       factors->push_back(value.get<double>());
+    }
+    if (static_cast<int64_t>(factors->size()) != pairs) {
+      return reader.Error(
+          where + key,
+          absl::StrCat("must have ", pairs,
+                       " entries (half the rotated head dimensions), got ",
+                       factors->size()));
     }
   }
   LORAPLEX_ASSIGN_OR_RETURN(
@@ -149,7 +157,7 @@ absl::StatusOr<RopeConfig> ParseLongRope(const ConfigReader& reader,
 absl::StatusOr<RopeConfig> ParseRopeSettings(const ConfigReader& reader,
                                              const json& settings,
                                              const std::string& where,
-                                             double theta) {
+                                             double theta, int64_t head_dim) {
   RopeConfig rope;
   LORAPLEX_ASSIGN_OR_RETURN(
       rope.theta, reader.PositiveNumber(settings, "rope_theta", theta, where));
@@ -172,8 +180,18 @@ absl::StatusOr<RopeConfig> ParseRopeSettings(const ConfigReader& reader,
   if (rope.partial_rotary_factor > 1.0) {
     return reader.Error(where + "partial_rotary_factor", "must be at most 1");
   }
+  const int64_t rotary_dim = RotaryDim(rope, head_dim);
+  if (rotary_dim < 2 || rotary_dim % 2 != 0) {
+    return reader.Error(
+        where + "partial_rotary_factor",
+        absl::StrCat("(", rope.partial_rotary_factor,
+                     ") must rotate an even number of a head's ", head_dim,
+                     " dimensions, got ", rotary_dim));
+  }
   if (type == "default") return rope;
-  if (type == "longrope") return ParseLongRope(reader, settings, where, rope);
+  if (type == "longrope") {
+    return ParseLongRope(reader, settings, where, head_dim, rope);
+  }
   if (type != "linear" && type != "llama3") {
     return reader.Error(
         where + "rope_type",
@@ -276,7 +294,7 @@ absl::StatusOr<bool> ParsePerLayerTypeRope(const ConfigReader& reader,
     LORAPLEX_ASSIGN_OR_RETURN(
         RopeConfig rope,
         ParseRopeSettings(reader, settings, "rope_parameters." + type + ".",
-                          config.rope.theta));
+                          config.rope.theta, config.head_dim));
     if (type == "full_attention") {
       config.rope = rope;
     } else {

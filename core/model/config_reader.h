@@ -61,10 +61,12 @@ class ConfigReader {
 // Reads one RoPE settings object (rope_scaling or rope_parameters, or one
 // layer type's entry of rope_parameters), named `where` in errors. Its
 // rope_theta wins over `theta`, the value read elsewhere (4.x rope_theta).
+// `head_dim` bounds the rotated dimensions (partial_rotary_factor) and the
+// LongRoPE factors, one per rotated pair.
 absl::StatusOr<RopeConfig> ParseRopeSettings(const ConfigReader& reader,
                                              const nlohmann::json& settings,
                                              const std::string& where,
-                                             double theta);
+                                             double theta, int64_t head_dim);
 
 // Reads layer_types ("full_attention" / "sliding_attention" per layer) into
 // config.sliding_layers, or, when absent, marks every `period`-th layer full

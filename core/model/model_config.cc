@@ -37,45 +37,27 @@ absl::Status ParseRope(const ConfigReader& reader, ModelConfig& config) {
   if (scaling.is_null()) scaling = json::object();
   LORAPLEX_ASSIGN_OR_RETURN(
       double theta, reader.PositiveNumber(root, "rope_theta", 10000.0, ""));
-  LORAPLEX_ASSIGN_OR_RETURN(config.rope,
-                            ParseRopeSettings(reader, scaling, where, theta));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      config.rope,
+      ParseRopeSettings(reader, scaling, where, theta, config.head_dim));
   // A top-level rope_theta wins over one inside the settings.
   if (reader.Has("rope_theta")) config.rope.theta = theta;
   return absl::OkStatus();
 }
 
 // A rotated fraction of each head only where the family's decoder does
-// that, and LongRoPE factors for each rotated pair.
+// that (the fraction itself is read with the rope settings).
 absl::Status CheckRotation(const ConfigReader& reader,
                            const ModelFamilySpec& family,
                            const ModelConfig& config) {
   for (const RopeConfig* rope :
        {&config.rope, config.sliding_rope ? &*config.sliding_rope : nullptr}) {
-    if (rope == nullptr) continue;
-    const int64_t rotary_dim = RotaryDim(*rope, config.head_dim);
-    if (rope->partial_rotary_factor != 1.0 && !family.partial_rotary) {
+    if (rope != nullptr && rope->partial_rotary_factor != 1.0 &&
+        !family.partial_rotary) {
       return reader.Error(
           "partial_rotary_factor",
           absl::StrCat("other than 1.0 is not supported for model_type ",
                        config.model_type));
-    }
-    if (rotary_dim < 2 || rotary_dim % 2 != 0) {
-      return reader.Error(
-          "partial_rotary_factor",
-          absl::StrCat("(", rope->partial_rotary_factor,
-                       ") must rotate an even number of a head's ",
-                       config.head_dim, " dimensions, got ", rotary_dim));
-    }
-    if (rope->type != RopeType::kLongRope) continue;
-    for (const auto* factors : {&rope->short_factor, &rope->long_factor}) {
-      if (static_cast<int64_t>(factors->size()) != rotary_dim / 2) {
-        return reader.Error(
-            factors == &rope->short_factor ? "rope_scaling.short_factor"
-                                           : "rope_scaling.long_factor",
-            absl::StrCat("must have ", rotary_dim / 2,
-                         " entries (half the rotated head dimensions), got ",
-                         factors->size()));
-      }
     }
   }
   return absl::OkStatus();

@@ -254,13 +254,19 @@ TEST(ModelFamilyConfigTest, Phi3IsFusedWithLongRopeAndPartialRotation) {
   json raw = Phi3LongRope();
   raw["rope_scaling"]["long_factor"] = {2.0, 3.0};
   EXPECT_THAT(ConfigJsonError(raw),
-              HasSubstr("long_factor must have 6 entries (half "
+              HasSubstr("rope_scaling.long_factor must have 6 "
+                        "entries (half "
                         "the rotated head dimensions), got 2"));
   raw = Phi3LongRope();
   raw["rope_scaling"].erase("short_factor");
   EXPECT_THAT(ConfigJsonError(raw),
               HasSubstr("rope_scaling.short_factor must be a "
                         "non-empty list of numbers"));
+  raw = Phi3LongRope();
+  raw["partial_rotary_factor"] = 0.2;
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("rope_scaling.partial_rotary_factor (0.2) must rotate "
+                        "an even number of a head's 16 dimensions, got 3"));
   raw = Phi3LongRope();
   raw["resid_pdrop"] = 0.1;
   EXPECT_THAT(ConfigJsonError(raw),
