@@ -129,31 +129,33 @@ absl::StatusOr<std::vector<Projection>> FitLoraTargets(
     }
     return targets;
   }
-  std::vector<Projection> wanted = targets;
   for (const Group& group : groups) {
     int named = 0;
     for (Projection part : group.parts) named += has(part) ? 1 : 0;
-    if (named == 0) continue;
-    if (named != static_cast<int>(group.parts.size())) {
+    if (named != 0 && named != static_cast<int>(group.parts.size())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "lora.target_modules: model_type ", model.model_type, " stores ",
           group.Parts(), " as one matrix, ", ProjectionName(group.fused),
           ", adapted as a whole: name ", ProjectionName(group.fused),
           " (or all of its parts)"));
     }
-    wanted.erase(std::remove_if(wanted.begin(), wanted.end(),
-                                [&](Projection p) {
-                                  return std::find(group.parts.begin(),
-                                                   group.parts.end(),
-                                                   p) != group.parts.end();
-                                }),
-                 wanted.end());
-    if (std::find(wanted.begin(), wanted.end(), group.fused) == wanted.end()) {
-      wanted.push_back(group.fused);
+  }
+  // Each target as the module that holds it, once.
+  std::vector<Projection> fitted;
+  for (Projection target : targets) {
+    Projection module = target;
+    for (const Group& group : groups) {
+      if (std::find(group.parts.begin(), group.parts.end(), target) !=
+          group.parts.end()) {
+        module = group.fused;
+      }
+    }
+    if (std::find(fitted.begin(), fitted.end(), module) == fitted.end()) {
+      fitted.push_back(module);
     }
   }
-  std::sort(wanted.begin(), wanted.end(), ProjectionLess);
-  return wanted;
+  std::sort(fitted.begin(), fitted.end(), ProjectionLess);
+  return fitted;
 }
 
 }  // namespace loraplex

@@ -34,7 +34,8 @@ enum class Projection {
 // The projections of one decoder layer of the Llama layout.
 inline constexpr int kNumProjections = 7;
 // Every Projection value (for tables indexed by projection).
-inline constexpr int kNumProjectionIds = 10;
+inline constexpr int kNumProjectionIds =
+    static_cast<int>(Projection::kGateUp) + 1;
 // The layer of the LM head's module, which belongs to no layer.
 inline constexpr int kLmHeadLayer = -1;
 inline constexpr std::array<Projection, kNumProjections> kAllProjections = {
@@ -50,7 +51,7 @@ inline constexpr std::array<Projection, 9> kLayerProjections = {
     Projection::kUp,  Projection::kGateUp, Projection::kDown};
 // Every module a LoRA adapter may target: the layers' projections, then the
 // LM head (opt-in: vLLM does not load LoRA on lm_head).
-inline constexpr std::array<Projection, 10> kLoraTargets = {
+inline constexpr std::array<Projection, kNumProjectionIds> kLoraTargets = {
     Projection::kQ,    Projection::kK,     Projection::kV,  Projection::kQkv,
     Projection::kO,    Projection::kGate,  Projection::kUp, Projection::kGateUp,
     Projection::kDown, Projection::kLmHead};

@@ -141,17 +141,14 @@ torch::Tensor RotaryEmbedding::Apply(const torch::Tensor& x,
                                      const RopeTables& tables) {
   // roll by half: cat(x₂, x₁); the table carries rotate_half's minus.
   const int64_t rotary_dim = tables.cos.size(-1);
-  if (rotary_dim == x.size(-1)) {
-    return x * tables.cos + x.roll(rotary_dim / 2, -1) * tables.signed_sin;
-  }
+  auto rotate = [&](const torch::Tensor& t) {
+    return t * tables.cos + t.roll(rotary_dim / 2, -1) * tables.signed_sin;
+  };
+  if (rotary_dim == x.size(-1)) return rotate(x);
   // Partial rotation: the leading rotary_dim values turn, the rest pass.
   const std::vector<torch::Tensor> parts =
       x.split_with_sizes({rotary_dim, x.size(-1) - rotary_dim}, -1);
-  const torch::Tensor& turned = parts[0];
-  return torch::cat({turned * tables.cos +
-                         turned.roll(rotary_dim / 2, -1) * tables.signed_sin,
-                     parts[1]},
-                    -1);
+  return torch::cat({rotate(parts[0]), parts[1]}, -1);
 }
 
 }  // namespace loraplex
