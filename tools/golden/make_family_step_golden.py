@@ -19,9 +19,8 @@ projections):
 Everything runs in float64 with transformers' own model classes and PEFT.
 transformers rounds to float32 in two places even in a float64 model: its
 eager attention's softmax and each family's RMSNorm upcast; both are replaced
-here by the same math in the input dtype (the attention registered under its
-own name, which also applies the layer's sliding window), so only the rotary
-tables stay float32, as in loraplex.
+by the same math in the input dtype (``fp64_reference.py``), so only the
+rotary tables stay float32, as in loraplex.
 
 How to regenerate
 -----------------
@@ -47,12 +46,14 @@ import transformers
 from packaging.version import Version
 from peft import PeftModel
 from safetensors.torch import load_file, save_file
-from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 from transformers.models.olmo3.modeling_olmo3 import Olmo3RMSNorm
 from transformers.models.phi3.modeling_phi3 import Phi3RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+from fp64_reference import ATTENTION, use_fp64_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO_ROOT / "tests" / "fixtures" / "golden"
@@ -63,52 +64,15 @@ LENGTHS = [5, 8, 11]
 ADAMW = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
 
 
-def attention_in_input_dtype(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Eager attention without the float32 softmax: causal (the datums are
-    unpadded), plus the layer's sliding window where it has one."""
-    groups = query.shape[1] // key.shape[1]
-    key = key.repeat_interleave(groups, dim=1)
-    value = value.repeat_interleave(groups, dim=1)
-    weights = (query @ key.transpose(2, 3)) * scaling
-    q_len, k_len = weights.shape[-2], weights.shape[-1]
-    q_pos = torch.arange(k_len - q_len, k_len)[:, None]
-    k_pos = torch.arange(k_len)[None, :]
-    hidden = k_pos > q_pos
-    # An attribute of the layer (OLMo 3, Gemma 3) or an argument (Phi-3).
-    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
-    if window is not None:
-        hidden = hidden | (q_pos - k_pos >= window)
-    weights = weights.masked_fill(hidden, float("-inf"))
-    weights = torch.softmax(weights, dim=-1)
-    out = (weights @ value).transpose(1, 2).contiguous()
-    return out, weights
-
-
-AttentionInterface.register("eager_fp64", attention_in_input_dtype)
-
-
-def normed(x, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def weight_times_normed(self, hidden_states):
-    """Qwen3 / OLMo / Phi-3 RMSNorm without the float32 upcast."""
-    return self.weight * normed(hidden_states, self.variance_epsilon)
-
-
-def gemma_norm(self, x):
-    """Gemma3RMSNorm ((1 + w) · x̂) without the float32 upcast."""
-    return normed(x, self.eps) * (1.0 + self.weight)
-
-
-for norm_class in (Qwen3RMSNorm, Olmo2RMSNorm, Olmo3RMSNorm, Phi3RMSNorm):
-    norm_class.forward = weight_times_normed
-Gemma3RMSNorm.forward = gemma_norm
+use_fp64_reference(
+    weight_norms=(Qwen3RMSNorm, Olmo2RMSNorm, Olmo3RMSNorm, Phi3RMSNorm),
+    one_plus_weight_norms=(Gemma3RMSNorm,),
+)
 
 
 def load_policy(base: str):
     model = AutoModelForCausalLM.from_pretrained(
-        str(GOLDEN_ROOT / base), attn_implementation="eager_fp64", **{DTYPE_KW: torch.float64}
+        str(GOLDEN_ROOT / base), attn_implementation=ATTENTION, **{DTYPE_KW: torch.float64}
     )
     model = PeftModel.from_pretrained(model, str(GOLDEN_ROOT / "peft" / f"{base}_all_r4"), is_trainable=True)
     model = model.double()

@@ -27,8 +27,8 @@ head) from ``make_sampling_golden.py``:
 
 Everything is computed in float64 with transformers + PEFT (no dropout)
 and torch autograd. transformers rounds to float32 in three places even in a
-float64 model; two are replaced here (its eager attention's softmax, by an
-attention registered with the same math, and RMSNorm's upcast), so that
+float64 model; two are replaced (its eager attention's softmax and RMSNorm's
+upcast, by the same math in float64: ``fp64_reference.py``), so that
 only the rotary tables are float32, as in loraplex (both compute them in
 float32 and cast). That leaves differences of ~1e-8 from the tables' last
 bits, far below what any mistake in a loss or its gradient would make. The losses are written here from
@@ -64,8 +64,10 @@ import transformers
 from packaging.version import Version
 from peft import PeftModel
 from safetensors.torch import save_file
-from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from fp64_reference import ATTENTION, use_fp64_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO_ROOT / "tests" / "fixtures" / "golden"
@@ -90,44 +92,12 @@ CASES = [
 DEFAULT_CLIPS = {"ppo": (0.8, 1.2), "cispo": (0.0, 4.0)}
 
 
-def attention_in_input_dtype(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """transformers' eager attention without its float32 softmax, so that a
-    float64 model stays float64 throughout (everything else is the model's
-    own code)."""
-    groups = query.shape[1] // key.shape[1]
-    key = key.repeat_interleave(groups, dim=1)
-    value = value.repeat_interleave(groups, dim=1)
-    weights = (query @ key.transpose(2, 3)) * scaling
-    # Causal (the fixture's sequences are unpadded), whatever mask, if any,
-    # transformers prepares for an attention it does not know.
-    q_len, k_len = weights.shape[-2], weights.shape[-1]
-    future = torch.ones(q_len, k_len, dtype=torch.bool).triu(k_len - q_len + 1)
-    weights = weights.masked_fill(future, float("-inf"))
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            weights = weights.masked_fill(~attention_mask, float("-inf"))
-        else:
-            weights = weights + attention_mask[:, :, :, : key.shape[-2]]
-    weights = torch.softmax(weights, dim=-1)
-    out = (weights @ value).transpose(1, 2).contiguous()
-    return out, weights
-
-
-AttentionInterface.register("eager_fp64", attention_in_input_dtype)
-
-
-def rms_norm_in_input_dtype(self, hidden_states):
-    """LlamaRMSNorm without its float32 upcast (float64 stays float64)."""
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-
-LlamaRMSNorm.forward = rms_norm_in_input_dtype
+use_fp64_reference(weight_norms=(LlamaRMSNorm,))
 
 
 def load_policy(adapter: str):
     base = AutoModelForCausalLM.from_pretrained(
-        str(GOLDEN_ROOT / BASE), attn_implementation="eager_fp64", **{DTYPE_KW: torch.float64}
+        str(GOLDEN_ROOT / BASE), attn_implementation=ATTENTION, **{DTYPE_KW: torch.float64}
     )
     model = PeftModel.from_pretrained(base, str(GOLDEN_ROOT / "sampling" / BASE / adapter), is_trainable=True)
     model = model.double()
