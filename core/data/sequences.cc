@@ -9,13 +9,14 @@
 namespace loraplex {
 namespace {
 
-// Tokens [begin, end) of `ids`/`mask`; the first token becomes context only
-// because nothing in the sequence precedes it.
-Sequence Slice(const std::vector<int64_t>& ids,
-               const std::vector<uint8_t>& mask, size_t begin, size_t end) {
+// The first `length` tokens of `example`; its first token is context only
+// because nothing precedes it.
+Sequence Truncated(const Example& example, size_t length) {
   Sequence sequence;
-  sequence.input_ids.assign(ids.begin() + begin, ids.begin() + end);
-  sequence.loss_mask.assign(mask.begin() + begin, mask.begin() + end);
+  sequence.input_ids.assign(example.input_ids.begin(),
+                            example.input_ids.begin() + length);
+  sequence.loss_mask.assign(example.loss_mask.begin(),
+                            example.loss_mask.begin() + length);
   if (!sequence.loss_mask.empty()) sequence.loss_mask[0] = 0;
   return sequence;
 }
@@ -26,44 +27,51 @@ int64_t CountTargets(const Sequence& sequence) {
   return count;
 }
 
-// Keeps `sequence` when it has a target; returns whether it did.
-bool Keep(Sequence sequence, SequenceSet* set) {
-  const int64_t targets = CountTargets(sequence);
-  if (targets == 0) return false;
-  set->num_target_tokens += targets;
-  set->sequences.push_back(std::move(sequence));
-  return true;
-}
-
-void BuildUnpacked(const Dataset& dataset, size_t seq_len, SequenceSet* set) {
+// Each example truncated to seq_len, those with a target kept, in order.
+std::vector<Sequence> Examples(const Dataset& dataset, size_t seq_len,
+                               SequenceSet* set) {
+  std::vector<Sequence> kept;
   for (const Example& example : dataset.examples) {
     size_t length = example.input_ids.size();
     if (length > seq_len) {
       ++set->truncated_examples;
       length = seq_len;
     }
-    if (!Keep(Slice(example.input_ids, example.loss_mask, 0, length), set)) {
+    Sequence sequence = Truncated(example, length);
+    const int64_t targets = CountTargets(sequence);
+    if (targets == 0) {
       ++set->dropped_examples;
+      continue;
     }
+    set->num_target_tokens += targets;
+    kept.push_back(std::move(sequence));
   }
+  return kept;
 }
 
-void BuildPacked(const Dataset& dataset, size_t seq_len, SequenceSet* set) {
-  std::vector<int64_t> ids;
-  std::vector<uint8_t> mask;
-  ids.reserve(static_cast<size_t>(std::max<int64_t>(0, dataset.num_tokens)));
-  mask.reserve(ids.capacity());
-  for (const Example& example : dataset.examples) {
-    ids.insert(ids.end(), example.input_ids.begin(), example.input_ids.end());
-    mask.insert(mask.end(), example.loss_mask.begin(), example.loss_mask.end());
+// The examples in order, as many in a sequence as fit in seq_len tokens.
+std::vector<Sequence> Packed(std::vector<Sequence> examples, size_t seq_len) {
+  std::vector<Sequence> packed;
+  for (Sequence& example : examples) {
+    const int64_t length = static_cast<int64_t>(example.input_ids.size());
+    if (packed.empty() ||
+        packed.back().input_ids.size() + example.input_ids.size() > seq_len) {
+      packed.push_back(std::move(example));
+      packed.back().segments = {length};
+      continue;
+    }
+    Sequence& last = packed.back();
+    last.input_ids.insert(last.input_ids.end(), example.input_ids.begin(),
+                          example.input_ids.end());
+    last.loss_mask.insert(last.loss_mask.end(), example.loss_mask.begin(),
+                          example.loss_mask.end());
+    last.segments.push_back(length);
   }
-  // A piece starts at the previous piece's last token, so a piece must add
-  // at least one token beyond it.
-  for (size_t begin = 0; begin + 1 < ids.size();) {
-    const size_t end = std::min(ids.size(), begin + seq_len);
-    Keep(Slice(ids, mask, begin, end), set);
-    begin = end - 1;
+  // One example alone needs no segments.
+  for (Sequence& sequence : packed) {
+    if (sequence.segments.size() == 1) sequence.segments.clear();
   }
+  return packed;
 }
 
 }  // namespace
@@ -84,16 +92,12 @@ absl::StatusOr<SequenceSet> BuildSequences(const Dataset& dataset,
   }
   const size_t seq_len = static_cast<size_t>(options.seq_len);
   SequenceSet set;
-  if (options.pack) {
-    BuildPacked(dataset, seq_len, &set);
-  } else {
-    BuildUnpacked(dataset, seq_len, &set);
-  }
+  set.sequences = Examples(dataset, seq_len, &set);
+  if (options.pack) set.sequences = Packed(std::move(set.sequences), seq_len);
   if (set.sequences.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("no training targets left after ",
-                     options.pack ? "packing into" : "truncating to",
-                     " seq_len ", options.seq_len));
+        absl::StrCat("no training targets left after truncating to seq_len ",
+                     options.seq_len));
   }
   return set;
 }

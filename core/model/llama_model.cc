@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/model/layer_checkpoint.h"
 #include "core/runtime/float_dtype.h"
 #include "core/runtime/torch_compat.h"
 
@@ -149,20 +150,27 @@ absl::Status LlamaModel::ValidateBatch(const torch::Tensor& input_ids,
   return absl::OkStatus();
 }
 
-torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
-                                        int64_t seq_len,
-                                        std::optional<int64_t> window) const {
+torch::Tensor LlamaModel::AttentionMask(
+    const torch::Tensor& lengths, int64_t seq_len,
+    std::optional<int64_t> window, const torch::Tensor& segment_ids) const {
+  const bool plain_causal =
+      !segment_ids.defined() && (!window.has_value() || seq_len <= *window);
   const bool flash_eligible =
       device_.is_cuda() &&
       (dtype_ == torch::kBFloat16 || dtype_ == torch::kHalf);
-  if (flash_eligible && (!window.has_value() || seq_len <= *window)) {
+  // A long row on the CPU: the mask alone would take seq_len² elements (4
+  // GiB in fp32 for 32k tokens) and the unfused kernel as many per head.
+  const bool long_unpadded_cpu_rows = !device_.is_cuda() &&
+                                      seq_len >= kCpuCausalKernelTokens &&
+                                      lengths.min().item<int64_t>() == seq_len;
+  if (plain_causal && (flash_eligible || long_unpadded_cpu_rows)) {
     // Causal attention without a mask, so the GPU's flash kernel can run.
     // Rows are right-padded: a valid query sees only earlier keys, all
     // valid, so its result is the masked one; padding queries see earlier
-    // tokens (never nothing), and their results are ignored. Not on the
-    // CPU: there LibTorch's causal kernel (2.15) returns 0, not NaN, for a
-    // NaN query in rows shorter than 16 tokens, which would hide a broken
-    // adapter's NaN loss.
+    // tokens (never nothing), and their results are ignored. On the CPU
+    // only for long rows without padding: there LibTorch's causal kernel
+    // (2.15) returns 0, not NaN, for a NaN query in rows shorter than 16
+    // tokens, which would hide a broken adapter's NaN loss.
     return {};
   }
   auto index_options =
@@ -172,6 +180,12 @@ torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
   torch::Tensor key = positions.view({1, seq_len});
   torch::Tensor visible = key <= query;
   if (window.has_value()) visible = visible & (query - key < *window);
+  visible = visible.unsqueeze(0);  // [1, T, T]
+  if (segment_ids.defined()) {
+    // Packed examples: each query sees keys of its own example only.
+    const torch::Tensor segments = segment_ids.to(device_);
+    visible = visible & (segments.unsqueeze(2) == segments.unsqueeze(1));
+  }
   // Keys past a row's length are padding and hidden from every query.
   // A padding query sees only itself: with a sliding window it could
   // otherwise see nothing, and the NaN of an empty softmax would reach valid
@@ -180,7 +194,7 @@ torch::Tensor LlamaModel::AttentionMask(const torch::Tensor& lengths,
       positions.view({1, seq_len}) <
       lengths.to(device_).view({lengths.size(0), 1});    // [B, T]
   torch::Tensor diagonal = (key == query).unsqueeze(0);  // [1, T, T]
-  visible = (visible.unsqueeze(0) & valid.unsqueeze(1)) |
+  visible = (visible & valid.unsqueeze(1)) |
             (diagonal & valid.logical_not().unsqueeze(2));  // [B, T, T]
   return AdditiveMask(visible);
 }
@@ -328,25 +342,95 @@ torch::Tensor LlamaModel::Mlp(int layer, const torch::Tensor& x,
 
 torch::Tensor LlamaModel::HiddenStates(const torch::Tensor& input_ids,
                                        const torch::Tensor& lengths,
-                                       const ProjectionDelta* delta) const {
+                                       const ProjectionDelta* delta,
+                                       const ForwardOptions& options) const {
   const int64_t seq = input_ids.size(1);
-  LayerInputs inputs;
-  inputs.rope = rotary_.Tables(lengths, seq, dtype_, device_);
-  inputs.mask = AttentionMask(lengths, seq, std::nullopt);
-  if (HasSlidingLayers()) {
-    inputs.sliding_rope =
-        config_.sliding_rope.has_value()
-            ? sliding_rotary_.Tables(lengths, seq, dtype_, device_)
-            : inputs.rope;
-    inputs.sliding_mask = AttentionMask(lengths, seq, config_.sliding_window);
+  const torch::Tensor& segments = options.segment_ids;
+  // Packed examples restart their positions: a token's position is its
+  // distance from the first token of its example.
+  // LongRoPE picks each token's factors by its example's length (the
+  // padding after a row's length counts apart).
+  torch::Tensor positions;
+  torch::Tensor extents;
+  if (segments.defined()) {
+    const torch::Tensor ids = segments.to(device_);
+    const torch::Tensor index =
+        torch::arange(
+            seq, torch::TensorOptions().dtype(torch::kInt64).device(device_))
+            .expand_as(ids);
+    const torch::Tensor last = lengths.to(device_).view({-1, 1}) - 1;
+    torch::Tensor breaks = torch::ones_like(ids, torch::kBool);  // After.
+    breaks.narrow(1, 0, seq - 1)
+        .copy_(ids.narrow(1, 1, seq - 1) != ids.narrow(1, 0, seq - 1));
+    breaks = breaks | (index == last);
+    torch::Tensor starts = torch::ones_like(breaks);
+    starts.narrow(1, 1, seq - 1).copy_(breaks.narrow(1, 0, seq - 1));
+    const torch::Tensor first = std::get<0>(
+        torch::where(starts, index, torch::zeros_like(index)).cummax(1));
+    const torch::Tensor end =
+        std::get<0>(torch::where(breaks, index, torch::full_like(index, seq))
+                        .flip(1)
+                        .cummin(1))
+            .flip(1);
+    positions = index - first;
+    extents = end - first + 1;
   }
-  return Decoder(input_ids, inputs, delta, nullptr);
+  auto tables = [&](const RotaryEmbedding& rotary) {
+    return positions.defined()
+               ? rotary.TablesAt(positions, dtype_, device_, extents)
+               : rotary.Tables(lengths, seq, dtype_, device_);
+  };
+  LayerInputs inputs;
+  inputs.rope = tables(rotary_);
+  inputs.mask = AttentionMask(lengths, seq, std::nullopt, segments);
+  if (HasSlidingLayers()) {
+    inputs.sliding_rope = config_.sliding_rope.has_value()
+                              ? tables(sliding_rotary_)
+                              : inputs.rope;
+    inputs.sliding_mask =
+        AttentionMask(lengths, seq, config_.sliding_window, segments);
+  }
+  return Decoder(input_ids, inputs, delta, nullptr, options.checkpoint_every);
+}
+
+torch::Tensor LlamaModel::Layer(int layer, const torch::Tensor& x,
+                                const LayerInputs& inputs,
+                                const ProjectionDelta* delta,
+                                KvCache* cache) const {
+  const NormPlacement placement = config_.norm_placement;
+  const LayerWeights& weights = weights_.layers[layer];
+  const bool sliding = LayerIsSliding(config_, layer);
+  torch::Tensor h = placement == NormPlacement::kPostNorm
+                        ? x
+                        : RmsNorm(x, weights.input_norm);
+  h = Attention(layer, h, sliding ? inputs.sliding_rope : inputs.rope,
+                sliding ? inputs.sliding_mask : inputs.mask, delta, cache);
+  if (placement != NormPlacement::kPreNorm) {
+    h = RmsNorm(h, weights.post_attention_norm);
+  }
+  torch::Tensor out = x + h;
+  switch (placement) {
+    case NormPlacement::kPreNorm:
+      h = RmsNorm(out, weights.post_attention_norm);
+      break;
+    case NormPlacement::kPostNorm:
+      h = out;
+      break;
+    case NormPlacement::kSandwich:
+      h = RmsNorm(out, weights.pre_feedforward_norm);
+      break;
+  }
+  h = Mlp(layer, h, delta);
+  if (placement != NormPlacement::kPreNorm) {
+    h = RmsNorm(h, weights.post_feedforward_norm);
+  }
+  return out + h;
 }
 
 torch::Tensor LlamaModel::Decoder(const torch::Tensor& input_ids,
                                   const LayerInputs& inputs,
-                                  const ProjectionDelta* delta,
-                                  KvCache* cache) const {
+                                  const ProjectionDelta* delta, KvCache* cache,
+                                  int64_t checkpoint_every) const {
   torch::Tensor x =
       torch::embedding(weights_.embed_tokens, input_ids.to(device_));
   if (config_.scale_embeddings) {
@@ -357,46 +441,40 @@ torch::Tensor LlamaModel::Decoder(const torch::Tensor& input_ids,
                 torch::kFloat32)
                 .to(x.scalar_type());
   }
-  const NormPlacement placement = config_.norm_placement;
   for (int layer = 0; layer < static_cast<int>(weights_.layers.size());
        ++layer) {
-    const LayerWeights& weights = weights_.layers[layer];
-    const bool sliding = LayerIsSliding(config_, layer);
-    torch::Tensor h = placement == NormPlacement::kPostNorm
-                          ? x
-                          : RmsNorm(x, weights.input_norm);
-    h = Attention(layer, h, sliding ? inputs.sliding_rope : inputs.rope,
-                  sliding ? inputs.sliding_mask : inputs.mask, delta, cache);
-    if (placement != NormPlacement::kPreNorm) {
-      h = RmsNorm(h, weights.post_attention_norm);
+    if (cache == nullptr && checkpoint_every > 0 &&
+        layer % checkpoint_every == 0) {
+      // The closure holds its own copy of the tables and masks: the
+      // recomputation runs after this pass has returned.
+      x = CheckpointedLayer(
+          [this, layer, inputs, delta](const torch::Tensor& in) {
+            return Layer(layer, in, inputs, delta, nullptr);
+          },
+          x);
+    } else {
+      x = Layer(layer, x, inputs, delta, cache);
     }
-    x = x + h;
-    switch (placement) {
-      case NormPlacement::kPreNorm:
-        h = RmsNorm(x, weights.post_attention_norm);
-        break;
-      case NormPlacement::kPostNorm:
-        h = x;
-        break;
-      case NormPlacement::kSandwich:
-        h = RmsNorm(x, weights.pre_feedforward_norm);
-        break;
-    }
-    h = Mlp(layer, h, delta);
-    if (placement != NormPlacement::kPreNorm) {
-      h = RmsNorm(h, weights.post_feedforward_norm);
-    }
-    x = x + h;
   }
   return RmsNorm(x, weights_.final_norm);
 }
 
 absl::StatusOr<torch::Tensor> LlamaModel::ForwardHidden(
     const torch::Tensor& input_ids, const torch::Tensor& lengths,
-    const ProjectionDelta* delta) const {
+    const ProjectionDelta* delta, const ForwardOptions& options) const {
   LORAPLEX_RETURN_IF_ERROR(ValidateBatch(input_ids, lengths));
+  if (options.checkpoint_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint_every must be >= 0, got ", options.checkpoint_every));
+  }
+  if (options.segment_ids.defined() &&
+      (options.segment_ids.sizes() != input_ids.sizes() ||
+       options.segment_ids.scalar_type() != torch::kInt64)) {
+    return absl::InvalidArgumentError(
+        "segment_ids must be an int64 tensor shaped as input_ids");
+  }
   try {
-    return HiddenStates(input_ids, lengths, delta);
+    return HiddenStates(input_ids, lengths, delta, options);
   } catch (const c10::Error& e) {
     return TorchError(e);
   }

@@ -90,6 +90,25 @@ class KvCache {
   int64_t columns_ = 0;
 };
 
+// On the CPU, rows without padding of at least this many tokens attend
+// through LibTorch's causal kernel instead of a [seq, seq] mask.
+inline constexpr int64_t kCpuCausalKernelTokens = 1024;
+
+// How a training forward pass runs beyond its inputs.
+struct ForwardOptions {
+  // Activation checkpointing (layer_checkpoint.h): 0 keeps every layer's
+  // activations for the backward pass; k >= 1 keeps only the input of layers
+  // 0, k, 2k, ... and recomputes their forward in the backward pass (1:
+  // every layer). Gradients are the same bit for bit either way.
+  int64_t checkpoint_every = 0;
+  // Packed rows: int64 [batch, seq], the example each token belongs to,
+  // non-decreasing along a row (undefined: one example per row). A token
+  // attends only to earlier tokens of its own example, and positions restart
+  // at 0 with each example, so a packed row computes what its examples
+  // compute one by one.
+  torch::Tensor segment_ids = {};
+};
+
 struct ModelLoadOptions {
   torch::Device device = torch::kCPU;
   // Compute dtype (fp32, bf16 or fp64). Unset: the checkpoint's dtype, with
@@ -123,10 +142,12 @@ class LlamaModel {
                                         const ProjectionDelta* delta) const;
 
   // As Forward, but returns the final normed hidden states [batch, seq,
-  // hidden] in the compute dtype, for losses computed in chunks.
+  // hidden] in the compute dtype, for losses computed in chunks. With
+  // checkpointing, `delta` must outlive the backward pass.
   absl::StatusOr<torch::Tensor> ForwardHidden(
       const torch::Tensor& input_ids, const torch::Tensor& lengths,
-      const ProjectionDelta* delta = nullptr) const;
+      const ProjectionDelta* delta = nullptr,
+      const ForwardOptions& options = {}) const;
 
   // Runs the tokens `input_ids` [rows, seq] through the model after what
   // `cache` holds, and appends them to it. `valid` (bool [rows, seq], or
@@ -163,11 +184,15 @@ class LlamaModel {
   absl::Status ValidateBatch(const torch::Tensor& input_ids,
                              const torch::Tensor& lengths) const;
   // The additive mask of right-padded rows with `lengths`, keys at most
-  // `window` - 1 back when set, or undefined where plain causal attention
-  // gives the same valid positions (no window shorter than seq_len) and a
-  // GPU can use its flash kernel for it (bf16 or fp16 on CUDA).
+  // `window` - 1 back when set and only of the query's own example with
+  // `segment_ids` (ForwardOptions), or undefined where plain causal
+  // attention gives the same valid positions (no window shorter than
+  // seq_len, no packing) and a fused kernel can run it: a GPU's flash
+  // kernel (bf16 or fp16 on CUDA), or on the CPU rows without padding of at
+  // least kCpuCausalKernelTokens, where a mask would cost seq_len² memory.
   torch::Tensor AttentionMask(const torch::Tensor& lengths, int64_t seq_len,
-                              std::optional<int64_t> window) const;
+                              std::optional<int64_t> window,
+                              const torch::Tensor& segment_ids) const;
   // RMSNorm over the last dimension, its weight applied as the config's
   // NormStyle says.
   torch::Tensor RmsNorm(const torch::Tensor& x,
@@ -192,16 +217,22 @@ class LlamaModel {
                     const ProjectionDelta* delta) const;
   // The -inf/0 mask [rows, 1, queries, keys] of bool `visible`.
   torch::Tensor AdditiveMask(const torch::Tensor& visible) const;
+  // One decoder layer on the residual stream x.
+  torch::Tensor Layer(int layer, const torch::Tensor& x,
+                      const LayerInputs& inputs, const ProjectionDelta* delta,
+                      KvCache* cache) const;
   // Embedding, every layer and the final norm, for the forward passes with
-  // and without a cache.
+  // and without a cache; layers checkpointed as `checkpoint_every` says
+  // (ForwardOptions; never with a cache).
   torch::Tensor Decoder(const torch::Tensor& input_ids,
                         const LayerInputs& inputs, const ProjectionDelta* delta,
-                        KvCache* cache) const;
+                        KvCache* cache, int64_t checkpoint_every = 0) const;
   // True when some layer attends through the sliding window.
   bool HasSlidingLayers() const;
   torch::Tensor HiddenStates(const torch::Tensor& input_ids,
                              const torch::Tensor& lengths,
-                             const ProjectionDelta* delta) const;
+                             const ProjectionDelta* delta,
+                             const ForwardOptions& options) const;
 
   ModelConfig config_;
   ModelWeights weights_;

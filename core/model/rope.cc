@@ -119,12 +119,19 @@ RopeTables RotaryEmbedding::Tables(const torch::Tensor& lengths,
 
 RopeTables RotaryEmbedding::TablesAt(const torch::Tensor& positions,
                                      torch::ScalarType dtype,
-                                     torch::Device device) const {
+                                     torch::Device device,
+                                     const torch::Tensor& extents) const {
   // positions · inv_freq is one product per element, as in the reference's
   // fp32 matmul of inverse frequencies by position ids.
   const torch::Tensor cpu_positions = positions.to(torch::kCPU);
   torch::Tensor inv_freq = inv_freq_.view({1, 1, -1});
-  if (long_inv_freq_.defined()) {
+  if (long_inv_freq_.defined() && extents.defined()) {
+    const torch::Tensor long_tokens =
+        LongRows(extents.to(torch::kCPU).flatten(), original_context_)
+            .view({positions.size(0), positions.size(1), 1});
+    inv_freq =
+        torch::where(long_tokens, long_inv_freq_.view({1, 1, -1}), inv_freq);
+  } else if (long_inv_freq_.defined()) {
     // Each row by the furthest position it reaches in this pass.
     const torch::Tensor long_rows =
         LongRows(std::get<0>(cpu_positions.max(1)) + 1, original_context_);

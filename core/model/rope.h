@@ -43,9 +43,12 @@ class RotaryEmbedding {
   RopeTables Tables(const torch::Tensor& lengths, int64_t seq_len,
                     torch::ScalarType dtype, torch::Device device) const;
   // Tables for the positions int64 [batch, seq] (each >= 0); LongRoPE picks
-  // a row's factors by the furthest position it reaches here.
+  // a row's factors by the furthest position it reaches here, or with
+  // `extents` (int64 [batch, seq]) each token's by the context length given
+  // for it (packed examples: each by its own example's length).
   RopeTables TablesAt(const torch::Tensor& positions, torch::ScalarType dtype,
-                      torch::Device device) const;
+                      torch::Device device,
+                      const torch::Tensor& extents = {}) const;
 
   // x: [batch, heads, seq, head_dim]. Returns x rotated by position (its
   // first rotary_dim values, the tables' width; the rest pass through):

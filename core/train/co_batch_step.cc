@@ -17,6 +17,11 @@
 namespace loraplex {
 namespace {
 
+MicroBatchOptions MicroOptions(const CoBatchOptions& options) {
+  return {options.loss_chunk_tokens, options.lora_kernel,
+          options.checkpointing};
+}
+
 // Rows of every slot in order, each target token weighted by 1 / (the
 // slot's target tokens): the slot's masked mean cross-entropy.
 std::vector<Row> WeightedRows(
@@ -36,7 +41,8 @@ std::vector<Row> WeightedRows(
         targets[owner] > 0 ? 1.0 / static_cast<double>(targets[owner]) : 0.0;
     for (size_t i = 0; i < batches[owner].size(); ++i) {
       const Sequence& seq = *batches[owner][i];
-      Row row{owner, static_cast<int64_t>(i), &seq.input_ids, {}};
+      Row row{
+          owner, static_cast<int64_t>(i), &seq.input_ids, {}, &seq.segments};
       // Position t-1 predicts token t.
       for (size_t t = 1; t < seq.input_ids.size(); ++t) {
         if (seq.loss_mask[t] == 0) continue;
@@ -385,17 +391,15 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
     for (const std::vector<Piece>& micro :
          PlanMicroBatches(rows, options.token_budget)) {
       if (!local.ok()) break;
-      local =
-          RunMicroBatch(model, micro, owners, /*backward=*/true,
-                        options.loss_chunk_tokens, options.lora_kernel, sums);
+      local = RunMicroBatch(model, micro, owners, /*backward=*/true,
+                            MicroOptions(options), sums);
     }
     if (local.ok() && !forward_rows.empty()) {
       torch::NoGradGuard no_grad;
       for (const std::vector<Piece>& micro :
            PlanMicroBatches(forward_rows, options.token_budget)) {
-        local =
-            RunMicroBatch(model, micro, owners, /*backward=*/false,
-                          options.loss_chunk_tokens, options.lora_kernel, sums);
+        local = RunMicroBatch(model, micro, owners, /*backward=*/false,
+                              MicroOptions(options), sums);
         if (!local.ok()) break;
       }
     }
@@ -637,8 +641,7 @@ absl::StatusOr<double> EvalLoss(const LlamaModel& model,
          PlanMicroBatches(rows, options.token_budget)) {
       LORAPLEX_RETURN_IF_ERROR(RunMicroBatch(model, micro, owners,
                                              /*backward=*/false,
-                                             options.loss_chunk_tokens,
-                                             options.lora_kernel, sums));
+                                             MicroOptions(options), sums));
     }
   } catch (const c10::Error& e) {
     return TorchError("evaluation failed", e);

@@ -50,6 +50,10 @@ struct CoBatchOptions {
   // How the LoRA terms are computed (multi_lora.h): batched over the slots
   // of a micro-batch, or slot by slot (the reference).
   LoraKernel lora_kernel = LoraKernel::kGrouped;
+  // Activation checkpointing of each micro-batch's decoder layers
+  // (token_budget.h). The default, auto with no memory limit, never
+  // checkpoints; the server sets the limit from the device's memory.
+  CheckpointPolicy checkpointing = {};
   // Data parallel (dist_hooks.h): this process trains the rows r of
   // each slot's batch with r % world_size == rank, every slot's loss still
   // normalised by the target tokens of its whole batch; gradients and

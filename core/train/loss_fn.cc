@@ -162,6 +162,14 @@ absl::Status ValidateDatum(const Datum& datum, const LossFnSpec& loss,
         prefix, "model_input has ", n, " tokens; the model takes at most ",
         limits.max_positions));
   }
+  if (limits.max_row_tokens > 0 && n > limits.max_row_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "model_input has ", n,
+                     " tokens; a row this server trains may have at most ",
+                     limits.max_row_tokens,
+                     " (its activation memory holds no more, with the server's "
+                     "activation checkpointing)"));
+  }
   LORAPLEX_RETURN_IF_ERROR(
       CheckTokens(datum.input_ids, limits.vocab_size, prefix + "model_input"));
   const int64_t k = datum.targets_per_position;

@@ -101,6 +101,9 @@ struct ForwardBackwardOutput {
 struct DatumLimits {
   int64_t vocab_size = 0;
   int64_t max_positions = 0;  // The model's max_position_embeddings.
+  // Tokens one row may have for its backward pass to fit the server's
+  // activation memory even with checkpointing (MaxRowTokens); 0: no limit.
+  int64_t max_row_tokens = 0;
   int64_t max_targets_per_position = 20;
 };
 

@@ -20,8 +20,11 @@ bool Fits(int64_t rows, int64_t longest, int64_t budget) {
 // A micro-batch as tensors. Its target tokens are in row order, so each
 // owner's are one consecutive range.
 struct MicroBatch {
-  torch::Tensor input_ids;      // [rows, longest]
-  torch::Tensor lengths;        // [rows]
+  torch::Tensor input_ids;  // [rows, longest]
+  torch::Tensor lengths;    // [rows]
+  // [rows, longest] example index of each token when some row is packed
+  // (ForwardOptions::segment_ids); undefined otherwise.
+  torch::Tensor segment_ids;
   torch::Tensor target_index;   // [targets] flat positions that predict
   torch::Tensor target_labels;  // [targets]
   // [targets] in the logits' dtype; undefined when no owner's loss takes
@@ -52,6 +55,8 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces,
     longest = std::max(longest, p.longest);
   }
   std::vector<int64_t> ids(rows * longest, pad_id);
+  std::vector<int64_t> segment_ids(rows * longest, 0);
+  bool packed = false;
   std::vector<int64_t> lengths;
   std::vector<int64_t> index;
   std::vector<int64_t> labels;
@@ -70,6 +75,19 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces,
       std::copy(row->input_ids->begin(), row->input_ids->end(),
                 ids.begin() + r * longest);
       lengths.push_back(Length(*row));
+      if (row->segments != nullptr && row->segments->size() > 1) {
+        packed = true;
+        // Padding after the last example is one more segment; its queries
+        // are ignored whatever they see.
+        int64_t at = r * longest;
+        int64_t segment = 0;
+        for (int64_t length : *row->segments) {
+          std::fill_n(segment_ids.begin() + at, length, segment++);
+          at += length;
+        }
+        std::fill(segment_ids.begin() + at,
+                  segment_ids.begin() + (r + 1) * longest, segment);
+      }
       for (size_t i = 0; i < t.size(); ++i) {
         index.push_back(r * longest + t.positions[i]);
         labels.push_back(t.labels[i]);
@@ -100,6 +118,7 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces,
   };
   batch.input_ids = to_device(ids, {rows, longest});
   batch.lengths = to_device(lengths, {rows});
+  if (packed) batch.segment_ids = to_device(segment_ids, {rows, longest});
   batch.target_index = to_device(index, {targets});
   batch.target_labels = to_device(labels, {targets});
   bool any_weights = false;
@@ -275,16 +294,22 @@ torch::Tensor TokenLosses(const LossFnSpec& loss, const torch::Tensor& p,
 absl::Status RunMicroBatch(const LlamaModel& model,
                            const std::vector<Piece>& pieces,
                            const PassOwners& owners, bool backward,
-                           int64_t loss_chunk_tokens, LoraKernel kernel,
-                           PassSums& sums) {
+                           const MicroBatchOptions& options, PassSums& sums) {
   const MicroBatch batch = BuildMicroBatch(
       pieces, owners, /*pad_id=*/0, model.device(), model.logits_dtype());
   if (batch.ranges.empty()) return absl::OkStatus();  // No target tokens.
+  // Lives until the backward pass below, which checkpointed layers rerun.
   const MultiLoraDelta delta(Segments(pieces, owners, /*training=*/backward),
-                             kernel);
+                             options.kernel);
+  ForwardOptions forward;
+  forward.segment_ids = batch.segment_ids;
+  if (backward) {
+    forward.checkpoint_every = CheckpointEveryFor(
+        options.checkpointing, model.config(), batch.input_ids.numel());
+  }
   LORAPLEX_ASSIGN_OR_RETURN(
       torch::Tensor hidden,
-      model.ForwardHidden(batch.input_ids, batch.lengths, &delta));
+      model.ForwardHidden(batch.input_ids, batch.lengths, &delta, forward));
   torch::Tensor targets =
       hidden.reshape({-1, hidden.size(-1)}).index_select(0, batch.target_index);
   const std::vector<LmHeadTerm> heads =
@@ -292,7 +317,7 @@ absl::Status RunMicroBatch(const LlamaModel& model,
   const bool any_head =
       std::any_of(heads.begin(), heads.end(),
                   [](const LmHeadTerm& t) { return t.module != nullptr; });
-  const int64_t chunk = std::max<int64_t>(1, loss_chunk_tokens);
+  const int64_t chunk = std::max<int64_t>(1, options.loss_chunk_tokens);
   std::vector<torch::Tensor> chunks = targets.detach().split(chunk, 0);
   std::vector<torch::Tensor> grads;
   std::vector<torch::Tensor> contributions;

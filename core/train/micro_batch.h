@@ -17,6 +17,7 @@
 #include "core/lora/multi_lora.h"
 #include "core/model/llama_model.h"
 #include "core/train/loss_fn.h"
+#include "core/train/token_budget.h"
 
 namespace loraplex {
 
@@ -39,6 +40,9 @@ struct Row {
   int64_t row_id = 0;  // Its index in the owner's rows (dropout masks).
   const std::vector<int64_t>* input_ids = nullptr;
   RowTargets targets;
+  // Lengths of the examples packed into it (Sequence::segments); null or
+  // empty: one example.
+  const std::vector<int64_t>* segments = nullptr;
 };
 
 // Consecutive rows of one owner inside a micro-batch.
@@ -71,16 +75,26 @@ struct PassSums {
   std::vector<std::vector<double>>* logprobs = nullptr;
 };
 
+// How every micro-batch of a pass runs.
+struct MicroBatchOptions {
+  // Target tokens per chunk of the LM head and loss.
+  int64_t loss_chunk_tokens = 2048;
+  LoraKernel kernel = LoraKernel::kGrouped;
+  // Which decoder layers recompute their forward in the backward pass,
+  // decided per micro-batch from its padded tokens.
+  CheckpointPolicy checkpointing = {};
+};
+
 // Runs one micro-batch; with `backward`, the gradients of its summed loss
 // accumulate in the owners' LoRA parameters. The LM head runs in chunks of
 // `loss_chunk_tokens` target tokens, each differentiated on its own, so
 // only one chunk of logits is alive at once. `kernel` computes the LoRA
-// terms (multi_lora.h).
+// terms (multi_lora.h). Packed rows (Row::segments) attend within each of
+// their examples only.
 absl::Status RunMicroBatch(const LlamaModel& model,
                            const std::vector<Piece>& pieces,
                            const PassOwners& owners, bool backward,
-                           int64_t loss_chunk_tokens, LoraKernel kernel,
-                           PassSums& sums);
+                           const MicroBatchOptions& options, PassSums& sums);
 
 // Each target token's loss (DESIGN.md §12) from its log-probability `p` and
 // the per-token inputs the loss takes (undefined tensors for the others),

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
 namespace loraplex {
 namespace {
 
@@ -34,23 +38,114 @@ int64_t SavedActivationsPerTokenPerLayer(const ModelConfig& config) {
   const int64_t hidden = config.hidden_size;
   const int64_t q = config.num_attention_heads * HeadDim(config);
   const int64_t kv = config.num_key_value_heads * HeadDim(config);
-  // Norm inputs and outputs (2 each), q/k/v, attention output, o_proj's
-  // output; gate, up, their product (down_proj's input).
-  return 4 * hidden + q + 2 * kv + q + hidden + 3 * config.intermediate_size;
+  const int64_t keys_values =
+      config.num_key_value_heads < config.num_attention_heads ? 2 * q : 2 * kv;
+  return 4 * hidden + q + keys_values + 2 * q + 4 * config.intermediate_size;
 }
 
 int64_t DefaultTokenBudget(const ModelConfig& config, bool on_gpu,
                            int64_t device_memory_bytes, int64_t element_bytes) {
   if (!on_gpu) return kCpuTokenBudget;
   const int64_t weights = BaseParameterCount(config) * element_bytes;
-  const int64_t per_token = config.num_hidden_layers *
-                            SavedActivationsPerTokenPerLayer(config) *
-                            element_bytes;
+  const int64_t per_token =
+      SavedActivationElements(config, 1, /*checkpoint_every=*/0) *
+      element_bytes;
   if (per_token <= 0 || device_memory_bytes <= weights) return kCpuTokenBudget;
   const int64_t fits = (device_memory_bytes - weights) / 2 / per_token;
   int64_t budget = kCpuTokenBudget;
   while (budget * 2 <= std::min(fits, kMaxDefaultTokenBudget)) budget *= 2;
   return budget;
+}
+
+int64_t ActivationMemoryBytes(const ModelConfig& config, int64_t memory_bytes,
+                              int64_t element_bytes) {
+  const int64_t weights = BaseParameterCount(config) * element_bytes;
+  return memory_bytes > weights ? (memory_bytes - weights) / 4 * 3 : 0;
+}
+
+int64_t SavedActivationElements(const ModelConfig& config, int64_t tokens,
+                                int64_t checkpoint_every) {
+  const int64_t layers = config.num_hidden_layers;
+  const int64_t full = SavedActivationsPerTokenPerLayer(config);
+  const int64_t beyond_layers = 4 * config.hidden_size +
+                                2 * config.intermediate_size +
+                                config.num_attention_heads * HeadDim(config);
+  if (checkpoint_every <= 0) return tokens * (layers * full + beyond_layers);
+  const int64_t checkpointed =
+      (layers + checkpoint_every - 1) / checkpoint_every;
+  return tokens * ((layers - checkpointed) * full +
+                   checkpointed * config.hidden_size + full + beyond_layers);
+}
+
+absl::Status ParseCheckpointMode(absl::string_view text,
+                                 CheckpointPolicy* policy) {
+  if (text == "off") {
+    policy->mode = CheckpointMode::kOff;
+  } else if (text == "auto") {
+    policy->mode = CheckpointMode::kAuto;
+  } else if (text == "all") {
+    policy->mode = CheckpointMode::kEvery;
+    policy->every = 1;
+  } else {
+    int64_t every = 0;
+    absl::string_view k = text;
+    if (!absl::ConsumePrefix(&k, "every:") || !absl::SimpleAtoi(k, &every) ||
+        every < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "activation checkpointing must be off, auto, all or every:K with K "
+          ">= 1, got \"",
+          text, "\""));
+    }
+    policy->mode = CheckpointMode::kEvery;
+    policy->every = every;
+  }
+  return absl::OkStatus();
+}
+
+std::string CheckpointModeName(const CheckpointPolicy& policy) {
+  switch (policy.mode) {
+    case CheckpointMode::kOff:
+      return "off";
+    case CheckpointMode::kAuto:
+      return "auto";
+    case CheckpointMode::kEvery:
+      return policy.every == 1 ? "all" : absl::StrCat("every:", policy.every);
+  }
+  return "auto";
+}
+
+int64_t CheckpointEveryFor(const CheckpointPolicy& policy,
+                           const ModelConfig& config, int64_t tokens) {
+  switch (policy.mode) {
+    case CheckpointMode::kOff:
+      return 0;
+    case CheckpointMode::kEvery:
+      return std::max<int64_t>(1, policy.every);
+    case CheckpointMode::kAuto:
+      break;
+  }
+  if (policy.activation_bytes <= 0) return 0;
+  auto fits = [&](int64_t every) {
+    return SavedActivationElements(config, tokens, every) *
+               policy.element_bytes <=
+           policy.activation_bytes;
+  };
+  if (fits(0)) return 0;
+  for (int64_t every = config.num_hidden_layers; every > 1; --every) {
+    if (fits(every)) return every;
+  }
+  return 1;
+}
+
+int64_t MaxRowTokens(const CheckpointPolicy& policy,
+                     const ModelConfig& config) {
+  if (policy.activation_bytes <= 0) return 0;
+  int64_t every = 1;
+  if (policy.mode == CheckpointMode::kOff) every = 0;
+  if (policy.mode == CheckpointMode::kEvery) every = policy.every;
+  const int64_t per_token =
+      SavedActivationElements(config, 1, every) * policy.element_bytes;
+  return per_token > 0 ? policy.activation_bytes / per_token : 0;
 }
 
 }  // namespace loraplex

@@ -1,5 +1,5 @@
 // Cutting a dataset into training sequences: truncation, dropping and
-// packing.
+// packing whole examples.
 #include "core/data/sequences.h"
 
 #include <gmock/gmock.h>
@@ -71,7 +71,7 @@ TEST(SequencesTest, NothingLeftToTrainIsAnError) {
   set = BuildSequences(Dataset(), Options(8, true));
   EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(set.status().message(),
-            "no training targets left after packing into seq_len 8");
+            "no training targets left after truncating to seq_len 8");
 }
 
 TEST(SequencesTest, RejectsBadOptionsAndInconsistentExamples) {
@@ -89,64 +89,56 @@ TEST(SequencesTest, RejectsBadOptionsAndInconsistentExamples) {
             "examples[1] has 3 input_ids but 2 loss_mask values");
 }
 
-TEST(SequencesTest, PackingCutsTheStreamIntoPiecesOverlappingByOneToken) {
-  // Stream: 1..11, targets everywhere except the first token of each example.
+TEST(SequencesTest, PackingPlacesWholeExamplesInOrderAndRecordsTheirLengths) {
   Dataset dataset = MakeDataset({{{1, 2, 3}, {0, 1, 1}},
                                  {{4, 5, 6, 7}, {0, 1, 1, 1}},
-                                 {{8, 9, 10, 11}, {0, 1, 1, 1}}});
-  absl::StatusOr<SequenceSet> set = BuildSequences(dataset, Options(4, true));
+                                 {{8, 9}, {0, 1}},
+                                 {{10, 11, 12, 13, 14}, {0, 1, 1, 1, 1}}});
+  absl::StatusOr<SequenceSet> set = BuildSequences(dataset, Options(7, true));
   ASSERT_TRUE(set.ok()) << set.status();
-  ASSERT_EQ(set->sequences.size(), 4u);
-  EXPECT_THAT(set->sequences[0].input_ids, ElementsAre(1, 2, 3, 4));
-  EXPECT_THAT(set->sequences[0].loss_mask, ElementsAre(0, 1, 1, 0));
-  // Starts with the previous piece's last token, as context only.
-  EXPECT_THAT(set->sequences[1].input_ids, ElementsAre(4, 5, 6, 7));
-  EXPECT_THAT(set->sequences[1].loss_mask, ElementsAre(0, 1, 1, 1));
-  EXPECT_THAT(set->sequences[2].input_ids, ElementsAre(7, 8, 9, 10));
-  EXPECT_THAT(set->sequences[2].loss_mask, ElementsAre(0, 0, 1, 1));
-  EXPECT_THAT(set->sequences[3].input_ids, ElementsAre(10, 11));
-  EXPECT_THAT(set->sequences[3].loss_mask, ElementsAre(0, 1));
-  // Every target of the stream is trained exactly once.
+  // 3 + 4 fill the first sequence; 2 + 5 the second; no example is cut.
+  ASSERT_EQ(set->sequences.size(), 2u);
+  EXPECT_THAT(set->sequences[0].input_ids, ElementsAre(1, 2, 3, 4, 5, 6, 7));
+  // Each example's first token is context only: it starts its own
+  // positions and sees nothing before it.
+  EXPECT_THAT(set->sequences[0].loss_mask, ElementsAre(0, 1, 1, 0, 1, 1, 1));
+  EXPECT_THAT(set->sequences[0].segments, ElementsAre(3, 4));
+  EXPECT_THAT(set->sequences[1].input_ids,
+              ElementsAre(8, 9, 10, 11, 12, 13, 14));
+  EXPECT_THAT(set->sequences[1].segments, ElementsAre(2, 5));
+  // Every target of every example is trained exactly once.
   EXPECT_EQ(set->num_target_tokens, dataset.num_target_tokens);
-  EXPECT_EQ(set->num_target_tokens, 8);
   EXPECT_EQ(set->truncated_examples, 0);
   EXPECT_EQ(set->dropped_examples, 0);
 }
 
-TEST(SequencesTest, PackingClearsATargetAtTheStartOfThePiece) {
-  // The stream's first token is a target only in a malformed dataset, but a
-  // sequence can never train its first position.
-  Dataset dataset = MakeDataset({{{1, 2, 3}, {1, 1, 1}}});
+TEST(SequencesTest, PackingTruncatesAndDropsExamplesAsWithoutPacking) {
+  Dataset dataset = MakeDataset({{{1, 2, 3, 4, 5}, {0, 1, 1, 1, 1}},
+                                 {{6, 7, 8, 9}, {0, 0, 0, 1}},
+                                 {{10, 11}, {0, 1}}});
+  absl::StatusOr<SequenceSet> set = BuildSequences(dataset, Options(3, true));
+  ASSERT_TRUE(set.ok()) << set.status();
+  // [1 2 3] cut from 5 tokens; [6 7 8] has no target left; [10 11] alone
+  // (3 + 2 > 3).
+  ASSERT_EQ(set->sequences.size(), 2u);
+  EXPECT_THAT(set->sequences[0].input_ids, ElementsAre(1, 2, 3));
+  EXPECT_TRUE(set->sequences[0].segments.empty());
+  EXPECT_THAT(set->sequences[1].input_ids, ElementsAre(10, 11));
+  EXPECT_EQ(set->truncated_examples, 2);
+  EXPECT_EQ(set->dropped_examples, 1);
+  EXPECT_EQ(set->num_target_tokens, 3);
+}
+
+TEST(SequencesTest, PackingClearsATargetAtTheStartOfEachExample) {
+  // A first token is a target only in a malformed dataset, but no example
+  // can train its first position.
+  Dataset dataset = MakeDataset({{{1, 2, 3}, {1, 1, 1}}, {{4, 5}, {1, 1}}});
   absl::StatusOr<SequenceSet> set = BuildSequences(dataset, Options(8, true));
   ASSERT_TRUE(set.ok()) << set.status();
   ASSERT_EQ(set->sequences.size(), 1u);
-  EXPECT_THAT(set->sequences[0].loss_mask, ElementsAre(0, 1, 1));
-  EXPECT_EQ(set->num_target_tokens, 2);
-}
-
-TEST(SequencesTest, PackingDropsPiecesWithoutTargets) {
-  Dataset dataset = MakeDataset(
-      {{{1, 2, 3, 4, 5, 6, 7}, {0, 1, 0, 0, 0, 0, 0}}, {{8, 9}, {0, 1}}});
-  absl::StatusOr<SequenceSet> set = BuildSequences(dataset, Options(3, true));
-  ASSERT_TRUE(set.ok()) << set.status();
-  // Pieces: [1 2 3] [3 4 5] [5 6 7] [7 8 9]; the middle two have no target.
-  ASSERT_EQ(set->sequences.size(), 2u);
-  EXPECT_THAT(set->sequences[0].input_ids, ElementsAre(1, 2, 3));
-  EXPECT_THAT(set->sequences[0].loss_mask, ElementsAre(0, 1, 0));
-  EXPECT_THAT(set->sequences[1].input_ids, ElementsAre(7, 8, 9));
-  EXPECT_THAT(set->sequences[1].loss_mask, ElementsAre(0, 0, 1));
-  EXPECT_EQ(set->num_target_tokens, 2);
-  EXPECT_EQ(set->dropped_examples, 0);
-}
-
-TEST(SequencesTest, PackingAStreamThatFitsMakesOneSequence) {
-  Dataset dataset = MakeDataset({{{1, 2}, {0, 1}}, {{3, 4}, {0, 1}}});
-  absl::StatusOr<SequenceSet> set = BuildSequences(dataset, Options(512, true));
-  ASSERT_TRUE(set.ok()) << set.status();
-  ASSERT_EQ(set->sequences.size(), 1u);
-  EXPECT_THAT(set->sequences[0].input_ids, ElementsAre(1, 2, 3, 4));
-  EXPECT_THAT(set->sequences[0].loss_mask, ElementsAre(0, 1, 0, 1));
-  EXPECT_EQ(set->num_target_tokens, 2);
+  EXPECT_THAT(set->sequences[0].loss_mask, ElementsAre(0, 1, 1, 0, 1));
+  EXPECT_THAT(set->sequences[0].segments, ElementsAre(3, 2));
+  EXPECT_EQ(set->num_target_tokens, 3);
 }
 
 }  // namespace
