@@ -83,6 +83,8 @@ struct ServerFlags {
   int threads = 0;
   int64_t max_dataset_mb = 256;
   int64_t token_budget = -1;  // The device's default (DefaultTokenBudget).
+  std::string activation_checkpointing = "auto";
+  int64_t activation_memory_mb = -1;  // -1: from the device's memory.
   double throughput_log_seconds = 30.0;
   std::string ready_file;
   int64_t checkpoint_interval = 100;
@@ -201,17 +203,55 @@ v1::Runtime RuntimeProto(const RuntimeInfo& info) {
   return proto;
 }
 
+// The memory training runs in: a GPU's, or the host's for the CPU (0 when
+// unknown).
+int64_t DeviceMemoryBytes(const torch::Device& device,
+                          const v1::Runtime& runtime) {
+  if (!device.is_cuda()) {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page_size > 0 ? int64_t{pages} * page_size : 0;
+  }
+  const int index = device.has_index() ? device.index() : 0;
+  for (const v1::CudaDevice& cuda : runtime.cuda_devices()) {
+    if (cuda.index() == index) return cuda.total_memory_bytes();
+  }
+  return 0;
+}
+
+// --activation-checkpointing with the activation memory it plans for:
+// --activation-memory-mb, or by default three quarters of what the base's
+// weights leave of the device's memory. Logged with the longest row it trains.
+absl::StatusOr<CheckpointPolicy> ResolveCheckpointing(
+    const ServerFlags& flags, const LlamaModel& model,
+    const torch::Device& device, const v1::Runtime& runtime, Logger& logger) {
+  CheckpointPolicy policy;
+  LORAPLEX_RETURN_IF_ERROR(
+      ParseCheckpointMode(flags.activation_checkpointing, &policy));
+  policy.element_bytes = static_cast<int64_t>(c10::elementSize(model.dtype()));
+  policy.activation_bytes =
+      flags.activation_memory_mb >= 0
+          ? flags.activation_memory_mb << 20
+          : ActivationMemoryBytes(model.config(),
+                                  DeviceMemoryBytes(device, runtime),
+                                  policy.element_bytes);
+  const int64_t longest = MaxRowTokens(policy, model.config());
+  logger.Info("activation checkpointing: ", CheckpointModeName(policy),
+              "; activation memory ", policy.activation_bytes >> 20,
+              " MiB per micro-batch (--activation-memory-mb): rows of up to ",
+              longest > 0 ? absl::StrCat(longest) : "any number of",
+              " tokens train");
+  return policy;
+}
+
 // --token-budget, or with none (-1) the default for the device (logged):
 // the CPU's, or on a GPU what its memory holds beside the base's weights.
 int64_t ResolveTokenBudget(int64_t flag, const LlamaModel& model,
                            const torch::Device& device,
                            const v1::Runtime& runtime, Logger& logger) {
   if (flag >= 0) return flag;
-  int64_t memory = 0;
-  const int index = device.has_index() ? device.index() : 0;
-  for (const v1::CudaDevice& cuda : runtime.cuda_devices()) {
-    if (cuda.index() == index) memory = cuda.total_memory_bytes();
-  }
+  const int64_t memory =
+      device.is_cuda() ? DeviceMemoryBytes(device, runtime) : 0;
   const int64_t budget =
       DefaultTokenBudget(model.config(), device.is_cuda(), memory,
                          static_cast<int64_t>(c10::elementSize(model.dtype())));
@@ -298,6 +338,10 @@ int FollowRankZero(const ServerFlags& flags, const DistEnv& env,
   options.pool.max_rank = setup->max_rank;
   options.pool.device = *device;
   options.co_batch.token_budget = setup->token_budget;
+  absl::StatusOr<CheckpointPolicy> checkpointing = ResolveCheckpointing(
+      flags, **model, *device, RuntimeProto(InspectRuntime()), logger);
+  if (!checkpointing.ok()) return fail(checkpointing.status());
+  options.co_batch.checkpointing = *checkpointing;
   options.leader_checkpoints = setup->checkpoints;
   options.dist = &*dist;
   Trainer trainer(*std::move(model), options, [](TrainerReport) {});
@@ -397,6 +441,9 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   }
   const int64_t token_budget =
       ResolveTokenBudget(flags.token_budget, **model, *device, runtime, logger);
+  absl::StatusOr<CheckpointPolicy> checkpointing =
+      ResolveCheckpointing(flags, **model, *device, runtime, logger);
+  if (!checkpointing.ok()) return fail(checkpointing.status());
   std::optional<DistContext> dist;
   if (env->distributed()) {
     RankSetup mine;
@@ -492,6 +539,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   trainer_options.pool.max_rank = flags.max_rank;
   trainer_options.pool.device = *device;
   trainer_options.co_batch.token_budget = token_budget;
+  trainer_options.co_batch.checkpointing = *checkpointing;
   trainer_options.base_model_name = export_name;
   trainer_options.checkpoint_root =
       absl::StrCat(flags.state_dir, "/checkpoints");
@@ -561,6 +609,7 @@ int Serve(const ServerFlags& flags, Logger& logger) {
   context.runtime = runtime;
   context.limits.max_dataset_bytes = flags.max_dataset_mb << 20;
   context.limits.max_rank = flags.max_rank;
+  context.limits.max_row_tokens = MaxRowTokens(*checkpointing, model_config);
   context.limits.min_checkpoint_interval = flags.min_checkpoint_interval;
   context.limits.slot_capacity = flags.slots;
   context.limits.slots_per_tenant = slots_per_tenant;
@@ -806,6 +855,19 @@ int main(int argc, char** argv) {
                  "beside the base's weights holds activations for, up to "
                  "65536)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--activation-checkpointing", flags.activation_checkpointing,
+                 "Recompute decoder layers in the backward pass instead of "
+                 "keeping their activations: off, all, every:K (layers 0, K, "
+                 "2K, ...) or auto (only a micro-batch that would not fit "
+                 "the activation memory otherwise, as few layers as fit)")
+      ->capture_default_str();
+  app.add_option(
+         "--activation-memory-mb", flags.activation_memory_mb,
+         "MiB one micro-batch's saved activations may take: what auto "
+         "checkpointing plans for and what bounds a trained row's "
+         "length (default: three quarters of the device's memory beside the "
+         "base's weights)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--sample-share", flags.sample_share,
                  "Share of the trainer's time decoding takes while jobs train")
       ->check(CLI::Range(0.05, 0.95))

@@ -36,6 +36,28 @@ absl::StatusOr<std::string> DatasetReference(const ServiceContext& context,
   return id;
 }
 
+// INVALID_ARGUMENT when a training row is longer than the server can train
+// (ServiceLimits::max_row_tokens). Validation rows run forward only, which
+// keeps no activations.
+absl::Status CheckRowsFit(const JobData& data, const JobSpec& spec,
+                          int64_t max_row_tokens) {
+  if (max_row_tokens <= 0 || data.training == nullptr) return absl::OkStatus();
+  size_t longest = 0;
+  for (const Sequence& sequence : data.training->sequences) {
+    longest = std::max(longest, sequence.input_ids.size());
+  }
+  if (static_cast<int64_t>(longest) <= max_row_tokens) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "training_dataset: its longest ", spec.training.pack ? "packed " : "",
+      "row has ", longest, " tokens (training.seq_len ", spec.training.seq_len,
+      "); a row this server trains may have at most ", max_row_tokens,
+      " (its activation memory holds no more, with the server's activation "
+      "checkpointing): set training.seq_len to at most ",
+      max_row_tokens));
+}
+
 }  // namespace
 
 absl::StatusOr<PendingJob> ValidateCreateJob(
@@ -170,6 +192,8 @@ absl::StatusOr<JobRecord> SubmitJob(const ServiceContext& context,
   LORAPLEX_ASSIGN_OR_RETURN(
       JobData data,
       PrepareJobData(*context.datasets, pending.record, &pending.spec));
+  LORAPLEX_RETURN_IF_ERROR(
+      CheckRowsFit(data, pending.spec, context.limits.max_row_tokens));
   const std::optional<RequestKey> request = pending.request;
   if (request) TestMeet();
   if (upload != nullptr) LORAPLEX_RETURN_IF_ERROR(upload->Publish());

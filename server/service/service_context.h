@@ -53,6 +53,9 @@ struct ServiceLimits {
   // Datums per ForwardBackward call, and their tokens together.
   int64_t max_session_datums = 1024;
   int64_t max_session_tokens = int64_t{1} << 20;
+  // Tokens one trained row may have: what the activation memory holds with
+  // the server's checkpointing (MaxRowTokens); 0: no limit known.
+  int64_t max_row_tokens = 0;
 };
 
 struct ServiceContext {

@@ -120,6 +120,10 @@ absl::StatusOr<SessionRequest> SessionForwardBackwardOf(
   DatumLimits limits;
   limits.vocab_size = context.model.vocab_size;
   limits.max_positions = context.model.max_position_embeddings;
+  // A forward alone keeps no activations: only a backward is bounded.
+  if (!request.forward_only()) {
+    limits.max_row_tokens = context.limits.max_row_tokens;
+  }
   LORAPLEX_ASSIGN_OR_RETURN(
       SessionRequest native,
       ForwardBackwardRequestOf(request, limits,
