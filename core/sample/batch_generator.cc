@@ -12,6 +12,9 @@
 namespace loraplex {
 namespace {
 
+// Prompt positions whose logits are computed at once for prompt logprobs.
+constexpr int64_t kPromptLogprobChunk = 1024;
+
 // Decoding a sample's last tokens is enough to find a stop string that the
 // last token completes: every token but a special one adds at least one
 // byte, and a match must end inside the last token.
@@ -129,19 +132,29 @@ absl::Status BatchGenerator::Prefill() {
       const std::vector<int64_t>& prompt = requests_[r].prompt;
       const int64_t length = static_cast<int64_t>(prompt.size());
       if (length < 2) continue;
-      torch::Tensor logprobs = torch::log_softmax(
-          model_
-              .Logits(
-                  hidden.narrow(0, i, 1).narrow(1, width - length, length - 1),
-                  delta.get(), /*first_row=*/i)[0]
-              .to(torch::kCPU, torch::kFloat64),
-          -1);
-      torch::Tensor next =
-          torch::tensor(std::vector<int64_t>(prompt.begin() + 1, prompt.end()),
-                        torch::kInt64);
-      torch::Tensor picked = logprobs.gather(1, next.unsqueeze(1)).squeeze(1);
-      results_[r].prompt_logprobs.assign(
-          picked.data_ptr<double>(), picked.data_ptr<double>() + length - 1);
+      // In chunks of positions, so that a long prompt never holds
+      // [length, vocab] logits at once.
+      std::vector<double>& out = results_[r].prompt_logprobs;
+      out.clear();
+      for (int64_t first = 0; first < length - 1;
+           first += kPromptLogprobChunk) {
+        const int64_t n = std::min(kPromptLogprobChunk, length - 1 - first);
+        torch::Tensor logprobs = torch::log_softmax(
+            model_
+                .Logits(
+                    hidden.narrow(0, i, 1).narrow(1, width - length + first, n),
+                    delta.get(), /*first_row=*/i)[0]
+                .to(torch::kCPU, torch::kFloat64),
+            -1);
+        torch::Tensor next =
+            torch::tensor(std::vector<int64_t>(prompt.begin() + first + 1,
+                                               prompt.begin() + first + 1 + n),
+                          torch::kInt64);
+        torch::Tensor picked =
+            logprobs.gather(1, next.unsqueeze(1)).squeeze(1).contiguous();
+        out.insert(out.end(), picked.data_ptr<double>(),
+                   picked.data_ptr<double>() + n);
+      }
     }
     torch::Tensor last = hidden.select(1, width - 1);
     return Advance(model_.Logits(last, delta.get()).to(torch::kCPU));
