@@ -37,13 +37,13 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "adapters/slot_pool.h"
+#include "bench/model_shapes.h"
 #include "bench/profile_step.h"
 #include "bench/slot_requests.h"
 #include "bench/timing.h"
@@ -60,62 +60,6 @@ namespace loraplex {
 namespace {
 
 constexpr int64_t kRank = 16;
-
-// The shapes' config.json files as published (Qwen/Qwen2.5-0.5B,
-// Qwen/Qwen2.5-1.5B, meta-llama/Meta-Llama-3-8B).
-const std::map<std::string, std::string>& ShapeConfigs() {
-  static const auto* configs = new std::map<std::string, std::string>{
-      {"0.5b",
-       R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-           "vocab_size": 151936, "hidden_size": 896,
-           "intermediate_size": 4864, "num_hidden_layers": 24,
-           "num_attention_heads": 14, "num_key_value_heads": 2,
-           "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-           "rope_theta": 1000000.0, "tie_word_embeddings": true})"},
-      {"1.5b",
-       R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-           "vocab_size": 151936, "hidden_size": 1536,
-           "intermediate_size": 8960, "num_hidden_layers": 28,
-           "num_attention_heads": 12, "num_key_value_heads": 2,
-           "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
-           "rope_theta": 1000000.0, "tie_word_embeddings": true})"},
-      {"8b",
-       R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-           "vocab_size": 128256, "hidden_size": 4096,
-           "intermediate_size": 14336, "num_hidden_layers": 32,
-           "num_attention_heads": 32, "num_key_value_heads": 8,
-           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
-           "rope_theta": 500000.0, "tie_word_embeddings": false})"},
-  };
-  return *configs;
-}
-
-absl::StatusOr<ModelConfig> ShapeConfig(const std::string& shape) {
-  auto it = ShapeConfigs().find(shape);
-  if (it == ShapeConfigs().end()) return PresetConfig(shape);  // tiny, small
-  return ParseModelConfig(it->second, shape + " config");
-}
-
-// Random weights of `config` on `device`: N(0, 0.02²) matrices, unit norms.
-std::unique_ptr<LlamaModel> RandomModel(const ModelConfig& config,
-                                        torch::ScalarType dtype,
-                                        const torch::Device& device) {
-  std::map<std::string, std::vector<int64_t>> shapes;
-  for (const TensorSpec& spec : ModelTensorSpecs(config)) {
-    shapes[spec.name] = spec.shape;
-  }
-  const auto options = torch::TensorOptions().dtype(dtype).device(device);
-  ModelWeights weights =
-      AssembleModelWeights(config, [&](const std::string& name) {
-        const std::vector<int64_t>& shape = shapes.at(name);
-        if (name.find("norm") != std::string::npos) {
-          return torch::ones(shape, options);
-        }
-        return torch::randn(shape, options).mul_(0.02);
-      });
-  return std::make_unique<LlamaModel>(config, std::move(weights), dtype,
-                                      device);
-}
 
 void Synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
