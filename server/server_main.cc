@@ -245,16 +245,21 @@ absl::StatusOr<CheckpointPolicy> ResolveCheckpointing(
 }
 
 // --token-budget, or with none (-1) the default for the device (logged):
-// the CPU's, or on a GPU what its memory holds beside the base's weights.
+// the CPU's, or on a GPU what its memory holds beside the base's weights,
+// with the layers `checkpointing` always recomputes counted as such.
 int64_t ResolveTokenBudget(int64_t flag, const LlamaModel& model,
                            const torch::Device& device,
-                           const v1::Runtime& runtime, Logger& logger) {
+                           const v1::Runtime& runtime,
+                           const CheckpointPolicy& checkpointing,
+                           Logger& logger) {
   if (flag >= 0) return flag;
   const int64_t memory =
       device.is_cuda() ? DeviceMemoryBytes(device, runtime) : 0;
-  const int64_t budget =
-      DefaultTokenBudget(model.config(), device.is_cuda(), memory,
-                         static_cast<int64_t>(c10::elementSize(model.dtype())));
+  const int64_t every =
+      checkpointing.mode == CheckpointMode::kEvery ? checkpointing.every : 0;
+  const int64_t budget = DefaultTokenBudget(
+      model.config(), device.is_cuda(), memory,
+      static_cast<int64_t>(c10::elementSize(model.dtype())), every);
   logger.Info("token budget: ", budget, " tokens per micro-batch (the default ",
               "on ", device.str(), "; --token-budget sets it)");
   return budget;
@@ -439,11 +444,11 @@ int Serve(const ServerFlags& flags, Logger& logger) {
         " tokens but the model's embedding only ",
         (*model)->config().vocab_size, " rows")));
   }
-  const int64_t token_budget =
-      ResolveTokenBudget(flags.token_budget, **model, *device, runtime, logger);
   absl::StatusOr<CheckpointPolicy> checkpointing =
       ResolveCheckpointing(flags, **model, *device, runtime, logger);
   if (!checkpointing.ok()) return fail(checkpointing.status());
+  const int64_t token_budget = ResolveTokenBudget(
+      flags.token_budget, **model, *device, runtime, *checkpointing, logger);
   std::optional<DistContext> dist;
   if (env->distributed()) {
     RankSetup mine;

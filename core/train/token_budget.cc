@@ -44,12 +44,12 @@ int64_t SavedActivationsPerTokenPerLayer(const ModelConfig& config) {
 }
 
 int64_t DefaultTokenBudget(const ModelConfig& config, bool on_gpu,
-                           int64_t device_memory_bytes, int64_t element_bytes) {
+                           int64_t device_memory_bytes, int64_t element_bytes,
+                           int64_t checkpoint_every) {
   if (!on_gpu) return kCpuTokenBudget;
   const int64_t weights = BaseParameterCount(config) * element_bytes;
   const int64_t per_token =
-      SavedActivationElements(config, 1, /*checkpoint_every=*/0) *
-      element_bytes;
+      SavedActivationElements(config, 1, checkpoint_every) * element_bytes;
   if (per_token <= 0 || device_memory_bytes <= weights) return kCpuTokenBudget;
   const int64_t fits = (device_memory_bytes - weights) / 2 / per_token;
   int64_t budget = kCpuTokenBudget;

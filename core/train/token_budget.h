@@ -34,9 +34,11 @@ int64_t SavedActivationsPerTokenPerLayer(const ModelConfig& config);
 // `device_memory_bytes`: as many tokens as half the memory the base weights
 // leave holds activations for (`element_bytes` each, the compute dtype's),
 // rounded down to a power of two, within [kCpuTokenBudget,
-// kMaxDefaultTokenBudget].
+// kMaxDefaultTokenBudget]; with layers 0, k, 2k, ... always checkpointed
+// (k = checkpoint_every, CheckpointMode::kEvery) at what they keep then.
 int64_t DefaultTokenBudget(const ModelConfig& config, bool on_gpu,
-                           int64_t device_memory_bytes, int64_t element_bytes);
+                           int64_t device_memory_bytes, int64_t element_bytes,
+                           int64_t checkpoint_every = 0);
 
 // The memory one micro-batch's activations may take on a device of
 // `memory_bytes` (GPU memory, or the host's for the CPU): three quarters of

@@ -61,6 +61,12 @@ TEST(TokenBudgetTest, GpuBudgetIsWhatHalfTheFreeMemoryHolds) {
   EXPECT_EQ(DefaultTokenBudget(config, true, memory, 2), 8192);
   // fp32 needs twice the bytes: 4096.
   EXPECT_EQ(DefaultTokenBudget(config, true, memory, 4), 4096);
+  // With every layer always checkpointed a token keeps 32·4096 + 94,208 +
+  // 49,152 elements: 123,000-odd tokens fit, up to the cap; every other
+  // layer: 1,716,224 per token, 19,700-odd fit.
+  EXPECT_EQ(DefaultTokenBudget(config, true, memory, 2, 1),
+            kMaxDefaultTokenBudget);
+  EXPECT_EQ(DefaultTokenBudget(config, true, memory, 2, 2), 16384);
   // Qwen2.5-0.5B: 24 · 27,520 + 14,208 elements per token, 55,700-odd
   // tokens fit.
   EXPECT_EQ(DefaultTokenBudget(Qwen2_5_0_5B(), true, memory, 2), 32768);
