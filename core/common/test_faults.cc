@@ -1,6 +1,7 @@
 #include "core/common/test_faults.h"
 
 #include <atomic>
+#include <iostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace loraplex {
@@ -28,6 +30,7 @@ constexpr PointName kPoints[] = {
     {TestFaultPoint::kStoreWrite, "store_write"},
     {TestFaultPoint::kHold, "hold"},
     {TestFaultPoint::kMeet, "meet"},
+    {TestFaultPoint::kSlowCheckpoint, "slow_checkpoint"},
 };
 
 absl::string_view NameOf(TestFaultPoint point) {
@@ -44,6 +47,7 @@ struct Fault {
   std::string op;
   std::optional<int64_t> step;   // hold only.
   std::optional<int64_t> count;  // meet only.
+  std::optional<int64_t> ms;     // slow_checkpoint only.
   int64_t arrived = 0;           // meet only.
   int64_t times_left = -1;       // -1: unlimited.
 };
@@ -79,7 +83,8 @@ absl::Status ParseFault(absl::string_view text, Fault& fault) {
   if (!known) {
     return BadSpec(text,
                    "unknown point (attach, forward, optimizer, "
-                   "pause_checkpoint, validation, store_write, hold, meet)");
+                   "pause_checkpoint, validation, store_write, hold, meet, "
+                   "slow_checkpoint)");
   }
   for (absl::string_view pair :
        absl::StrSplit(head.second, ',', absl::SkipEmpty())) {
@@ -102,10 +107,12 @@ absl::Status ParseFault(absl::string_view text, Fault& fault) {
       fault.step = static_cast<int64_t>(number);
     } else if (kv.first == "count") {
       fault.count = static_cast<int64_t>(number);
+    } else if (kv.first == "ms") {
+      fault.ms = static_cast<int64_t>(number);
     } else {
-      return BadSpec(text,
-                     absl::StrCat("unknown key \"", kv.first,
-                                  "\" (seed, rank, op, times, step, count)"));
+      return BadSpec(text, absl::StrCat("unknown key \"", kv.first,
+                                        "\" (seed, rank, op, times, step, "
+                                        "count, ms)"));
     }
   }
   if ((fault.point == TestFaultPoint::kHold) != fault.step.has_value()) {
@@ -113,6 +120,11 @@ absl::Status ParseFault(absl::string_view text, Fault& fault) {
   }
   if ((fault.point == TestFaultPoint::kMeet) != fault.count.has_value()) {
     return BadSpec(text, "count is for meet, and meet needs one");
+  }
+  if ((fault.point == TestFaultPoint::kSlowCheckpoint) !=
+      fault.ms.has_value()) {
+    return BadSpec(text,
+                   "ms is for slow_checkpoint, and slow_checkpoint needs one");
   }
   return absl::OkStatus();
 }
@@ -185,6 +197,30 @@ void TestMeet() {
         absl::Seconds(30));
     return;
   }
+}
+
+void TestSlowCheckpoint(std::optional<uint64_t> seed) {
+  if (!g_armed.load(std::memory_order_relaxed)) return;
+  int64_t ms = 0;
+  {
+    Armed& state = State();
+    absl::MutexLock lock(&state.mu);
+    for (Fault& fault : state.faults) {
+      if (fault.point != TestFaultPoint::kSlowCheckpoint ||
+          fault.times_left == 0) {
+        continue;
+      }
+      if (fault.rank && *fault.rank != state.rank) continue;
+      if (fault.seed && fault.seed != seed) continue;
+      if (fault.times_left > 0) --fault.times_left;
+      ms = *fault.ms;
+      break;
+    }
+  }
+  if (ms <= 0) return;
+  std::cerr << "test fault slow_checkpoint: holding a checkpoint write for "
+            << ms << " ms" << std::endl;
+  absl::SleepFor(absl::Milliseconds(ms));
 }
 
 }  // namespace loraplex

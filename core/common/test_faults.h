@@ -17,7 +17,10 @@
 // which fails nothing either: the first `count` new jobs submitted with a
 // request_id (after the id was looked up, before anything is stored) wait
 // for each other (at most 30 s), so a test runs repeats of one request
-// side by side.
+// side by side; and slow_checkpoint, which fails nothing: the checkpoint
+// writer holds each matching pool checkpoint write for `ms` milliseconds
+// before writing it (saying so on stderr first), so a test can act while a
+// write is under way.
 // KEY:   seed  — only for the job whose training.seed is VALUE;
 //        rank  — only in the process of that data-parallel rank;
 //        op    — store_write only: the store operation (insert_dataset,
@@ -25,7 +28,8 @@
 //                metrics — or update_job_STATUS, e.g. update_job_CANCELLED);
 //        times — fire at most VALUE times (default: every time);
 //        step  — hold only, and required there: the step count to hold at;
-//        count — meet only, and required there: how many submissions meet.
+//        count — meet only, and required there: how many submissions meet;
+//        ms    — slow_checkpoint only, and required there: how long.
 //
 //   ConfigureTestFaults("forward:seed=7;store_write:op=update_jobs,times=1");
 //   LORAPLEX_RETURN_IF_ERROR(TestFault(TestFaultPoint::kForward, seed));
@@ -47,8 +51,9 @@ enum class TestFaultPoint {
   kPauseCheckpoint,
   kValidation,
   kStoreWrite,
-  kHold,  // Asked with TestHold(), never with TestFault().
-  kMeet,  // Asked with TestMeet(), never with TestFault().
+  kHold,            // Asked with TestHold(), never with TestFault().
+  kMeet,            // Asked with TestMeet(), never with TestFault().
+  kSlowCheckpoint,  // Asked with TestSlowCheckpoint().
 };
 
 // Arms the faults of `spec` for this process, which is data-parallel rank
@@ -70,6 +75,10 @@ bool TestHold(uint64_t seed, int64_t step);
 // Waits, while an armed `meet` fault has fewer than `count` arrivals, until
 // that many calls have arrived (or 30 s passed); returns at once otherwise.
 void TestMeet();
+
+// Sleeps `ms` when an armed slow_checkpoint fault matches the job's
+// training `seed` (where known), counting one firing.
+void TestSlowCheckpoint(std::optional<uint64_t> seed = std::nullopt);
 
 // TestFault(kStoreWrite) for the store operation `op`.
 inline absl::Status StoreWriteFault(absl::string_view op) {

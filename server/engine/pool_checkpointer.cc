@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "core/common/test_faults.h"
 
 namespace loraplex {
 namespace {
@@ -249,6 +250,7 @@ void PoolCheckpointer::WaitForJob(const std::string& job_id) {
 void PoolCheckpointer::RunWrite(const CheckpointContents& contents,
                                 const std::function<void(absl::Status)>& done) {
   const std::string& job_id = contents.info.job_id;
+  TestSlowCheckpoint();
   int64_t keep_step = -1;
   {
     absl::MutexLock lock(&mu_);

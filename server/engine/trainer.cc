@@ -107,9 +107,37 @@ void Trainer::Stop() {
 }
 
 void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
-  // In order through the checkpoint writer's queue, behind the writes
-  // queued before them: their files are read there, never on the trainer
-  // thread, and commands given together reach the trainer together.
+  // A command that reads checkpoint files (an attach that resumes) reads
+  // them on the checkpoint writer's thread, behind the writes queued before
+  // it, and reaches the inbox from there; commands queued while such a
+  // batch is on its way follow it, so commands keep their order. Every
+  // other command comes straight to the inbox: a forward/backward, a
+  // sample or an export never waits for a checkpoint being written.
+  const bool reads = std::any_of(commands.begin(), commands.end(), ReadsFiles);
+  bool stopped = false;
+  bool direct = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stopped = stop_;
+    direct = !stopped && !reads && via_writer_ == 0;
+    if (direct) {
+      for (TrainerCommand& command : commands) {
+        commands_.push_back(std::move(command));
+      }
+    } else if (!stopped) {
+      ++via_writer_;
+    }
+  }
+  if (stopped) {
+    for (TrainerCommand& command : commands) {
+      Abandon(command, absl::UnavailableError("the server is shutting down"));
+    }
+    return;
+  }
+  if (direct) {
+    wake_.SignalAll();
+    return;
+  }
   auto queued =
       std::make_shared<std::vector<TrainerCommand>>(std::move(commands));
   checkpoints_.Post([this, queued] {
@@ -119,6 +147,7 @@ void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
     bool stopped = false;
     {
       absl::MutexLock lock(&mu_);
+      --via_writer_;
       stopped = stop_;
       if (!stopped) {
         for (TrainerCommand& command : *queued) {
@@ -133,6 +162,7 @@ void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
     }
   });
 }
+
 void Trainer::Attach(AttachCommand command) {
   std::vector<AttachCommand> one;
   one.push_back(std::move(command));

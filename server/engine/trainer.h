@@ -220,6 +220,8 @@ class Trainer : public JobTrainer {
   template <typename Command>
   void ReadFiles(Command&) {}
   void ReadFiles(AttachJob& command);
+  // Whether the command's ReadFiles reads anything (trainer_attach.cc).
+  static bool ReadsFiles(const TrainerCommand& command);
   template <typename Command>
   void Prepare(Command&) {}
   void Prepare(AttachJob& command);
@@ -356,6 +358,9 @@ class Trainer : public JobTrainer {
   mutable absl::Mutex mu_;
   absl::CondVar wake_;
   std::deque<TrainerCommand> commands_ ABSL_GUARDED_BY(mu_);
+  // Batches of commands on their way through the checkpoint writer
+  // (Enqueue): while any is, later commands follow them there.
+  int64_t via_writer_ ABSL_GUARDED_BY(mu_) = 0;
   // Reports of what the writer wrote (checkpoints, a job's end after its
   // export) and the count of written pool checkpoints (writer thread).
   std::vector<TrainerReport> written_ ABSL_GUARDED_BY(mu_);

@@ -40,6 +40,10 @@ void Trainer::OrderAttaches(std::deque<TrainerCommand>& batch) {
   }
 }
 
+bool Trainer::ReadsFiles(const TrainerCommand& command) {
+  return std::holds_alternative<AttachJob>(command);
+}
+
 void Trainer::ReadFiles(AttachJob& command) {
   command.prepared =
       CatchTorch("attach", [&] { return ReadAttachFiles(command); });

@@ -8,7 +8,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <string>
@@ -653,6 +655,46 @@ TEST_F(ServiceSessionTest, RlLoopRaisesTheRewardWithAdamWAndMuon) {
     EXPECT_LT(run.rewards[0], 0.25) << run.loss_fn;
     EXPECT_GT(last, 0.6) << run.loss_fn;
   }
+}
+
+// No session call waits for a checkpoint being written: while the checkpoint
+// writer holds a job's checkpoint, a session opens, runs forward_backward
+// and steps, and every answer comes before that checkpoint is on disk.
+TEST(ServiceSessionCheckpointTest, CallsAnswerWhileACheckpointIsBeingWritten) {
+  const std::string state = FreshTestDir("slow-checkpoint");
+  auto server = StartServer(state, 2,
+                            {"--checkpoint-interval=1",
+                             "--test-faults=slow_checkpoint:ms=30000,times=1"});
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  auto dataset = client->UploadDatasetContents(ReversalJsonl(20, 3), "d");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  auto job = client->CreateJob(
+      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 40, 1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string held = "holding a checkpoint write";
+  for (int i = 0; i < 1200 && !absl::StrContains(server->Log(), held); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(absl::StrContains(server->Log(), held)) << server->Log();
+
+  auto session = client->CreateSession(
+      SessionRequest(v1::OPTIMIZER_FAMILY_ADAMW, 1e-2, 5));
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto fb = client->ForwardBackward(CrossEntropy(session->name(), 1));
+  ASSERT_TRUE(fb.ok()) << fb.status();
+  EXPECT_GT(fb->forward_backward().loss(), 0.0);
+  auto stepped = client->OptimStep(Step(session->name(), 2, 1e-2));
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  EXPECT_EQ(stepped->optim_step().steps(), 1);
+  // The held write is still under way: the job has no checkpoint yet.
+  const std::filesystem::path job_dir =
+      std::filesystem::path(state) / "checkpoints" / job->name().substr(5);
+  std::error_code error;
+  EXPECT_TRUE(!std::filesystem::exists(job_dir, error) ||
+              std::filesystem::is_empty(job_dir, error))
+      << job_dir;
+  server->Kill();
 }
 
 }  // namespace
