@@ -21,6 +21,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/common/free_port.h"
 #include "tests/server/service_fixture.h"
+#include "tests/server/tinker_requests.h"
 #include "tinker/tinker_public.pb.h"
 
 namespace loraplex {
@@ -298,26 +299,8 @@ TEST_F(ServiceRowLimitsTest, TinkerForwardBackwardRefusesRowsPastTheLimit) {
       input.push_back(static_cast<int32_t>('a' + i % 26));
       targets.push_back('a' + (i + 1) % 26);
     }
-    const std::vector<float> weights(targets.size(), 1.0f);
-    tinker_public::ForwardBackwardRequest request;
-    request.set_model_id(model_id);
-    request.set_seq_id(seq_id);
-    request.set_loss_fn("cross_entropy");
-    tinker_public::Datum* datum = request.add_data();
-    datum->add_model_input()->mutable_encoded_text()->set_tokens(
-        std::string(reinterpret_cast<const char*>(input.data()),
-                    input.size() * sizeof(int32_t)));
-    tinker_public::Tensor& t =
-        (*datum->mutable_loss_fn_inputs())["target_tokens"];
-    t.set_dtype(tinker_public::DTYPE_INT64);
-    t.set_dense(std::string(reinterpret_cast<const char*>(targets.data()),
-                            targets.size() * sizeof(int64_t)));
-    t.add_shape(tokens);
-    tinker_public::Tensor& w = (*datum->mutable_loss_fn_inputs())["weights"];
-    w.set_dtype(tinker_public::DTYPE_FLOAT32);
-    w.set_dense(std::string(reinterpret_cast<const char*>(weights.data()),
-                            weights.size() * sizeof(float)));
-    w.add_shape(tokens);
+    const tinker_public::ForwardBackwardRequest request =
+        TinkerCrossEntropyRequest(model_id, seq_id, input, targets);
     httplib::Result result =
         http.Post("/api/v1/forward_backward", key, request.SerializeAsString(),
                   "application/x-protobuf");

@@ -20,6 +20,7 @@
 #include "tests/common/server_process.h"
 #include "tests/common/test_dir.h"
 #include "tests/common/tls_files.h"
+#include "tests/server/tinker_requests.h"
 #include "tinker/tinker_public.pb.h"
 
 namespace loraplex {
@@ -135,27 +136,8 @@ class TinkerHttpTest : public ::testing::Test {
                               bool forward_only) {
     const std::vector<int32_t> input = {5, 17, 33, 9, 41, 12};
     const std::vector<int64_t> targets = {17, 33, 9, 41, 12, 7};
-    const std::vector<float> weights(targets.size(), 1.0f);
-    tinker_public::ForwardBackwardRequest request;
-    request.set_model_id(model);
-    request.set_seq_id(seq);
-    request.set_loss_fn("cross_entropy");
-    request.set_forward_only(forward_only);
-    tinker_public::Datum* datum = request.add_data();
-    datum->add_model_input()->mutable_encoded_text()->set_tokens(
-        std::string(reinterpret_cast<const char*>(input.data()),
-                    input.size() * sizeof(int32_t)));
-    tinker_public::Tensor& t =
-        (*datum->mutable_loss_fn_inputs())["target_tokens"];
-    t.set_dtype(tinker_public::DTYPE_INT64);
-    t.set_dense(std::string(reinterpret_cast<const char*>(targets.data()),
-                            targets.size() * sizeof(int64_t)));
-    t.add_shape(static_cast<int64_t>(targets.size()));
-    tinker_public::Tensor& w = (*datum->mutable_loss_fn_inputs())["weights"];
-    w.set_dtype(tinker_public::DTYPE_FLOAT32);
-    w.set_dense(std::string(reinterpret_cast<const char*>(weights.data()),
-                            weights.size() * sizeof(float)));
-    w.add_shape(static_cast<int64_t>(weights.size()));
+    const tinker_public::ForwardBackwardRequest request =
+        TinkerCrossEntropyRequest(model, seq, input, targets, forward_only);
     auto [status, answer] =
         Post("/api/v1/forward_backward", kAliceKey, request.SerializeAsString(),
              "application/x-protobuf");
