@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,32 @@ torch::Tensor Linear(const torch::Tensor& x, const LinearWeights& linear) {
 absl::Status TorchError(const c10::Error& e) {
   return absl::InternalError(
       absl::StrCat("model forward failed: ", e.what_without_backtrace()));
+}
+
+// Packed rows (ForwardOptions::segment_ids [B, T], lengths [B]): each
+// token's position, its distance from the first token of its example, and
+// its extent, the length of that example, by which LongRoPE picks its
+// factors. Padding after a row's length counts as an example of its own.
+std::pair<torch::Tensor, torch::Tensor> PackedPositions(
+    const torch::Tensor& segments, const torch::Tensor& lengths) {
+  const int64_t seq = segments.size(1);
+  const torch::Tensor index =
+      torch::arange(seq, segments.options()).expand_as(segments);
+  // Whether an example ends after each token.
+  torch::Tensor ends = torch::ones_like(segments, torch::kBool);
+  ends.narrow(1, 0, seq - 1)
+      .copy_(segments.narrow(1, 1, seq - 1) != segments.narrow(1, 0, seq - 1));
+  ends = ends | (index == lengths.view({-1, 1}) - 1);
+  torch::Tensor starts = torch::ones_like(ends);
+  starts.narrow(1, 1, seq - 1).copy_(ends.narrow(1, 0, seq - 1));
+  const torch::Tensor first = std::get<0>(
+      torch::where(starts, index, torch::zeros_like(index)).cummax(1));
+  const torch::Tensor last =
+      std::get<0>(torch::where(ends, index, torch::full_like(index, seq))
+                      .flip(1)
+                      .cummin(1))
+          .flip(1);
+  return {index - first, last - first + 1};
 }
 
 }  // namespace
@@ -346,34 +373,11 @@ torch::Tensor LlamaModel::HiddenStates(const torch::Tensor& input_ids,
                                        const ForwardOptions& options) const {
   const int64_t seq = input_ids.size(1);
   const torch::Tensor& segments = options.segment_ids;
-  // Packed examples restart their positions: a token's position is its
-  // distance from the first token of its example.
-  // LongRoPE picks each token's factors by its example's length (the
-  // padding after a row's length counts apart).
   torch::Tensor positions;
   torch::Tensor extents;
   if (segments.defined()) {
-    const torch::Tensor ids = segments.to(device_);
-    const torch::Tensor index =
-        torch::arange(
-            seq, torch::TensorOptions().dtype(torch::kInt64).device(device_))
-            .expand_as(ids);
-    const torch::Tensor last = lengths.to(device_).view({-1, 1}) - 1;
-    torch::Tensor breaks = torch::ones_like(ids, torch::kBool);  // After.
-    breaks.narrow(1, 0, seq - 1)
-        .copy_(ids.narrow(1, 1, seq - 1) != ids.narrow(1, 0, seq - 1));
-    breaks = breaks | (index == last);
-    torch::Tensor starts = torch::ones_like(breaks);
-    starts.narrow(1, 1, seq - 1).copy_(breaks.narrow(1, 0, seq - 1));
-    const torch::Tensor first = std::get<0>(
-        torch::where(starts, index, torch::zeros_like(index)).cummax(1));
-    const torch::Tensor end =
-        std::get<0>(torch::where(breaks, index, torch::full_like(index, seq))
-                        .flip(1)
-                        .cummin(1))
-            .flip(1);
-    positions = index - first;
-    extents = end - first + 1;
+    std::tie(positions, extents) =
+        PackedPositions(segments.to(device_), lengths.to(device_));
   }
   auto tables = [&](const RotaryEmbedding& rotary) {
     return positions.defined()
