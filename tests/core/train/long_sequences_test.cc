@@ -6,6 +6,7 @@
 // Llama, sliding-window layers (Mistral, Gemma 3, OLMo 3), LongRoPE with
 // fused projections (Phi-3).
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <memory>
@@ -381,6 +382,50 @@ TEST(LongSequencesTest, CheckpointedSlotsTrainToTheSameWeights) {
       }
     }
   }
+}
+
+// On a GPU (the next GPU run; skipped without one): co-batched calls with
+// checkpointing give the gradients they give without, bit for bit in fp64,
+// and a packed micro-batch the loss and gradients of its examples unpacked.
+TEST(LongSequencesTest, CheckpointingAndPackingOnCudaChangeNothing) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const LlamaModel& model = TinyModelOn(CudaDevice(), torch::kFloat64);
+  auto adapter = MakeAdapter(model, 0.1, 9);
+  ByteTokenizer tokenizer;
+  auto dataset = ParseJsonlDataset(ReversalJsonl(9, 4), tokenizer);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  auto packed = BuildSequences(*dataset, {64, true});
+  auto unpacked = BuildSequences(*dataset, {64, false});
+  ASSERT_TRUE(packed.ok() && unpacked.ok());
+  PassOwners owners{{adapter.get()}, {}, {LossFnSpec{}}};
+  auto run = [&](const std::vector<Sequence>& sequences, int64_t every,
+                 std::vector<uint64_t> seeds) {
+    DropGrads(*adapter);
+    owners.dropout_seeds = std::move(seeds);
+    const std::vector<Row> rows = RowsOf(sequences);
+    PassSums sums{{0.0}};
+    MicroBatchOptions options;
+    options.checkpointing.mode =
+        every == 0 ? CheckpointMode::kOff : CheckpointMode::kEvery;
+    options.checkpointing.every = std::max<int64_t>(1, every);
+    for (const std::vector<Piece>& micro : PlanMicroBatches(rows, 40)) {
+      absl::Status status =
+          RunMicroBatch(model, micro, owners, true, options, sums);
+      EXPECT_TRUE(status.ok()) << status;
+    }
+    return std::make_pair(sums.losses[0], OnCpu(Grads(*adapter)));
+  };
+  // With dropout: checkpointing recomputes the same masks.
+  const auto [loss, grads] = run(unpacked->sequences, 0, {17});
+  const auto [checkpointed_loss, checkpointed_grads] =
+      run(unpacked->sequences, 1, {17});
+  EXPECT_EQ(checkpointed_loss, loss);
+  EXPECT_TRUE(AllEqual(checkpointed_grads, grads));
+  // Without dropout (its masks follow positions, which packing moves).
+  const auto [plain_loss, plain_grads] = run(unpacked->sequences, 0, {});
+  const auto [packed_loss, packed_grads] = run(packed->sequences, 1, {});
+  EXPECT_NEAR(packed_loss, plain_loss, kFp64ShapeBound * std::abs(plain_loss));
+  EXPECT_LE(MaxRelativeDiff(packed_grads, plain_grads), kFp64ShapeBound);
 }
 
 }  // namespace
