@@ -216,6 +216,61 @@ bool LayerIsSliding(const ModelConfig& config, int64_t layer) {
 namespace {
 
 absl::StatusOr<ModelConfig> ModelConfigFromJson(const json& root,
+                                                const std::string& label);
+
+// A multimodal wrapper's config: text_config, completed with the text
+// config class's defaults and the top-level keys transformers reads from
+// the outer config, parsed by the text family. vision_config is not read.
+absl::StatusOr<ModelConfig> WrappedConfigFromJson(const ConfigReader& reader,
+                                                  const ModelFamilySpec& family,
+                                                  const ModelConfig& outer) {
+  const WrappedTextModel& wrapped = *family.wrapped;
+  const json& root = reader.root();
+  if (reader.Has("text_config") && !root["text_config"].is_object()) {
+    return reader.Error("text_config", "must be an object");
+  }
+  json text = json::parse(wrapped.text_defaults);
+  text["model_type"] = std::string(wrapped.text_model_type);
+  if (reader.Has("text_config")) {
+    const json& given = root["text_config"];
+    if (given.contains("model_type") &&
+        given["model_type"] != std::string(wrapped.text_model_type)) {
+      return reader.Error("text_config.model_type",
+                          absl::StrCat("must be \"", wrapped.text_model_type,
+                                       "\" for "
+                                       "model_type \"",
+                                       family.model_type, "\", got ",
+                                       DescribeJson(given["model_type"])));
+    }
+    for (const auto& [key, value] : given.items()) {
+      if (key != "architectures") text[key] = value;
+    }
+    // A default top-level rope_theta would win over the settings' own.
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {
+      if (!given.contains("rope_theta") && given.contains(key) &&
+          given[key].is_object() && given[key].contains("rope_theta")) {
+        text.erase("rope_theta");
+      }
+    }
+  }
+  for (absl::string_view key : wrapped.top_level_keys) {
+    const std::string name(key);
+    if (!reader.Has(name.c_str())) continue;
+    if (name == "dtype" || name == "torch_dtype") {
+      text.erase("dtype");
+      text.erase("torch_dtype");
+    }
+    text[name] = root[name];
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      ModelConfig config,
+      ModelConfigFromJson(text, absl::StrCat(reader.label(), ": text_config")));
+  config.model_type = outer.model_type;
+  config.name_or_path = outer.name_or_path;
+  return config;
+}
+
+absl::StatusOr<ModelConfig> ModelConfigFromJson(const json& root,
                                                 const std::string& label) {
   if (!root.is_object()) {
     return absl::InvalidArgumentError(
@@ -228,6 +283,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromJson(const json& root,
   if (auto it = root.find("_name_or_path");
       it != root.end() && it->is_string()) {
     config.name_or_path = it->get<std::string>();
+  }
+  if (family->wrapped != nullptr) {
+    return WrappedConfigFromJson(reader, *family, config);
   }
   LORAPLEX_ASSIGN_OR_RETURN(config.vocab_size,
                             reader.PositiveInt("vocab_size"));
@@ -340,8 +398,19 @@ json RopeToJson(const RopeConfig& rope) {
 }  // namespace
 
 std::string ModelConfigToJson(const ModelConfig& config) {
-  json out;
   const ModelFamilySpec* family = FindModelFamily(config.model_type);
+  if (family != nullptr && family->wrapped != nullptr) {
+    ModelConfig text_config = config;
+    text_config.model_type = std::string(family->wrapped->text_model_type);
+    json out = {{"model_type", config.model_type},
+                {"architectures", {std::string(family->architectures.front())}},
+                {"text_config", json::parse(ModelConfigToJson(text_config))},
+                {"tie_word_embeddings", config.tie_word_embeddings},
+                {"torch_dtype", std::string(StoredDtypeName(config.dtype))}};
+    out["text_config"].erase("architectures");
+    return out.dump(2) + "\n";
+  }
+  json out;
   out["model_type"] = config.model_type;
   if (family != nullptr) {
     out["architectures"] = {std::string(family->architectures.front())};

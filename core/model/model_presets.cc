@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "core/model/model_family.h"
 #include "core/model/model_weights.h"
 #include "core/safetensors/safetensors.h"
 #include "core/tokenizer/tokenizer.h"
@@ -120,7 +121,12 @@ absl::Status WriteRandomModel(const ModelConfig& config, uint64_t seed,
       tensor =
           PortableNormal(spec.shape, 1.0 / std::sqrt(fan_in), seed, spec.name);
     }
-    tensors.push_back({spec.name, tensor.to(TorchScalarType(config.dtype))});
+    // A multimodal wrapper's text model, under transformers 5's paths.
+    const WrappedTextModel* wrapped = WrappedTextModelOf(config);
+    tensors.push_back({wrapped == nullptr
+                           ? spec.name
+                           : WrappedName(wrapped->layouts.front(), spec.name),
+                       tensor.to(TorchScalarType(config.dtype))});
   }
   const fs::path root(dir);
   LORAPLEX_RETURN_IF_ERROR(WriteSafetensors(

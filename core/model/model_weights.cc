@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status_macros.h"
+#include "core/model/model_family.h"
 #include "core/safetensors/safetensors.h"
 
 namespace loraplex {
@@ -23,10 +24,37 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// Tensors some exporters write that carry no weights of ours.
-bool IsIgnorable(const std::string& name, const ModelConfig& config) {
+// Tensors some exporters write that carry no weights of ours: RoPE
+// tables, a tied LM head's copy, a multimodal model's other towers.
+bool IsIgnorable(const std::string& name, const ModelConfig& config,
+                 const std::string& lm_head_name) {
   if (absl::EndsWith(name, "rotary_emb.inv_freq")) return true;
-  return config.tie_word_embeddings && name == "lm_head.weight";
+  if (const WrappedTextModel* wrapped = WrappedTextModelOf(config)) {
+    for (absl::string_view prefix : wrapped->other_prefixes) {
+      if (absl::StartsWith(name, prefix)) return true;
+    }
+  }
+  return config.tie_word_embeddings && name == lm_head_name;
+}
+
+// How the checkpoint names a text-model tensor: as is, or under the
+// layout of a multimodal wrapper whose embeddings the checkpoint holds
+// (the first layout when none matches, for the error messages).
+std::function<std::string(const std::string&)> CheckpointNames(
+    const ModelConfig& config, const SafetensorsCheckpoint& checkpoint) {
+  const WrappedTextModel* wrapped = WrappedTextModelOf(config);
+  if (wrapped == nullptr) {
+    return [](const std::string& name) { return name; };
+  }
+  WrappedTextModel::Layout layout = wrapped->layouts.front();
+  for (const WrappedTextModel::Layout& candidate : wrapped->layouts) {
+    if (checkpoint.Find(WrappedName(candidate, "model.embed_tokens.weight"))) {
+      layout = candidate;
+      break;
+    }
+  }
+  return
+      [layout](const std::string& name) { return WrappedName(layout, name); };
 }
 
 }  // namespace
@@ -190,7 +218,9 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
                                               torch::Device device) {
   LORAPLEX_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint,
                             SafetensorsCheckpoint::OpenDirectory(dir));
-  const std::vector<TensorSpec> specs = ModelTensorSpecs(config);
+  std::vector<TensorSpec> specs = ModelTensorSpecs(config);
+  const auto stored_name = CheckpointNames(config, checkpoint);
+  for (TensorSpec& spec : specs) spec.name = stored_name(spec.name);
   std::vector<std::string> missing, misshapen, unexpected, bad_dtype;
   std::set<std::string> expected;
   for (const TensorSpec& spec : specs) {
@@ -208,7 +238,8 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
     }
   }
   for (const std::string& name : checkpoint.names()) {
-    if (!expected.count(name) && !IsIgnorable(name, config)) {
+    if (!expected.count(name) &&
+        !IsIgnorable(name, config, stored_name("lm_head.weight"))) {
       unexpected.push_back(name);
     }
   }
@@ -242,7 +273,7 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
   absl::Status load_status;
   ModelWeights weights = AssembleModelWeights(
       config, [&](const std::string& name) -> torch::Tensor {
-        auto tensor = checkpoint.Load(name);
+        auto tensor = checkpoint.Load(stored_name(name));
         if (!tensor.ok()) {
           if (load_status.ok()) load_status = tensor.status();
           return torch::Tensor();

@@ -81,7 +81,8 @@ INSTANTIATE_TEST_SUITE_P(
                       "qwen2_bias_sharded", "mistral_window", "llama_bf16",
                       "qwen3_tied", "qwen3_bias", "olmo2_post_norm",
                       "olmo3_window", "gemma3_text_window", "qwen3_bf16",
-                      "gemma3_text_bf16", "phi3_longrope", "phi3_tied"));
+                      "gemma3_text_bf16", "phi3_longrope", "phi3_tied",
+                      "gemma3_mm", "gemma3_mm_v4"));
 
 class GoldenBf16Test : public ::testing::TestWithParam<std::string> {};
 
@@ -147,6 +148,49 @@ TEST(GoldenTest, LegacyRopeKeysGiveSameLogits) {
   ASSERT_TRUE(logits.defined());
   EXPECT_LE(MaxValidDiff(logits, golden.logits.at("logits"), golden.lengths),
             1e-4);
+}
+
+// A multimodal gemma3 checkpoint is checked on its text tensors only, named
+// as its layout stores them; the vision tower and projector are never
+// unexpected.
+TEST(GoldenTest, Gemma3MultimodalErrorsNameTheTextTensorsOnly) {
+  using Case = std::pair<std::string, std::string>;
+  for (const auto& [fixture, text] :
+       {Case{"gemma3_mm", "model.language_model."},
+        Case{"gemma3_mm_v4", "language_model.model."}}) {
+    SCOPED_TRACE(fixture);
+    const std::string source = FixtureDir(fixture);
+    const fs::path copy = FreshTestDir();
+    auto original = SafetensorsFile::Open(source + "/model.safetensors");
+    ASSERT_TRUE(original.ok());
+    std::vector<NamedTensor> tensors;
+    int vision = 0;
+    for (const auto& info : (*original)->tensors()) {
+      if (info.name == text + "layers.1.mlp.up_proj.weight") continue;
+      torch::Tensor value = (*original)->Load(info.name).value();
+      if (info.name == text + "norm.weight") value = torch::zeros({5});
+      vision += info.name.find("vision_tower.") != std::string::npos;
+      tensors.push_back({info.name, value});
+    }
+    EXPECT_GT(vision, 0);
+    tensors.push_back(
+        {text + "layers.9.mlp.up_proj.weight", torch::zeros({2})});
+    ASSERT_TRUE(
+        WriteSafetensors((copy / "model.safetensors").string(), tensors).ok());
+    fs::copy(source + "/config.json", copy / "config.json");
+    auto model = LlamaModel::Load(copy.string(), ModelLoadOptions{});
+    ASSERT_FALSE(model.ok());
+    const std::string message(model.status().message());
+    EXPECT_NE(message.find("gemma3, 3 layers): 1 missing tensor(s): " + text +
+                           "layers.1.mlp.up_proj.weight; 1 tensor(s) with the "
+                           "wrong shape: " +
+                           text +
+                           "norm.weight is [5], expected [32]; 1 "
+                           "unexpected tensor(s): " +
+                           text + "layers.9.mlp.up_proj.weight"),
+              std::string::npos)
+        << message;
+  }
 }
 
 // fp16 checkpoints load and compute in fp32 by default (CPU kernels for

@@ -42,14 +42,14 @@ TEST(ModelFamilyConfigTest, EveryFamilyIsRegisteredOnceAndFoundByName) {
     EXPECT_FALSE(family->architectures.empty());
   }
   for (const char* type : {"llama", "qwen2", "mistral", "qwen3", "olmo2",
-                           "olmo3", "gemma3_text", "phi3"}) {
+                           "olmo3", "gemma3_text", "phi3", "gemma3"}) {
     EXPECT_NE(FindModelFamily(type), nullptr) << type;
   }
   EXPECT_EQ(FindModelFamily("gpt2"), nullptr);
   EXPECT_THAT(ConfigJsonError(Base("gpt2", "GPT2LMHeadModel")),
               HasSubstr("model_type \"gpt2\" is not supported (supported: "
                         "llama, qwen2, mistral, qwen3, olmo2, olmo3, "
-                        "gemma3_text, phi3)"));
+                        "gemma3_text, phi3, gemma3)"));
 }
 
 TEST(ModelFamilyConfigTest, LlamaLayoutKeepsItsDefaults) {
@@ -219,6 +219,102 @@ TEST(ModelFamilyConfigTest, UnimplementedFeaturesAreRefusedByName) {
   EXPECT_TRUE(ParseConfigJson(raw).ok());
 }
 
+// google/gemma-3-4b-it's config.json as transformers 4.x wrote it: the text
+// model's keys under text_config, Gemma3TextConfig's defaults left out,
+// dtype and token ids at the top level.
+json Gemma3Multimodal() {
+  return json::parse(R"({
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999, "eoi_token_index": 256000,
+    "eos_token_id": [1, 106], "image_token_index": 262144,
+    "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {
+      "hidden_size": 2560, "intermediate_size": 10240,
+      "model_type": "gemma3_text", "num_hidden_layers": 34,
+      "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+      "sliding_window": 1024
+    },
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896,
+      "intermediate_size": 4304, "model_type": "siglip_vision_model",
+      "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+      "vision_use_head": false}
+  })");
+}
+
+TEST(ModelFamilyConfigTest, Gemma3MultimodalReadsTextConfigWithDefaults) {
+  auto config = ParseConfigJson(Gemma3Multimodal());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model_type, "gemma3");
+  EXPECT_EQ(config->hidden_size, 2560);
+  EXPECT_EQ(config->intermediate_size, 10240);
+  EXPECT_EQ(config->num_hidden_layers, 34);
+  // Gemma3TextConfig's defaults.
+  EXPECT_EQ(config->vocab_size, 262208);
+  EXPECT_EQ(config->num_attention_heads, 8);
+  EXPECT_EQ(config->num_key_value_heads, 4);
+  EXPECT_EQ(config->head_dim, 256);
+  EXPECT_EQ(config->max_position_embeddings, 131072);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(*config->attention_scale, 1.0 / 16.0);
+  EXPECT_EQ(config->rope.type, RopeType::kLinear);
+  EXPECT_DOUBLE_EQ(config->rope.factor, 8.0);
+  EXPECT_DOUBLE_EQ(config->rope.theta, 1e6);
+  ASSERT_TRUE(config->sliding_rope.has_value());
+  EXPECT_DOUBLE_EQ(config->sliding_rope->theta, 1e4);
+  EXPECT_EQ(config->sliding_window, 1024);
+  EXPECT_EQ(SlidingLayers(*config).size(), 34u - 5u);  // Every 6th global.
+  EXPECT_EQ(config->activation, MlpActivation::kGeluTanh);
+  EXPECT_EQ(config->norm_placement, NormPlacement::kSandwich);
+  // The top level's.
+  EXPECT_EQ(config->dtype, StoredDtype::kBFloat16);
+  EXPECT_EQ(config->eos_token_id, 1);
+  EXPECT_EQ(config->bos_token_id, 2);
+  EXPECT_EQ(config->pad_token_id, 0);
+}
+
+TEST(ModelFamilyConfigTest, Gemma3MultimodalTopLevelKeysWin) {
+  json raw = Gemma3Multimodal();
+  raw["text_config"]["tie_word_embeddings"] = true;
+  raw["tie_word_embeddings"] = false;
+  raw["text_config"]["dtype"] = "float32";
+  raw["text_config"]["vocab_size"] = 300;
+  raw["eos_token_id"] = 7;
+  auto config = ParseConfigJson(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->tie_word_embeddings);
+  EXPECT_EQ(config->dtype, StoredDtype::kBFloat16);
+  EXPECT_EQ(config->eos_token_id, 7);
+  EXPECT_EQ(config->vocab_size, 300);
+}
+
+TEST(ModelFamilyConfigTest, Gemma3MultimodalErrorsNameTextConfig) {
+  json raw = Gemma3Multimodal();
+  raw["text_config"]["num_attention_heads"] = 0;
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("config.json: text_config: num_attention_heads must "
+                        "be a positive integer"));
+  raw = Gemma3Multimodal();
+  raw["text_config"]["model_type"] = "llama";
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("text_config.model_type must be \"gemma3_text\" for "
+                        "model_type \"gemma3\", got \"llama\""));
+  raw = Gemma3Multimodal();
+  raw["text_config"] = 5;
+  EXPECT_THAT(ConfigJsonError(raw), HasSubstr("text_config must be an object"));
+  raw = Gemma3Multimodal();
+  raw["text_config"]["final_logit_softcapping"] = 30.0;
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("text_config: final_logit_softcapping 30.0 is not "
+                        "supported"));
+  raw = Gemma3Multimodal();
+  raw["architectures"] = {"Gemma3ForCausalLM"};
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("expected \"Gemma3ForConditionalGeneration\""));
+}
+
 // Phi-3.5-mini's keys, as 4.x writes them: LongRoPE in rope_scaling, the
 // original context on its own, Phi3Config's eps default.
 json Phi3LongRope() {
@@ -310,7 +406,8 @@ TEST(ModelFamilyConfigTest, WrittenJsonParsesBackForEveryFamily) {
                                Base("olmo2", "Olmo2ForCausalLM"),
                                Base("olmo3", "Olmo3ForCausalLM"),
                                Base("gemma3_text", "Gemma3ForCausalLM"),
-                               Phi3LongRope()};
+                               Phi3LongRope(),
+                               Gemma3Multimodal()};
   configs[0]["sliding_window"] = 16;
   configs[1]["use_sliding_window"] = true;
   configs[1]["sliding_window"] = 8;

@@ -85,6 +85,8 @@ FAMILY_CLASSES = {
         "Gemma3ForCausalLM",
         "Phi3Config",
         "Phi3ForCausalLM",
+        "Gemma3Config",
+        "Gemma3ForConditionalGeneration",
     )
 }
 
@@ -214,7 +216,7 @@ def make_cases() -> list[dict]:
             seed=1006,
             bf16=True,
         ),
-    ] + family_cases()
+    ] + family_cases() + multimodal_cases()
 
 
 def family_cases() -> list[dict]:
@@ -381,6 +383,133 @@ def family_cases() -> list[dict]:
     ]
 
 
+# A tiny SigLIP tower, so that the multimodal checkpoints really hold vision
+# and projector weights; the image token ids sit inside the vocabulary.
+TINY_VISION = dict(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=8, patch_size=4
+)
+MM_TOKENS = dict(mm_tokens_per_image=4, boi_token_index=125, eoi_token_index=126, image_token_index=127)
+
+
+def multimodal_cases() -> list[dict]:
+    """Gemma3ForConditionalGeneration, whose text model loraplex trains."""
+    c = FAMILY_CLASSES
+    if not TF_V5 or c["Gemma3ForConditionalGeneration"] is None:
+        return []
+    text = dict(
+        COMMON,
+        num_hidden_layers=3,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return [
+        dict(
+            # Stored under the module paths of transformers 5
+            # (model.language_model., model.vision_tower., lm_head untied),
+            # with the config save_pretrained writes.
+            name="gemma3_mm",
+            model_cls=c["Gemma3ForConditionalGeneration"],
+            config=c["Gemma3Config"](
+                text_config=dict(
+                    text,
+                    tie_word_embeddings=False,
+                    query_pre_attn_scalar=24,
+                    rope_parameters={
+                        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    },
+                ),
+                vision_config=TINY_VISION,
+                tie_word_embeddings=False,
+                **MM_TOKENS,
+            ),
+            seed=1020,
+            mm_layout="module",
+        ),
+        dict(
+            # As transformers 4.x wrote it (google/gemma-3-*-it):
+            # language_model.model., vision_tower.vision_model., tied; a
+            # config whose text_config leaves out Gemma3TextConfig's defaults
+            # (query_pre_attn_scalar, RoPE bases) and uses the 4.x keys.
+            name="gemma3_mm_v4",
+            model_cls=c["Gemma3ForConditionalGeneration"],
+            config=c["Gemma3Config"](
+                text_config=dict(
+                    text,
+                    tie_word_embeddings=True,
+                    rope_parameters={
+                        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    },
+                ),
+                vision_config=TINY_VISION,
+                **MM_TOKENS,
+            ),
+            seed=1021,
+            mm_layout="v4",
+        ),
+    ]
+
+
+def save_multimodal(case: dict, model, case_dir: Path) -> None:
+    """Writes a Gemma3ForConditionalGeneration checkpoint in the case's layout."""
+    if case["mm_layout"] == "module":
+        model.config.save_pretrained(str(case_dir))
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        assert "lm_head.weight" in state and "model.language_model.embed_tokens.weight" in state
+        save_file(state, str(case_dir / "model.safetensors"), metadata={"format": "pt"})
+        return
+    state = {}
+    for k, v in model.state_dict().items():
+        if k == "lm_head.weight":
+            continue  # Tied.
+        for old, new in (
+            ("model.language_model.", "language_model.model."),
+            ("model.vision_tower.", "vision_tower.vision_model."),
+            ("model.multi_modal_projector.", "multi_modal_projector."),
+        ):
+            if k.startswith(old):
+                k = new + k[len(old) :]
+                break
+        else:
+            raise AssertionError(k)
+        state[k] = v.contiguous()
+    save_file(state, str(case_dir / "model.safetensors"), metadata={"format": "pt"})
+    t = model.config.text_config
+    config = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": {
+            "model_type": "gemma3_text",
+            "hidden_size": t.hidden_size,
+            "intermediate_size": t.intermediate_size,
+            "num_hidden_layers": t.num_hidden_layers,
+            "num_attention_heads": t.num_attention_heads,
+            "num_key_value_heads": t.num_key_value_heads,
+            "head_dim": t.head_dim,
+            "vocab_size": t.vocab_size,
+            "max_position_embeddings": t.max_position_embeddings,
+            "rms_norm_eps": t.rms_norm_eps,
+            "sliding_window": t.sliding_window,
+            "sliding_window_pattern": 2,
+            "rope_scaling": {"factor": 2.0, "rope_type": "linear"},
+        },
+        "vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
+        "bos_token_id": 1,
+        "eos_token_id": [2, 3],
+        "pad_token_id": 0,
+        **MM_TOKENS,
+        "torch_dtype": "float32",
+        "transformers_version": "4.50.0.dev0",
+    }
+    (case_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def build_model(case: dict) -> torch.nn.Module:
     config = copy.deepcopy(case["config"])
     config._attn_implementation = "eager"
@@ -473,7 +602,12 @@ def run_case(case: dict, out_dir: Path) -> None:
 
     model = build_model(case)
     cfg = model.config
+    mm = "mm_layout" in case
+    if mm:
+        cfg = cfg.text_config
     ids, lengths, mask = make_inputs(case["seed"] + 7, cfg.vocab_size)
+    if mm:
+        assert not any(int(i) in MM_TOKENS.values() for i in ids.flatten()), "an image token among the inputs"
     tensors = {"input_ids": ids, "lengths": lengths}
 
     if case.get("bf16"):
@@ -555,7 +689,10 @@ def run_case(case: dict, out_dir: Path) -> None:
     save_kwargs = {}
     if "max_shard_size" in case:
         save_kwargs["max_shard_size"] = case["max_shard_size"]
-    model.save_pretrained(str(case_dir), safe_serialization=True, **save_kwargs)
+    if mm:
+        save_multimodal(case, model, case_dir)
+    else:
+        model.save_pretrained(str(case_dir), safe_serialization=True, **save_kwargs)
     gen_cfg = case_dir / "generation_config.json"
     if gen_cfg.exists():
         gen_cfg.unlink()
@@ -567,11 +704,17 @@ def run_case(case: dict, out_dir: Path) -> None:
     # ---- checks on what was written ----
     names = saved_tensor_names(case_dir)
     assert len(names) == len(set(names)), "duplicate tensor names across shards"
-    if cfg.tie_word_embeddings:
+    if mm:
+        text = "model.language_model." if case["mm_layout"] == "module" else "language_model.model."
+        assert f"{text}embed_tokens.weight" in names
+        assert any("vision_tower." in n for n in names) and any("multi_modal_projector." in n for n in names)
+        assert ("lm_head.weight" in names) == (case["mm_layout"] == "module")
+    elif cfg.tie_word_embeddings:
         assert "lm_head.weight" not in names, "tied checkpoint must not contain lm_head.weight"
     else:
         assert "lm_head.weight" in names, "untied checkpoint must contain lm_head.weight"
-    assert "model.embed_tokens.weight" in names
+    if not mm:
+        assert "model.embed_tokens.weight" in names
 
     if "max_shard_size" in case:
         index = case_dir / "model.safetensors.index.json"
@@ -589,7 +732,17 @@ def run_case(case: dict, out_dir: Path) -> None:
     assert dtypes == {want}, f"stored dtypes {dtypes}, expected {want}"
 
     # Reload the saved checkpoint and reproduce the stored logits.
-    re32 = reload(case_dir, torch.float32)
+    if mm:
+        # Every tensor of the layout is one transformers reads (vision too).
+        re32, info = case["model_cls"].from_pretrained(
+            str(case_dir), attn_implementation="eager", output_loading_info=True, **{DTYPE_KW: torch.float32}
+        )
+        re32.eval()
+        assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+        re_cfg = re32.config.text_config
+        assert re_cfg.layer_types == cfg.layer_types and re_cfg.rope_parameters == cfg.rope_parameters, re_cfg
+    else:
+        re32 = reload(case_dir, torch.float32)
     run = forward_unpadded if case.get("per_row_rope") else forward
     d32 = assert_close(
         f"{name} reload fp32", run(re32, ids, lengths if case.get("per_row_rope") else mask), tensors["logits"], 1e-6

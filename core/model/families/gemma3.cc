@@ -6,6 +6,11 @@
 // interleaved sliding-window and global layers (five sliding, one global by
 // default) whose RoPE bases differ (rope_local_base_freq for the sliding
 // ones).
+//
+// model_type "gemma3" (Gemma3ForConditionalGeneration: Gemma 3 4B-27B with
+// their SigLIP vision tower) trains its text model: text_config is read as
+// a gemma3_text config (with Gemma3TextConfig's defaults for the keys
+// transformers leaves out), the vision tower and projector are skipped.
 #include <cmath>
 
 #include "core/common/status_macros.h"
@@ -50,7 +55,40 @@ void WriteGemma3(const ModelConfig& config, nlohmann::json& out) {
   out["query_pre_attn_scalar"] = 1.0 / (scale * scale);
 }
 
+// Gemma3TextConfig's defaults (transformers' configuration_gemma3.py).
+constexpr char kGemma3TextDefaults[] = R"({
+  "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+  "num_hidden_layers": 26, "num_attention_heads": 8,
+  "num_key_value_heads": 4, "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh",
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+  "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
+  "tie_word_embeddings": true, "rope_theta": 1000000.0,
+  "rope_local_base_freq": 10000.0, "attention_bias": false,
+  "query_pre_attn_scalar": 256, "sliding_window": 4096,
+  "sliding_window_pattern": 6})";
+
 }  // namespace
+
+const ModelFamilySpec& Gemma3Family() {
+  // transformers 5 holds the text model at model.language_model (the module
+  // path PEFT names); 4.x checkpoints (google/gemma-3-*-it), and 5.x's
+  // save_pretrained, store it under language_model.model.
+  static const WrappedTextModel wrapped{
+      "gemma3_text",
+      kGemma3TextDefaults,
+      {"tie_word_embeddings", "dtype", "torch_dtype", "bos_token_id",
+       "eos_token_id", "pad_token_id"},
+      {{"model.language_model.", "lm_head"},
+       {"language_model.model.", "language_model.lm_head"}},
+      {"model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+       "multi_modal_projector."}};
+  static const ModelFamilySpec spec{
+      "gemma3",    {"Gemma3ForConditionalGeneration"},
+      ParseGemma3, WriteGemma3,
+      false,       &wrapped};
+  return spec;
+}
 
 const ModelFamilySpec& Gemma3TextFamily() {
   static const ModelFamilySpec spec{
