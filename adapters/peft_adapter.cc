@@ -26,11 +26,65 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// A module's PEFT name: as a text model names it, or under `layout` of a
+// multimodal wrapper.
+std::string ModuleName(const WrappedTextModel::Layout* layout, int layer,
+                       Projection projection) {
+  const std::string name = PeftModuleName(layer, projection);
+  return layout == nullptr ? name : WrappedName(*layout, name);
+}
+
+std::string TensorName(const WrappedTextModel::Layout* layout, int layer,
+                       Projection projection, bool lora_a) {
+  return absl::StrCat("base_model.model.",
+                      ModuleName(layout, layer, projection),
+                      lora_a ? ".lora_A.weight" : ".lora_B.weight");
+}
+
+// The layout an adapter's tensors use: the one naming its first module
+// (the first layout when none does, for the error messages).
+const WrappedTextModel::Layout* AdapterLayout(const WrappedTextModel* wrapped,
+                                              const SafetensorsFile& file,
+                                              int layer, Projection first) {
+  if (wrapped == nullptr) return nullptr;
+  for (const WrappedTextModel::Layout& layout : wrapped->layouts) {
+    if (file.Find(TensorName(&layout, layer, first, true)) != nullptr) {
+      return &layout;
+    }
+  }
+  return &wrapped->layouts.front();
+}
+
+// Why a tensor of the adapter is refused when it adapts another tower of a
+// multimodal model, or "" when it does not.
+std::string OtherTowerProblem(const WrappedTextModel* wrapped,
+                              const ModelConfig& model,
+                              const std::string& name) {
+  if (wrapped == nullptr) return "";
+  for (absl::string_view prefix : wrapped->other_prefixes) {
+    if (absl::StartsWith(name, absl::StrCat("base_model.model.", prefix))) {
+      return absl::StrCat(
+          "tensor ", name,
+          " adapts a vision tower or projector module: only "
+          "the text model of model_type ",
+          model.model_type,
+          " is trained here (target the text model's modules only)");
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string PeftTensorName(int layer, Projection projection, bool lora_a) {
-  return absl::StrCat("base_model.model.", PeftModuleName(layer, projection),
-                      lora_a ? ".lora_A.weight" : ".lora_B.weight");
+  return TensorName(nullptr, layer, projection, lora_a);
+}
+
+std::string PeftTensorName(const ModelConfig& model, int layer,
+                           Projection projection, bool lora_a) {
+  const WrappedTextModel* wrapped = WrappedTextModelOf(model);
+  return TensorName(wrapped == nullptr ? nullptr : &wrapped->layouts.front(),
+                    layer, projection, lora_a);
 }
 
 absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
@@ -38,11 +92,12 @@ absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
   if (!weights.bound()) {
     return absl::FailedPreconditionError("no adapter to export");
   }
+  const ModelConfig& model = weights.model_config();
   std::vector<NamedTensor> tensors;
   for (const LoraModule& m : weights.modules()) {
-    tensors.push_back({PeftTensorName(m.layer, m.projection, true),
+    tensors.push_back({PeftTensorName(model, m.layer, m.projection, true),
                        m.a.detach().to(torch::kCPU).contiguous()});
-    tensors.push_back({PeftTensorName(m.layer, m.projection, false),
+    tensors.push_back({PeftTensorName(model, m.layer, m.projection, false),
                        m.b.detach().to(torch::kCPU).contiguous()});
   }
   PeftAdapterFiles files;
@@ -51,8 +106,18 @@ absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
 
   const LoraConfig& lora = weights.config();
   nlohmann::json targets = nlohmann::json::array();
+  const WrappedTextModel* wrapped = WrappedTextModelOf(model);
   for (Projection p : lora.targets) {
-    targets.push_back(std::string(ProjectionName(p)));
+    if (wrapped == nullptr || p == Projection::kLmHead) {
+      targets.push_back(std::string(ProjectionName(p)));
+      continue;
+    }
+    // The other towers have modules of the same names (SigLIP's q_proj):
+    // the text model's are named by their paths, so that PEFT adapts
+    // nothing else.
+    for (int layer = 0; layer < model.num_hidden_layers; ++layer) {
+      targets.push_back(ModuleName(&wrapped->layouts.front(), layer, p));
+    }
   }
   nlohmann::json alpha = lora.alpha;
   if (lora.alpha == std::floor(lora.alpha) && std::abs(lora.alpha) < 1e15) {
@@ -108,10 +173,11 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
   PeftAdapter adapter;
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json json,
                             ReadUntrustedJsonFile(config_path));
+  const WrappedTextModel* wrapped = WrappedTextModelOf(model);
   LORAPLEX_ASSIGN_OR_RETURN(
       adapter.config,
       ParsePeftConfig(json, model.num_hidden_layers, config_path,
-                      &adapter.base_model_name_or_path));
+                      &adapter.base_model_name_or_path, wrapped));
   if (!std::filesystem::exists(weights_path)) {
     return absl::InvalidArgumentError(
         absl::StrCat(dir, ": no ", kPeftWeightsFile,
@@ -125,11 +191,16 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
   std::vector<std::string> problems;
   std::set<std::string> expected;
   const int64_t r = adapter.config.rank;
+  const Projection first = adapter.config.targets.empty()
+                               ? Projection::kQ
+                               : adapter.config.targets.front();
+  const WrappedTextModel::Layout* layout = AdapterLayout(
+      wrapped, *file, first == Projection::kLmHead ? kLmHeadLayer : 0, first);
   auto load_module = [&](int layer, Projection p) -> absl::Status {
     const auto [out, in] = ProjectionShape(model, p);
     PeftModuleTensors module{layer, p, {}, {}};
     for (bool lora_a : {true, false}) {
-      const std::string name = PeftTensorName(layer, p, lora_a);
+      const std::string name = TensorName(layout, layer, p, lora_a);
       expected.insert(name);
       const std::vector<int64_t> shape =
           lora_a ? std::vector<int64_t>{r, in} : std::vector<int64_t>{out, r};
@@ -177,7 +248,10 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
     // (save_embedding_layers="auto" does when lm_head is a target). The
     // base is frozen, so the copy is the base's own weight: checked for
     // shape and otherwise not read.
-    const std::string base_copy = "base_model.model.lm_head.base_layer.weight";
+    const std::string base_copy =
+        absl::StrCat("base_model.model.",
+                     ModuleName(layout, kLmHeadLayer, Projection::kLmHead),
+                     ".base_layer.weight");
     if (const SafetensorsTensorInfo* info = file->Find(base_copy)) {
       expected.insert(base_copy);
       const std::vector<int64_t> shape = {model.vocab_size, model.hidden_size};
@@ -190,7 +264,11 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
     }
   }
   for (const SafetensorsTensorInfo& info : file->tensors()) {
-    if (expected.count(info.name) == 0) {
+    if (expected.count(info.name) > 0) continue;
+    if (std::string other = OtherTowerProblem(wrapped, model, info.name);
+        !other.empty()) {
+      problems.push_back(std::move(other));
+    } else {
       problems.push_back(absl::StrCat(
           "unexpected tensor ", info.name,
           " (a module, layer or setting this base model and config do not "

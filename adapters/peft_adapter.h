@@ -44,6 +44,11 @@ struct PeftAdapter {
 // The safetensors key of a module's A (`lora_a` true) or B matrix; `layer`
 // is kLmHeadLayer for the LM head.
 std::string PeftTensorName(int layer, Projection projection, bool lora_a);
+// The same for a base model of `model`'s family: under the text model's
+// module path for a multimodal wrapper (model_family.h), as PEFT names it
+// in transformers 5 ("base_model.model.model.language_model.layers...").
+std::string PeftTensorName(const ModelConfig& model, int layer,
+                           Projection projection, bool lora_a);
 
 // The files of `weights` as a PEFT adapter, in memory, to be written
 // later (by another thread): the weights, then the config.

@@ -40,11 +40,23 @@ bool PeftEntryNames(absl::string_view module, absl::string_view entry) {
           module[module.size() - entry.size() - 1] == '.');
 }
 
+// Whether `entry` names the text model's module `module` (as a text
+// model names it, or under a layout of the wrapper).
+bool EntryNamesModule(const std::string& module, absl::string_view entry,
+                      const WrappedTextModel* wrapped) {
+  if (PeftEntryNames(module, entry)) return true;
+  if (wrapped == nullptr) return false;
+  for (const WrappedTextModel::Layout& layout : wrapped->layouts) {
+    if (PeftEntryNames(WrappedName(layout, module), entry)) return true;
+  }
+  return false;
+}
+
 // The (layer, projection) modules a list of entries names; `key` is the
 // field read. Each entry must name at least one of them.
 absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
     const nlohmann::json& entries, const char* key, int num_layers,
-    const std::string& label) {
+    const std::string& label, const WrappedTextModel* wrapped) {
   std::set<std::pair<Projection, int>> named;
   for (const nlohmann::json& entry : entries) {
     bool any = false;
@@ -52,14 +64,14 @@ absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
       const std::string& text = entry.get_ref<const std::string&>();
       for (Projection p : kLayerProjections) {
         for (int layer = 0; layer < num_layers; ++layer) {
-          if (PeftEntryNames(PeftModuleName(layer, p), text)) {
+          if (EntryNamesModule(PeftModuleName(layer, p), text, wrapped)) {
             named.insert({p, layer});
             any = true;
           }
         }
       }
-      if (PeftEntryNames(PeftModuleName(kLmHeadLayer, Projection::kLmHead),
-                         text)) {
+      if (EntryNamesModule(PeftModuleName(kLmHeadLayer, Projection::kLmHead),
+                           text, wrapped)) {
         named.insert({Projection::kLmHead, kLmHeadLayer});
         any = true;
       }
@@ -81,7 +93,8 @@ absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
 // layer. An adapter on some layers only cannot be held by a slot, so it is
 // refused rather than imported as something else.
 absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
-    const nlohmann::json& json, int num_layers, const std::string& label) {
+    const nlohmann::json& json, int num_layers, const std::string& label,
+    const WrappedTextModel* wrapped) {
   auto targets = json.find("target_modules");
   if (targets != json.end() && *targets == "all-linear") {
     return std::vector<Projection>(kAllProjections.begin(),
@@ -95,7 +108,8 @@ absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
             : "must be a list of module names"));
   }
   LORAPLEX_ASSIGN_OR_RETURN(
-      auto named, NamedModules(*targets, "target_modules", num_layers, label));
+      auto named,
+      NamedModules(*targets, "target_modules", num_layers, label, wrapped));
   if (auto exclude = json.find("exclude_modules");
       exclude != json.end() && !exclude->is_null()) {
     if (!exclude->is_array()) {
@@ -106,7 +120,7 @@ absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
     }
     LORAPLEX_ASSIGN_OR_RETURN(
         auto excluded,
-        NamedModules(*exclude, "exclude_modules", num_layers, label));
+        NamedModules(*exclude, "exclude_modules", num_layers, label, wrapped));
     for (const auto& module : excluded) named.erase(module);
   }
   std::vector<Projection> projections;
@@ -143,7 +157,8 @@ std::string PeftModuleName(int layer, Projection projection) {
 absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
                                            int num_layers,
                                            const std::string& label,
-                                           std::string* base_model) {
+                                           std::string* base_model,
+                                           const WrappedTextModel* wrapped) {
   if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": not an object"));
   }
@@ -196,7 +211,7 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
   LORAPLEX_RETURN_IF_ERROR(fields.Number("lora_dropout", &config.dropout));
   LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_rslora", &config.use_rslora));
   LORAPLEX_ASSIGN_OR_RETURN(config.targets,
-                            ParsePeftTargets(json, num_layers, label));
+                            ParsePeftTargets(json, num_layers, label, wrapped));
   if (absl::Status s = ValidateLoraConfig(config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": ", s.message()));
   }

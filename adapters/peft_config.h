@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/lora/lora_config.h"
+#include "core/model/model_family.h"
 #include "core/model/projection.h"
 
 namespace loraplex {
@@ -21,11 +22,11 @@ std::string PeftModuleName(int layer, Projection projection);
 // `num_layers` layers; its base_model_name_or_path goes to *base_model.
 // Unsupported settings (DoRA, bias, rank or alpha patterns, modules to
 // save, target modules other than the seven projections of every layer
-// and lm_head) are refused.
-absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
-                                           int num_layers,
-                                           const std::string& label,
-                                           std::string* base_model);
+// and lm_head) are refused. For a multimodal wrapper (`wrapped`), module
+// paths may also name the text model under any of its layouts.
+absl::StatusOr<LoraConfig> ParsePeftConfig(
+    const nlohmann::json& json, int num_layers, const std::string& label,
+    std::string* base_model, const WrappedTextModel* wrapped = nullptr);
 
 // ParsePeftConfig of the text of an adapter_config.json (untrusted JSON).
 absl::StatusOr<LoraConfig> ParsePeftConfigText(absl::string_view text,

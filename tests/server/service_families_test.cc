@@ -231,7 +231,8 @@ INSTANTIATE_TEST_SUITE_P(
                       FamilyCase{"olmo2_post_norm", "chatml"},
                       FamilyCase{"olmo3_window", "chatml"},
                       FamilyCase{"gemma3_text_window", "gemma"},
-                      FamilyCase{"phi3_tied", "chatml"}),
+                      FamilyCase{"phi3_tied", "chatml"},
+                      FamilyCase{"gemma3_mm", "gemma"}),
     [](const ::testing::TestParamInfo<FamilyCase>& info) {
       return std::string(info.param.golden_base);
     });

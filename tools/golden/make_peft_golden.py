@@ -141,6 +141,11 @@ CASES = [
     )
 ]
 
+# A multimodal base (make_model_golden.py's gemma3_mm): only its text model
+# is adapted. SigLIP's attention has q_proj/k_proj/v_proj too, so the text
+# model's modules are named by path, as loraplex exports them.
+MM_CASES = [dict(name="gemma3_mm_all_r4", base="gemma3_mm", r=4, lora_alpha=8, seed=3017, std=0.14)]
+
 KEY_RE = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 
@@ -384,6 +389,78 @@ def run_case(case: dict, out_dir: Path, ids, lengths, base_logits) -> None:
         print("  reload: logits equal the base logits exactly")
 
 
+def run_multimodal_case(case: dict, out_dir: Path) -> None:
+    name, base_name = case["name"], case["base"]
+    case_dir = out_dir / name
+    if case_dir.exists():
+        shutil.rmtree(case_dir)
+    case_dir.mkdir(parents=True)
+    cls = transformers.Gemma3ForConditionalGeneration
+
+    def load():
+        m = cls.from_pretrained(str(GOLDEN_ROOT / base_name), attn_implementation="eager", **{DTYPE_KW: torch.float32})
+        return m.eval()
+
+    golden = load_file(str(GOLDEN_ROOT / base_name / "golden.safetensors"))
+    ids, lengths = golden["input_ids"], golden["lengths"]
+    mask = mask_of(lengths, ids.shape[1])
+    base = load()
+    base_logits = forward(base, ids, mask)
+    assert_close(f"base vs {base_name} golden", base_logits, golden["logits"], 1e-6)
+    layers = base.config.text_config.num_hidden_layers
+    targets = [
+        f"model.language_model.layers.{i}.{'self_attn' if p in ATTN else 'mlp'}.{p}"
+        for p in ATTN[:4] + MLP[:3]
+        for i in range(layers)
+    ]
+
+    # Module names alone would adapt the vision tower too.
+    probe = get_peft_model(load(), LoraConfig(task_type="CAUSAL_LM", r=2, target_modules=["q_proj"]))
+    assert any("vision_tower" in n for n, _ in lora_params(probe).items()), "q_proj did not reach the vision tower"
+
+    config = LoraConfig(
+        task_type="CAUSAL_LM", r=case["r"], lora_alpha=case["lora_alpha"], target_modules=targets, lora_dropout=0.0
+    )
+    torch.manual_seed(case["seed"])
+    pm = get_peft_model(base, config).eval()
+    params = lora_params(pm)
+    assert len(params) == 2 * len(targets), sorted(params)
+    assert all(".language_model." in n for n in params), sorted(params)
+    g = torch.Generator().manual_seed(case["seed"] + 1)
+    with torch.no_grad():
+        for n in sorted(params):
+            params[n].copy_(torch.randn(params[n].shape, generator=g, dtype=torch.float32) * case["std"])
+    logits = forward(pm, ids, mask).contiguous()
+    d_base = (logits - base_logits).abs().max().item()
+    assert d_base > 0.05, f"adapter barely changes logits ({d_base})"
+    assert_close(f"{name} padded vs unpadded", logits, forward_unpadded(pm, ids, lengths), 1e-5)
+
+    pm.peft_config["default"].base_model_name_or_path = base_name
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Could not find a config file")
+        pm.save_pretrained(str(case_dir), safe_serialization=True)
+    (case_dir / "README.md").unlink(missing_ok=True)
+    save_file({"input_ids": ids, "lengths": lengths, "logits": logits}, str(case_dir / "golden.safetensors"))
+
+    keys = set(load_file(str(case_dir / "adapter_model.safetensors")))
+    want = {f"base_model.model.{t}.lora_{ab}.weight" for t in targets for ab in "AB"}
+    assert keys == want, sorted(keys ^ want)
+    # PEFT writes target_modules as the shortest suffixes naming these
+    # modules only ("1.self_attn.q_proj", "language_model.layers.0...").
+    conf = json.loads((case_dir / "adapter_config.json").read_text())
+    print(f"  target_modules as PEFT saves them: {sorted(conf['target_modules'])}")
+
+    # PEFT loads it onto a fresh base without a warning and gives the logits.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        re_pm = PeftModel.from_pretrained(load(), str(case_dir)).eval()
+    caught = [w for w in caught if "peft" in str(w.filename) or "adapter" in str(w.message).lower()]
+    assert not caught, [str(w.message) for w in caught]
+    assert set(lora_params(re_pm)) == set(params), "the reload adapts other modules"
+    d_re = assert_close(f"{name} reload", forward(re_pm, ids, mask), logits, 1e-6)
+    print(f"  {len(keys)} tensors; max|peft - base| {d_base:.4f}; reload max|diff| {d_re:.2e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -426,6 +503,11 @@ def main() -> None:
         family_logits = forward(family_base, golden["input_ids"], mask_of(golden["lengths"], golden["input_ids"].shape[1]))
         assert_close(f"base vs {base_of(case)} golden", family_logits, golden["logits"], 1e-6)
         run_case(case, args.out, golden["input_ids"], golden["lengths"], family_logits)
+    for case in MM_CASES:
+        if args.only and case["name"] not in args.only:
+            continue
+        print(f"[{case['name']}]")
+        run_multimodal_case(case, args.out)
     print("all cases written and verified")
 
 

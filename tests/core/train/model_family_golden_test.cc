@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -309,6 +310,105 @@ TEST_P(ModelFamilyGoldenTest, CoBatchedCallsEqualEachAloneOnCuda) {
 TEST_P(ModelFamilyGoldenTest, PeftAdapterGivesPeftLogitsOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   ExpectPeftLogits(GetParam(), torch::Device(torch::kCUDA, 0));
+}
+
+// A multimodal gemma3 base trains its text model: PEFT's adapter on it
+// (the text model's modules, named by PEFT in transformers 5) gives PEFT's
+// logits, exports under PEFT's names, and imports under 4.x's names too.
+TEST(Gemma3MultimodalGoldenTest, PeftAdapterGivesPeftLogits) {
+  ExpectPeftLogits("gemma3_mm", torch::kCPU);
+}
+
+// Copies the adapter in `from` to a fresh directory, its tensors renamed by
+// `rename` and `extra` added.
+std::string RewrittenAdapter(
+    const std::string& from,
+    const std::function<std::string(const std::string&)>& rename,
+    const std::vector<NamedTensor>& extra = {}) {
+  auto file = SafetensorsFile::Open(from + "/adapter_model.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  std::vector<NamedTensor> tensors = extra;
+  for (const SafetensorsTensorInfo& info : (*file)->tensors()) {
+    tensors.push_back({rename(info.name), (*file)->Load(info.name).value()});
+  }
+  const std::string dir = FreshTestDir("rewritten");
+  EXPECT_TRUE(
+      WriteSafetensors(dir + "/adapter_model.safetensors", tensors).ok());
+  std::filesystem::copy(from + "/adapter_config.json",
+                        dir + "/adapter_config.json");
+  return dir;
+}
+
+TEST(Gemma3MultimodalGoldenTest, ExportsPeftNamesAndImportsBothLayouts) {
+  auto model = LoadBase("gemma3_mm", torch::kFloat32);
+  ASSERT_NE(model, nullptr);
+  auto weights = LoadAdapter(AdapterDir("gemma3_mm"), *model);
+  ASSERT_NE(weights, nullptr);
+  const std::string dir = FreshTestDir();
+  ASSERT_TRUE(ExportPeftAdapter(*weights, "gemma3_mm", dir).ok());
+  auto names = [](const std::string& path) {
+    auto file = SafetensorsFile::Open(path);
+    EXPECT_TRUE(file.ok()) << file.status();
+    std::set<std::pair<std::string, std::vector<int64_t>>> out;
+    for (const SafetensorsTensorInfo& info : (*file)->tensors()) {
+      out.insert({info.name, info.shape});
+    }
+    return out;
+  };
+  const auto peft_names =
+      names(AdapterDir("gemma3_mm") + "/adapter_model.safetensors");
+  EXPECT_EQ(names(dir + "/adapter_model.safetensors"), peft_names);
+  EXPECT_EQ(peft_names.begin()->first.rfind(
+                "base_model.model.model.language_model.layers.", 0),
+            0u);
+  // The text model's modules by path: SigLIP's q_proj must not match.
+  auto ours = ReadUntrustedJsonFile(dir + "/adapter_config.json");
+  ASSERT_TRUE(ours.ok());
+  EXPECT_EQ((*ours)["target_modules"].size(), 7u * 3u);
+  EXPECT_EQ((*ours)["target_modules"][0],
+            "model.language_model.layers.0.self_attn.q_proj");
+
+  // Ours and transformers 4.x's names load back to the same weights.
+  const std::string v4 = RewrittenAdapter(dir, [](const std::string& name) {
+    const std::string from = "base_model.model.model.language_model.";
+    EXPECT_EQ(name.rfind(from, 0), 0u) << name;
+    return "base_model.model.language_model.model." + name.substr(from.size());
+  });
+  for (const std::string& source : {dir, v4}) {
+    SCOPED_TRACE(source);
+    auto reloaded = LoadAdapter(source, *model);
+    ASSERT_NE(reloaded, nullptr);
+    ASSERT_EQ(reloaded->modules().size(), weights->modules().size());
+    for (size_t i = 0; i < weights->modules().size(); ++i) {
+      EXPECT_TRUE(
+          torch::equal(reloaded->modules()[i].a, weights->modules()[i].a));
+      EXPECT_TRUE(
+          torch::equal(reloaded->modules()[i].b, weights->modules()[i].b));
+    }
+  }
+}
+
+TEST(Gemma3MultimodalGoldenTest, VisionTowerLoraIsRefusedByName) {
+  auto model = LoadBase("gemma3_mm", torch::kFloat32);
+  ASSERT_NE(model, nullptr);
+  for (const std::string& vision :
+       {std::string("base_model.model.model.vision_tower.encoder.layers.0."
+                    "self_attn.q_proj.lora_A.weight"),
+        std::string(
+            "base_model.model.multi_modal_projector.x.lora_B.weight")}) {
+    const std::string dir = RewrittenAdapter(
+        AdapterDir("gemma3_mm"), [](const std::string& name) { return name; },
+        {{vision, torch::zeros({4, 16})}});
+    auto adapter = LoadPeftAdapter(dir, model->config());
+    ASSERT_FALSE(adapter.ok());
+    EXPECT_EQ(adapter.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(adapter.status().message().find(
+                  "tensor " + vision +
+                  " adapts a vision tower or projector module: only the text "
+                  "model of model_type gemma3 is trained here"),
+              std::string::npos)
+        << adapter.status();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelFamilyGoldenTest,
