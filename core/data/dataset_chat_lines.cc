@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/json_parse.h"
@@ -99,6 +100,19 @@ absl::StatusOr<CheckedMessages> CheckMessages(const json& messages,
     auto content = message.find("content");
     if (content == message.end() && !calls) {
       return Bad(absl::StrCat(name, " has no \"content\""));
+    }
+    if (content != message.end() && content->is_array()) {
+      for (const json& part : *content) {
+        const json* type =
+            part.is_object() && part.contains("type") ? &part["type"] : nullptr;
+        if (type != nullptr && type->is_string() &&
+            absl::StrContains(type->get<std::string>(), "image")) {
+          return Bad(absl::StrCat(
+              name, ".content has an image part (type ", DescribeJson(*type),
+              "): images are not supported, only text (a multimodal base "
+              "model such as gemma3 trains its text model)"));
+        }
+      }
     }
     if (content != message.end() && !content->is_string() &&
         !(templated && content->is_null())) {

@@ -146,6 +146,27 @@ TEST_F(DatasetTest, BlankLinesAreSkippedButCounted) {
   EXPECT_THAT(dataset->examples[1].input_ids, ElementsAre(kBos, 98, kEos));
 }
 
+TEST_F(DatasetTest, RefusesImagePartsNamingTheLine) {
+  absl::StatusOr<Dataset> dataset = Parse(
+      "{\"text\": \"a\"}\n"
+      R"({"messages": [{"role": "user", "content": [{"type": "image", )"
+      R"("url": "cat.png"}, {"type": "text", "text": "what is it?"}]}, )"
+      R"({"role": "assistant", "content": "a cat"}]})"
+      "\n");
+  ASSERT_FALSE(dataset.ok());
+  EXPECT_EQ(dataset.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MessageLines(dataset.status()).back(),
+            "line 2: messages[0].content has an image part (type \"image\"): "
+            "images are not supported, only text (a multimodal base model "
+            "such as gemma3 trains its text model)");
+  EXPECT_EQ(
+      ReasonFor(R"({"messages": [{"role": "user", "content": [{"type": )"
+                R"("image_url", "image_url": {"url": "x"}}]}]})"),
+      "messages[0].content has an image part (type \"image_url\"): images "
+      "are not supported, only text (a multimodal base model such as gemma3 "
+      "trains its text model)");
+}
+
 TEST_F(DatasetTest, AcceptsCrlfAndAByteOrderMark) {
   absl::StatusOr<Dataset> dataset =
       Parse("\xEF\xBB\xBF{\"text\": \"a\"}\r\n\r\n{\"text\": \"b\"}\r\n");
