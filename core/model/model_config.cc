@@ -226,6 +226,8 @@ absl::StatusOr<ModelConfig> WrappedConfigFromJson(const ConfigReader& reader,
                                                   const ModelConfig& outer) {
   const WrappedTextModel& wrapped = *family.wrapped;
   const json& root = reader.root();
+  // Quantized checkpoints keep quantization_config at the top level.
+  LORAPLEX_RETURN_IF_ERROR(RefuseUnsupportedFeatures(reader));
   if (reader.Has("text_config") && !root["text_config"].is_object()) {
     return reader.Error("text_config", "must be an object");
   }

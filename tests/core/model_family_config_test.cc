@@ -310,6 +310,10 @@ TEST(ModelFamilyConfigTest, Gemma3MultimodalErrorsNameTextConfig) {
               HasSubstr("text_config: final_logit_softcapping 30.0 is not "
                         "supported"));
   raw = Gemma3Multimodal();
+  raw["quantization_config"] = {{"quant_method", "bitsandbytes"}};
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("quantization_config is not supported"));
+  raw = Gemma3Multimodal();
   raw["architectures"] = {"Gemma3ForCausalLM"};
   EXPECT_THAT(ConfigJsonError(raw),
               HasSubstr("expected \"Gemma3ForConditionalGeneration\""));
