@@ -10,8 +10,10 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "adapters/slot_pool.h"
@@ -305,40 +307,62 @@ std::vector<Row> RowsOf(const std::vector<Sequence>& sequences) {
   return rows;
 }
 
+// What one backward pass over `sequences` gives: the summed loss and every
+// LoRA gradient of `adapter` (on the CPU). Micro-batches of `budget` padded
+// tokens (0: one), loss chunks of 11 targets; layers checkpointed every
+// `every` (0: none); dropout seeded by `seed` when given.
+std::pair<double, std::vector<torch::Tensor>> BackwardOver(
+    const LlamaModel& model, const LoraWeights& adapter,
+    const std::vector<Sequence>& sequences, int64_t every, int64_t budget,
+    std::optional<uint64_t> seed = std::nullopt) {
+  DropGrads(adapter);
+  PassOwners owners{{&adapter}, {}, {LossFnSpec{}}};
+  if (seed.has_value()) owners.dropout_seeds = {*seed};
+  const std::vector<Row> rows = RowsOf(sequences);
+  PassSums sums{{0.0}};
+  MicroBatchOptions options;
+  options.loss_chunk_tokens = 11;
+  options.checkpointing.mode =
+      every == 0 ? CheckpointMode::kOff : CheckpointMode::kEvery;
+  options.checkpointing.every = std::max<int64_t>(1, every);
+  for (const std::vector<Piece>& micro : PlanMicroBatches(rows, budget)) {
+    absl::Status status =
+        RunMicroBatch(model, micro, owners, true, options, sums);
+    EXPECT_TRUE(status.ok()) << status;
+  }
+  return {sums.losses[0], OnCpu(Grads(adapter))};
+}
+
+// The reversal task's examples, packed and unpacked into rows of 64.
+struct PackedAndNot {
+  SequenceSet packed;
+  SequenceSet unpacked;
+};
+
+PackedAndNot ReversalRows() {
+  ByteTokenizer tokenizer;
+  auto dataset = ParseJsonlDataset(ReversalJsonl(9, 4), tokenizer);
+  EXPECT_TRUE(dataset.ok()) << dataset.status();
+  auto packed = BuildSequences(*dataset, {64, true});
+  auto unpacked = BuildSequences(*dataset, {64, false});
+  EXPECT_TRUE(packed.ok() && unpacked.ok());
+  return {*std::move(packed), *std::move(unpacked)};
+}
+
 // A dataset's examples packed into few rows give the loss and gradients of
 // the same examples in rows of their own (fp64), with and without
 // checkpointing.
 TEST(LongSequencesTest, PackedMicroBatchEqualsTheExamplesUnpacked) {
   const LlamaModel& model = TinyModel64();
   auto adapter = MakeAdapter(model, 0.0, 9);
-  ByteTokenizer tokenizer;
-  auto dataset = ParseJsonlDataset(ReversalJsonl(9, 4), tokenizer);
-  ASSERT_TRUE(dataset.ok()) << dataset.status();
-  auto packed = BuildSequences(*dataset, {64, true});
-  auto unpacked = BuildSequences(*dataset, {64, false});
-  ASSERT_TRUE(packed.ok() && unpacked.ok());
-  ASSERT_LT(packed->sequences.size(), unpacked->sequences.size());
-  ASSERT_EQ(packed->num_target_tokens, unpacked->num_target_tokens);
-  PassOwners owners{{adapter.get()}, {}, {LossFnSpec{}}};
-  auto run = [&](const std::vector<Sequence>& sequences, int64_t every) {
-    DropGrads(*adapter);
-    const std::vector<Row> rows = RowsOf(sequences);
-    PassSums sums{{0.0}};
-    MicroBatchOptions options;
-    options.loss_chunk_tokens = 11;
-    options.checkpointing.mode =
-        every == 0 ? CheckpointMode::kOff : CheckpointMode::kEvery;
-    options.checkpointing.every = std::max<int64_t>(1, every);
-    for (const std::vector<Piece>& micro : PlanMicroBatches(rows, 0)) {
-      absl::Status status =
-          RunMicroBatch(model, micro, owners, true, options, sums);
-      EXPECT_TRUE(status.ok()) << status;
-    }
-    return std::make_pair(sums.losses[0], Grads(*adapter));
-  };
-  const auto [loss, grads] = run(unpacked->sequences, 0);
+  const PackedAndNot rows = ReversalRows();
+  ASSERT_LT(rows.packed.sequences.size(), rows.unpacked.sequences.size());
+  ASSERT_EQ(rows.packed.num_target_tokens, rows.unpacked.num_target_tokens);
+  const auto [loss, grads] =
+      BackwardOver(model, *adapter, rows.unpacked.sequences, 0, 0);
   for (int64_t every : {0, 1}) {
-    const auto [packed_loss, packed_grads] = run(packed->sequences, every);
+    const auto [packed_loss, packed_grads] =
+        BackwardOver(model, *adapter, rows.packed.sequences, every, 0);
     EXPECT_NEAR(packed_loss, loss, kFp64ShapeBound * std::abs(loss));
     EXPECT_LE(MaxRelativeDiff(packed_grads, grads), kFp64ShapeBound);
   }
@@ -391,39 +415,19 @@ TEST(LongSequencesTest, CheckpointingAndPackingOnCudaChangeNothing) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const LlamaModel& model = TinyModelOn(CudaDevice(), torch::kFloat64);
   auto adapter = MakeAdapter(model, 0.1, 9);
-  ByteTokenizer tokenizer;
-  auto dataset = ParseJsonlDataset(ReversalJsonl(9, 4), tokenizer);
-  ASSERT_TRUE(dataset.ok()) << dataset.status();
-  auto packed = BuildSequences(*dataset, {64, true});
-  auto unpacked = BuildSequences(*dataset, {64, false});
-  ASSERT_TRUE(packed.ok() && unpacked.ok());
-  PassOwners owners{{adapter.get()}, {}, {LossFnSpec{}}};
-  auto run = [&](const std::vector<Sequence>& sequences, int64_t every,
-                 std::vector<uint64_t> seeds) {
-    DropGrads(*adapter);
-    owners.dropout_seeds = std::move(seeds);
-    const std::vector<Row> rows = RowsOf(sequences);
-    PassSums sums{{0.0}};
-    MicroBatchOptions options;
-    options.checkpointing.mode =
-        every == 0 ? CheckpointMode::kOff : CheckpointMode::kEvery;
-    options.checkpointing.every = std::max<int64_t>(1, every);
-    for (const std::vector<Piece>& micro : PlanMicroBatches(rows, 40)) {
-      absl::Status status =
-          RunMicroBatch(model, micro, owners, true, options, sums);
-      EXPECT_TRUE(status.ok()) << status;
-    }
-    return std::make_pair(sums.losses[0], OnCpu(Grads(*adapter)));
-  };
+  const PackedAndNot rows = ReversalRows();
   // With dropout: checkpointing recomputes the same masks.
-  const auto [loss, grads] = run(unpacked->sequences, 0, {17});
+  const auto [loss, grads] =
+      BackwardOver(model, *adapter, rows.unpacked.sequences, 0, 40, 17);
   const auto [checkpointed_loss, checkpointed_grads] =
-      run(unpacked->sequences, 1, {17});
+      BackwardOver(model, *adapter, rows.unpacked.sequences, 1, 40, 17);
   EXPECT_EQ(checkpointed_loss, loss);
   EXPECT_TRUE(AllEqual(checkpointed_grads, grads));
   // Without dropout (its masks follow positions, which packing moves).
-  const auto [plain_loss, plain_grads] = run(unpacked->sequences, 0, {});
-  const auto [packed_loss, packed_grads] = run(packed->sequences, 1, {});
+  const auto [plain_loss, plain_grads] =
+      BackwardOver(model, *adapter, rows.unpacked.sequences, 0, 40);
+  const auto [packed_loss, packed_grads] =
+      BackwardOver(model, *adapter, rows.packed.sequences, 1, 40);
   EXPECT_NEAR(packed_loss, plain_loss, kFp64ShapeBound * std::abs(plain_loss));
   EXPECT_LE(MaxRelativeDiff(packed_grads, plain_grads), kFp64ShapeBound);
 }
