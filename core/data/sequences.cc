@@ -49,27 +49,25 @@ std::vector<Sequence> Examples(const Dataset& dataset, size_t seq_len,
   return kept;
 }
 
-// The examples in order, as many in a sequence as fit in seq_len tokens.
+// The examples in order, as many in a sequence as fit in seq_len tokens;
+// a sequence of several records their lengths.
 std::vector<Sequence> Packed(std::vector<Sequence> examples, size_t seq_len) {
   std::vector<Sequence> packed;
   for (Sequence& example : examples) {
-    const int64_t length = static_cast<int64_t>(example.input_ids.size());
     if (packed.empty() ||
         packed.back().input_ids.size() + example.input_ids.size() > seq_len) {
       packed.push_back(std::move(example));
-      packed.back().segments = {length};
       continue;
     }
     Sequence& last = packed.back();
+    if (last.segments.empty()) {
+      last.segments.push_back(static_cast<int64_t>(last.input_ids.size()));
+    }
+    last.segments.push_back(static_cast<int64_t>(example.input_ids.size()));
     last.input_ids.insert(last.input_ids.end(), example.input_ids.begin(),
                           example.input_ids.end());
     last.loss_mask.insert(last.loss_mask.end(), example.loss_mask.begin(),
                           example.loss_mask.end());
-    last.segments.push_back(length);
-  }
-  // One example alone needs no segments.
-  for (Sequence& sequence : packed) {
-    if (sequence.segments.size() == 1) sequence.segments.clear();
   }
   return packed;
 }

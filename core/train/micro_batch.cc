@@ -55,8 +55,8 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces,
     longest = std::max(longest, p.longest);
   }
   std::vector<int64_t> ids(rows * longest, pad_id);
-  std::vector<int64_t> segment_ids(rows * longest, 0);
-  bool packed = false;
+  // Filled once a row is packed; zeros (one example) for the others.
+  std::vector<int64_t> segment_ids;
   std::vector<int64_t> lengths;
   std::vector<int64_t> index;
   std::vector<int64_t> labels;
@@ -76,7 +76,7 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces,
                 ids.begin() + r * longest);
       lengths.push_back(Length(*row));
       if (row->segments != nullptr && row->segments->size() > 1) {
-        packed = true;
+        if (segment_ids.empty()) segment_ids.assign(rows * longest, 0);
         // Padding after the last example is one more segment; its queries
         // are ignored whatever they see.
         int64_t at = r * longest;
@@ -118,7 +118,9 @@ MicroBatch BuildMicroBatch(const std::vector<Piece>& pieces,
   };
   batch.input_ids = to_device(ids, {rows, longest});
   batch.lengths = to_device(lengths, {rows});
-  if (packed) batch.segment_ids = to_device(segment_ids, {rows, longest});
+  if (!segment_ids.empty()) {
+    batch.segment_ids = to_device(segment_ids, {rows, longest});
+  }
   batch.target_index = to_device(index, {targets});
   batch.target_labels = to_device(labels, {targets});
   bool any_weights = false;
