@@ -70,6 +70,18 @@ std::unique_ptr<LoraWeights> LoadAdapter(const std::string& dir,
   return weights;
 }
 
+// The adapter in `dir` loads onto `model` as exactly `weights`.
+void ExpectReloadsTo(const std::string& dir, const LlamaModel& model,
+                     const LoraWeights& weights) {
+  auto reloaded = LoadAdapter(dir, model);
+  ASSERT_NE(reloaded, nullptr);
+  ASSERT_EQ(reloaded->modules().size(), weights.modules().size());
+  for (size_t i = 0; i < weights.modules().size(); ++i) {
+    EXPECT_TRUE(torch::equal(reloaded->modules()[i].a, weights.modules()[i].a));
+    EXPECT_TRUE(torch::equal(reloaded->modules()[i].b, weights.modules()[i].b));
+  }
+}
+
 std::vector<Datum> Datums() {
   std::vector<Datum> data;
   for (const nlohmann::json& d : Golden()["datums"]) {
@@ -177,15 +189,7 @@ TEST_P(ModelFamilyGoldenTest, ExportedAdapterHasPeftLayoutAndLoadsBack) {
   }
   EXPECT_EQ((*ours)["base_model_name_or_path"], base);
 
-  auto reloaded = LoadAdapter(dir, *model);
-  ASSERT_NE(reloaded, nullptr);
-  ASSERT_EQ(reloaded->modules().size(), weights->modules().size());
-  for (size_t i = 0; i < weights->modules().size(); ++i) {
-    EXPECT_TRUE(
-        torch::equal(reloaded->modules()[i].a, weights->modules()[i].a));
-    EXPECT_TRUE(
-        torch::equal(reloaded->modules()[i].b, weights->modules()[i].b));
-  }
+  ExpectReloadsTo(dir, *model, *weights);
 }
 
 TEST_P(ModelFamilyGoldenTest, ForwardBackwardAndAdamWStepMatchPyTorch) {
@@ -376,15 +380,7 @@ TEST(Gemma3MultimodalGoldenTest, ExportsPeftNamesAndImportsBothLayouts) {
   });
   for (const std::string& source : {dir, v4}) {
     SCOPED_TRACE(source);
-    auto reloaded = LoadAdapter(source, *model);
-    ASSERT_NE(reloaded, nullptr);
-    ASSERT_EQ(reloaded->modules().size(), weights->modules().size());
-    for (size_t i = 0; i < weights->modules().size(); ++i) {
-      EXPECT_TRUE(
-          torch::equal(reloaded->modules()[i].a, weights->modules()[i].a));
-      EXPECT_TRUE(
-          torch::equal(reloaded->modules()[i].b, weights->modules()[i].b));
-    }
+    ExpectReloadsTo(source, *model, *weights);
   }
 }
 
