@@ -1,7 +1,7 @@
 // The Tinker API's bodies to and from loraplex's requests: each field as
 // the tinker==0.38.0 SDK writes or reads it (proto/response_conv.py,
 // request_conv.py and types/ of the SDK).
-#include "server/http/tinker_convert.h"
+#include "server/tinker/tinker_convert.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,6 +10,9 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "server/grpc/sampling_service.h"
+#include "server/sessions/session_requests.h"
 
 namespace loraplex {
 namespace {
@@ -60,20 +63,42 @@ tinker_public::ForwardBackwardRequest CrossEntropyRequest() {
 }
 
 TEST(TinkerConvertTest, ForwardBackwardBodyBecomesTheNativeRequest) {
-  absl::StatusOr<v1::ForwardBackwardRequest> native =
-      NativeForwardBackward(CrossEntropyRequest());
+  absl::StatusOr<ForwardBackwardInput> native =
+      TinkerForwardBackwardInput(CrossEntropyRequest());
   ASSERT_TRUE(native.ok()) << native.status();
-  EXPECT_EQ(native->seq_id(), 3);
-  EXPECT_EQ(native->loss_fn(), "cross_entropy");
-  EXPECT_FALSE(native->forward_only());
-  ASSERT_EQ(native->data_size(), 1);
-  const v1::Datum& datum = native->data(0);
-  EXPECT_THAT(datum.input_ids(), ElementsAre(5, 17, 33));
-  EXPECT_THAT(datum.target_tokens(), ElementsAre(17, 33, 9));
-  EXPECT_EQ(datum.targets_per_position(), 1);
+  EXPECT_EQ(native->loss_fn, "cross_entropy");
+  EXPECT_FALSE(native->forward_only);
+  ASSERT_EQ(native->data.size(), 1u);
+  const Datum& datum = native->data[0];
+  EXPECT_THAT(datum.input_ids, ElementsAre(5, 17, 33));
+  EXPECT_THAT(datum.target_tokens, ElementsAre(17, 33, 9));
+  EXPECT_EQ(datum.targets_per_position, 1);
   // Negative weights pass: custom losses on the client send -dC/dlogp.
-  EXPECT_THAT(datum.weights(), ElementsAre(1.0f, 0.5f, -2.0f));
-  EXPECT_THAT(TargetsPerPosition(*native), ElementsAre(1));
+  EXPECT_THAT(datum.weights, ElementsAre(1.0f, 0.5f, -2.0f));
+  EXPECT_THAT(TargetsPerPosition(native->data), ElementsAre(1));
+}
+
+// Values reach the native datum as float32, as through the gRPC API.
+TEST(TinkerConvertTest, DatumValuesAreFloat32) {
+  tinker_public::ForwardBackwardRequest request = CrossEntropyRequest();
+  (*request.mutable_data(0)->mutable_loss_fn_inputs())["weights"] =
+      Dense(tinker_public::DTYPE_INT64,
+            Bytes(std::vector<int64_t>{16777217, 1, 2}), {3});
+  absl::StatusOr<ForwardBackwardInput> native =
+      TinkerForwardBackwardInput(request);
+  ASSERT_TRUE(native.ok()) << native.status();
+  EXPECT_THAT(native->data[0].weights, ElementsAre(16777216.0, 1.0, 2.0));
+}
+
+// Everything a datum holds, to compare two conversions.
+std::vector<std::vector<double>> DatumValues(const Datum& datum) {
+  return {std::vector<double>(datum.input_ids.begin(), datum.input_ids.end()),
+          std::vector<double>(datum.target_tokens.begin(),
+                              datum.target_tokens.end()),
+          {static_cast<double>(datum.targets_per_position)},
+          datum.weights,
+          datum.sampler_logprobs,
+          datum.advantages};
 }
 
 // The cookbook (0.6.1) sends provenance spans with every RL datum; no loss
@@ -88,8 +113,8 @@ TEST(TinkerConvertTest, ProvenanceSpansAreAcceptedAndChangeNothing) {
         Dense(tinker_public::DTYPE_FLOAT32,
               Bytes(std::vector<float>{0.0f, -1.5f, -0.25f}), {3});
   }
-  absl::StatusOr<v1::ForwardBackwardRequest> plain =
-      NativeForwardBackward(request);
+  absl::StatusOr<ForwardBackwardInput> plain =
+      TinkerForwardBackwardInput(request);
   ASSERT_TRUE(plain.ok()) << plain.status();
 
   tinker_public::PromptProvenanceSpan* prompt =
@@ -102,12 +127,15 @@ TEST(TinkerConvertTest, ProvenanceSpansAreAcceptedAndChangeNothing) {
   sampled->set_length(1);
   *datum->add_loss_fn_input_spans() = datum->model_input_spans(0);
   *datum->add_loss_fn_input_spans() = datum->model_input_spans(1);
-  absl::StatusOr<v1::ForwardBackwardRequest> with_spans =
-      NativeForwardBackward(request);
+  absl::StatusOr<ForwardBackwardInput> with_spans =
+      TinkerForwardBackwardInput(request);
   ASSERT_TRUE(with_spans.ok()) << with_spans.status();
-  EXPECT_EQ(with_spans->SerializeAsString(), plain->SerializeAsString());
-  EXPECT_THAT(with_spans->data(0).advantages(),
-              ElementsAre(0.0f, -1.5f, -0.25f));
+  EXPECT_EQ(with_spans->loss_fn, plain->loss_fn);
+  EXPECT_EQ(with_spans->loss_fn_config, plain->loss_fn_config);
+  EXPECT_EQ(with_spans->forward_only, plain->forward_only);
+  ASSERT_EQ(with_spans->data.size(), plain->data.size());
+  EXPECT_EQ(DatumValues(with_spans->data[0]), DatumValues(plain->data[0]));
+  EXPECT_THAT(with_spans->data[0].advantages, ElementsAre(0.0f, -1.5f, -0.25f));
 }
 
 TEST(TinkerConvertTest, TheV2LossConfigWinsAndTextIsRefused) {
@@ -116,14 +144,14 @@ TEST(TinkerConvertTest, TheV2LossConfigWinsAndTextIsRefused) {
   (*request.mutable_loss_fn_config())["clip_low_threshold"] = 0.5;
   (*request.mutable_loss_fn_config())["clip_high_threshold"] = 1.5;
   (*request.mutable_loss_fn_config_v2())["clip_low_threshold"].set_number(0.7);
-  absl::StatusOr<v1::ForwardBackwardRequest> native =
-      NativeForwardBackward(request);
+  absl::StatusOr<ForwardBackwardInput> native =
+      TinkerForwardBackwardInput(request);
   ASSERT_TRUE(native.ok()) << native.status();
-  EXPECT_DOUBLE_EQ(native->loss_fn_config().at("clip_low_threshold"), 0.7);
-  EXPECT_DOUBLE_EQ(native->loss_fn_config().at("clip_high_threshold"), 1.5);
+  EXPECT_DOUBLE_EQ(native->loss_fn_config.at("clip_low_threshold"), 0.7);
+  EXPECT_DOUBLE_EQ(native->loss_fn_config.at("clip_high_threshold"), 1.5);
 
   (*request.mutable_loss_fn_config_v2())["mode"].set_text("fast");
-  absl::Status refused = NativeForwardBackward(request).status();
+  absl::Status refused = TinkerForwardBackwardInput(request).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("loss_fn_config.mode"));
 }
@@ -149,17 +177,17 @@ TEST(TinkerConvertTest, SparseTopKTargetsAreExpanded) {
       Bytes(std::vector<int64_t>{0, 2, 3}));
   weights.mutable_sparse_csr()->set_col_indices(
       Bytes(std::vector<int64_t>{0, 2, 1}));
-  absl::StatusOr<v1::ForwardBackwardRequest> native =
-      NativeForwardBackward(request);
+  absl::StatusOr<ForwardBackwardInput> native =
+      TinkerForwardBackwardInput(request);
   ASSERT_TRUE(native.ok()) << native.status();
-  EXPECT_EQ(native->data(0).targets_per_position(), 3);
-  EXPECT_THAT(native->data(0).weights(),
+  EXPECT_EQ(native->data[0].targets_per_position, 3);
+  EXPECT_THAT(native->data[0].weights,
               ElementsAre(0.75f, 0.0f, 0.25f, 0.0f, 1.0f, 0.0f));
-  EXPECT_THAT(TargetsPerPosition(*native), ElementsAre(3));
+  EXPECT_THAT(TargetsPerPosition(native->data), ElementsAre(3));
 
   weights.mutable_sparse_csr()->set_col_indices(
       Bytes(std::vector<int64_t>{0, 3, 1}));
-  absl::Status refused = NativeForwardBackward(request).status();
+  absl::Status refused = TinkerForwardBackwardInput(request).status();
   EXPECT_THAT(refused.message(),
               HasSubstr("data[0].loss_fn_inputs.weights: column index 3"));
 }
@@ -223,10 +251,53 @@ TEST(TinkerConvertTest, MalformedDatumsNameTheirField) {
     SCOPED_TRACE(c.what);
     tinker_public::ForwardBackwardRequest request = CrossEntropyRequest();
     c.spoil(request.mutable_data(0));
-    absl::Status status = NativeForwardBackward(request).status();
+    absl::Status status = TinkerForwardBackwardInput(request).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(status.message(), HasSubstr(c.message));
   }
+}
+
+// A converted body is checked as the gRPC API's requests are: its loss,
+// its datums against the model's limits, their count.
+TEST(TinkerConvertTest, NativeRequestsAreCheckedAgainstTheLimits) {
+  DatumLimits limits;
+  limits.vocab_size = 64;
+  limits.max_positions = 16;
+  absl::StatusOr<ForwardBackwardInput> input =
+      TinkerForwardBackwardInput(CrossEntropyRequest());
+  ASSERT_TRUE(input.ok()) << input.status();
+
+  absl::StatusOr<SessionRequest> request =
+      ForwardBackwardRequestOf(*input, limits, /*max_datums=*/1);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->kind, SessionOp::Kind::kForwardBackward);
+  EXPECT_EQ(request->loss.fn, LossFn::kCrossEntropy);
+  ASSERT_EQ(request->data->size(), 1u);
+  EXPECT_THAT((*request->data)[0].input_ids, ElementsAre(5, 17, 33));
+
+  ForwardBackwardInput forward = *input;
+  forward.forward_only = true;
+  EXPECT_EQ(ForwardBackwardRequestOf(forward, limits, 1)->kind,
+            SessionOp::Kind::kForward);
+
+  ForwardBackwardInput two = *input;
+  two.data.push_back(two.data[0]);
+  EXPECT_THAT(ForwardBackwardRequestOf(two, limits, 1).status().message(),
+              HasSubstr("data has 2 datums; this server takes at most 1"));
+  ForwardBackwardInput empty = *input;
+  empty.data.clear();
+  EXPECT_THAT(ForwardBackwardRequestOf(empty, limits, 1).status().message(),
+              HasSubstr("data must have at least one datum"));
+
+  ForwardBackwardInput unknown = *input;
+  unknown.loss_fn = "hinge";
+  EXPECT_THAT(ForwardBackwardRequestOf(unknown, limits, 1).status().message(),
+              HasSubstr("loss_fn"));
+
+  limits.vocab_size = 20;  // Token 33 is outside it.
+  absl::Status refused = ForwardBackwardRequestOf(*input, limits, 1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("data[0]."));
 }
 
 // Reads an output as the SDK's deserialize_forward_backward_output does:
@@ -387,73 +458,127 @@ nlohmann::json SampleBody(nlohmann::json params) {
 }
 
 TEST(TinkerConvertTest, SampleRequestsAndTheirStops) {
-  absl::StatusOr<v1::SampleRequest> plain =
-      NativeSampleRequest(SampleBody({{"max_tokens", 7},
-                                      {"seed", 4},
-                                      {"temperature", 0.5},
-                                      {"top_k", -1},
-                                      {"top_p", 0.9}}));
+  absl::StatusOr<SamplingRequest> plain =
+      TinkerSamplingRequest(SampleBody({{"max_tokens", 7},
+                                        {"seed", 4},
+                                        {"temperature", 0.5},
+                                        {"top_k", -1},
+                                        {"top_p", 0.9}}));
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_THAT(plain->tokens().ids(), ElementsAre(5, 17, 33));
-  EXPECT_EQ(plain->n(), 2);
-  EXPECT_EQ(plain->max_tokens(), 7);
-  EXPECT_EQ(plain->seed(), 4u);
-  EXPECT_DOUBLE_EQ(plain->temperature(), 0.5);
-  EXPECT_DOUBLE_EQ(plain->top_p(), 0.9);
-  EXPECT_EQ(plain->top_k(), 0);  // -1: off.
-  EXPECT_TRUE(plain->prompt_logprobs());
+  EXPECT_EQ(plain->prompt, SamplePrompt::kTokens);
+  EXPECT_THAT(plain->tokens, ElementsAre(5, 17, 33));
+  EXPECT_EQ(plain->weights_kind, SampleWeights::kBaseModel);
+  EXPECT_EQ(plain->n, 2);
+  EXPECT_EQ(plain->max_tokens, 7);
+  EXPECT_EQ(plain->seed, 4u);
+  EXPECT_DOUBLE_EQ(plain->temperature, 0.5);
+  EXPECT_DOUBLE_EQ(plain->top_p, 0.9);
+  EXPECT_EQ(plain->top_k, 0);  // -1: off.
+  EXPECT_TRUE(plain->prompt_logprobs);
   // No stop given: EOS stops.
-  EXPECT_FALSE(plain->ignore_eos());
-  EXPECT_EQ(plain->stop_size(), 0);
-  EXPECT_EQ(plain->stop_token_ids_size(), 0);
+  EXPECT_FALSE(plain->ignore_eos);
+  EXPECT_TRUE(plain->stop.empty());
+  EXPECT_TRUE(plain->stop_token_ids.empty());
 
-  absl::StatusOr<v1::SampleRequest> none =
-      NativeSampleRequest(SampleBody({{"stop", nlohmann::json::array()}}));
+  absl::StatusOr<SamplingRequest> none =
+      TinkerSamplingRequest(SampleBody({{"stop", nlohmann::json::array()}}));
   ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(none->ignore_eos());  // []: not even EOS.
-  EXPECT_FALSE(none->has_seed());
+  EXPECT_TRUE(none->ignore_eos);  // []: not even EOS.
+  EXPECT_FALSE(none->seed.has_value());
+  EXPECT_EQ(none->max_tokens, 256);  // The default.
 
-  absl::StatusOr<v1::SampleRequest> text =
-      NativeSampleRequest(SampleBody({{"stop", "\n\nUser:"}}));
+  absl::StatusOr<SamplingRequest> text =
+      TinkerSamplingRequest(SampleBody({{"stop", "\n\nUser:"}}));
   ASSERT_TRUE(text.ok());
-  EXPECT_THAT(text->stop(), ElementsAre("\n\nUser:"));
-  EXPECT_FALSE(text->ignore_eos());
+  EXPECT_THAT(text->stop, ElementsAre("\n\nUser:"));
+  EXPECT_FALSE(text->ignore_eos);
 
-  absl::StatusOr<v1::SampleRequest> ids =
-      NativeSampleRequest(SampleBody({{"stop", {128009, 128001}}}));
+  absl::StatusOr<SamplingRequest> ids =
+      TinkerSamplingRequest(SampleBody({{"stop", {128009, 128001}}}));
   ASSERT_TRUE(ids.ok());
-  EXPECT_THAT(ids->stop_token_ids(), ElementsAre(128009, 128001));
+  EXPECT_THAT(ids->stop_token_ids, ElementsAre(128009, 128001));
 
+  EXPECT_THAT(TinkerSamplingRequest(SampleBody({{"stop", {"a", 5}}}))
+                  .status()
+                  .message(),
+              HasSubstr("not both"));
   EXPECT_THAT(
-      NativeSampleRequest(SampleBody({{"stop", {"a", 5}}})).status().message(),
-      HasSubstr("not both"));
-  EXPECT_THAT(
-      NativeSampleRequest(SampleBody({{"top_k", 0}})).status().message(),
+      TinkerSamplingRequest(SampleBody({{"top_k", 0}})).status().message(),
       HasSubstr("sampling_params.top_k"));
   nlohmann::json topk = SampleBody(nlohmann::json::object());
   topk["topk_sample_logprobs"] = 5;
-  EXPECT_THAT(NativeSampleRequest(topk).status().message(),
+  EXPECT_THAT(TinkerSamplingRequest(topk).status().message(),
               HasSubstr("topk_sample_logprobs"));
   nlohmann::json image = SampleBody(nlohmann::json::object());
   image["prompt"]["chunks"][1] = {{"type", "image"}, {"data", "x"}};
-  EXPECT_THAT(NativeSampleRequest(image).status().message(),
+  EXPECT_THAT(TinkerSamplingRequest(image).status().message(),
               HasSubstr("prompt.chunks[1]"));
 }
 
+// The same request through either edge is the same native request, so the
+// same checks (SampleCommandOf) apply to both.
+TEST(TinkerConvertTest, BothEdgesParseSamplingAlike) {
+  absl::StatusOr<SamplingRequest> tinker =
+      TinkerSamplingRequest(SampleBody({{"max_tokens", 7},
+                                        {"seed", 4},
+                                        {"temperature", 0.5},
+                                        {"top_k", 3},
+                                        {"top_p", 0.0},
+                                        {"stop", {"a", "b"}}}));
+  ASSERT_TRUE(tinker.ok()) << tinker.status();
+  v1::SampleRequest proto;
+  for (int64_t id : {5, 17, 33}) proto.mutable_tokens()->add_ids(id);
+  proto.set_n(2);
+  proto.set_max_tokens(7);
+  proto.set_seed(4);
+  proto.set_temperature(0.5);
+  proto.set_top_k(3);
+  proto.add_stop("a");
+  proto.add_stop("b");
+  proto.set_prompt_logprobs(true);
+  const SamplingRequest& from_tinker = *tinker;
+  const SamplingRequest from_grpc = SamplingRequestOf(proto);
+  for (const SamplingRequest* native : {&from_tinker, &from_grpc}) {
+    EXPECT_EQ(native->prompt, SamplePrompt::kTokens);
+    EXPECT_THAT(native->tokens, ElementsAre(5, 17, 33));
+    EXPECT_EQ(native->n, 2);
+    EXPECT_EQ(native->max_tokens, 7);
+    EXPECT_EQ(native->seed, 4u);
+    EXPECT_DOUBLE_EQ(native->temperature, 0.5);
+    EXPECT_DOUBLE_EQ(native->top_p, 1.0);  // 0: off on both.
+    EXPECT_EQ(native->top_k, 3);
+    EXPECT_THAT(native->stop, ElementsAre("a", "b"));
+    EXPECT_TRUE(native->stop_token_ids.empty());
+    EXPECT_FALSE(native->ignore_eos);
+    EXPECT_TRUE(native->prompt_logprobs);
+  }
+
+  // The proto's zeros are its defaults; its oneofs the prompt and weights.
+  v1::SampleRequest defaults;
+  defaults.set_text("hi");
+  defaults.set_checkpoint("jobs/j/checkpoints/3");
+  const SamplingRequest native = SamplingRequestOf(defaults);
+  EXPECT_EQ(native.prompt, SamplePrompt::kText);
+  EXPECT_EQ(native.text, "hi");
+  EXPECT_EQ(native.weights_kind, SampleWeights::kCheckpoint);
+  EXPECT_EQ(native.weights, "jobs/j/checkpoints/3");
+  EXPECT_EQ(native.n, 1);
+  EXPECT_EQ(native.max_tokens, 256);
+  EXPECT_DOUBLE_EQ(native.temperature, 1.0);
+  EXPECT_FALSE(native.seed.has_value());
+}
+
 TEST(TinkerConvertTest, SampleResponsesAsTheSdkReadsThem) {
-  v1::SampleResponse native;
-  v1::Sample* stopped = native.add_samples();
-  stopped->add_tokens(9);
-  stopped->add_tokens(2);
-  stopped->add_logprobs(-0.25);
-  stopped->add_logprobs(-1.5);
-  stopped->set_stop_reason(v1::STOP_REASON_STOP_TOKEN);
-  v1::Sample* cut = native.add_samples();
-  cut->add_tokens(11);
-  cut->add_logprobs(-3.0);
-  cut->set_stop_reason(v1::STOP_REASON_LENGTH);
-  native.add_prompt_logprobs(-2.0);
-  native.add_prompt_logprobs(-4.0);
+  SampleResult native;
+  GeneratedSample& stopped = native.samples.emplace_back();
+  stopped.tokens = {9, 2};
+  stopped.logprobs = {-0.25, -1.5};
+  stopped.stop_reason = StopReason::kStopToken;
+  GeneratedSample& cut = native.samples.emplace_back();
+  cut.tokens = {11};
+  cut.logprobs = {-3.0};
+  cut.stop_reason = StopReason::kLength;
+  native.prompt_logprobs = {-2.0, -4.0};
 
   tinker_public::SampleResponse out;
   TinkerSampleResponse(native, /*prompt_logprobs=*/true, &out);
