@@ -1,6 +1,6 @@
 // A slot pool trained data parallel over the ranks of a c10d process group,
 // with the LayerWise distributed optimizer applied once over the union of
-// every slot's parameters (DESIGN.md §6).
+// every slot's parameters (docs/DESIGN.md §6).
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(DistContext dist, DistContext::Create(env, cpu));
 //   DataParallelSlots dp(&dist);

@@ -1,5 +1,5 @@
-// LoRA adapters in the Hugging Face PEFT format (DESIGN.md §7), which vLLM,
-// SGLang and PEFT load: a directory with `adapter_config.json` and
+// LoRA adapters in the Hugging Face PEFT format (docs/DESIGN.md §7), which
+// vLLM, SGLang and PEFT load: a directory with `adapter_config.json` and
 // `adapter_model.safetensors` holding, for each adapted module,
 // `base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight` [r, in]
 // and `...lora_B.weight` [out, r] (`base_model.model.lm_head.lora_A.weight`

@@ -1,4 +1,4 @@
-// The fixed pool of adapter slots the trainer thread owns (DESIGN.md §5).
+// The fixed pool of adapter slots the trainer thread owns (docs/DESIGN.md §5).
 //
 //   SlotPool pool(model.config(), {.capacity = 16, .device = torch::kCPU});
 //   LORAPLEX_ASSIGN_OR_RETURN(int slot, pool.Attach(request));
@@ -35,7 +35,7 @@
 
 namespace loraplex {
 
-// DESIGN.md §5: kFree → kTraining → kTrained → kRetiring → kFree,
+// docs/DESIGN.md §5: kFree → kTraining → kTrained → kRetiring → kFree,
 // kFree → kEvaluating → kRetiring → kFree, or kFree → kSession → kRetiring
 // → kFree. A retire that succeeds goes
 // straight to kFree from any attached state; kRetiring is where a slot

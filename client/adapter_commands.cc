@@ -13,8 +13,8 @@
 #include "client/job_flags.h"
 #include "client/text_table.h"
 #include "core/common/read_file.h"
+#include "core/common/resource_names.h"
 #include "nlohmann/json.hpp"
-#include "proto/resource_names.h"
 
 namespace loraplex {
 namespace {

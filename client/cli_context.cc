@@ -10,7 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/display_format.h"
-#include "proto/resource_names.h"
+#include "core/common/resource_names.h"
 
 namespace loraplex {
 

@@ -10,7 +10,7 @@
 #include "client/cli_commands.h"
 #include "client/display_format.h"
 #include "client/text_table.h"
-#include "proto/resource_names.h"
+#include "core/common/resource_names.h"
 
 namespace loraplex {
 namespace {

@@ -15,7 +15,7 @@
 #include "client/job_flags.h"
 #include "client/job_progress.h"
 #include "client/text_table.h"
-#include "proto/resource_names.h"
+#include "core/common/resource_names.h"
 
 namespace loraplex {
 namespace {

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/common/resource_names.h"
 #include "core/common/status_macros.h"
-#include "proto/resource_names.h"
 
 namespace loraplex {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/display_format.h"
 #include "client/progress_bar.h"
-#include "proto/resource_names.h"
+#include "core/common/resource_names.h"
 
 namespace loraplex {
 namespace {

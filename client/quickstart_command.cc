@@ -19,7 +19,7 @@
 #include "client/local_server.h"
 #include "client/quickstart_data.h"
 #include "client/text_table.h"
-#include "proto/resource_names.h"
+#include "core/common/resource_names.h"
 
 namespace loraplex {
 namespace {

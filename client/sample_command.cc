@@ -12,8 +12,8 @@
 #include "absl/strings/str_split.h"
 #include "client/cli_commands.h"
 #include "core/common/read_file.h"
+#include "core/common/resource_names.h"
 #include "nlohmann/json.hpp"
-#include "proto/resource_names.h"
 
 namespace loraplex {
 namespace {

@@ -8,11 +8,32 @@
 #include "client/cli_commands.h"
 #include "client/display_format.h"
 #include "client/text_table.h"
-#include "proto/resource_names.h"
-#include "proto/runtime_text.h"
+#include "core/common/resource_names.h"
+#include "core/runtime/runtime_text.h"
 
 namespace loraplex {
 namespace {
+
+// GetServerInfo's runtime, read back into the struct RuntimeFacts writes.
+RuntimeInfo RuntimeFromProto(const v1::Runtime& proto) {
+  RuntimeInfo info;
+  info.torch_version = proto.torch_version();
+  info.blas = proto.blas();
+  info.cpu_capability = proto.cpu_capability();
+  info.intra_op_threads = proto.intra_op_threads();
+  info.inter_op_threads = proto.inter_op_threads();
+  info.openmp_wait_policy = proto.openmp_wait_policy();
+  info.cuda_compiled = proto.cuda_compiled();
+  info.cuda_runtime_version = proto.cuda_runtime_version();
+  info.cuda_driver_version = proto.cuda_driver_version();
+  for (const v1::CudaDevice& device : proto.cuda_devices()) {
+    info.cuda_devices.push_back(
+        {device.index(), device.name(), device.compute_capability_major(),
+         device.compute_capability_minor(), device.total_memory_bytes()});
+  }
+  info.cuda_note = proto.cuda_note();
+  return info;
+}
 
 int RunInfo(const CliContext& context) {
   auto client = context.Connect();
@@ -36,7 +57,7 @@ int RunInfo(const CliContext& context) {
       {"Max dataset", FormatBytes(info->max_dataset_bytes())},
       {"Tenant", info->tenant()}};
   if (info->has_runtime()) {
-    for (auto& fact : RuntimeFacts(info->runtime())) {
+    for (auto& fact : RuntimeFacts(RuntimeFromProto(info->runtime()))) {
       facts.push_back(std::move(fact));
     }
   }

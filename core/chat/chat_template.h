@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/chat/jinja_template.h"
+#include "core/jinja/jinja_template.h"
 
 namespace loraplex {
 

@@ -4,8 +4,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/chat/jinja_builtins.h"
 #include "core/common/status_macros.h"
+#include "core/jinja/jinja_builtins.h"
 
 namespace loraplex {
 namespace {

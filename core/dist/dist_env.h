@@ -1,5 +1,5 @@
 // The launch description of one training process, read from the variables
-// torchrun sets (DESIGN.md §6).
+// torchrun sets (docs/DESIGN.md §6).
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
 //   if (env.distributed()) { ... DistContext::Create(env, device) ... }

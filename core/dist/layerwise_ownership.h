@@ -1,5 +1,5 @@
 // Which rank owns which parameter in the LayerWise distributed optimizer
-// (DESIGN.md §6). Pure bookkeeping: no collectives here.
+// (docs/DESIGN.md §6). Pure bookkeeping: no collectives here.
 //
 //   std::vector<OwnedParam> params;  // the union of every slot's parameters
 //   for (...) params.push_back({slot, index, ParamCost(p.sizes(), is_muon)});

@@ -1,6 +1,6 @@
 // The ranks of a distributed run and the collectives the trainer needs
-// (DESIGN.md §6): a TCPStore rendezvous hosted by rank 0, then a Gloo (CPU)
-// or NCCL (CUDA, CMake option LORAPLEX_WITH_NCCL) process group.
+// (docs/DESIGN.md §6): a TCPStore rendezvous hosted by rank 0, then a Gloo
+// (CPU) or NCCL (CUDA, CMake option LORAPLEX_WITH_NCCL) process group.
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
 //   LORAPLEX_ASSIGN_OR_RETURN(DistContext dist,

@@ -1,4 +1,4 @@
-// One adapter's LoRA settings (DESIGN.md §3): rank, alpha, rsLoRA, dropout
+// One adapter's LoRA settings (docs/DESIGN.md §3): rank, alpha, rsLoRA, dropout
 // and which of the seven projections (and, optionally, the LM head) it
 // adapts.
 //

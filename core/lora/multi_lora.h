@@ -1,6 +1,6 @@
 // The adapters of a co-batch applied to the frozen projections: the rows of
 // a batch are split into consecutive segments, each trained (or evaluated)
-// through one adapter (DESIGN.md §3).
+// through one adapter (docs/DESIGN.md §3).
 //
 //   MultiLoraDelta delta({{&weights_a, 2, ...}, {&weights_b, 1, ...}});
 //   model.ForwardHidden(input_ids, lengths, &delta);   // 3 rows

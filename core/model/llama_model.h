@@ -1,5 +1,5 @@
-// The frozen decoder every adapter trains on (DESIGN.md §2): the Llama layout
-// and the variants the model families describe (model_family.h: norm
+// The frozen decoder every adapter trains on (docs/DESIGN.md §2): the Llama
+// layout and the variants the model families describe (model_family.h: norm
 // placement and style, q/k norms, GELU-tanh MLPs, scaled embeddings,
 // sliding-window layers with their own RoPE).
 //
@@ -53,7 +53,7 @@ class ProjectionDelta {
 };
 
 // Keys and values of every position each row of a batch has seen, so that
-// decoding a token costs one token's forward pass (DESIGN.md §11).
+// decoding a token costs one token's forward pass (docs/DESIGN.md §11).
 //
 //   KvCache cache(model.config(), rows, capacity, model.dtype(), device);
 //   model.ForwardCached(prompts, prompt_valid, cache);   // prefill

@@ -1,6 +1,6 @@
 // Muon: momentum SGD whose update is orthogonalized by Newton–Schulz, for 2-D
 // weight matrices (NVIDIA Emerging-Optimizers' OrthogonalizedOptimizer/Muon
-// semantics; DESIGN.md §4). Per parameter p with gradient g and state
+// semantics; docs/DESIGN.md §4). Per parameter p with gradient g and state
 // momentum_buffer:
 //   1. weight decay (decoupled: p -= lr·wd·p; independent: p -= wd·p;
 //      l2: g += wd·p)

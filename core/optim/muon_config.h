@@ -1,5 +1,5 @@
 // Muon's settings as plain values: the weight-decay and update-scale modes
-// (DESIGN.md §4) with the names the API spells them by, the scale factor
+// (docs/DESIGN.md §4) with the names the API spells them by, the scale factor
 // they imply, and the validation MuonOptions and OptimizerConfig share. No
 // LibTorch here; the optimizer is in muon.h.
 #ifndef LORAPLEX_CORE_OPTIM_MUON_CONFIG_H_

@@ -3,7 +3,7 @@
 // NewtonSchulz(x) approximates the orthogonal polar factor U Vᵀ of
 // x = U Σ Vᵀ by a fixed number of odd-polynomial iterations
 // X ← a·X + (b·A + c·A²)·X with A = X Xᵀ, as in NVIDIA Emerging-Optimizers
-// (see DESIGN.md §4 for the exact rule and the coefficient tables). Every
+// (see docs/DESIGN.md §4 for the exact rule and the coefficient tables). Every
 // singular value σ of the normalised input follows the scalar map
 // σ ← aσ + bσ³ + cσ⁵, so the result has the singular vectors of x and
 // singular values pushed towards 1.

@@ -1,5 +1,5 @@
 // Newton–Schulz settings as plain values: the coefficient sets of
-// DESIGN.md §4 and their tables, the iteration count and the precision,
+// docs/DESIGN.md §4 and their tables, the iteration count and the precision,
 // with names as the API spells them and validation. No LibTorch here;
 // NewtonSchulz (newton_schulz.h) runs the iteration.
 //

@@ -42,7 +42,7 @@ struct OptimizerConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
 
-  // Muon only (DESIGN.md §4).
+  // Muon only (docs/DESIGN.md §4).
   double momentum = 0.95;
   bool nesterov = false;
   MuonWeightDecayMode weight_decay_mode = MuonWeightDecayMode::kDecoupled;

@@ -1,7 +1,7 @@
 // What the process runs on: LibTorch, BLAS, threads and CUDA devices.
 // `loraplex-server --version` prints it, the server logs it at start, and
-// GetServerInfo answers it (`loraplex info`), all as proto/runtime_text.h
-// writes it.
+// GetServerInfo answers it (`loraplex info`), all as
+// core/runtime/runtime_text.h writes it.
 #ifndef LORAPLEX_CORE_RUNTIME_RUNTIME_INFO_H_
 #define LORAPLEX_CORE_RUNTIME_RUNTIME_INFO_H_
 

@@ -1,4 +1,4 @@
-// Reading and writing the safetensors format (DESIGN.md §7).
+// Reading and writing the safetensors format (docs/DESIGN.md §7).
 //
 // A file is an 8-byte little-endian header length N, N bytes of JSON
 // describing every tensor (dtype, shape, [begin, end) offsets into the data

@@ -1,6 +1,6 @@
 // Generation for many requests at once: one prefill over every request's
 // rows, then one decode step per token for all rows still running, with each
-// row's adapter applied to its segment of the batch (DESIGN.md §11).
+// row's adapter applied to its segment of the batch (docs/DESIGN.md §11).
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(auto generator,
 //                             BatchGenerator::Start(model, requests, &tok));

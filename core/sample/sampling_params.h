@@ -1,5 +1,5 @@
-// How one sampling request draws its tokens (DESIGN.md §11), as plain values
-// validated once at the edge. No LibTorch here.
+// How one sampling request draws its tokens (docs/DESIGN.md §11), as plain
+// values validated once at the edge. No LibTorch here.
 //
 //   SamplingParams params{.max_tokens = 64, .temperature = 0.7, .seed = 1};
 //   LORAPLEX_RETURN_IF_ERROR(ValidateSamplingParams(params, limits));

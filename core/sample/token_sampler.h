@@ -1,6 +1,6 @@
 // Picks the next token from one row of logits: greedy, or temperature with
 // top-k and top-p, from a caller-supplied uniform draw so that a row's
-// choices depend only on its own random stream (DESIGN.md §11).
+// choices depend only on its own random stream (docs/DESIGN.md §11).
 //
 //   double u = UniformDraw(stream, step);
 //   int64_t token = ChooseToken(logits_row, params, u);

@@ -1,4 +1,4 @@
-// One training step over every active slot at once (DESIGN.md §3, §9).
+// One training step over every active slot at once (docs/DESIGN.md §3, §9).
 //
 //   std::vector<TrainingSlot*> active = ...;   // any set of trainable slots
 //   LORAPLEX_ASSIGN_OR_RETURN(std::vector<SlotStepMetrics> metrics,
@@ -62,7 +62,7 @@ struct CoBatchOptions {
   const StepSync* sync = nullptr;
 };
 
-// A client-driven forward (and backward) over `data` (DESIGN.md §12): each
+// A client-driven forward (and backward) over `data` (docs/DESIGN.md §12): each
 // datum's target tokens through `loss`, summed with no normalisation. With
 // `backward`, the gradients of that sum are added to those already in
 // `adapter`'s parameters (they add up over calls until the caller steps and

@@ -1,5 +1,5 @@
 // The two hooks through which the slot pool and the co-batched step run
-// data parallel over several processes (DESIGN.md §6). The core knows no
+// data parallel over several processes (docs/DESIGN.md §6). The core knows no
 // collectives: adapters/data_parallel_slots.h implements both over c10d.
 //
 // - ParamClaims: at attach, which of a slot's parameters this process owns

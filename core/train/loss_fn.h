@@ -1,5 +1,5 @@
 // The losses a client-driven forward/backward computes (Tinker's semantics,
-// DESIGN.md §12), and the data it computes them on, as plain values
+// docs/DESIGN.md §12), and the data it computes them on, as plain values
 // validated once at the edge. No LibTorch here.
 //
 // Notation per target token: p = the learner's log-probability of the

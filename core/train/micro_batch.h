@@ -96,8 +96,8 @@ absl::Status RunMicroBatch(const LlamaModel& model,
                            const PassOwners& owners, bool backward,
                            const MicroBatchOptions& options, PassSums& sums);
 
-// Each target token's loss (DESIGN.md §12) from its log-probability `p` and
-// the per-token inputs the loss takes (undefined tensors for the others),
+// Each target token's loss (docs/DESIGN.md §12) from its log-probability `p`
+// and the per-token inputs the loss takes (undefined tensors for the others),
 // differentiable in `p`. All tensors are 1-D of one length.
 torch::Tensor TokenLosses(const LossFnSpec& loss, const torch::Tensor& p,
                           const torch::Tensor& weights,

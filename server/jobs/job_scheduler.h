@@ -1,4 +1,4 @@
-// Moves jobs through their lifecycle (DESIGN.md §8): queued jobs go into
+// Moves jobs through their lifecycle (docs/DESIGN.md §8): queued jobs go into
 // free slots first come, first served, under a per-tenant slot quota (a job
 // over quota waits; it never fails for it); the trainer's reports become
 // stored status changes and per-step metrics; finished jobs free their

@@ -1,6 +1,6 @@
 // What a job trains, as validated native configs: the LoRA settings, the
 // optimizer, the LR schedule and the training loop. Built from a
-// CreateJobRequest at the edge (server/service/proto_convert.h) and stored
+// CreateJobRequest at the edge (server/grpc/proto_convert.h) and stored
 // with the job as JSON (JobRecord::spec).
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromJson(record.spec));

@@ -1,6 +1,6 @@
-// The trainer as the job scheduler sees it (DESIGN.md §1): commands into
+// The trainer as the job scheduler sees it (docs/DESIGN.md §1): commands into
 // one queue, answered later by reports, and a snapshot of the slots. No
-// LibTorch here: Trainer (server/engine/trainer.h) implements it over the
+// LibTorch here: Trainer (server/trainer/trainer.h) implements it over the
 // model and the slot pool, and the scheduler's tests drive a fake.
 //
 //   trainer.AttachAll(std::move(commands));  // reported as kAttached
@@ -62,7 +62,7 @@ struct AttachCommand {
   nlohmann::json job_spec;
 };
 
-// One sampling request (DESIGN.md §11), validated at the edge.
+// One sampling request (docs/DESIGN.md §11), validated at the edge.
 struct SampleCommand {
   std::string tenant;
   // The weights: a running job's current adapter (`job_id`), the PEFT files
@@ -87,7 +87,7 @@ struct SampleCommand {
   std::function<void(absl::StatusOr<SampleResult> result, int64_t step)> done;
 };
 
-// Opens a client-driven training session in a free slot (DESIGN.md §12):
+// Opens a client-driven training session in a free slot (docs/DESIGN.md §12):
 // its adapter (PEFT's initialisation seeded with `seed`) and optimizer,
 // trained only by its own operations.
 struct SessionOpenCommand {

@@ -1,4 +1,4 @@
-#include "proto/resource_names.h"
+#include "core/common/resource_names.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "proto/runtime_text.h"
+#include "core/runtime/runtime_text.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,13 +11,13 @@ namespace {
 
 using ::testing::ElementsAre;
 
-v1::Runtime CpuRuntime() {
-  v1::Runtime runtime;
-  runtime.set_torch_version("2.15.0");
-  runtime.set_blas("MKL 2024.2 (built into LibTorch)");
-  runtime.set_cpu_capability("AVX2");
-  runtime.set_intra_op_threads(2);
-  runtime.set_inter_op_threads(1);
+RuntimeInfo CpuRuntime() {
+  RuntimeInfo runtime;
+  runtime.torch_version = "2.15.0";
+  runtime.blas = "MKL 2024.2 (built into LibTorch)";
+  runtime.cpu_capability = "AVX2";
+  runtime.intra_op_threads = 2;
+  runtime.inter_op_threads = 1;
   return runtime;
 }
 
@@ -30,12 +30,12 @@ TEST(RuntimeTextTest, CpuOnlyBuild) {
 }
 
 TEST(RuntimeTextTest, CudaBuildWithoutADevice) {
-  v1::Runtime runtime = CpuRuntime();
-  runtime.set_cpu_capability("");
-  runtime.set_openmp_wait_policy("passive");
-  runtime.set_cuda_compiled(true);
-  runtime.set_cuda_runtime_version("13.2");
-  runtime.set_cuda_note("no NVIDIA driver");
+  RuntimeInfo runtime = CpuRuntime();
+  runtime.cpu_capability = "";
+  runtime.openmp_wait_policy = "passive";
+  runtime.cuda_compiled = true;
+  runtime.cuda_runtime_version = "13.2";
+  runtime.cuda_note = "no NVIDIA driver";
   EXPECT_THAT(RuntimeLines(runtime),
               ElementsAre("LibTorch: 2.15.0, CUDA runtime 13.2",
                           "BLAS: MKL 2024.2 (built into LibTorch)",
@@ -45,17 +45,17 @@ TEST(RuntimeTextTest, CudaBuildWithoutADevice) {
 }
 
 TEST(RuntimeTextTest, OneLinePerDevice) {
-  v1::Runtime runtime = CpuRuntime();
-  runtime.set_cuda_compiled(true);
-  runtime.set_cuda_runtime_version("13.2");
-  runtime.set_cuda_driver_version("13.1");
+  RuntimeInfo runtime = CpuRuntime();
+  runtime.cuda_compiled = true;
+  runtime.cuda_runtime_version = "13.2";
+  runtime.cuda_driver_version = "13.1";
   for (int index = 0; index < 2; ++index) {
-    v1::CudaDevice* device = runtime.add_cuda_devices();
-    device->set_index(index);
-    device->set_name("NVIDIA H200");
-    device->set_compute_capability_major(9);
-    device->set_compute_capability_minor(0);
-    device->set_total_memory_bytes(int64_t{143771} << 20);  // 140.4 GiB
+    CudaDeviceInfo& device = runtime.cuda_devices.emplace_back();
+    device.index = index;
+    device.name = "NVIDIA H200";
+    device.compute_capability_major = 9;
+    device.compute_capability_minor = 0;
+    device.total_memory_bytes = int64_t{143771} << 20;  // 140.4 GiB
   }
   const std::vector<std::string> lines = RuntimeLines(runtime);
   ASSERT_EQ(lines.size(), 5u);

@@ -1,8 +1,8 @@
-// Slot checkpoints on disk (server/engine/checkpoint.h): a restored slot
+// Slot checkpoints on disk (server/trainer/checkpoint.h): a restored slot
 // equals the saved one in every tensor and counter and trains on exactly as
 // the uninterrupted slot; damaged checkpoints are rejected with a reason;
 // failed writes leave the previous checkpoints alone.
-#include "server/engine/checkpoint.h"
+#include "server/trainer/checkpoint.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -3,7 +3,7 @@
 // only after it is committed (and never one whose write failed), and reads
 // of a job's checkpoints wait for its queued writes. No LibTorch: the
 // contents are bytes.
-#include "server/engine/pool_checkpointer.h"
+#include "server/checkpoints/pool_checkpointer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // the fields a client set, core defaults otherwise, errors naming the
 // field), the effective config back to messages, stored records to
 // messages, and resource names.
-#include "server/service/proto_convert.h"
+#include "server/grpc/proto_convert.h"
 
 #include <gmock/gmock.h>
 #include <google/protobuf/descriptor.h>

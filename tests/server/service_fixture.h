@@ -1,8 +1,8 @@
 // Shared pieces of the service tests: a real loraplex-server on a free
 // loopback port, a real client for it, job requests, waiting for jobs, and
 // the same job trained directly through the engine as the reference.
-#ifndef LORAPLEX_TESTS_SERVER_SERVICE_FIXTURE_H_
-#define LORAPLEX_TESTS_SERVER_SERVICE_FIXTURE_H_
+#ifndef LORAPLEX_TESTS_SERVER_GRPC_FIXTURE_H_
+#define LORAPLEX_TESTS_SERVER_GRPC_FIXTURE_H_
 
 #include <gtest/gtest.h>
 
@@ -24,7 +24,7 @@
 #include "client/client.h"
 #include "core/model/llama_model.h"
 #include "core/train/co_batch_step.h"
-#include "server/service/proto_convert.h"
+#include "server/grpc/proto_convert.h"
 #include "tests/common/server_process.h"
 #include "tests/common/test_dir.h"
 #include "tests/common/train_fixture.h"
@@ -301,4 +301,4 @@ inline std::vector<torch::Tensor> TrainDirectly(const std::string& model_dir,
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_TESTS_SERVER_SERVICE_FIXTURE_H_
+#endif  // LORAPLEX_TESTS_SERVER_GRPC_FIXTURE_H_

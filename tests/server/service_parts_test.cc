@@ -11,8 +11,8 @@
 
 #include "absl/synchronization/notification.h"
 #include "server/common/work_queue.h"
+#include "server/grpc/auth.h"
 #include "server/jobs/job_event_hub.h"
-#include "server/service/auth.h"
 
 namespace loraplex {
 namespace {

@@ -1,7 +1,7 @@
 // The step plan rank 0 sends the other ranks survives its encoding field
 // for field, garbage is refused, and the model fingerprint tells models
 // apart.
-#include "server/engine/step_plan.h"
+#include "server/trainer/step_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 
 #include "core/model/model_presets.h"
 #include "core/optim/config_json.h"
-#include "server/engine/rank_setup.h"
+#include "server/trainer/rank_setup.h"
 #include "tests/common/test_dir.h"
 
 namespace loraplex {

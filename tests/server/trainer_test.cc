@@ -1,5 +1,5 @@
 // The trainer thread in process: where resumed jobs go and what it reports.
-#include "server/engine/trainer.h"
+#include "server/trainer/trainer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 
 #include "adapters/peft_files.h"
 #include "core/model/llama_model.h"
-#include "server/engine/checkpoint.h"
+#include "server/trainer/checkpoint.h"
 #include "tests/common/test_dir.h"
 #include "tests/common/tiny_model.h"
 #include "tests/common/train_fixture.h"

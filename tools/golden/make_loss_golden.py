@@ -18,7 +18,7 @@ head) from ``make_sampling_golden.py``:
   adapter):
 
   - ``loss``: the loss summed over every target token of every datum, with
-    no normalisation (Tinker's semantics, DESIGN.md §12);
+    no normalisation (Tinker's semantics, docs/DESIGN.md §12);
   - ``logprobs``: per datum, log p of each target token (position i's
     logits predict target i; for the top-k cross-entropy case, k = 3
     targets per position, row-major);

@@ -1,0 +1,56 @@
+// Who is calling: maps the bearer token of a call to its tenant.
+//
+//   LORAPLEX_ASSIGN_OR_RETURN(TenantAuthenticator auth,
+//                             TenantAuthenticator::FromTokensFile(path));
+//   LORAPLEX_ASSIGN_OR_RETURN(std::string tenant,
+//                             auth.Authenticate(context->client_metadata()));
+//
+// The tokens file has one `<tenant> <token>` pair per line; blank lines
+// and lines starting with '#' are ignored. Without a tokens file the
+// server has one tenant, "default", and every caller is it (local use).
+#ifndef LORAPLEX_SERVER_GRPC_AUTH_H_
+#define LORAPLEX_SERVER_GRPC_AUTH_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace loraplex {
+
+inline constexpr absl::string_view kDefaultTenant = "default";
+
+class TenantAuthenticator {
+ public:
+  // Every caller is kDefaultTenant.
+  static TenantAuthenticator SingleTenant();
+  // INVALID_ARGUMENT naming the file and line for a malformed line, a
+  // repeated token, a token shorter than 16 characters, or no token at all.
+  static absl::StatusOr<TenantAuthenticator> FromTokensFile(
+      const std::string& path);
+  static absl::StatusOr<TenantAuthenticator> FromTokensText(
+      absl::string_view text, absl::string_view label);
+
+  bool requires_tokens() const { return !tenants_by_token_.empty(); }
+  // UNAUTHENTICATED when tokens are required and the call has no
+  // `authorization: Bearer <token>` metadata or an unknown token.
+  absl::StatusOr<std::string> Authenticate(
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+  // The same for an HTTP call's `X-API-Key` header (std::nullopt: none
+  // sent), as the Tinker SDK sends it.
+  absl::StatusOr<std::string> AuthenticateApiKey(
+      const std::optional<std::string>& api_key) const;
+
+ private:
+  absl::StatusOr<std::string> TenantOf(absl::string_view token) const;
+
+  std::map<std::string, std::string, std::less<>> tenants_by_token_;
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_GRPC_AUTH_H_

@@ -1,0 +1,117 @@
+#include "server/grpc/checkpoint_access.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "server/checkpoints/checkpoint_files.h"
+#include "server/grpc/proto_convert.h"
+
+namespace loraplex {
+namespace {
+
+void SetTimestamp(int64_t time_ms, google::protobuf::Timestamp* time) {
+  time->set_seconds(time_ms / 1000);
+  time->set_nanos(static_cast<int32_t>(time_ms % 1000) * 1000000);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FindCheckpoint(const ServiceContext& context,
+                                           const std::string& tenant,
+                                           absl::string_view name,
+                                           absl::string_view field) {
+  LORAPLEX_ASSIGN_OR_RETURN(CheckpointRef parsed,
+                            ParseCheckpointName(name, field));
+  absl::Status job = context.store->GetJob(tenant, parsed.job_id).status();
+  if (!job.ok()) {
+    return absl::Status(job.code(), absl::StrCat(field, ": ", job.message()));
+  }
+  const std::string dir = CheckpointDir(
+      context.scheduler->CheckpointDir(parsed.job_id), parsed.step);
+  std::error_code error;
+  if (!std::filesystem::exists(absl::StrCat(dir, "/", kCheckpointManifestFile),
+                               error)) {
+    return absl::NotFoundError(absl::StrCat(
+        field, ": job \"", parsed.job_id, "\" has no checkpoint at step ",
+        parsed.step, " (ListCheckpoints shows the ones kept)"));
+  }
+  return dir;
+}
+
+absl::Status CheckCheckpoint(const std::string& dir, absl::string_view field) {
+  absl::Status status = VerifyCheckpoint(dir);
+  if (status.ok()) return status;
+  std::error_code error;
+  if (!std::filesystem::exists(dir, error)) {
+    return absl::NotFoundError(
+        absl::StrCat(field,
+                     ": the checkpoint was deleted meanwhile (only the newest "
+                     "--keep-checkpoints of a job are kept)"));
+  }
+  return absl::DataLossError(
+      absl::StrCat(field, ": the checkpoint is damaged: ", status.message()));
+}
+
+absl::StatusOr<std::string> FindStoredAdapter(const ServiceContext& context,
+                                              const std::string& tenant,
+                                              absl::string_view name,
+                                              absl::string_view field) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string id,
+                            ParseResourceName(name, "adapters", field));
+  LORAPLEX_RETURN_IF_ERROR(context.store->GetAdapter(tenant, id).status());
+  return context.scheduler->AdapterDir(id);
+}
+
+absl::StatusOr<JobWeights> FindJobWeights(const ServiceContext& context,
+                                          const std::string& tenant,
+                                          absl::string_view name,
+                                          absl::string_view what) {
+  LORAPLEX_ASSIGN_OR_RETURN(std::string id,
+                            ParseResourceName(name, "jobs", "job"));
+  LORAPLEX_ASSIGN_OR_RETURN(JobRecord job, context.store->GetJob(tenant, id));
+  JobWeights weights;
+  if (job.status == JobStatus::kSucceeded && !job.adapter_id.empty()) {
+    weights.dir = context.scheduler->AdapterDir(job.adapter_id);
+    return weights;
+  }
+  if (job.status != JobStatus::kRunning || job.training_dataset_id.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", id, "\" is ", JobStatusName(job.status),
+        ": only a running training job or a succeeded one has ", what));
+  }
+  weights.running_job_id = id;
+  return weights;
+}
+
+absl::Status ListJobCheckpoints(const ServiceContext& context,
+                                const std::string& tenant,
+                                const std::string& job_id,
+                                v1::ListCheckpointsResponse* response) {
+  LORAPLEX_RETURN_IF_ERROR(context.store->GetJob(tenant, job_id).status());
+  for (const CheckpointEntry& entry :
+       ListCheckpoints(context.scheduler->CheckpointDir(job_id))) {
+    absl::StatusOr<CheckpointInfo> info = ReadCheckpointInfo(entry.dir);
+    if (!info.ok()) continue;  // Removed meanwhile, or damaged.
+    v1::Checkpoint* checkpoint = response->add_checkpoints();
+    checkpoint->set_name(CheckpointResourceName(job_id, entry.step));
+    checkpoint->set_step(entry.step);
+    SetTimestamp(info->time_ms, checkpoint->mutable_create_time());
+    v1::JobMetrics* metrics = checkpoint->mutable_metrics();
+    metrics->set_step(entry.step);
+    metrics->set_tokens(info->tokens);
+    metrics->set_skipped_steps(info->counters.skipped_steps);
+    if (info->metrics) {
+      metrics->set_loss(info->metrics->loss);
+      metrics->set_lr(info->metrics->lr);
+      metrics->set_grad_norm(info->metrics->grad_norm);
+      if (info->metrics->validation_loss) {
+        metrics->set_validation_loss(*info->metrics->validation_loss);
+      }
+    }
+    checkpoint->set_size_bytes(CheckpointSizeBytes(entry.dir));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loraplex

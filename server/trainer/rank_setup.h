@@ -1,0 +1,42 @@
+// What the ranks of a data-parallel server agree on before training
+// (docs/DESIGN.md §6): rank 0's pool settings, and that every rank loaded the
+// same base model. Called once at start-up, after the process group forms.
+//
+//   RankSetup mine{.model = ModelFingerprint(*model), .slots = 8, ...};
+//   LORAPLEX_ASSIGN_OR_RETURN(RankSetup setup, AgreeOnSetup(dist, mine));
+//   ... every rank builds its trainer from `setup` ...
+#ifndef LORAPLEX_SERVER_TRAINER_RANK_SETUP_H_
+#define LORAPLEX_SERVER_TRAINER_RANK_SETUP_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/dist/process_group.h"
+#include "core/model/llama_model.h"
+
+namespace loraplex {
+
+struct RankSetup {
+  std::string model;  // ModelFingerprint of the rank's base model.
+  int slots = 0;
+  int64_t max_rank = 0;
+  int64_t token_budget = 0;
+  bool checkpoints = false;  // Rank 0 writes checkpoints.
+};
+
+// SHA-256 (hex) over the model's config and 1024 evenly spaced values of
+// each of its tensors (embeddings, norms, projections, LM head): equal for
+// the same checkpoint loaded in the same dtype, different for another model
+// or another fine-tune.
+std::string ModelFingerprint(const LlamaModel& model);
+
+// Collective. Returns rank 0's setup on every rank. FAILED_PRECONDITION on
+// every rank when some rank's model differs from rank 0's (that rank's
+// message names both fingerprints; rank 0's counts the ranks).
+absl::StatusOr<RankSetup> AgreeOnSetup(DistContext& dist,
+                                       const RankSetup& mine);
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_TRAINER_RANK_SETUP_H_

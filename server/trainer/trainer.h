@@ -1,0 +1,376 @@
+// The trainer thread: the only thread that touches tensors (docs/DESIGN.md §1).
+// It owns the frozen base model and the slot pool, applies commands from
+// one thread-safe queue between steps, trains every active slot together
+// one co-batched step at a time, and reports what happened to a sink.
+//
+//   Trainer trainer(std::move(model), options, [&](TrainerReport r) {...});
+//   trainer.Start();
+//   trainer.Attach(std::move(command));      // reported as kAttached
+//   ... kStep reports, then kFinished when the job's last step is done ...
+//   trainer.Stop();
+//
+// Commands never block the caller: they reach the trainer through the
+// checkpoint writer's queue, which reads their files (an attach's
+// checkpoint) on its thread. The sink runs on the trainer thread and
+// must return quickly (queue the report elsewhere). When a job trains its
+// last step the trainer evaluates it, exports its adapter (PEFT files in
+// final_adapter_dir, written to a temporary directory and renamed into
+// place), retires the slot, and only then reports kFinished.
+//
+// Checkpoints are pool-consistent (pool_checkpointer.h): when a step
+// completes a multiple of any job's checkpoint interval, every training
+// slot is checkpointed at that same step boundary. A job is also
+// checkpointed when it is paused or retired, and every job when the trainer
+// stops. The trainer encodes a checkpoint's files in memory and the
+// checkpointer's writer thread writes them, so training goes on while they
+// are fsynced and hashed; a pause, a retire, a job's end and the trainer's
+// stop wait for the job's (or every) checkpoint to be on disk before they
+// are reported.
+//
+// Data parallel (docs/DESIGN.md §6): with TrainerOptions::dist of more than one
+// rank, every rank runs a trainer over the same base model. Rank 0's takes
+// the commands and, before each iteration, broadcasts the plan of what
+// changes at that step boundary (step_plan.h); the others Follow() it, so
+// all ranks attach, retire and checkpoint the same slots at the same steps
+// and train their shares of every slot's rows together. Only rank 0 reads
+// and writes files and reports. RankCoordinator (rank_coordinator.h) is the
+// one place that knows which of these roles a process has.
+//
+// The parts: this loop (trainer.cc), the commands it applies
+// (trainer_commands.h; a new command is one type there and one Apply
+// overload here), attaching jobs (trainer_attach.cc), finishing and
+// exporting them (trainer_finish.cc), checkpointing slots and reporting
+// (trainer_reports.cc), the checkpoint policy and its writer thread
+// (pool_checkpointer.h) and the ranks (rank_coordinator.h).
+#ifndef LORAPLEX_SERVER_TRAINER_TRAINER_H_
+#define LORAPLEX_SERVER_TRAINER_TRAINER_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "adapters/data_parallel_slots.h"
+#include "adapters/slot_pool.h"
+#include "core/dist/process_group.h"
+#include "core/model/llama_model.h"
+#include "core/sample/batch_generator.h"
+#include "core/train/co_batch_step.h"
+#include "server/checkpoints/pool_checkpointer.h"
+#include "server/jobs/job_trainer.h"
+#include "server/trainer/rank_coordinator.h"
+#include "server/trainer/step_plan.h"
+#include "server/trainer/trainer_commands.h"
+
+namespace loraplex {
+
+struct TrainerOptions {
+  SlotPoolOptions pool;
+  CoBatchOptions co_batch;
+  // base_model_name_or_path written into exported adapter configs.
+  std::string base_model_name;
+  // Checkpoints go to <checkpoint_root>/<job id>/; empty: none are taken.
+  std::string checkpoint_root;
+  // Steps between checkpoints of jobs whose config leaves it at 0; 0: only
+  // on pause, retire and stop.
+  int64_t checkpoint_interval = 0;
+  // Checkpoints kept per job (the newest).
+  int keep_checkpoints = 3;
+  // Trains data parallel over the ranks of `dist` when it has more than one
+  // (it must outlive the trainer): rank 0's trainer is Start()ed and takes
+  // the commands, every other rank's Follow()s it.
+  DistContext* dist = nullptr;
+  // Ranks other than 0: whether rank 0 writes checkpoints (the others take
+  // part in gathering the optimizer state).
+  bool leader_checkpoints = false;
+  // The share of the trainer's time that decoding takes while jobs train,
+  // in (0, 1): after each training step, sampling runs decode steps until
+  // it has used share / (1 - share) of that step's time (at least one step).
+  // With nothing to train, decoding runs alone.
+  double sample_share = 0.5;
+  // Decodes sampled text and stop strings (must outlive the trainer); null:
+  // requests with stop strings fail, texts are empty.
+  const Tokenizer* tokenizer = nullptr;
+  // Called on the trainer thread when the ranks can no longer train together
+  // (a collective failed: a rank died or stopped answering). The thread then
+  // ends without reporting more; every rank should be restarted, and the
+  // jobs resume from their checkpoints.
+  std::function<void(const absl::Status&)> on_fatal;
+};
+
+class Trainer : public JobTrainer {
+ public:
+  Trainer(std::unique_ptr<LlamaModel> model, const TrainerOptions& options,
+          ReportSink sink);
+  ~Trainer();  // Stops the thread.
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  void Start();
+  // Ranks other than 0, instead of Start(): applies rank 0's plans on this
+  // thread until rank 0 stops (OK) or the ranks fail (the error).
+  absl::Status Follow();
+  // Finishes the current step, checkpoints every training slot (on every
+  // rank, when data parallel: the other ranks' Follow() then returns),
+  // drops pending commands and joins the thread. Slots keep their jobs
+  // (nothing is reported for them).
+  void Stop();
+
+  // Runs `work` on the checkpoint writer's thread after every checkpoint
+  // queued so far is written (at once without a writer). Any thread.
+  void AfterQueuedCheckpoints(std::function<void()> work) {
+    checkpoints_.Post(std::move(work));
+  }
+
+  // JobTrainer (job_trainer.h).
+  void AttachAll(std::vector<AttachCommand> commands) override;
+  void Retire(const std::string& job_id) override;
+  void Pause(const std::string& job_id) override;
+  void Export(const std::string& job_id, const std::string& dir,
+              std::function<void(absl::Status)> done) override;
+  void Sample(SampleCommand command) override;
+  void OpenSession(SessionOpenCommand command) override;
+  void RunSessionOp(SessionOp op) override;
+  // The pool's slots, less any kRetiring after a failed retire.
+  int capacity() const override { return pool_.capacity() - retiring_.load(); }
+  std::vector<SlotInfo> Slots() const override;
+  TrainerStats Stats() const override;
+
+  void Attach(AttachCommand command);
+  const ModelConfig& model_config() const { return model_->config(); }
+
+ private:
+  // What the trainer remembers about the job in a slot, beyond the slot.
+  struct SlotJob {
+    std::string job_id;
+    std::string tenant;
+    std::string family;
+    std::shared_ptr<const SequenceSet> validation;
+    std::string final_adapter_dir;
+    int64_t eval_interval = 0;
+    int64_t checkpoint_interval = 0;
+    nlohmann::json job_spec;
+    std::optional<CheckpointMetrics> last_metrics;
+    int64_t tokens = 0;
+    double tokens_per_second = 0.0;
+    std::optional<double> validation_loss;
+    // Test only (--test-faults=hold:...): not stepped until a command
+    // naming the job (pause, retire, export) is applied.
+    bool held = false;
+  };
+
+  // What the trainer remembers about the training session in a slot
+  // (trainer_sessions.cc).
+  struct SlotSession {
+    std::string session_id;
+    std::string tenant;
+    std::string family;
+    uint64_t seed = 0;
+    int64_t calls = 0;  // Forward/backward calls so far (dropout seeds).
+    std::deque<SessionOp> ops;  // Waiting, in the session's order.
+  };
+  // A session's forward/backward call taken into an iteration's pass.
+  struct PassCall {
+    int slot = -1;
+    SessionOp op;
+    uint64_t dropout_seed = 0;
+  };
+
+  void Run();
+  // Rank 0: waits for commands (or, data parallel, a heartbeat's time) and
+  // takes them; false when stopping.
+  bool NextBatch(std::deque<TrainerCommand>& batch);
+  // The iteration's plan for the other ranks.
+  StepPlan PlanOf(const std::deque<TrainerCommand>& batch, bool stopping) const;
+  // The iteration every rank runs alike; false when the loop ends.
+  bool Iterate(std::deque<TrainerCommand>& batch, bool stopping,
+               bool checkpoint);
+  // A slot rank 0 holds, as the plan describes it.
+  StepPlan::Active HeldSlot(int slot) const;
+  // Followers: frees the slots whose jobs rank 0 no longer has, and checks
+  // the others are where rank 0's are (else the ranks are broken).
+  void FollowActive(const std::map<int, StepPlan::Active>& active);
+  // Hands the report to the sink (rank 0, ranks not broken). While a pool
+  // checkpoint is being written, reports wait (in order) until it is on
+  // disk: once a step is reported, the pool's checkpoint before it is
+  // durable, as when checkpoints were written on this thread.
+  void Report(TrainerReport report);
+  // Report's delivery, in order behind the held reports.
+  void Deliver(TrainerReport report);
+  void Enqueue(std::vector<TrainerCommand> commands);
+  // Applies attaches that go back to a slot (their checkpoint's) before
+  // the other attaches next to them.
+  void OrderAttaches(std::deque<TrainerCommand>& batch);
+  // The slot holding `job_id`'s job, or -1.
+  int SlotOf(const std::string& job_id) const;
+  // One overload per command (trainer_commands.h). ReadFiles runs on the
+  // checkpoint writer's thread, before the command is queued for this one;
+  // it may use only checkpoints_. Prepare runs on rank 0 before the plan.
+  // Most commands need neither.
+  template <typename Command>
+  void ReadFiles(Command&) {}
+  void ReadFiles(AttachJob& command);
+  // Whether the command's ReadFiles reads anything (trainer_attach.cc).
+  static bool ReadsFiles(const TrainerCommand& command);
+  template <typename Command>
+  void Prepare(Command&) {}
+  void Prepare(AttachJob& command);
+  void Prepare(SampleJob& command);
+  void Apply(AttachJob& command);
+  void Apply(RetireJob& command);
+  void Apply(PauseJob& command);
+  void Apply(ExportJob& command);
+  void Apply(SampleJob& command);
+  void Apply(OpenSessionJob& command);
+  void Apply(SessionWork& command);
+
+  // Sessions (trainer_sessions.cc). The slot holding the session, or -1.
+  int SessionSlotOf(const std::string& session_id) const;
+  bool SessionWorkPending() const;
+  // Applies each session's waiting operations in order up to its next
+  // forward/backward call, and returns those calls for this iteration's
+  // pass.
+  std::vector<PassCall> TakeSessionCalls();
+  void ApplySessionOp(int slot, SessionOp op);
+  // Answers every session operation still waiting with `status`.
+  void AbandonSessions(const absl::Status& status);
+  // The pass's forward/backward calls as the co-batched step takes them.
+  std::vector<ForwardBackwardCall> PassCallsOf(std::vector<PassCall>& calls);
+  // Answers the calls from the pass's outputs, or with its error.
+  void AnswerCalls(std::vector<PassCall>& calls,
+                   absl::StatusOr<std::vector<ForwardBackwardOutput>> outputs);
+
+  // Sampling (trainer_sampling.cc). The requests applied at one step
+  // boundary decode together, as one group.
+  struct SamplingGroup {
+    std::vector<SampleJob> jobs;
+    std::unique_ptr<BatchGenerator> generator;
+  };
+  // Starts the group of the requests applied this iteration (each alone
+  // if they fail together).
+  void StartSampling();
+  // Starts decoding `jobs` together; on failure a single job is answered,
+  // several go back to sample_arrivals_.
+  absl::Status StartGroup(std::vector<SampleJob> jobs);
+  // Decode steps for every group, for the time share of a training step
+  // that took `train_seconds` (nothing trained: until every group is done
+  // or a command waits); answers the requests of groups that finish.
+  void RunSampling(double train_seconds);
+  // Answers every request still decoding with `status`.
+  void AbandonSampling(const absl::Status& status);
+  std::vector<int> TrainableSlots() const;
+  // TrainableSlots() less those a test hold keeps from stepping (they are
+  // still checkpointed with the pool).
+  std::vector<int> SteppableSlots() const;
+  // Retires the slot and forgets its job; on failure the slot stays
+  // kRetiring (retried every iteration), and when data parallel the ranks
+  // are broken (their pools would differ).
+  absl::Status RetireSlot(int slot);
+  // Retires a slot attached for `job_id` that the trainer did not take.
+  void FreeSlot(int slot, const std::string& job_id);
+  // Trains the jobs' step together with the sessions' `calls` (answered
+  // here); returns the slots that trained a step and are still attached.
+  std::vector<int> TrainStep(std::vector<PassCall>& calls);
+  // The jobs' step of `slots` (outcomes[i] for slots[i]) after the step of
+  // all of them failed leaving them as they were: tried in halves, and
+  // halves of the halves that fail, so only the slots that fail alone fail
+  // (with their own error) and the others train their step. Every rank
+  // takes the same halves: a step's outcome is agreed over the ranks.
+  void StepInParts(const std::vector<TrainingSlot*>& slots, size_t begin,
+                   size_t end, bool failed_together,
+                   std::vector<absl::StatusOr<SlotStepMetrics>>& outcomes);
+  // A report of `kind` with the slot's job, step and token counts.
+  TrainerReport ProgressReport(TrainerReport::Kind kind, int slot) const;
+  void EvaluateOnly(int slot);
+  void FinishJob(int slot, absl::Status status);
+  absl::StatusOr<double> Validate(int slot);
+  // Copies the slot's adapter and queues its export into `dir` for the
+  // writer thread; `done` gets the outcome there (at once, on this thread,
+  // if the copy fails).
+  void ExportSlot(int slot, const std::string& dir,
+                  std::function<void(absl::Status)> done);
+  // ReadFiles' work: finds the checkpoint to resume (the newest that
+  // verifies) and reads its state.
+  absl::Status ReadAttachFiles(AttachJob& command);
+  // Attaches the prepared command, restoring its checkpoint.
+  absl::StatusOr<int> AttachPrepared(AttachJob& command,
+                                     std::optional<int64_t>& tokens);
+  // Data parallel: an attach stands only if it succeeded on every rank;
+  // then rank 0's weights become every rank's.
+  absl::StatusOr<int> AgreeOnAttach(absl::StatusOr<int> slot);
+  bool CheckpointDue(const std::vector<int>& stepped) const;
+  // Saves the slot's state and queues its checkpoint for the writer,
+  // reported as kCheckpoint once written. With `wait`, returns once it is
+  // written, with the outcome; else OK once queued.
+  absl::Status CheckpointSlot(int slot, bool wait);
+  // Counts a checkpoint started at `start` in stats_ (a failure when
+  // `status` is not OK). Any thread.
+  void CountCheckpoint(std::chrono::steady_clock::time_point start,
+                       const absl::Status& status);
+  // Writer thread: queues a report of what it wrote for ReportWritten.
+  void ReportLater(TrainerReport report);
+  // Reports what the writer has finished, and the reports that waited for
+  // the pool checkpoints now written.
+  void ReportWritten();
+  // Waits until the job's queued checkpoints and export are written, then
+  // ReportWritten().
+  void ReportWrittenFor(const std::string& job_id);
+  // Checkpoints every training slot at this step boundary, then records
+  // the group as the pool's last complete checkpoint.
+  void CheckpointPool();
+  void PublishSlots();
+
+  std::unique_ptr<LlamaModel> model_;
+  TrainerOptions options_;
+  ReportSink sink_;
+  RankCoordinator ranks_;
+  PoolCheckpointer checkpoints_;
+  SlotPool pool_;  // Trainer thread only.
+  StepSync sync_;  // Data parallel.
+  // Rank 0: the last step was a checkpoint step of some job; the pool is
+  // checkpointed at the start of the next iteration, on every rank.
+  bool pending_checkpoint_ = false;
+  std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
+  std::vector<std::unique_ptr<SlotSession>> sessions_;    // Per slot, as jobs_.
+  std::vector<SampleJob> sample_arrivals_;                // Trainer only.
+  std::vector<std::unique_ptr<SamplingGroup>> sampling_;  // Trainer only.
+  // Pool checkpoints queued, and those known written; reports made after
+  // the n-th was queued wait in held_ until it is written.
+  int64_t groups_queued_ = 0;
+  int64_t groups_written_ = 0;
+  std::deque<std::pair<int64_t, TrainerReport>> held_;
+  // Slots kRetiring (read by other threads through capacity()).
+  std::atomic<int> retiring_{0};
+
+  // Taken by callers of the commands and Slots(), and by the trainer
+  // thread between steps; never held while training. Lock order:
+  // server/README.md.
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;
+  std::deque<TrainerCommand> commands_ ABSL_GUARDED_BY(mu_);
+  // Batches of commands on their way through the checkpoint writer
+  // (Enqueue): while any is, later commands follow them there.
+  int64_t via_writer_ ABSL_GUARDED_BY(mu_) = 0;
+  // Reports of what the writer wrote (checkpoints, a job's end after its
+  // export) and the count of written pool checkpoints (writer thread).
+  std::vector<TrainerReport> written_ ABSL_GUARDED_BY(mu_);
+  int64_t groups_done_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<SlotInfo> slots_ ABSL_GUARDED_BY(mu_);  // Published snapshot.
+  TrainerStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_TRAINER_TRAINER_H_

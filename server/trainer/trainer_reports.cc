@@ -1,0 +1,177 @@
+// The trainer's checkpoints and its reports (trainer.h): when the pool is
+// due one, encoding each slot's checkpoint for the checkpoint writer, and
+// reporting in order, holding reports while a pool checkpoint is written.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "server/common/clock.h"
+#include "server/trainer/checkpoint.h"
+#include "server/trainer/trainer.h"
+
+namespace loraplex {
+
+void Trainer::Report(TrainerReport report) {
+  if (!ranks_.leader() || ranks_.Broken()) return;
+  Deliver(std::move(report));
+}
+
+void Trainer::Deliver(TrainerReport report) {
+  if (held_.empty() && groups_written_ == groups_queued_) {
+    sink_(std::move(report));
+    return;
+  }
+  held_.emplace_back(groups_queued_, std::move(report));
+}
+
+bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
+  if (!checkpoints_.enabled()) return false;
+  for (int slot : stepped) {
+    const int64_t interval = jobs_[slot]->checkpoint_interval;
+    if (interval > 0 && pool_.slot(slot).counters.steps % interval == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void Trainer::CheckpointPool() {
+  if (!checkpoints_.enabled()) return;
+  std::vector<std::string> held;
+  for (const auto& job : jobs_) {
+    if (job) held.push_back(job->job_id);
+  }
+  std::map<std::string, int64_t> queued;
+  for (int slot : TrainableSlots()) {
+    // On other ranks: takes part in gathering the optimizer states.
+    if (CheckpointSlot(slot, /*wait=*/false).ok()) {
+      queued[jobs_[slot]->job_id] = pool_.slot(slot).counters.steps;
+    }
+  }
+  // Recorded once the checkpoints queued before it are written.
+  if (ranks_.leader()) {
+    ++groups_queued_;
+    checkpoints_.RecordGroup(std::move(held), std::move(queued), [this] {
+      {
+        absl::MutexLock lock(&mu_);
+        ++groups_done_;
+      }
+      wake_.SignalAll();
+    });
+  }
+}
+
+absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
+  if (!checkpoints_.enabled()) {
+    return absl::FailedPreconditionError("checkpoints are disabled");
+  }
+  const TrainingSlot& training = pool_.slot(slot);
+  const auto start = std::chrono::steady_clock::now();
+  // Collective when data parallel: every rank gathers the owners' states.
+  absl::StatusOr<std::string> state =
+      SaveTrainingState(training, ranks_.data_parallel());
+  // It may have failed before its collective, which the others are in.
+  if (!state.ok()) ranks_.FailIfDistributed(state.status());
+  if (!ranks_.leader()) return state.status();
+  const SlotJob& job = *jobs_[slot];
+  CheckpointInfo info;
+  info.job_id = job.job_id;
+  info.time_ms = NowMillis();
+  info.slot = slot;
+  info.total_steps = training.total_steps;
+  info.counters = training.counters;
+  info.tokens = job.tokens;
+  info.cursor = training.cursor->state();
+  info.metrics = job.last_metrics;
+  info.job_spec = job.job_spec;
+  TrainerReport report = ProgressReport(TrainerReport::Kind::kCheckpoint, slot);
+  report.checkpoint_dir = checkpoints_.StepDir(job.job_id, info.step());
+  absl::StatusOr<CheckpointContents> contents =
+      !state.ok()
+          ? state.status()
+          : EncodeCheckpoint(training, std::move(info), *std::move(state),
+                             options_.base_model_name);
+  if (!contents.ok()) {
+    CountCheckpoint(start, contents.status());
+    report.status = contents.status();
+    Report(std::move(report));
+    return contents.status();
+  }
+  // The outcome, for a caller that waits.
+  struct Outcome {
+    absl::Notification written;
+    absl::Status status;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  checkpoints_.Write(*std::move(contents),
+                     [this, report = std::move(report), outcome,
+                      start](absl::Status status) mutable {
+                       CountCheckpoint(start, status);
+                       report.status = status;
+                       outcome->status = status;
+                       ReportLater(std::move(report));
+                       outcome->written.Notify();
+                     });
+  if (!wait) return absl::OkStatus();
+  outcome->written.WaitForNotification();
+  ReportWritten();
+  return outcome->status;
+}
+
+void Trainer::CountCheckpoint(std::chrono::steady_clock::time_point start,
+                              const absl::Status& status) {
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  absl::MutexLock lock(&mu_);
+  if (!status.ok()) {
+    ++stats_.checkpoint_failures;
+    return;
+  }
+  ++stats_.checkpoints;
+  stats_.checkpoint_seconds += seconds;
+  stats_.last_checkpoint_seconds = seconds;
+}
+
+void Trainer::ReportLater(TrainerReport report) {
+  {
+    absl::MutexLock lock(&mu_);
+    written_.push_back(std::move(report));
+  }
+  wake_.SignalAll();
+}
+
+void Trainer::ReportWritten() {
+  std::vector<TrainerReport> written;
+  {
+    absl::MutexLock lock(&mu_);
+    written.swap(written_);
+    groups_written_ = groups_done_;
+  }
+  // What was reported while the ranks were sound is delivered even if they
+  // broke since.
+  if (!ranks_.leader()) return;
+  while (!held_.empty() && held_.front().first <= groups_written_) {
+    sink_(std::move(held_.front().second));
+    held_.pop_front();
+  }
+  for (TrainerReport& report : written) {
+    // Checkpoints are reported as soon as they are written; anything else
+    // (a job's end) after the reports before it.
+    if (report.kind == TrainerReport::Kind::kCheckpoint) {
+      sink_(std::move(report));
+    } else {
+      Deliver(std::move(report));
+    }
+  }
+}
+void Trainer::ReportWrittenFor(const std::string& job_id) {
+  checkpoints_.WaitForJob(job_id);
+  ReportWritten();
+}
+
+}  // namespace loraplex
