@@ -16,14 +16,17 @@
 //     "tinker://{model}/sampler_weights/{name}" a saved adapter.
 // Calls that the SDK treats as futures answer {"request_id"} at once and
 // finish through retrieve_future, which waits at most max_wait and then
-// answers "try_again". Handlers convert each call to a native request at
-// the edge; the trainer is never waited on by them. The names above live
-// in memory: after a restart the saved states and adapters are still in
-// the store, but Tinker paths given out before it are unknown. API keys
+// answers "try_again"; their results are kept in a ResultHub
+// (server/results/result_hub.h) keyed by (tenant, request number). Handlers
+// convert each call to a native request at the edge; the trainer is never
+// waited on by them. The names above live in memory: after a restart the saved
+// states and adapters are still in the store, but Tinker paths given out before
+// it are unknown. API keys
 // (`X-API-Key`) are the tokens of --tokens-file. Thread-safe.
 #ifndef LORAPLEX_SERVER_TINKER_TINKER_API_H_
 #define LORAPLEX_SERVER_TINKER_TINKER_API_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -39,6 +42,7 @@
 #include "core/optim/optimizer_config.h"
 #include "nlohmann/json.hpp"
 #include "server/grpc/service_context.h"
+#include "server/results/result_hub.h"
 
 namespace httplib {
 class Server;
@@ -79,13 +83,6 @@ class TinkerApi {
     absl::Status status;
     std::string body;
     std::string content_type;
-  };
-  struct Future {
-    std::string tenant;
-    std::optional<Outcome> outcome;
-    std::chrono::steady_clock::time_point finished;
-    bool retrieved = false;
-    std::chrono::steady_clock::time_point retrieved_at;
   };
   struct Model {
     std::string tenant;
@@ -169,9 +166,11 @@ class TinkerApi {
       const std::map<std::string, SavedPath>& saved, const std::string& tenant,
       const std::string& path, absl::string_view unknown) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A new pending future of `tenant`'s, by id.
-  std::string NewFuture(const std::string& tenant);
-  void Finish(const std::string& id, Outcome outcome);
+  // A new pending future of `tenant`'s.
+  ResultKey NewFuture(const std::string& tenant);
+  // Its request_id: "req-{seq}".
+  static std::string RequestId(const ResultKey& future);
+  void Finish(const ResultKey& future, Outcome outcome);
   // The model `model_id` of `tenant` (NOT_FOUND otherwise).
   absl::StatusOr<Model> FindModel(const std::string& tenant,
                                   const std::string& model_id) const;
@@ -192,10 +191,11 @@ class TinkerApi {
   const ServiceContext* context_;
   TinkerApiOptions options_;
 
+  ResultHub<Outcome> futures_;
+  // The next future's number: from the clock at start, so that request ids
+  // given out before a restart are not given out again.
+  std::atomic<int64_t> next_future_;
   mutable absl::Mutex mu_;
-  absl::CondVar finished_;
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<std::string, Future> futures_ ABSL_GUARDED_BY(mu_);
   // Tinker session -> its tenant.
   std::map<std::string, std::string> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Model> models_ ABSL_GUARDED_BY(mu_);
