@@ -31,7 +31,8 @@ std::string JobScheduler::CheckpointDir(const std::string& job_id) const {
   return absl::StrCat(options_.state_dir, "/checkpoints/", job_id);
 }
 
-absl::Status JobScheduler::Start(JobTrainer* trainer) {
+absl::Status JobScheduler::Start(JobTrainer* trainer,
+                                 const std::function<void()>& first) {
   LORAPLEX_ASSIGN_OR_RETURN(
       std::vector<JobRecord> unfinished,
       store_->JobsWithStatus({JobStatus::kValidating, JobStatus::kQueued,
@@ -45,20 +46,25 @@ absl::Status JobScheduler::Start(JobTrainer* trainer) {
                      if (a_ran != b_ran) return a_ran;
                      return a_ran && a.slot < b.slot;
                    });
+  {
+    absl::MutexLock lock(&mu_);
+    trainer_ = trainer;
+  }
+  if (first) first();
   absl::MutexLock lock(&mu_);
-  trainer_ = trainer;
   for (JobRecord& record : unfinished) {
     if (live_.count(record.id) > 0) continue;
     auto job = std::make_unique<LiveJob>();
     job->record = std::move(record);
+    job->stored_status = job->record.status;
     LiveJob& live = *job;
     const std::string id = live.record.id;
     live_[id] = std::move(job);
     if (live.record.status == JobStatus::kPaused) continue;
     queue_.push_back(id);
-    live.recovering = true;
+    live.restarted_in_slot = -1;
     if (live.record.status != JobStatus::kQueued) {
-      live.resume_slot = live.record.slot;
+      live.restarted_in_slot = live.record.slot;
       live.record.status = JobStatus::kQueued;
       live.record.slot = -1;
       Commit(live, {StatusEvent(live.record, JobStatus::kQueued,
@@ -134,8 +140,9 @@ absl::StatusOr<JobRecord> JobScheduler::Submit(
   auto job = std::make_unique<LiveJob>();
   job->record = record;
   job->spec = std::move(spec);
+  job->stored_status = record.status;
   job->data = std::move(data);
-  job->data_ready = true;
+  job->place = JobPlace::kPrepared;
   live_[record.id] = std::move(job);
   queue_.push_back(record.id);
   if (trainer_ != nullptr) FillSlots();
@@ -156,9 +163,11 @@ absl::StatusOr<JobRecord> JobScheduler::Cancel(const std::string& tenant,
   LORAPLEX_RETURN_IF_ERROR(CommitChange(
       job, updated, {StatusEvent(updated, JobStatus::kCancelled, reason)}));
   Dequeue(job_id);
-  if (job.in_trainer) trainer_->Retire(job_id);
+  const bool in_trainer =
+      job.place == JobPlace::kInTrainer || job.place == JobPlace::kPausing;
+  if (in_trainer) trainer_->Retire(job_id);
   JobRecord result = job.record;
-  if (!job.in_trainer) Forget(job_id);
+  if (!in_trainer) Forget(job_id);
   return result;
 }
 
@@ -209,11 +218,12 @@ void JobScheduler::Pause(const std::string& tenant, const std::string& job_id,
     return done(absl::FailedPreconditionError(
         absl::StrCat("job \"", job_id, "\" is already paused")));
   }
-  if (job.pause_done) {
+  if (job.place == JobPlace::kPausing) {
     return done(absl::FailedPreconditionError(
         absl::StrCat("job \"", job_id, "\" is already being paused")));
   }
-  if (job.in_trainer) {
+  if (job.place == JobPlace::kInTrainer) {
+    MoveTo(job, JobPlace::kPausing);
     job.pause_done = std::move(done);
     trainer_->Pause(job_id);
     return;
@@ -375,10 +385,8 @@ void JobScheduler::FillSlots() {
       }
       job.spec = *std::move(spec);
     }
-    if (!job.data_ready) {
-      unprepared = true;
-      job.preparing = true;
-    }
+    if (job.place == JobPlace::kWaiting) MoveTo(job, JobPlace::kPreparing);
+    if (job.place == JobPlace::kPreparing) unprepared = true;
     next.push_back(*it);
     ++reserved;
     ++reserved_by_tenant[tenant];
@@ -405,10 +413,9 @@ void JobScheduler::FillSlots() {
     command.data = job.data.training;
     command.validation = job.data.validation;
     command.resume = true;  // From a checkpoint, if the job has one.
-    command.preferred_slot = job.resume_slot;
-    command.recovering = job.recovering;
-    job.resume_slot = -1;
-    job.recovering = false;
+    command.preferred_slot = job.restarted_in_slot.value_or(-1);
+    command.recovering = job.restarted_in_slot.has_value();
+    job.restarted_in_slot.reset();
     command.job_spec = job.record.spec;
     if (!job.record.initial_adapter_id.empty()) {
       command.initial_adapter_dir = AdapterDir(job.record.initial_adapter_id);
@@ -417,7 +424,7 @@ void JobScheduler::FillSlots() {
       job.final_adapter_id = NewResourceId("adapter");
       command.final_adapter_dir = AdapterDir(job.final_adapter_id);
     }
-    job.in_trainer = true;
+    MoveTo(job, JobPlace::kInTrainer);
     ++reserved_;
     ++reserved_by_tenant_[tenant];
     queue_.erase(std::find(queue_.begin(), queue_.end(), id));
@@ -438,7 +445,7 @@ void JobScheduler::PrepareQueuedData() {
     absl::MutexLock lock(&mu_);
     for (const std::string& id : queue_) {
       const LiveJob& job = *live_.at(id);
-      if (job.preparing && !job.data_ready) {
+      if (job.place == JobPlace::kPreparing) {
         work.push_back({id, job.record, *job.spec});
       }
     }
@@ -452,18 +459,22 @@ void JobScheduler::PrepareQueuedData() {
     auto live = live_.find(prepared.id);
     if (live == live_.end()) continue;  // Cancelled meanwhile.
     LiveJob& job = *live->second;
-    job.preparing = false;
+    if (job.place != JobPlace::kPreparing) continue;
     auto queued = std::find(queue_.begin(), queue_.end(), prepared.id);
     // Paused meanwhile: prepared again when resumed.
-    if (queued == queue_.end() || job.data_ready) continue;
+    if (queued == queue_.end()) {
+      MoveTo(job, JobPlace::kWaiting);
+      continue;
+    }
     if (!prepared.data.ok()) {
       queue_.erase(queued);
+      MoveTo(job, JobPlace::kWaiting);
       Fail(job, prepared.data.status());
       Forget(prepared.id);
       continue;
     }
     job.data = *std::move(prepared.data);
-    job.data_ready = true;
+    MoveTo(job, JobPlace::kPrepared);
     job.record.total_steps = job.data.total_steps;
     job.record.spec = JobSpecToJson(prepared.spec);
     job.spec = std::move(prepared.spec);
@@ -476,13 +487,25 @@ void JobScheduler::PrepareQueuedData() {
   if (trainer_ != nullptr && !stopping) FillSlots();
 }
 
+absl::Status JobScheduler::CheckStatusChange(const LiveJob& job, JobStatus to) {
+  if (IsAllowedStatusChange(job.stored_status, to)) return absl::OkStatus();
+  const absl::Status refused = absl::InternalError(absl::StrCat(
+      "job \"", job.record.id, "\" cannot go from ",
+      JobStatusName(job.stored_status), " to ", JobStatusName(to)));
+  logger_->Error(refused.message(), " (a bug: not stored)");
+  return refused;
+}
+
 absl::Status JobScheduler::Commit(LiveJob& job,
                                   std::vector<JobEventRecord> events) {
+  LORAPLEX_RETURN_IF_ERROR(CheckStatusChange(job, job.record.status));
   absl::Status stored =
       store_->UpdateJob(job.record, std::move(events)).status();
   CountStoreWrite(stored);
   if (!stored.ok()) {
     logger_->Error("storing job ", job.record.id, ": ", stored.message());
+  } else {
+    job.stored_status = job.record.status;
   }
   hub_->Notify(job.record.id);
   return stored;
@@ -490,6 +513,7 @@ absl::Status JobScheduler::Commit(LiveJob& job,
 
 absl::Status JobScheduler::CommitChange(LiveJob& job, const JobRecord& updated,
                                         std::vector<JobEventRecord> events) {
+  LORAPLEX_RETURN_IF_ERROR(CheckStatusChange(job, updated.status));
   absl::Status stored = store_->UpdateJob(updated, std::move(events)).status();
   CountStoreWrite(stored);
   if (!stored.ok()) {
@@ -501,6 +525,7 @@ absl::Status JobScheduler::CommitChange(LiveJob& job, const JobRecord& updated,
             "\" could not be stored, so it was not made: ", stored.message()));
   }
   job.record = updated;
+  job.stored_status = updated.status;
   hub_->Notify(job.record.id);
   return absl::OkStatus();
 }
@@ -531,9 +556,20 @@ JobEventRecord JobScheduler::StatusEvent(const JobRecord& job, JobStatus status,
   return event;
 }
 
+void JobScheduler::MoveTo(LiveJob& job, JobPlace place) {
+  if (!IsAllowedPlaceChange(job.place, place)) {
+    logger_->Error("job ", job.record.id, ": moved from ",
+                   JobPlaceName(job.place), " to ", JobPlaceName(place),
+                   ", which the scheduler never does (a bug)");
+  }
+  job.place = place;
+}
+
 void JobScheduler::Release(LiveJob& job) {
-  if (!job.in_trainer) return;
-  job.in_trainer = false;
+  if (job.place != JobPlace::kInTrainer && job.place != JobPlace::kPausing) {
+    return;
+  }
+  MoveTo(job, JobPlace::kWaiting);
   --reserved_;
   --reserved_by_tenant_[job.record.tenant];
 }

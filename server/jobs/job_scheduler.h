@@ -34,6 +34,7 @@
 #include "server/common/logger.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/job_event_hub.h"
+#include "server/jobs/job_lifecycle.h"
 #include "server/jobs/job_spec.h"
 #include "server/jobs/job_trainer.h"
 #include "server/store/job_store.h"
@@ -68,8 +69,11 @@ class JobScheduler {
   // (each continues from its newest valid checkpoint; those that were
   // running go first, back into their slots, all at the same step
   // boundary), keeps paused ones paused, then starts scheduling onto
-  // `trainer`.
-  absl::Status Start(JobTrainer* trainer);
+  // `trainer`. `first` runs once the trainer is set and before any job is
+  // queued again: restored training sessions take their slots back there
+  // (SessionManager::Restore).
+  absl::Status Start(JobTrainer* trainer,
+                     const std::function<void()>& first = nullptr);
   // Stores what the trainer reported so far and stops scheduling; jobs keep
   // their stored status (running ones are queued again by the next Start).
   // Stop the trainer first, so nothing it finished is left unrecorded.
@@ -133,19 +137,19 @@ class JobScheduler {
  private:
   struct LiveJob {
     JobRecord record;
+    // The status the store has; each change of record.status is checked
+    // against it (job_lifecycle.h) before it is stored.
+    JobStatus stored_status = JobStatus::kQueued;
+    JobPlace place = JobPlace::kWaiting;
     // The native spec; unset for a job read back from the store until its
     // stored JSON is parsed (once, when it is next scheduled).
     std::optional<JobSpec> spec;
-    JobData data;
-    bool data_ready = false;
-    // Next in line, its data being prepared (PrepareQueuedData).
-    bool preparing = false;
-    bool in_trainer = false;  // Attach sent; holds a slot reservation.
+    JobData data;  // Set from kPrepared on.
     std::string final_adapter_id;
-    // The slot it had when the server stopped, to go back into.
-    int resume_slot = -1;
-    bool recovering = false;  // Requeued by Start.
-    // A PauseJob call waiting for the trainer.
+    // Requeued by Start: the slot it had when the server stopped (-1:
+    // none), to go back into; cleared once it is handed to the trainer.
+    std::optional<int> restarted_in_slot;
+    // kPausing: the PauseJob call waiting for the trainer.
     std::function<void(absl::StatusOr<JobRecord>)> pause_done;
   };
 
@@ -161,6 +165,9 @@ class JobScheduler {
   // failed write is logged and counted (CountStoreWrite) and returned.
   absl::Status Commit(LiveJob& job, std::vector<JobEventRecord> events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INTERNAL (logged) unless the lifecycle allows the job's stored status
+  // to become `to` (job_lifecycle.h).
+  absl::Status CheckStatusChange(const LiveJob& job, JobStatus to);
   // A change a caller asked for: `updated` is stored with `events` first,
   // and becomes the live job's record only once it is (else the error,
   // and the live job as it was).
@@ -173,6 +180,10 @@ class JobScheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobEventRecord StatusEvent(const JobRecord& job, JobStatus status,
                              const std::string& message);
+  // Moves `job` to `place` (a move the table does not allow is a bug:
+  // logged, and made all the same).
+  void MoveTo(LiveJob& job, JobPlace place) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job that leaves the trainer frees its slot reservation.
   void Release(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(LiveJob& job, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

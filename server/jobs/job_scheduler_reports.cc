@@ -146,7 +146,8 @@ void JobScheduler::HandleReports(std::deque<TrainerReport> reports) {
       case TrainerReport::Kind::kStep:
         break;
     }
-    if (IsTerminal(job.record.status) && !job.in_trainer) {
+    if (IsTerminal(job.record.status) && job.place != JobPlace::kInTrainer &&
+        job.place != JobPlace::kPausing) {
       Forget(report.job_id);
     }
   }
@@ -186,6 +187,7 @@ void JobScheduler::OnPaused(LiveJob& job, const TrainerReport& report) {
   auto done = std::move(job.pause_done);
   job.pause_done = nullptr;
   if (!report.status.ok()) {
+    if (job.place == JobPlace::kPausing) MoveTo(job, JobPlace::kInTrainer);
     if (done) {
       done(absl::Status(
           report.status.code(),
@@ -207,7 +209,6 @@ void JobScheduler::OnPaused(LiveJob& job, const TrainerReport& report) {
   job.record.metrics.step = report.step;
   // Paused jobs may wait long: their data is prepared again on resume.
   job.data = JobData{};
-  job.data_ready = false;
   absl::Status stored =
       Commit(job, {StatusEvent(job.record, JobStatus::kPaused,
                                absl::StrCat("paused at step ", report.step,
