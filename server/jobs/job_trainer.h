@@ -96,6 +96,10 @@ struct SessionOpenCommand {
   LoraConfig lora;  // Validated.
   OptimizerConfig optimizer;
   uint64_t seed = 0;
+  // A session checkpoint to continue from (its weights, optimizer state,
+  // counters and gradients: server/checkpoints/session_checkpoints.h);
+  // empty: a fresh adapter.
+  std::string restore_dir;
   // With the slot, or why none was opened (on the trainer's thread).
   std::function<void(absl::StatusOr<int> slot)> done;
 };
@@ -128,6 +132,9 @@ struct SessionOp {
   };
   Kind kind = Kind::kForwardBackward;
   std::string session_id;
+  // Its place in the session's order (recorded in session checkpoints); 0
+  // for the server's own operations (the idle save and close).
+  int64_t seq_id = 0;
   std::shared_ptr<const std::vector<Datum>> data;  // Validated.
   LossFnSpec loss;
   OptimizerConfig step;  // kOptimStep: this step's hyperparameters.

@@ -83,9 +83,13 @@ absl::Status Server::Build() {
 absl::Status Server::Start() {
   // Training and scheduling run before the first request can arrive.
   trainer_->Start();
-  if (absl::Status status = scheduler_->Start(trainer_.get()); !status.ok()) {
+  // Sessions that were open take their slots back before queued jobs do.
+  absl::Status restored;
+  if (absl::Status status = scheduler_->Start(
+          trainer_.get(), [&] { restored = sessions_->Restore(); });
+      !status.ok() || !restored.ok()) {
     trainer_->Stop();
-    return status;
+    return status.ok() ? restored : status;
   }
   LORAPLEX_RETURN_IF_ERROR(StartGrpcServer());
   LORAPLEX_RETURN_IF_ERROR(StartHttpApi());
@@ -213,6 +217,23 @@ void Server::BuildTrainer() {
   options.checkpoint_interval = flags_.checkpoint_interval;
   options.keep_checkpoints = flags_.keep_checkpoints;
   options.sample_share = flags_.sample_share;
+  options.session_checkpoint_root =
+      absl::StrCat(flags_.state_dir, "/session_checkpoints");
+  options.session_checkpoint_interval = flags_.session_checkpoint_interval;
+  options.on_session_checkpoint = [this](const std::string& session_id,
+                                         int64_t seq_id,
+                                         const absl::Status& written) {
+    if (written.ok()) {
+      logger_.Debug("session ", session_id, ": checkpoint after seq_id ",
+                    seq_id);
+    } else {
+      logger_.Error("session ", session_id, ": checkpoint after seq_id ",
+                    seq_id,
+                    " failed; a restart continues from the one "
+                    "before: ",
+                    written.message());
+    }
+  };
   options.tokenizer = base_.tokenizer.get();
   options.dist = base_.dist ? &*base_.dist : nullptr;
   options.on_fatal = [this](const absl::Status& status) {
@@ -238,6 +259,9 @@ absl::Status Server::BuildSessions() {
   options.states_dir = absl::StrCat(flags_.state_dir, "/session_states");
   options.idle_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(flags_.session_idle_seconds * 1000));
+  options.checkpoint_root =
+      absl::StrCat(flags_.state_dir, "/session_checkpoints");
+  options.logger = &logger_;
   std::error_code created;
   fs::create_directories(options.states_dir, created);
   if (created) {

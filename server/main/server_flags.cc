@@ -126,6 +126,15 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
                  "(SaveState) and closed, freeing its slot (0: never)")
       ->check(CLI::Range(0.0, 30.0 * 86400))
       ->capture_default_str();
+  app.add_option("--session-checkpoint-interval",
+                 flags.session_checkpoint_interval,
+                 "Optimizer steps between checkpoints of a training session, "
+                 "from which it continues after a restart (0: only at "
+                 "shutdown; a crash then loses its steps since its start or "
+                 "its last load). An optim_step is answered once its "
+                 "checkpoint is on disk")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--throughput-log-seconds", flags.throughput_log_seconds,
                  "Seconds between throughput log lines (0: none)")
       ->check(CLI::Range(0.0, 86400.0))

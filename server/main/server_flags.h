@@ -86,6 +86,9 @@ struct ServerFlags {
   // --session-idle-seconds: idle training sessions are saved and closed
   // after this long (0: never).
   double session_idle_seconds = 1800;
+  // --session-checkpoint-interval: optimizer steps between a training
+  // session's checkpoints (0: only at shutdown and after a load).
+  int64_t session_checkpoint_interval = 1;
   // --test-faults (hidden): test-only (core/common/test_faults.h).
   std::string test_faults;
 };

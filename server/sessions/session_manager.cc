@@ -60,6 +60,7 @@ SessionManager::SessionManager(JobScheduler* scheduler, JobTrainer* trainer,
       trainer_(trainer),
       store_(store),
       options_(options),
+      results_(ResultHubOptions{options.results_kept}),
       timer_([this] { RunTimer(); }) {}
 
 SessionManager::~SessionManager() {
@@ -68,28 +69,44 @@ SessionManager::~SessionManager() {
 }
 
 void SessionManager::Stop() {
-  std::vector<std::function<void()>> answers;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> refused;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    const absl::Status gone =
-        absl::UnavailableError("the server is shutting down");
     for (auto& [id, session] : sessions_) {
-      for (auto& [seq, entry] : session->waiting) {
-        answers.push_back(
-            [done = std::move(entry.second), gone] { done(gone); });
-      }
-      session->waiting.clear();
-      for (auto& [seq, retrievers] : session->retrievers) {
-        for (Retriever& r : retrievers) {
-          answers.push_back([done = std::move(r.done), gone] { done(gone); });
-        }
-      }
-      session->retrievers.clear();
+      refused.emplace_back(id, DropWaiting(*session));
     }
   }
   timer_wake_.SignalAll();
-  for (auto& answer : answers) answer();
+  const absl::Status gone =
+      absl::UnavailableError("the server is shutting down");
+  for (const auto& [id, seq_ids] : refused) FinishAll(id, seq_ids, gone);
+  results_.Stop();  // The RetrieveResult calls waiting.
+}
+
+std::vector<int64_t> SessionManager::DropWaiting(Session& session) {
+  std::vector<int64_t> seq_ids;
+  for (const auto& [seq, request] : session.waiting) seq_ids.push_back(seq);
+  session.waiting.clear();
+  return seq_ids;
+}
+
+void SessionManager::FinishAll(const std::string& session_id,
+                               const std::vector<int64_t>& seq_ids,
+                               const absl::Status& status) {
+  for (int64_t seq : seq_ids) results_.Put({session_id, seq}, status);
+}
+
+void SessionManager::AwaitResult(const std::string& session_id, int64_t seq_id,
+                                 ResultCallback done) {
+  results_.Wait({session_id, seq_id}, std::nullopt,
+                [done = std::move(done)](ResultHub<Outcome>::Answer answer) {
+                  if (!answer.ok()) {
+                    done(answer.status());
+                  } else {
+                    done(**std::move(answer));  // No deadline: never empty.
+                  }
+                });
 }
 
 absl::StatusOr<SessionManager::Session*> SessionManager::Find(
@@ -130,86 +147,103 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
   info.spec = std::move(spec);
   info.create_time_ms = NowMillis();
   info.last_activity_ms = info.create_time_ms;
-  SessionOpenCommand command;
-  command.session_id = info.id;
-  command.tenant = tenant;
-  command.lora = info.spec.lora;
-  command.optimizer = info.spec.optimizer;
-  command.seed = info.spec.seed;
+  SetState(info, SessionState::kOpening, "opening");
   const std::string id = info.id;
-  const std::string from_state = info.spec.from_state;
-  const bool with_optimizer = info.spec.with_optimizer;
   {
     absl::MutexLock lock(&mu_);
+    Persist(session->info);
     sessions_[id] = std::move(session);
   }
-  timer_wake_.SignalAll();  // Its idle deadline.
+  OpenInTrainer(
+      id, /*restore_dir=*/"",
+      [this, id, done = std::move(done)](absl::StatusOr<int64_t> steps) {
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = sessions_.find(id);
+          if (it != sessions_.end()) {
+            SessionInfo& info = it->second->info;
+            if (!steps.ok()) {
+              SetState(info, SessionState::kClosed,
+                       absl::StrCat("not opened: ", steps.status().message()));
+              Persist(info, [done, error = steps.status()] { done(error); });
+              sessions_.erase(it);
+              return;
+            }
+            SetState(info, SessionState::kOpen, "open");
+            info.steps = *steps;
+            info.last_activity_ms = NowMillis();
+            Persist(info, [done, info] { done(info); });
+            timer_wake_.SignalAll();  // Its idle deadline.
+            return;
+          }
+        }
+        done(NotFound(id));
+      });
+}
+
+void SessionManager::OpenInTrainer(
+    const std::string& id, const std::string& restore_dir,
+    std::function<void(absl::StatusOr<int64_t>)> opened) {
+  SessionOpenCommand command;
+  std::string from_state;
+  bool with_optimizer = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const SessionInfo& info = sessions_.at(id)->info;
+    command.session_id = id;
+    command.tenant = info.tenant;
+    command.lora = info.spec.lora;
+    command.optimizer = info.spec.optimizer;
+    command.seed = info.spec.seed;
+    command.restore_dir = restore_dir;
+    // A checkpoint already holds what the state put in.
+    if (restore_dir.empty()) from_state = info.spec.from_state;
+    with_optimizer = info.spec.with_optimizer;
+  }
+  const std::string tenant = command.tenant;
   command.done = [this, id, tenant, from_state, with_optimizer,
-                  done = std::move(done)](absl::StatusOr<int> slot) mutable {
-    absl::StatusOr<SessionInfo> answer;
+                  opened =
+                      std::move(opened)](absl::StatusOr<int> slot) mutable {
     {
       absl::MutexLock lock(&mu_);
       auto it = sessions_.find(id);
       if (slot.ok() && it != sessions_.end()) {
-        // From a state: open (to calls and to the idle timer) once loaded.
-        it->second->info.open = from_state.empty();
-        it->second->opened = true;
         it->second->info.slot = *slot;
-        answer = it->second->info;
-      } else {
-        if (it != sessions_.end()) sessions_.erase(it);
-        answer = slot.ok() ? absl::UnavailableError("the server is stopping")
-                           : slot.status();
+      } else if (slot.ok()) {
+        slot = absl::UnavailableError("the server is stopping");
       }
     }
-    if (!answer.ok()) {
+    if (!slot.ok()) {
       scheduler_->ReleaseSessionSlot(tenant);
-      done(std::move(answer));
+      opened(slot.status());
       return;
     }
     if (from_state.empty()) {
-      done(std::move(answer));
+      opened(int64_t{0});
       return;
     }
     // The saved state goes in before the session's first operation: the
-    // caller learns its id only from this answer.
+    // caller learns its id only from the answer.
     SessionOp load;
     load.kind = SessionOp::Kind::kLoadState;
     load.session_id = id;
     load.dir = options_.states_dir + "/" + from_state;
     load.with_optimizer = with_optimizer;
-    load.done = [this, id, tenant, done = std::move(done)](
+    load.done = [this, id, tenant, opened = std::move(opened)](
                     absl::StatusOr<SessionOpResult> loaded) mutable {
       if (loaded.ok()) {
-        absl::StatusOr<SessionInfo> info;
-        {
-          absl::MutexLock lock(&mu_);
-          auto it = sessions_.find(id);
-          if (it == sessions_.end()) {
-            info = NotFound(id);
-          } else {
-            it->second->info.open = true;
-            it->second->info.steps = loaded->steps;
-            it->second->info.last_activity_ms = NowMillis();
-            info = it->second->info;
-          }
-        }
-        timer_wake_.SignalAll();  // Its idle deadline.
-        done(std::move(info));
+        opened(loaded->steps);
         return;
       }
       // Not opened after all: the slot is freed again.
       SessionOp close;
       close.kind = SessionOp::Kind::kClose;
       close.session_id = id;
-      close.done = [this, id, tenant, error = loaded.status(),
-                    done = std::move(done)](absl::StatusOr<SessionOpResult>) {
-        {
-          absl::MutexLock lock(&mu_);
-          sessions_.erase(id);
-        }
+      close.done = [this, tenant, error = loaded.status(),
+                    opened = std::move(opened)](
+                       absl::StatusOr<SessionOpResult>) mutable {
         scheduler_->ReleaseSessionSlot(tenant);
-        done(error);
+        opened(error);
       };
       trainer_->RunSessionOp(std::move(close));
     };
@@ -252,12 +286,12 @@ std::vector<SessionInfo> SessionManager::List(const std::string& tenant) const {
   std::vector<SessionInfo> out;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, session] : sessions_) {
-    if (session->info.tenant == tenant && session->info.open) {
+    if (session->info.tenant == tenant && session->info.open()) {
       out.push_back(session->info);
     }
   }
   for (const auto& [id, session] : sessions_) {
-    if (session->info.tenant == tenant && !session->info.open) {
+    if (session->info.tenant == tenant && !session->info.open()) {
       out.push_back(session->info);
     }
   }
@@ -269,6 +303,7 @@ SessionOp SessionManager::OpOf(const Session& session, int64_t seq_id,
   SessionOp op;
   op.kind = request.kind;
   op.session_id = session.info.id;
+  op.seq_id = seq_id;
   op.data = request.data;
   op.loss = request.loss;
   if (request.kind == SessionOp::Kind::kOptimStep) {
@@ -371,8 +406,8 @@ void SessionManager::TakeReady(Session& session, std::vector<Ready>& ready) {
     Ready next;
     next.session_id = session.info.id;
     next.seq_id = seq;
-    next.op = OpOf(session, seq, it->second.first);
-    session.running[seq].push_back(std::move(it->second.second));
+    next.op = OpOf(session, seq, it->second);
+    session.running.insert(seq);
     session.waiting.erase(it);
     ++session.info.next_seq_id;
     ready.push_back(std::move(next));
@@ -390,6 +425,7 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
   std::vector<Ready> ready;
   absl::Status refused;
   std::optional<Outcome> stored;
+  bool accepted = false;  // New, or a repeat of one not finished.
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> found = FindLive(tenant, id);
@@ -402,21 +438,26 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
       if (seq_id < 1) {
         refused = absl::InvalidArgumentError(
             absl::StrCat("seq_id must be >= 1, got ", seq_id));
-      } else if (auto result = session.results.find(seq_id);
-                 result != session.results.end()) {
-        stored = result->second;  // A repeat: the first one's result.
-      } else if (auto running = session.running.find(seq_id);
-                 running != session.running.end()) {
-        running->second.push_back(std::move(done));
-        return;
       } else if (session.waiting.count(seq_id) > 0) {
         refused = absl::AlreadyExistsError(absl::StrCat(
             "seq_id ", seq_id, " is already waiting for its turn (seq_id ",
             next, " comes first)"));
       } else if (seq_id < next) {
-        refused = absl::FailedPreconditionError(absl::StrCat(
-            "the result of seq_id ", seq_id, " is no longer kept (the last ",
-            options_.results_kept, " are)"));
+        // A repeat: the first one's result, kept or when it ends.
+        Outcome kept = absl::UnknownError("");
+        switch (results_.Find({id, seq_id}, &kept)) {
+          case ResultHub<Outcome>::State::kFinished:
+            stored = std::move(kept);
+            break;
+          case ResultHub<Outcome>::State::kPending:
+            accepted = true;
+            break;
+          case ResultHub<Outcome>::State::kUnknown:
+            refused = absl::FailedPreconditionError(
+                absl::StrCat("the result of seq_id ", seq_id,
+                             " is no longer kept (the last ",
+                             options_.results_kept, " are)"));
+        }
       } else if (!session.info.idle_state.empty()) {
         refused = absl::FailedPreconditionError(absl::StrCat(
             "session \"", id, "\" was closed after ",
@@ -425,7 +466,7 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
             session.info.idle_state,
             "\": CreateSession with from_state (and with_optimizer) "
             "continues from it"));
-      } else if (!session.info.open || session.closing) {
+      } else if (session.info.state != SessionState::kOpen) {
         refused = absl::FailedPreconditionError(
             absl::StrCat("session \"", id, "\" is closed"));
       } else if (seq_id >= next + options_.max_ahead) {
@@ -441,7 +482,9 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
           refused = CheckStateFits(session, request);
         }
         if (refused.ok()) {
-          session.waiting[seq_id] = {std::move(request), std::move(done)};
+          session.waiting[seq_id] = std::move(request);
+          results_.Expect({id, seq_id});
+          accepted = true;
           TakeReady(session, ready);
         }
       }
@@ -455,13 +498,12 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
     done(*std::move(stored));
     return;
   }
+  if (accepted) AwaitResult(id, seq_id, std::move(done));
   Send(std::move(ready));
 }
 
 void SessionManager::Finish(const std::string& session_id, int64_t seq_id,
                             Outcome outcome) {
-  std::vector<ResultCallback> callers;
-  std::vector<Retriever> retrievers;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
@@ -469,29 +511,12 @@ void SessionManager::Finish(const std::string& session_id, int64_t seq_id,
     Session& session = *it->second;
     if (outcome.ok()) session.info.steps = outcome->result.steps;
     session.info.last_activity_ms = NowMillis();
-    if (auto running = session.running.find(seq_id);
-        running != session.running.end()) {
-      callers = std::move(running->second);
-      session.running.erase(running);
-    }
-    if (auto waiting = session.retrievers.find(seq_id);
-        waiting != session.retrievers.end()) {
-      retrievers = std::move(waiting->second);
-      session.retrievers.erase(waiting);
-    }
-    session.results[seq_id] = outcome;
-    while (static_cast<int64_t>(session.results.size()) >
-           options_.results_kept) {
-      session.results.erase(session.results.begin());
-    }
-  }
-  for (ResultCallback& caller : callers) caller(outcome);
-  for (Retriever& r : retrievers) {
-    if (outcome.ok()) {
-      r.done(std::optional<SessionResult>(*outcome));
-    } else {
-      r.done(outcome.status());
-    }
+    session.running.erase(seq_id);
+    // Answered once the store knows how far the session got.
+    Persist(session.info,
+            [this, session_id, seq_id, outcome = std::move(outcome)]() mutable {
+              results_.Put({session_id, seq_id}, std::move(outcome));
+            });
   }
 }
 
@@ -499,26 +524,15 @@ void SessionManager::Retrieve(
     const std::string& tenant, const std::string& id, int64_t seq_id,
     std::chrono::milliseconds wait,
     std::function<void(absl::StatusOr<std::optional<SessionResult>>)> done) {
-  std::optional<Outcome> stored;
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> found = FindLive(tenant, id);
     if (!found.ok()) {
       refused = found.status();
-    } else {
-      Session& session = **found;
-      if (auto result = session.results.find(seq_id);
-          result != session.results.end()) {
-        stored = result->second;
-      } else if (session.running.count(seq_id) > 0 ||
-                 session.waiting.count(seq_id) > 0) {
-        const auto capped = std::min(wait, options_.max_wait);
-        session.retrievers[seq_id].push_back(
-            {std::move(done), std::chrono::steady_clock::now() + capped});
-        timer_wake_.SignalAll();
-        return;
-      } else if (seq_id >= 1 && seq_id < session.info.next_seq_id) {
+    } else if (results_.Find({id, seq_id}) ==
+               ResultHub<Outcome>::State::kUnknown) {
+      if (seq_id >= 1 && seq_id < (*found)->info.next_seq_id) {
         refused = absl::FailedPreconditionError(absl::StrCat(
             "the result of seq_id ", seq_id, " is no longer kept (the last ",
             options_.results_kept, " are)"));
@@ -530,43 +544,31 @@ void SessionManager::Retrieve(
   }
   if (!refused.ok()) {
     done(refused);
-  } else if (stored->ok()) {
-    done(std::optional<SessionResult>(**stored));
-  } else {
-    done(stored->status());
+    return;
   }
+  results_.Wait({id, seq_id}, std::min(wait, options_.max_wait),
+                [done = std::move(done)](ResultHub<Outcome>::Answer answer) {
+                  if (!answer.ok()) return done(answer.status());
+                  if (!answer->has_value())
+                    return done(std::optional<SessionResult>());
+                  if (!(*answer)->ok()) return done((*answer)->status());
+                  done(std::optional<SessionResult>(***std::move(answer)));
+                });
 }
 
 void SessionManager::RunTimer() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     const auto now = std::chrono::steady_clock::now();
-    std::vector<Retriever> expired;
     std::optional<std::chrono::steady_clock::time_point> next;
-    for (auto& [id, session] : sessions_) {
-      for (auto it = session->retrievers.begin();
-           it != session->retrievers.end();) {
-        std::vector<Retriever>& list = it->second;
-        for (auto r = list.begin(); r != list.end();) {
-          if (r->deadline <= now) {
-            expired.push_back(std::move(*r));
-            r = list.erase(r);
-          } else {
-            if (!next || r->deadline < *next) next = r->deadline;
-            ++r;
-          }
-        }
-        it = list.empty() ? session->retrievers.erase(it) : std::next(it);
-      }
-    }
     // Sessions idle past the timeout are saved and closed.
     std::vector<std::string> idle;
     if (options_.idle_timeout.count() > 0) {
       const int64_t now_ms = NowMillis();
       const int64_t timeout_ms = options_.idle_timeout.count();
       for (auto& [id, session] : sessions_) {
-        const bool closed = !session->info.open && session->opened;
-        if (!session->info.open || session->closing ||
+        const bool closed = session->info.state == SessionState::kClosed;
+        if (session->info.state != SessionState::kOpen ||
             !session->running.empty() || !session->waiting.empty()) {
           // Opening, closing or busy: looked at again in a while.
           if (!closed) {
@@ -587,9 +589,8 @@ void SessionManager::RunTimer() {
         }
       }
     }
-    if (!expired.empty() || !idle.empty()) {
+    if (!idle.empty()) {
       mu_.Unlock();
-      for (Retriever& r : expired) r.done(std::optional<SessionResult>());
       for (const std::string& id : idle) CloseIdle(id);
       mu_.Lock();
       continue;
@@ -611,11 +612,12 @@ void SessionManager::CloseIdle(const std::string& id) {
     auto it = sessions_.find(id);
     if (stop_ || it == sessions_.end()) return;
     Session& session = *it->second;
-    if (!session.info.open || session.closing || !session.running.empty() ||
+    if (session.info.state != SessionState::kOpen || !session.running.empty() ||
         !session.waiting.empty()) {
       return;  // Busy again, or closed meanwhile.
     }
-    session.closing = true;
+    SetState(session.info, SessionState::kClosing, "idle: being saved");
+    Persist(session.info);
     SessionRequest request;
     request.kind = SessionOp::Kind::kSaveState;
     request.display_name = "saved when idle";
@@ -631,8 +633,12 @@ void SessionManager::CloseIdle(const std::string& id) {
       absl::MutexLock lock(&mu_);
       auto it = sessions_.find(id);
       if (it != sessions_.end()) {
-        it->second->closing = false;
-        it->second->info.last_activity_ms = NowMillis();
+        SessionInfo& info = it->second->info;
+        SetState(info, SessionState::kOpen,
+                 absl::StrCat("open (saving it when idle failed: ",
+                              saved.status().message(), ")"));
+        info.last_activity_ms = NowMillis();
+        Persist(info);
       }
       return;
     }
@@ -645,14 +651,23 @@ void SessionManager::CloseIdle(const std::string& id) {
         absl::MutexLock lock(&mu_);
         auto it = sessions_.find(id);
         if (it == sessions_.end()) return;
-        Session& session = *it->second;
-        session.closing = false;
-        if (!r.ok()) return;
-        session.info.open = false;
-        session.info.slot = -1;
-        session.info.steps = r->steps;
-        session.info.idle_state = state_id;
-        tenant = session.info.tenant;
+        SessionInfo& info = it->second->info;
+        if (!r.ok()) {
+          SetState(info, SessionState::kOpen, "open");
+          Persist(info);
+          return;
+        }
+        SetState(info, SessionState::kClosed,
+                 absl::StrCat("closed after ",
+                              options_.idle_timeout.count() / 1000.0,
+                              " s without a call; its state was saved as "
+                              "session_states/",
+                              state_id));
+        info.slot = -1;
+        info.steps = r->steps;
+        info.idle_state = state_id;
+        Persist(info);
+        tenant = info.tenant;
       }
       scheduler_->ReleaseSessionSlot(tenant);
     };
@@ -664,25 +679,23 @@ void SessionManager::CloseIdle(const std::string& id) {
 void SessionManager::Close(const std::string& tenant, const std::string& id,
                            InfoCallback done) {
   absl::MutexLock dispatch(&dispatch_mu_);
-  std::vector<ResultCallback> refused_waiting;
+  std::vector<int64_t> refused_waiting;
   std::optional<absl::StatusOr<SessionInfo>> answer_now;
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> found = Find(tenant, id);
     if (!found.ok()) {
       answer_now = found.status();
-    } else if ((*found)->closing) {
+    } else if ((*found)->info.state == SessionState::kClosing) {
       answer_now = absl::FailedPreconditionError(
           absl::StrCat("session \"", id, "\" is already closing"));
-    } else if (!(*found)->info.open) {
+    } else if (!(*found)->info.open()) {
       answer_now = (*found)->info;  // Closed already: nothing to do.
     } else {
       Session& session = **found;
-      session.closing = true;
-      for (auto& [seq, entry] : session.waiting) {
-        refused_waiting.push_back(std::move(entry.second));
-      }
-      session.waiting.clear();
+      SetState(session.info, SessionState::kClosing, "closing");
+      Persist(session.info);
+      refused_waiting = DropWaiting(session);
     }
   }
   if (answer_now) {
@@ -691,7 +704,7 @@ void SessionManager::Close(const std::string& tenant, const std::string& id,
   }
   const absl::Status closing = absl::FailedPreconditionError(
       absl::StrCat("session \"", id, "\" was closed before its turn"));
-  for (ResultCallback& caller : refused_waiting) caller(closing);
+  FinishAll(id, refused_waiting, closing);
   SessionOp op;
   op.kind = SessionOp::Kind::kClose;
   op.session_id = id;
@@ -705,16 +718,17 @@ void SessionManager::Close(const std::string& tenant, const std::string& id,
       if (it == sessions_.end()) {
         answer = NotFound(id);
       } else if (r.ok()) {
-        Session& session = *it->second;
-        session.info.open = false;
-        session.closing = false;
-        session.info.slot = -1;
-        session.info.steps = r->steps;
-        session.info.last_activity_ms = NowMillis();
-        answer = session.info;
+        SessionInfo& info = it->second->info;
+        SetState(info, SessionState::kClosed, "closed by the client");
+        info.slot = -1;
+        info.steps = r->steps;
+        info.last_activity_ms = NowMillis();
+        Persist(info);
+        answer = info;
         release = true;
       } else {
-        it->second->closing = false;
+        SetState(it->second->info, SessionState::kOpen, "open");
+        Persist(it->second->info);
         answer = r.status();
       }
     }

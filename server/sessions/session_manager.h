@@ -11,9 +11,22 @@
 // A session's operations reach the trainer in seq_id order: one that
 // arrives ahead of its turn waits (at most max_ahead), a repeated seq_id
 // gets the first one's result (stored or, while it runs, when it ends).
-// Callbacks run on a trainer's thread, the manager's timer thread or the
-// caller's; they must return quickly. Sessions live in memory: a restart
-// closes them (the adapters they saved stay). Thread-safe.
+// Results are kept, waited for and long-polled in a ResultHub
+// (server/results/result_hub.h), keyed by (session id, seq_id).
+// Callbacks run on a trainer's thread, a timer thread or the caller's;
+// they must return quickly.
+//
+// Each session's lifecycle (SessionState: opening, open, closing, closed,
+// with the reason) and its progress (steps, the next seq_id) are written to
+// the store before a caller hears of them, off the trainer's thread. The
+// trainer checkpoints an open session's state every few optimizer steps and
+// at shutdown (TrainerOptions::session_checkpoint_interval); Restore(), at
+// start-up, opens every session that was open again from its newest
+// checkpoint, so a client carries on through a restart: after SIGTERM
+// nothing is lost, after a crash what the session did since its newest
+// checkpoint (the gradients of forward_backward calls since then, and any
+// optimizer steps between checkpoints), while operations already applied
+// are never applied twice. Thread-safe.
 #ifndef LORAPLEX_SERVER_SESSIONS_SESSION_MANAGER_H_
 #define LORAPLEX_SERVER_SESSIONS_SESSION_MANAGER_H_
 
@@ -24,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,8 +48,11 @@
 #include "core/lora/lora_config.h"
 #include "core/optim/optimizer_config.h"
 #include "core/train/loss_fn.h"
+#include "server/common/logger.h"
+#include "server/common/work_queue.h"
 #include "server/jobs/job_scheduler.h"
 #include "server/jobs/job_trainer.h"
+#include "server/results/result_hub.h"
 #include "server/store/job_store.h"
 
 namespace loraplex {
@@ -55,7 +72,8 @@ struct SessionInfo {
   std::string id;
   std::string tenant;
   SessionSpec spec;
-  bool open = false;
+  SessionState state = SessionState::kOpening;
+  std::string reason;  // How it reached `state` (kClosed: how it ended).
   int slot = -1;
   int64_t steps = 0;
   int64_t next_seq_id = 1;
@@ -63,6 +81,8 @@ struct SessionInfo {
   int64_t last_activity_ms = 0;
   // Closed after idle_timeout without a call: the state saved then.
   std::string idle_state;
+
+  bool open() const { return state == SessionState::kOpen; }
 };
 
 // This step's hyperparameters; unset ones are the session's.
@@ -104,6 +124,11 @@ struct SessionManagerOptions {
   // An open session with no call for this long is saved (SaveState) and
   // closed, freeing its slot; 0: never.
   std::chrono::milliseconds idle_timeout{0};
+  // Where the trainer writes session checkpoints
+  // (TrainerOptions::session_checkpoint_root); Restore() continues from
+  // them.
+  std::string checkpoint_root;
+  Logger* logger = nullptr;  // Store failures; null: not logged.
 };
 
 class SessionManager {
@@ -116,6 +141,13 @@ class SessionManager {
   ~SessionManager();  // Stop()s.
   SessionManager(const SessionManager&) = delete;
   SessionManager& operator=(const SessionManager&) = delete;
+
+  // Opens again, from their newest checkpoints, the sessions the store
+  // says were open when the server stopped, and closes (with the reason)
+  // those caught opening or closing then. Slots are reserved with the
+  // scheduler first, so call it before queued jobs take them (from
+  // JobScheduler::Start's `first`). Waits until each is open or closed.
+  absl::Status Restore();
 
   // Answers UNAVAILABLE every operation still waiting for its turn and
   // every RetrieveResult waiting, and refuses new ones, so that a server
@@ -156,20 +188,13 @@ class SessionManager {
 
  private:
   using Outcome = absl::StatusOr<SessionResult>;
-  struct Retriever {
-    std::function<void(absl::StatusOr<std::optional<SessionResult>>)> done;
-    std::chrono::steady_clock::time_point deadline;
-  };
   struct Session {
-    SessionInfo info;
-    bool opened = false;  // The trainer opened it (it may be closed since).
-    bool closing = false;
-    // Arrived ahead of their turn, by seq_id.
-    std::map<int64_t, std::pair<SessionRequest, ResultCallback>> waiting;
-    // Sent to the trainer, not finished: callers waiting on each.
-    std::map<int64_t, std::vector<ResultCallback>> running;
-    std::map<int64_t, std::vector<Retriever>> retrievers;
-    std::map<int64_t, Outcome> results;  // The newest results_kept.
+    SessionInfo info;  // info.state is its lifecycle.
+    // Arrived ahead of their turn, by seq_id (their callers wait in
+    // results_).
+    std::map<int64_t, SessionRequest> waiting;
+    // Sent to the trainer, not finished.
+    std::set<int64_t> running;
   };
   // An operation ready for the trainer, sent once mu_ is released.
   struct Ready {
@@ -203,14 +228,43 @@ class SessionManager {
   void Send(std::vector<Ready> ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   void Finish(const std::string& session_id, int64_t seq_id, Outcome outcome);
+  // Takes the operations waiting for their turn out of `session`, for
+  // FinishAll to refuse.
+  std::vector<int64_t> DropWaiting(Session& session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishAll(const std::string& session_id,
+                 const std::vector<int64_t>& seq_ids,
+                 const absl::Status& status);
+  // Has `done` called with the result of operation `seq_id` when it ends.
+  void AwaitResult(const std::string& session_id, int64_t seq_id,
+                   ResultCallback done);
   void RunTimer();
   // Saves and closes the session if it is still idle (timer thread).
   void CloseIdle(const std::string& id);
+  // Moves the session to `state` for `reason`; Persist() writes it.
+  static void SetState(SessionInfo& info, SessionState state,
+                       std::string reason);
+  // Writes the session's record to the store on the store writer's thread,
+  // then runs `then` (answers wait for the write). Called in the order the
+  // changes happen, with mu_ held.
+  void Persist(const SessionInfo& info, std::function<void()> then = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens session `id` (in sessions_, opening) in a slot the scheduler
+  // reserved for it: from the session checkpoint `restore_dir` when set,
+  // else a fresh adapter with its spec's from_state loaded. `opened` gets
+  // the session's step count, or the error once the slot is released.
+  void OpenInTrainer(const std::string& id, const std::string& restore_dir,
+                     std::function<void(absl::StatusOr<int64_t>)> opened);
+  // Opens the session `record` describes again (Restore).
+  void RestoreOne(const SessionRecord& record, std::function<void()> restored);
 
   JobScheduler* scheduler_;
   JobTrainer* trainer_;
   JobStore* store_;
   SessionManagerOptions options_;
+  // Operations' results by (session id, seq_id): the newest results_kept
+  // of each session.
+  ResultHub<Outcome> results_;
 
   // Held while operations are handed to the trainer, so that they reach it
   // in the order they were taken. Taken before mu_, never inside it.
@@ -221,6 +275,9 @@ class SessionManager {
   std::map<std::string, std::unique_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
   std::thread timer_;
+  // The store writes, in order, off the trainer's thread. Last: it is
+  // destroyed (and drained) first.
+  WorkQueue store_writer_{1};
 };
 
 }  // namespace loraplex

@@ -46,7 +46,8 @@ using store_internal::Transaction;
 
 // Stored in PRAGMA user_version; a database with a higher one was written by
 // a newer loraplex whose tables this one may misread.
-constexpr int kSchemaVersion = 2;  // 2: requests.
+// 2: requests. 3: sessions, tinker_names, results.
+constexpr int kSchemaVersion = 3;
 constexpr int kMaxPageSize = 1000;
 constexpr int kBusyTimeoutMs = 5000;
 
@@ -132,6 +133,37 @@ CREATE TABLE IF NOT EXISTS requests (
   time_ms INTEGER NOT NULL,
   PRIMARY KEY (tenant, method, request_id));
 CREATE INDEX IF NOT EXISTS requests_by_time ON requests (time_ms);
+
+CREATE TABLE IF NOT EXISTS sessions (
+  row_id INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  tenant TEXT NOT NULL,
+  display_name TEXT NOT NULL,
+  spec TEXT NOT NULL,
+  state TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  steps INTEGER NOT NULL,
+  next_seq_id INTEGER NOT NULL,
+  idle_state TEXT NOT NULL,
+  create_time_ms INTEGER NOT NULL,
+  last_activity_ms INTEGER NOT NULL);
+
+CREATE TABLE IF NOT EXISTS tinker_names (
+  name TEXT PRIMARY KEY,
+  kind TEXT NOT NULL,
+  tenant TEXT NOT NULL,
+  value TEXT NOT NULL);
+
+CREATE TABLE IF NOT EXISTS results (
+  owner TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  code INTEGER NOT NULL,
+  message TEXT NOT NULL,
+  body BLOB NOT NULL,
+  content_type TEXT NOT NULL,
+  time_ms INTEGER NOT NULL,
+  PRIMARY KEY (owner, seq));
+CREATE INDEX IF NOT EXISTS results_by_time ON results (time_ms);
 )sql";
 
 absl::Status NotFound(absl::string_view kind, absl::string_view id) {

@@ -1,6 +1,7 @@
-// Durable storage of the service's datasets, jobs, job events and adapters
-// in one SQLite database (WAL journal, synchronous=FULL): when a call
-// returns OK its change survives a crash or power cut.
+// Durable storage of the service's datasets, jobs, job events, adapters,
+// training sessions and the Tinker API's names and answers in one SQLite
+// database (WAL journal, synchronous=FULL): when a call returns OK its
+// change survives a crash or power cut.
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
 //                             JobStore::Open(state_dir + "/loraplex.db"));
@@ -119,6 +120,22 @@ class JobStore {
 
   // The ids of every tenant's datasets, jobs or adapters (for the server's
   // own use: finding files no record refers to).
+  // Training sessions (session_store.cc): `session` inserted, or replacing
+  // the stored one of its id.
+  absl::Status PutSession(const SessionRecord& session);
+  // Every session, oldest first.
+  absl::StatusOr<std::vector<SessionRecord>> ListSessions();
+  // The Tinker API's names (session_store.cc), inserted or replaced.
+  absl::Status PutTinkerName(const TinkerNameRecord& name);
+  absl::StatusOr<std::vector<TinkerNameRecord>> ListTinkerNames();
+  absl::Status DeleteTinkerName(const std::string& name);
+  // Finished calls' answers kept for late reads (session_store.cc).
+  absl::Status PutResult(const StoredResultRecord& result);
+  // Those stored at or after `since_ms`, oldest first.
+  absl::StatusOr<std::vector<StoredResultRecord>> ListResults(int64_t since_ms);
+  // Deletes those stored before `time_ms`.
+  absl::Status DeleteResultsBefore(int64_t time_ms);
+
   enum class Table { kDatasets, kJobs, kAdapters };
   absl::StatusOr<std::vector<std::string>> AllIds(Table table);
 

@@ -27,4 +27,26 @@ bool IsTerminal(JobStatus status) {
          status == JobStatus::kCancelled;
 }
 
+absl::string_view SessionStateName(SessionState state) {
+  switch (state) {
+    case SessionState::kOpening:
+      return "OPENING";
+    case SessionState::kOpen:
+      return "OPEN";
+    case SessionState::kClosing:
+      return "CLOSING";
+    case SessionState::kClosed:
+      return "CLOSED";
+  }
+  return "UNKNOWN";
+}
+
+std::optional<SessionState> SessionStateFromName(absl::string_view name) {
+  for (SessionState state : {SessionState::kOpening, SessionState::kOpen,
+                             SessionState::kClosing, SessionState::kClosed}) {
+    if (SessionStateName(state) == name) return state;
+  }
+  return std::nullopt;
+}
+
 }  // namespace loraplex

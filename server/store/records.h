@@ -106,6 +106,59 @@ struct AdapterRecord {
   int64_t create_time_ms = 0;
 };
 
+// A training session's lifecycle (server/sessions/session_manager.h owns
+// the changes; the store keeps the state and why it was reached).
+enum class SessionState {
+  kOpening,  // Its slot being opened, or restored after a restart.
+  kOpen,     // Takes operations.
+  kClosing,  // Closing (by CloseSession, or saved and closed when idle).
+  kClosed,   // Ended; its reason says how. Its saved states and adapters
+             // stay.
+};
+
+// "OPENING", "OPEN", "CLOSING", "CLOSED".
+absl::string_view SessionStateName(SessionState state);
+std::optional<SessionState> SessionStateFromName(absl::string_view name);
+
+struct SessionRecord {
+  std::string id;
+  std::string tenant;
+  std::string display_name;
+  // {"lora": {...}, "optimizer": {...}, "seed": N} in core/'s JSON forms.
+  nlohmann::json spec = nlohmann::json::object();
+  SessionState state = SessionState::kOpening;
+  std::string reason;  // Why it reached `state` (kClosed: how it ended).
+  int64_t steps = 0;   // Optimizer steps taken.
+  // Operations 1..next_seq_id-1 were applied (their effect since the
+  // session's newest checkpoint is lost by a crash; the README says so).
+  int64_t next_seq_id = 1;
+  std::string idle_state;  // Closed when idle: the state saved then.
+  int64_t create_time_ms = 0;
+  int64_t last_activity_ms = 0;
+};
+
+// A name the Tinker API gave a client (a session, a model, a sampler, a
+// tinker:// path) and what it stands for, so that it resolves after a
+// restart.
+struct TinkerNameRecord {
+  std::string name;
+  std::string kind;  // "session", "model", "sampler", "weights", ...
+  std::string tenant;
+  nlohmann::json value = nlohmann::json::object();
+};
+
+// A finished call's answer kept for a late or repeated read (the Tinker
+// API's futures): owner and sequence number as in server/results/.
+struct StoredResultRecord {
+  std::string owner;
+  int64_t seq = 0;
+  int code = 0;  // absl::StatusCode; 0: OK, `body` is the answer.
+  std::string message;
+  std::string body;
+  std::string content_type;
+  int64_t time_ms = 0;
+};
+
 // One page of a listing; next_page_token is empty on the last page.
 template <typename Record>
 struct Page {

@@ -96,6 +96,10 @@ class Statement {
       BindNull();
     }
   }
+  void BindBlob(absl::string_view value) {
+    Check(sqlite3_bind_blob64(stmt_, next_index_++, value.data(), value.size(),
+                              SQLITE_TRANSIENT));
+  }
   void BindNull() { Check(sqlite3_bind_null(stmt_, next_index_++)); }
 
   // True while there is a row to read. A UNIQUE or PRIMARY KEY violation
@@ -141,6 +145,12 @@ class Statement {
         reinterpret_cast<const char*>(sqlite3_column_text(stmt_, column));
     if (text == nullptr) return "";
     return std::string(text, sqlite3_column_bytes(stmt_, column));
+  }
+  std::string Blob(int column) const {
+    const auto* bytes =
+        static_cast<const char*>(sqlite3_column_blob(stmt_, column));
+    if (bytes == nullptr) return "";
+    return std::string(bytes, sqlite3_column_bytes(stmt_, column));
   }
   bool IsNull(int column) const {
     return sqlite3_column_type(stmt_, column) == SQLITE_NULL;

@@ -42,6 +42,15 @@ PoolCheckpointerOptions CheckpointerOptions(const TrainerOptions& options,
   return checkpoints;
 }
 
+// Sessions' files (checkpoints, saved states and adapters) have a writer
+// of their own: a session's call never waits behind a job's checkpoint.
+PoolCheckpointerOptions SessionWriterOptions(const TrainerOptions& options) {
+  PoolCheckpointerOptions writer;
+  writer.root = options.session_checkpoint_root;
+  writer.enabled = !writer.root.empty();
+  return writer;
+}
+
 SlotPoolOptions PoolOptions(SlotPoolOptions pool, const LlamaModel& model,
                             ParamClaims* claims) {
   pool.dtype = model.dtype();
@@ -68,6 +77,7 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
       sink_(std::move(sink)),
       ranks_(options.dist),
       checkpoints_(CheckpointerOptions(options, ranks_.leader())),
+      session_writer_(SessionWriterOptions(options)),
       pool_(model_->config(),
             PoolOptions(options.pool, *model_, ranks_.data_parallel())),
       jobs_(pool_.capacity()),
@@ -83,6 +93,7 @@ Trainer::~Trainer() {
   Stop();
   // Before the members its tasks use go; later commands run inline.
   checkpoints_.Stop();
+  session_writer_.Stop();
 }
 
 void Trainer::Start() {
@@ -227,6 +238,8 @@ void Trainer::Run() {
   }
   AbandonSampling(absl::UnavailableError("the server is shutting down"));
   AbandonSessions(absl::UnavailableError("the server is shutting down"));
+  // Open sessions continue after a restart from here, gradients included.
+  if (!ranks_.Broken()) CheckpointSessions();
   // Stopped for good (also after a failure of the ranks): what is queued
   // and what comes later is answered at once, never left waiting.
   std::deque<TrainerCommand> dropped;
@@ -239,6 +252,7 @@ void Trainer::Run() {
     Abandon(command, absl::UnavailableError("the trainer stopped"));
   }
   checkpoints_.Flush();  // Stopping: every checkpoint on disk.
+  session_writer_.Flush();
   ReportWritten();
   if (ranks_.Broken() && options_.on_fatal) options_.on_fatal(ranks_.failure());
 }

@@ -86,6 +86,17 @@ struct TrainerOptions {
   int64_t checkpoint_interval = 0;
   // Checkpoints kept per job (the newest).
   int keep_checkpoints = 3;
+  // Training sessions' checkpoints go to <session_checkpoint_root>/<session
+  // id>/ (session_checkpoints.h), after every session_checkpoint_interval-th
+  // optimizer step and at Stop(); empty root or interval 0: only at Stop()
+  // (empty root: never).
+  std::string session_checkpoint_root;
+  int64_t session_checkpoint_interval = 1;
+  // Told of each session checkpoint written or failed (on the checkpoint
+  // writer's thread; a failed one leaves the previous one in place).
+  std::function<void(const std::string& session_id, int64_t seq_id,
+                     const absl::Status& written)>
+      on_session_checkpoint;
   // Trains data parallel over the ranks of `dist` when it has more than one
   // (it must outlive the trainer): rank 0's trainer is Start()ed and takes
   // the commands, every other rank's Follow()s it.
@@ -176,8 +187,10 @@ class Trainer : public JobTrainer {
     std::string tenant;
     std::string family;
     uint64_t seed = 0;
-    int64_t calls = 0;  // Forward/backward calls so far (dropout seeds).
-    std::deque<SessionOp> ops;  // Waiting, in the session's order.
+    int64_t calls = 0;   // Forward/backward calls so far (dropout seeds).
+    int64_t seq_id = 0;  // The last of the client's operations applied.
+    int64_t checkpointed_seq_id = -1;  // Of the newest checkpoint queued.
+    std::deque<SessionOp> ops;         // Waiting, in the session's order.
   };
   // A session's forward/backward call taken into an iteration's pass.
   struct PassCall {
@@ -244,6 +257,12 @@ class Trainer : public JobTrainer {
   void ApplySessionOp(int slot, SessionOp op);
   // Answers every session operation still waiting with `status`.
   void AbandonSessions(const absl::Status& status);
+  // Writes the session's checkpoint (off this thread), with its gradients
+  // when `gradients`, then runs `then` there (written or not).
+  void CheckpointSession(int slot, bool gradients,
+                         std::function<void()> then = nullptr);
+  // At Stop(): every open session's checkpoint, gradients included.
+  void CheckpointSessions();
   // The pass's forward/backward calls as the co-batched step takes them.
   std::vector<ForwardBackwardCall> PassCallsOf(std::vector<PassCall>& calls);
   // Answers the calls from the pass's outputs, or with its error.
@@ -335,6 +354,9 @@ class Trainer : public JobTrainer {
   ReportSink sink_;
   RankCoordinator ranks_;
   PoolCheckpointer checkpoints_;
+  // Writes sessions' checkpoints, saved states and adapters (their own
+  // thread; <session_checkpoint_root> is its root).
+  PoolCheckpointer session_writer_;
   SlotPool pool_;  // Trainer thread only.
   StepSync sync_;  // Data parallel.
   // Rank 0: the last step was a checkpoint step of some job; the pool is

@@ -21,74 +21,11 @@
 #include "core/common/split_mix.h"
 #include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
+#include "server/checkpoints/session_checkpoints.h"
+#include "server/trainer/session_state_files.h"
 #include "server/trainer/trainer.h"
 
 namespace loraplex {
-namespace {
-
-constexpr char kOptimizerStateFile[] = "optimizer.pt";
-
-// A session's state as files: its adapter (PEFT), its optimizer state and
-// `meta` with its step count.
-absl::StatusOr<std::map<std::string, std::string>> SessionStateFiles(
-    const TrainingSlot& slot, const std::string& meta) {
-  LORAPLEX_ASSIGN_OR_RETURN(PeftAdapterFiles adapter,
-                            EncodePeftAdapter(slot.weights, ""));
-  std::map<std::string, std::string> files;
-  files[kPeftWeightsFile] = std::move(adapter.weights);
-  files[kPeftConfigFile] = std::move(adapter.config);
-  torch::serialize::OutputArchive archive;
-  slot.optimizer->Save(archive);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  files[kOptimizerStateFile] = bytes.str();
-  nlohmann::json json = nlohmann::json::parse(meta, nullptr, false);
-  if (!json.is_object()) return absl::InternalError("bad session state meta");
-  json["steps"] = slot.counters.steps;
-  files[kSessionStateFile] = json.dump(2) + "\n";
-  return files;
-}
-
-// Loads the state SessionStateFiles wrote into `dir` into the session's
-// slot: checked whole before anything changes.
-absl::Status LoadSessionState(const std::string& dir, bool with_optimizer,
-                              TrainingSlot& slot) {
-  LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
-                            LoadPeftAdapter(dir, slot.weights.model_config()));
-  if (LoraConfigToJson(adapter.config) !=
-      LoraConfigToJson(slot.weights.config())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the state's LoRA config ", LoraConfigToJson(adapter.config).dump(),
-        " is not the session's ",
-        LoraConfigToJson(slot.weights.config()).dump()));
-  }
-  LORAPLEX_ASSIGN_OR_RETURN(std::string meta_text,
-                            ReadFile(dir + "/" + kSessionStateFile));
-  const nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, false);
-  if (!meta.is_object() || !meta.contains("steps") ||
-      !meta["steps"].is_number_integer()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kSessionStateFile, " of the state has no step count"));
-  }
-  if (with_optimizer) {
-    LORAPLEX_ASSIGN_OR_RETURN(std::string bytes,
-                              ReadFile(dir + "/" + kOptimizerStateFile));
-    std::istringstream in(bytes);
-    torch::serialize::InputArchive archive;
-    archive.load_from(in);
-    // Checked whole (family, children, shapes) before it copies.
-    LORAPLEX_RETURN_IF_ERROR(slot.optimizer->Load(archive));
-    slot.counters.steps = meta["steps"].get<int64_t>();
-  }
-  LORAPLEX_RETURN_IF_ERROR(CopyPeftAdapter(adapter, slot.weights));
-  for (torch::Tensor param : slot.weights.parameters()) {
-    param.mutable_grad() = torch::Tensor();
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 void Trainer::OpenSession(SessionOpenCommand command) {
   std::vector<TrainerCommand> entry;
   entry.push_back(OpenSessionJob{std::move(command)});
@@ -136,16 +73,34 @@ void Trainer::Apply(OpenSessionJob& open) {
   request.session = true;
   absl::StatusOr<int> slot =
       CatchTorch("opening the session", [&] { return pool_.Attach(request); });
-  if (slot.ok()) {
-    auto session = std::make_unique<SlotSession>();
-    session->session_id = command.session_id;
-    session->tenant = command.tenant;
-    session->family =
-        std::string(OptimizerFamilyName(command.optimizer.family));
-    session->seed = command.seed;
-    sessions_[*slot] = std::move(session);
-    PublishSlots();  // ListSlots shows the session once it is answered.
+  if (!slot.ok()) {
+    done(slot);
+    return;
   }
+  auto session = std::make_unique<SlotSession>();
+  session->session_id = command.session_id;
+  session->tenant = command.tenant;
+  session->family = std::string(OptimizerFamilyName(command.optimizer.family));
+  session->seed = command.seed;
+  if (!command.restore_dir.empty()) {
+    absl::StatusOr<SessionCounters> restored =
+        CatchTorch("restoring the session", [&] {
+          return LoadSessionCheckpoint(command.restore_dir, pool_.slot(*slot));
+        });
+    if (!restored.ok()) {
+      CatchTorch("close", [&] { return pool_.Retire(*slot); }).IgnoreError();
+      retiring_ = static_cast<int>(pool_.SlotsIn(SlotState::kRetiring).size());
+      done(absl::Status(restored.status().code(),
+                        absl::StrCat("restoring from ", command.restore_dir,
+                                     ": ", restored.status().message())));
+      return;
+    }
+    session->calls = restored->calls;
+    session->seq_id = restored->seq_id;
+    session->checkpointed_seq_id = restored->seq_id;
+  }
+  sessions_[*slot] = std::move(session);
+  PublishSlots();  // ListSlots shows the session once it is answered.
   done(slot);
 }
 
@@ -172,6 +127,7 @@ std::vector<Trainer::PassCall> Trainer::TakeSessionCalls() {
         // and n alone.
         const uint64_t seed = SplitMix64(
             session.seed ^ SplitMix64(static_cast<uint64_t>(session.calls++)));
+        if (op.seq_id > 0) session.seq_id = op.seq_id;
         calls.push_back(PassCall{slot, std::move(op), seed});
         break;  // What follows waits for this call's pass.
       }
@@ -185,6 +141,7 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
   auto done = std::exchange(op.done, nullptr);
   TrainingSlot& training = pool_.slot(slot);
   SlotSession& session = *sessions_[slot];
+  if (op.seq_id > 0) session.seq_id = op.seq_id;
   switch (op.kind) {
     case SessionOp::Kind::kOptimStep: {
       absl::StatusOr<SlotStepMetrics> step = CatchTorch("optimizer step", [&] {
@@ -197,6 +154,14 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
       SessionOpResult result;
       result.step = *step;
       result.steps = training.counters.steps;
+      const int64_t interval = options_.session_checkpoint_interval;
+      if (interval > 0 && training.counters.steps % interval == 0) {
+        // Answered once the step's checkpoint is on disk (the writer's
+        // thread): a step the client heard of survives a crash.
+        CheckpointSession(slot, /*gradients=*/false,
+                          [done = std::move(done), result] { done(result); });
+        return;
+      }
       done(result);
       return;
     }
@@ -206,7 +171,10 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
           "saving",
           [&]() -> absl::StatusOr<std::map<std::string, std::string>> {
             if (op.kind == SessionOp::Kind::kSaveState) {
-              return SessionStateFiles(training, op.state_meta);
+              return SessionStateFiles(
+                  training,
+                  nlohmann::json::parse(op.state_meta, nullptr, false),
+                  /*gradients=*/false);
             }
             LORAPLEX_ASSIGN_OR_RETURN(
                 PeftAdapterFiles adapter,
@@ -221,8 +189,8 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
       }
       SessionOpResult result;
       result.steps = training.counters.steps;
-      // Answered once the files are on disk (the writer thread).
-      checkpoints_.WriteDirectory(
+      // Answered once the files are on disk (the sessions' writer thread).
+      session_writer_.WriteDirectory(
           "session:" + session.session_id, op.dir, *std::move(files),
           [done = std::move(done), result](absl::Status written) {
             if (written.ok()) {
@@ -241,6 +209,8 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
         done(loaded);
         return;
       }
+      // A restart continues from what was loaded.
+      CheckpointSession(slot, /*gradients=*/false);
       SessionOpResult result;
       result.steps = training.counters.steps;
       done(result);
@@ -256,7 +226,14 @@ void Trainer::ApplySessionOp(int slot, SessionOp op) {
       // Zeroed (moments, momentum, step counters, weights) and freed; a
       // failed zeroing leaves the slot kRetiring, retried every iteration.
       CatchTorch("close", [&] { return pool_.Retire(slot); }).IgnoreError();
-      checkpoints_.Forget("session:" + session.session_id);
+      session_writer_.Forget("session:" + session.session_id);
+      if (!options_.session_checkpoint_root.empty()) {
+        // After the checkpoints queued before: a closed session has none.
+        session_writer_.Post(
+            [root = options_.session_checkpoint_root, id = session.session_id] {
+              RemoveSessionCheckpoints(root, id);
+            });
+      }
       sessions_[slot].reset();
       retiring_ = static_cast<int>(pool_.SlotsIn(SlotState::kRetiring).size());
       PublishSlots();
@@ -299,6 +276,53 @@ void Trainer::AnswerCalls(
     result.forward_backward = std::move((*outputs)[i]);
     result.steps = pool_.slot(calls[i].slot).counters.steps;
     done(std::move(result));
+  }
+}
+
+void Trainer::CheckpointSession(int slot, bool gradients,
+                                std::function<void()> then) {
+  const std::string& root = options_.session_checkpoint_root;
+  SlotSession& session = *sessions_[slot];
+  // None are taken, or nothing happened since the last one (and its
+  // directory's name is taken).
+  if (root.empty() || session.checkpointed_seq_id == session.seq_id) {
+    if (then) session_writer_.Post(std::move(then));  // After the last one.
+    return;
+  }
+  nlohmann::json meta;
+  meta["session"] = session.session_id;
+  meta["tenant"] = session.tenant;
+  meta["calls"] = session.calls;
+  meta["seq_id"] = session.seq_id;
+  absl::StatusOr<std::map<std::string, std::string>> files = CatchTorch(
+      "checkpointing the session",
+      [&] { return SessionStateFiles(pool_.slot(slot), meta, gradients); });
+  const int64_t seq_id = session.seq_id;
+  session.checkpointed_seq_id = seq_id;
+  if (!files.ok()) {
+    if (options_.on_session_checkpoint) {
+      options_.on_session_checkpoint(session.session_id, seq_id,
+                                     files.status());
+    }
+    if (then) then();
+    return;
+  }
+  session_writer_.WriteDirectory(
+      "session:" + session.session_id,
+      SessionCheckpointDir(root, session.session_id, seq_id), *std::move(files),
+      [this, root, id = session.session_id, seq_id,
+       then = std::move(then)](absl::Status written) {
+        if (written.ok()) RemoveSessionCheckpointsBefore(root, id, seq_id);
+        if (options_.on_session_checkpoint) {
+          options_.on_session_checkpoint(id, seq_id, written);
+        }
+        if (then) then();
+      });
+}
+
+void Trainer::CheckpointSessions() {
+  for (int slot = 0; slot < pool_.capacity(); ++slot) {
+    if (sessions_[slot]) CheckpointSession(slot, /*gradients=*/true);
   }
 }
 

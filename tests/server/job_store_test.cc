@@ -598,7 +598,7 @@ TEST_F(JobStoreTest, NewerSchemaVersionIsRefused) {
     std::fstream file(path_, std::ios::in | std::ios::out | std::ios::binary);
     ASSERT_TRUE(file.is_open());
     file.seekp(60);
-    const char version[4] = {0, 0, 0, 3};
+    const char version[4] = {0, 0, 0, 4};  // The current one is 3.
     file.write(version, sizeof(version));
   }
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path_);
@@ -623,6 +623,122 @@ TEST_F(JobStoreTest, VersionOneDatabaseIsUpgraded) {
   ASSERT_TRUE(store_->InsertJob(MakeJob("job-2", "t"), {}, &key).ok());
   EXPECT_EQ(ValueOf(store_->FindRequest(key, absl::ToUnixMillis(absl::Now()))),
             "job-2");
+}
+
+// A database of schema version 2 (before sessions were stored) gains the
+// sessions, tinker_names and results tables on open.
+TEST_F(JobStoreTest, VersionTwoDatabaseIsUpgraded) {
+  ASSERT_TRUE(store_->InsertJob(MakeJob("job-1", "t"), {}).ok());
+  store_.reset();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "DROP TABLE sessions; DROP TABLE tinker_names; "
+                         "DROP TABLE results; PRAGMA user_version = 2;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  Reopen();
+  EXPECT_TRUE(store_->GetJob("t", "job-1").ok());
+  EXPECT_THAT(ValueOf(store_->ListSessions()), IsEmpty());
+  SessionRecord session;
+  session.id = "session-1";
+  session.tenant = "t";
+  EXPECT_TRUE(store_->PutSession(session).ok());
+}
+
+// A session's record is inserted, then each change replaces it (its
+// identity and spec stay as first stored); every field reads back.
+TEST_F(JobStoreTest, SessionsRoundTripAndUpdateInPlace) {
+  SessionRecord session;
+  session.id = "session-1";
+  session.tenant = "alice";
+  session.display_name = "run 1";
+  session.spec = {{"lora", {{"rank", 8}}}, {"seed", 5}};
+  session.state = SessionState::kOpening;
+  session.reason = "opening";
+  session.create_time_ms = 1700000000000;
+  session.last_activity_ms = 1700000000000;
+  ASSERT_TRUE(store_->PutSession(session).ok());
+  SessionRecord other = session;
+  other.id = "session-2";
+  other.tenant = "bob";
+  ASSERT_TRUE(store_->PutSession(other).ok());
+
+  session.state = SessionState::kClosed;
+  session.reason = "closed by the client";
+  session.steps = 7;
+  session.next_seq_id = 15;
+  session.idle_state = "state-1";
+  session.last_activity_ms = 1700000001000;
+  ASSERT_TRUE(store_->PutSession(session).ok());
+  Reopen();
+  const std::vector<SessionRecord> stored = ValueOf(store_->ListSessions());
+  ASSERT_EQ(stored.size(), 2u);
+  const SessionRecord& first = stored[0];
+  EXPECT_EQ(first.id, "session-1");
+  EXPECT_EQ(first.tenant, "alice");
+  EXPECT_EQ(first.display_name, "run 1");
+  EXPECT_EQ(first.spec, session.spec);
+  EXPECT_EQ(first.state, SessionState::kClosed);
+  EXPECT_EQ(first.reason, "closed by the client");
+  EXPECT_EQ(first.steps, 7);
+  EXPECT_EQ(first.next_seq_id, 15);
+  EXPECT_EQ(first.idle_state, "state-1");
+  EXPECT_EQ(first.create_time_ms, 1700000000000);
+  EXPECT_EQ(first.last_activity_ms, 1700000001000);
+  EXPECT_EQ(stored[1].id, "session-2");
+  EXPECT_EQ(stored[1].state, SessionState::kOpening);
+}
+
+TEST_F(JobStoreTest, SessionStateNamesRoundTrip) {
+  for (SessionState state : {SessionState::kOpening, SessionState::kOpen,
+                             SessionState::kClosing, SessionState::kClosed}) {
+    EXPECT_EQ(SessionStateFromName(SessionStateName(state)), state);
+  }
+  EXPECT_FALSE(SessionStateFromName("open").has_value());
+}
+
+TEST_F(JobStoreTest, TinkerNamesAndResultsSurviveAReopen) {
+  ASSERT_TRUE(store_
+                  ->PutTinkerName({"tinker-1", "session", "alice",
+                                   nlohmann::json::object()})
+                  .ok());
+  ASSERT_TRUE(store_
+                  ->PutTinkerName({"tinker-1:train:0",
+                                   "model",
+                                   "alice",
+                                   {{"native_id", "session-9"}}})
+                  .ok());
+  ASSERT_TRUE(store_->PutTinkerName({"gone", "sampler", "bob", {}}).ok());
+  ASSERT_TRUE(store_->DeleteTinkerName("gone").ok());
+  // Binary bodies (a protobuf answer) keep every byte.
+  const std::string body("\x00\xff\x10proto", 8);
+  ASSERT_TRUE(store_
+                  ->PutResult({"alice", 41, 0, "", body,
+                               "application/x-protobuf", 1000})
+                  .ok());
+  ASSERT_TRUE(
+      store_->PutResult({"alice", 42, 5, "no such model", "", "", 2000}).ok());
+  ASSERT_TRUE(store_->PutResult({"bob", 1, 0, "", "{}", "json", 500}).ok());
+  Reopen();
+  const std::vector<TinkerNameRecord> names =
+      ValueOf(store_->ListTinkerNames());
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0].name, "tinker-1");
+  EXPECT_EQ(names[1].kind, "model");
+  EXPECT_EQ(names[1].value["native_id"], "session-9");
+  std::vector<StoredResultRecord> results = ValueOf(store_->ListResults(1000));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].seq, 41);
+  EXPECT_EQ(results[0].body, body);
+  EXPECT_EQ(results[0].content_type, "application/x-protobuf");
+  EXPECT_EQ(results[1].code, 5);
+  EXPECT_EQ(results[1].message, "no such model");
+  ASSERT_TRUE(store_->DeleteResultsBefore(1500).ok());
+  results = ValueOf(store_->ListResults(0));
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].seq, 42);
 }
 
 // A request id is recorded with what it created, in the same transaction:

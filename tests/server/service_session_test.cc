@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/safetensors/safetensors.h"
 #include "tests/server/service_fixture.h"
+#include "tests/server/session_requests.h"
 
 namespace loraplex {
 namespace {
@@ -29,56 +30,6 @@ using ::testing::HasSubstr;
 
 constexpr char kAliceToken[] = "alice-token-0123456789";
 constexpr char kBobToken[] = "bob-token-0123456789ab";
-
-v1::CreateSessionRequest SessionRequest(v1::OptimizerFamily family, double lr,
-                                        uint64_t seed) {
-  v1::CreateSessionRequest request;
-  request.mutable_lora()->set_rank(8);
-  request.mutable_lora()->set_alpha(16);
-  request.mutable_optimizer()->set_family(family);
-  request.mutable_optimizer()->set_lr(lr);
-  request.set_seed(seed);
-  return request;
-}
-
-// The byte tokenizer's ids: BOS, then the bytes of `text`.
-std::vector<int64_t> Bytes(const std::string& text) {
-  std::vector<int64_t> ids = {256};
-  for (unsigned char c : text) ids.push_back(c);
-  return ids;
-}
-
-// A cross_entropy datum teaching `text` (every next byte, weight 1).
-v1::Datum TextDatum(const std::string& text) {
-  const std::vector<int64_t> ids = Bytes(text);
-  v1::Datum datum;
-  for (size_t i = 0; i + 1 < ids.size(); ++i) {
-    datum.add_input_ids(ids[i]);
-    datum.add_target_tokens(ids[i + 1]);
-    datum.add_weights(1.0f);
-  }
-  return datum;
-}
-
-v1::ForwardBackwardRequest CrossEntropy(const std::string& session,
-                                        int64_t seq_id) {
-  v1::ForwardBackwardRequest request;
-  request.set_session(session);
-  request.set_seq_id(seq_id);
-  request.set_loss_fn("cross_entropy");
-  *request.add_data() = TextDatum("hello world");
-  *request.add_data() = TextDatum("sessions");
-  return request;
-}
-
-v1::OptimStepRequest Step(const std::string& session, int64_t seq_id,
-                          double lr) {
-  v1::OptimStepRequest request;
-  request.set_session(session);
-  request.set_seq_id(seq_id);
-  request.set_lr(lr);
-  return request;
-}
 
 class ServiceSessionTest : public ::testing::Test {
  protected:
