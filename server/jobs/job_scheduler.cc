@@ -499,13 +499,14 @@ absl::Status JobScheduler::CheckStatusChange(const LiveJob& job, JobStatus to) {
 absl::Status JobScheduler::Commit(LiveJob& job,
                                   std::vector<JobEventRecord> events) {
   LORAPLEX_RETURN_IF_ERROR(CheckStatusChange(job, job.record.status));
+  // The change is made (the live record has it) even if this write fails:
+  // the next write of the record stores it.
+  job.stored_status = job.record.status;
   absl::Status stored =
       store_->UpdateJob(job.record, std::move(events)).status();
   CountStoreWrite(stored);
   if (!stored.ok()) {
     logger_->Error("storing job ", job.record.id, ": ", stored.message());
-  } else {
-    job.stored_status = job.record.status;
   }
   hub_->Notify(job.record.id);
   return stored;

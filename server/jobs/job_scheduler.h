@@ -137,7 +137,8 @@ class JobScheduler {
  private:
   struct LiveJob {
     JobRecord record;
-    // The status the store has; each change of record.status is checked
+    // The status the scheduler last stored or tried to (a failed write is
+    // retried with the next one); each change of record.status is checked
     // against it (job_lifecycle.h) before it is stored.
     JobStatus stored_status = JobStatus::kQueued;
     JobPlace place = JobPlace::kWaiting;

@@ -100,6 +100,8 @@ struct SessionOpenCommand {
   // counters and gradients: server/checkpoints/session_checkpoints.h);
   // empty: a fresh adapter.
   std::string restore_dir;
+  // The slot to take when it is free (the one it had before a restart).
+  int preferred_slot = -1;
   // With the slot, or why none was opened (on the trainer's thread).
   std::function<void(absl::StatusOr<int> slot)> done;
 };

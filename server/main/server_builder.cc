@@ -116,6 +116,8 @@ int Server::Stop() {
   logger_.Debug("gRPC server stopped");
   // The trainer first, so the scheduler stores everything it reported.
   trainer_->Stop();
+  // The sessions' last answers, before what they reach goes.
+  sessions_->Drain();
   scheduler_->Stop();
   absl::MutexLock lock(&fatal_mu_);
   logger_.Info(fatal_.ok() ? "stopped" : "stopped after a failure");

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/common/read_file.h"
 #include "core/common/status_macros.h"
@@ -82,6 +83,12 @@ void SessionManager::Stop() {
       absl::UnavailableError("the server is shutting down");
   for (const auto& [id, seq_ids] : refused) FinishAll(id, seq_ids, gone);
   results_.Stop();  // The RetrieveResult calls waiting.
+}
+
+void SessionManager::Drain() {
+  absl::Notification drained;
+  store_writer_.Post([&drained] { drained.Notify(); });
+  drained.WaitForNotification();
 }
 
 std::vector<int64_t> SessionManager::DropWaiting(Session& session) {
@@ -196,6 +203,7 @@ void SessionManager::OpenInTrainer(
     command.optimizer = info.spec.optimizer;
     command.seed = info.spec.seed;
     command.restore_dir = restore_dir;
+    command.preferred_slot = info.slot_before_restart;
     // A checkpoint already holds what the state put in.
     if (restore_dir.empty()) from_state = info.spec.from_state;
     with_optimizer = info.spec.with_optimizer;
@@ -453,10 +461,7 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
             accepted = true;
             break;
           case ResultHub<Outcome>::State::kUnknown:
-            refused = absl::FailedPreconditionError(
-                absl::StrCat("the result of seq_id ", seq_id,
-                             " is no longer kept (the last ",
-                             options_.results_kept, " are)"));
+            refused = NoLongerKept(session.info, seq_id);
         }
       } else if (!session.info.idle_state.empty()) {
         refused = absl::FailedPreconditionError(absl::StrCat(
@@ -502,6 +507,20 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
   Send(std::move(ready));
 }
 
+absl::Status SessionManager::NoLongerKept(const SessionInfo& info,
+                                          int64_t seq_id) const {
+  if (seq_id < info.restored_seq_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "seq_id ", seq_id,
+        " was applied before the server restarted; results are not kept "
+        "across a restart (the session continues at seq_id ",
+        info.restored_seq_id, ")"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the result of seq_id ", seq_id, " is no longer kept (the last ",
+      options_.results_kept, " are)"));
+}
+
 void SessionManager::Finish(const std::string& session_id, int64_t seq_id,
                             Outcome outcome) {
   {
@@ -509,8 +528,16 @@ void SessionManager::Finish(const std::string& session_id, int64_t seq_id,
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) return;
     Session& session = *it->second;
-    if (outcome.ok()) session.info.steps = outcome->result.steps;
-    session.info.last_activity_ms = NowMillis();
+    SessionInfo& info = session.info;
+    // Abandoned by a shutdown: not applied, sent again after the restart.
+    if (!absl::IsUnavailable(outcome.status()) &&
+        seq_id > info.finished_seq_id) {
+      // Operations may finish out of order (a step waits for its
+      // checkpoint): the newest one says how many steps there are.
+      if (outcome.ok()) info.steps = outcome->result.steps;
+      info.finished_seq_id = seq_id;
+    }
+    info.last_activity_ms = NowMillis();
     session.running.erase(seq_id);
     // Answered once the store knows how far the session got.
     Persist(session.info,
@@ -533,9 +560,7 @@ void SessionManager::Retrieve(
     } else if (results_.Find({id, seq_id}) ==
                ResultHub<Outcome>::State::kUnknown) {
       if (seq_id >= 1 && seq_id < (*found)->info.next_seq_id) {
-        refused = absl::FailedPreconditionError(absl::StrCat(
-            "the result of seq_id ", seq_id, " is no longer kept (the last ",
-            options_.results_kept, " are)"));
+        refused = NoLongerKept((*found)->info, seq_id);
       } else {
         refused = absl::NotFoundError(absl::StrCat(
             "session \"", id, "\" has no operation with seq_id ", seq_id));
@@ -723,8 +748,8 @@ void SessionManager::Close(const std::string& tenant, const std::string& id,
         info.slot = -1;
         info.steps = r->steps;
         info.last_activity_ms = NowMillis();
-        Persist(info);
-        answer = info;
+        // Answered once the store says it is closed.
+        Persist(info, [done, info] { done(info); });
         release = true;
       } else {
         SetState(it->second->info, SessionState::kOpen, "open");
@@ -732,7 +757,10 @@ void SessionManager::Close(const std::string& tenant, const std::string& id,
         answer = r.status();
       }
     }
-    if (release) scheduler_->ReleaseSessionSlot(tenant);
+    if (release) {
+      scheduler_->ReleaseSessionSlot(tenant);  // Answered by Persist.
+      return;
+    }
     done(std::move(answer));
   };
   trainer_->RunSessionOp(std::move(op));

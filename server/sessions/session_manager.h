@@ -76,7 +76,14 @@ struct SessionInfo {
   std::string reason;  // How it reached `state` (kClosed: how it ended).
   int slot = -1;
   int64_t steps = 0;
-  int64_t next_seq_id = 1;
+  int64_t next_seq_id = 1;  // The next operation taken for the trainer.
+  // The newest operation that finished (not abandoned by a shutdown): a
+  // restart continues after it (the store's next_seq_id).
+  int64_t finished_seq_id = 0;
+  // Operations before this one were applied before the last restart (their
+  // results are not kept across it); 0: no restart.
+  int64_t restored_seq_id = 0;
+  int slot_before_restart = -1;  // Restore's preferred slot.
   int64_t create_time_ms = 0;
   int64_t last_activity_ms = 0;
   // Closed after idle_timeout without a call: the state saved then.
@@ -154,6 +161,10 @@ class SessionManager {
   // shutting down has no call left waiting (those the trainer runs finish
   // as it does). Idempotent.
   void Stop();
+  // Waits until every store write queued so far (and the answers behind
+  // them) is done: after the trainer stops, before what those answers reach
+  // (the Tinker API, gRPC reactors) goes.
+  void Drain();
 
   // Opens a session for `tenant` in a free slot: RESOURCE_EXHAUSTED when
   // none is free within the tenant's quota, or the trainer's error.
@@ -228,6 +239,8 @@ class SessionManager {
   void Send(std::vector<Ready> ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(dispatch_mu_);
   void Finish(const std::string& session_id, int64_t seq_id, Outcome outcome);
+  // FAILED_PRECONDITION for a repeat of `seq_id` whose result is gone.
+  absl::Status NoLongerKept(const SessionInfo& info, int64_t seq_id) const;
   // Takes the operations waiting for their turn out of `session`, for
   // FinishAll to refuse.
   std::vector<int64_t> DropWaiting(Session& session)

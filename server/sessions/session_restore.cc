@@ -34,7 +34,10 @@ SessionRecord RecordOf(const SessionInfo& info) {
   record.state = info.state;
   record.reason = info.reason;
   record.steps = info.steps;
-  record.next_seq_id = info.next_seq_id;
+  record.slot = info.slot;
+  // Not next_seq_id: operations taken for the trainer but not finished may
+  // not have been applied, and are sent again after a restart.
+  record.next_seq_id = info.finished_seq_id + 1;
   record.idle_state = info.idle_state;
   record.create_time_ms = info.create_time_ms;
   record.last_activity_ms = info.last_activity_ms;
@@ -62,7 +65,9 @@ absl::StatusOr<SessionInfo> InfoOf(const SessionRecord& record) {
   info.state = record.state;
   info.reason = record.reason;
   info.steps = record.steps;
+  info.slot_before_restart = record.slot;
   info.next_seq_id = record.next_seq_id;
+  info.finished_seq_id = record.next_seq_id - 1;
   info.idle_state = record.idle_state;
   info.create_time_ms = record.create_time_ms;
   info.last_activity_ms = record.last_activity_ms;
@@ -126,17 +131,16 @@ void SessionManager::RestoreOne(const SessionRecord& record,
     info = *std::move(read);
   }
   const std::string id = info.id;
-  if (info.state == SessionState::kOpening ||
-      info.state == SessionState::kClosing) {
-    // Caught half-way: an open the client never heard of, or a close it
-    // asked for.
+  if (info.state == SessionState::kOpening) {
+    // An open the client never heard of.
     SetState(info, SessionState::kClosed,
-             info.state == SessionState::kOpening
-                 ? "the server stopped while it was opening"
-                 : "closed (the server stopped while it closed)");
+             "the server stopped while it was opening");
     info.slot = -1;
   }
-  if (info.state != SessionState::kOpen) {
+  // A close (or an idle save) the server stopped in the middle of was not
+  // answered: the session opens again, and nothing of it is lost.
+  if (info.state != SessionState::kOpen &&
+      info.state != SessionState::kClosing) {
     if (!options_.checkpoint_root.empty()) {
       RemoveSessionCheckpoints(options_.checkpoint_root, id);
     }
@@ -169,6 +173,9 @@ void SessionManager::RestoreOne(const SessionRecord& record,
   if (checkpoint) {
     info.next_seq_id = std::max(info.next_seq_id, checkpoint->seq_id + 1);
   }
+  info.finished_seq_id = info.next_seq_id - 1;
+  info.restored_seq_id = info.next_seq_id;
+  info.idle_state.clear();
   SetState(info, SessionState::kOpening, "being restored after a restart");
   {
     absl::MutexLock lock(&mu_);

@@ -143,6 +143,7 @@ CREATE TABLE IF NOT EXISTS sessions (
   state TEXT NOT NULL,
   reason TEXT NOT NULL,
   steps INTEGER NOT NULL,
+  slot INTEGER NOT NULL,
   next_seq_id INTEGER NOT NULL,
   idle_state TEXT NOT NULL,
   create_time_ms INTEGER NOT NULL,

@@ -129,6 +129,7 @@ struct SessionRecord {
   SessionState state = SessionState::kOpening;
   std::string reason;  // Why it reached `state` (kClosed: how it ended).
   int64_t steps = 0;   // Optimizer steps taken.
+  int slot = -1;       // While open: restored into it again if free.
   // Operations 1..next_seq_id-1 were applied (their effect since the
   // session's newest checkpoint is lost by a crash; the README says so).
   int64_t next_seq_id = 1;

@@ -19,8 +19,8 @@ using store_internal::ReadAllRows;
 using store_internal::Statement;
 
 constexpr char kSessionColumns[] =
-    "id, tenant, display_name, spec, state, reason, steps, next_seq_id, "
-    "idle_state, create_time_ms, last_activity_ms";
+    "id, tenant, display_name, spec, state, reason, steps, slot, "
+    "next_seq_id, idle_state, create_time_ms, last_activity_ms";
 
 absl::StatusOr<nlohmann::json> ParseStoredJson(const std::string& text,
                                                absl::string_view what) {
@@ -47,10 +47,11 @@ absl::StatusOr<SessionRecord> ReadSession(const Statement& row) {
   session.state = *state;
   session.reason = row.Text(5);
   session.steps = row.Int(6);
-  session.next_seq_id = row.Int(7);
-  session.idle_state = row.Text(8);
-  session.create_time_ms = row.Int(9);
-  session.last_activity_ms = row.Int(10);
+  session.slot = static_cast<int>(row.Int(7));
+  session.next_seq_id = row.Int(8);
+  session.idle_state = row.Text(9);
+  session.create_time_ms = row.Int(10);
+  session.last_activity_ms = row.Int(11);
   return session;
 }
 
@@ -64,9 +65,10 @@ absl::Status JobStore::PutSession(const SessionRecord& session) {
       Statement::Prepare(
           db_,
           absl::StrCat("INSERT INTO sessions (", kSessionColumns,
-                       ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                       ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                        "ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
                        "reason = excluded.reason, steps = excluded.steps, "
+                       "slot = excluded.slot, "
                        "next_seq_id = excluded.next_seq_id, "
                        "idle_state = excluded.idle_state, "
                        "last_activity_ms = excluded.last_activity_ms")));
@@ -77,6 +79,7 @@ absl::Status JobStore::PutSession(const SessionRecord& session) {
   upsert.BindText(SessionStateName(session.state));
   upsert.BindText(session.reason);
   upsert.BindInt(session.steps);
+  upsert.BindInt(session.slot);
   upsert.BindInt(session.next_seq_id);
   upsert.BindText(session.idle_state);
   upsert.BindInt(session.create_time_ms);

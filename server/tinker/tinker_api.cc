@@ -14,6 +14,7 @@
 #include "core/common/json_parse.h"
 #include "core/common/resource_names.h"
 #include "core/common/status_macros.h"
+#include "core/optim/config_json.h"
 #include "core/runtime/exception_message.h"
 #include "server/grpc/sampling_request.h"
 #include "server/http/http_listener.h"
@@ -125,7 +126,95 @@ TinkerApi::TinkerApi(const ServiceContext* context, TinkerApiOptions options)
     : context_(context),
       options_(options),
       futures_(ResultHubOptions{0, options.result_ttl, options.retrieved_ttl}),
-      next_future_(absl::ToUnixMicros(absl::Now())) {}
+      next_future_(absl::ToUnixMicros(absl::Now())) {
+  LoadStored();
+}
+
+void TinkerApi::LoadStored() {
+  JobStore* store = context_->store;
+  if (store == nullptr) return;
+  auto warn = [&](const absl::Status& status) {
+    if (context_->logger != nullptr) {
+      context_->logger->Warning("Tinker API: reading its names back: ",
+                                status.message());
+    }
+  };
+  absl::StatusOr<std::vector<TinkerNameRecord>> names =
+      store->ListTinkerNames();
+  if (!names.ok()) {
+    warn(names.status());
+    names = std::vector<TinkerNameRecord>();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const TinkerNameRecord& name : *names) {
+      const nlohmann::json& value = name.value;
+      if (name.kind == "session") {
+        sessions_[name.name] = name.tenant;
+      } else if (name.kind == "model") {
+        absl::StatusOr<LoraConfig> lora =
+            LoraConfigFromJson(value.value("lora", nlohmann::json()));
+        absl::StatusOr<OptimizerConfig> optimizer =
+            OptimizerConfigFromJson(value.value("optimizer", nlohmann::json()));
+        if (!lora.ok() || !optimizer.ok()) {
+          warn(absl::DataLossError(
+              absl::StrCat("model ", name.name, " does not read")));
+          continue;
+        }
+        models_[name.name] =
+            Model{name.tenant, value.value("session", ""),
+                  value.value("native_id", ""), *lora, *optimizer};
+      } else if (name.kind == "sampler") {
+        samplers_[name.name] =
+            Sampler{name.tenant, value.value("adapter_id", ""),
+                    value.value("model_path", "")};
+      } else if (name.kind == "weights") {
+        states_[name.name] = SavedPath{name.tenant, value.value("id", "")};
+      } else if (name.kind == "sampler_weights") {
+        sampler_weights_[name.name] =
+            SavedPath{name.tenant, value.value("id", "")};
+      }
+    }
+  }
+  // Finished futures still within their time.
+  const int64_t since = absl::ToUnixMillis(absl::Now()) -
+                        static_cast<int64_t>(options_.result_ttl.count());
+  store->DeleteResultsBefore(since).IgnoreError();  // Tried again next time.
+  absl::StatusOr<std::vector<StoredResultRecord>> results =
+      store->ListResults(since);
+  if (!results.ok()) {
+    warn(results.status());
+    return;
+  }
+  for (StoredResultRecord& result : *results) {
+    futures_.Put(
+        {result.owner, result.seq},
+        Outcome{absl::Status(static_cast<absl::StatusCode>(result.code),
+                             result.message),
+                std::move(result.body), std::move(result.content_type)});
+  }
+}
+
+void TinkerApi::Remember(const std::string& name, const std::string& kind,
+                         const std::string& tenant, nlohmann::json value) {
+  if (context_->store == nullptr) return;
+  absl::Status stored =
+      context_->store->PutTinkerName({name, kind, tenant, std::move(value)});
+  if (!stored.ok() && context_->logger != nullptr) {
+    context_->logger->Error(
+        "Tinker API: storing ", kind, " ", name,
+        " failed (it will not resolve after a restart): ", stored.message());
+  }
+}
+
+void TinkerApi::Forget(const std::string& name) {
+  if (context_->store == nullptr) return;
+  absl::Status erased = context_->store->DeleteTinkerName(name);
+  if (!erased.ok() && context_->logger != nullptr) {
+    context_->logger->Error("Tinker API: forgetting ", name,
+                            " failed: ", erased.message());
+  }
+}
 
 TinkerApi::~TinkerApi() { Stop(); }
 
@@ -230,7 +319,25 @@ std::string TinkerApi::RequestId(const ResultKey& future) {
 }
 
 void TinkerApi::Finish(const ResultKey& future, Outcome outcome) {
-  futures_.Put(future, std::move(outcome));
+  result_writer_.Post([this, future, outcome = std::move(outcome)]() mutable {
+    if (context_->store != nullptr) {
+      StoredResultRecord record;
+      record.owner = future.owner;
+      record.seq = future.seq;
+      record.code = static_cast<int>(outcome.status.code());
+      record.message = std::string(outcome.status.message());
+      record.body = outcome.body;
+      record.content_type = outcome.content_type;
+      record.time_ms = absl::ToUnixMillis(absl::Now());
+      absl::Status stored = context_->store->PutResult(record);
+      if (!stored.ok() && context_->logger != nullptr) {
+        context_->logger->Error(
+            "Tinker API: storing the result of ", RequestId(future),
+            " failed (a restart forgets it): ", stored.message());
+      }
+    }
+    futures_.Put(future, std::move(outcome));
+  });
 }
 
 void TinkerApi::RetrieveFuture(const httplib::Request& request,
@@ -253,11 +360,10 @@ void TinkerApi::RetrieveFuture(const httplib::Request& request,
   }
   absl::Notification answered;
   ResultHub<Outcome>::Answer answer = std::optional<Outcome>();
-  futures_.Wait(future, options_.max_wait,
-                [&](ResultHub<Outcome>::Answer a) {
-                  answer = std::move(a);
-                  answered.Notify();
-                });
+  futures_.Wait(future, options_.max_wait, [&](ResultHub<Outcome>::Answer a) {
+    answer = std::move(a);
+    answered.Notify();
+  });
   answered.WaitForNotification();
   if (absl::IsNotFound(answer.status())) {
     return fail(absl::NotFoundError(
@@ -285,6 +391,7 @@ absl::StatusOr<std::string> TinkerApi::CreateSession(
     const std::string& tenant, const httplib::Request& request) {
   LORAPLEX_RETURN_IF_ERROR(JsonBody(request).status());
   const std::string id = NewResourceId("tinker");
+  Remember(id, "session", tenant, nlohmann::json::object());
   absl::MutexLock lock(&mu_);
   sessions_[id] = tenant;
   return nlohmann::json{{"session_id", id}}.dump();
@@ -304,6 +411,7 @@ absl::StatusOr<std::string> TinkerApi::FinishSession(
     const std::string& tenant, const httplib::Request& request) {
   const std::string session = request.matches[1];
   std::vector<std::string> native_ids;
+  std::vector<std::string> forgotten = {session};
   {
     absl::MutexLock lock(&mu_);
     LORAPLEX_RETURN_IF_ERROR(CheckSession(tenant, session));
@@ -314,12 +422,14 @@ absl::StatusOr<std::string> TinkerApi::FinishSession(
         if (!model->second.native_id.empty()) {
           native_ids.push_back(model->second.native_id);
         }
+        forgotten.push_back(model->first);
         model = models_.erase(model);
       } else {
         ++model;
       }
     }
   }
+  for (const std::string& name : forgotten) Forget(name);
   // Each model's slot is freed once the operations it was sent are done.
   for (const std::string& native_id : native_ids) {
     context_->sessions->Close(tenant, native_id,
@@ -354,6 +464,13 @@ std::string TinkerApi::OpenModel(const std::string& tenant,
             model.native_id = info->id;
             it->second = model;
           }
+        }
+        if (info.ok() && !finished) {
+          Remember(model_id, "model", model.tenant,
+                   {{"session", model.session},
+                    {"native_id", model.native_id},
+                    {"lora", LoraConfigToJson(model.lora)},
+                    {"optimizer", OptimizerConfigToJson(model.optimizer)}});
         }
         if (!info.ok()) {
           Finish(future, {info.status(), "", ""});
@@ -493,6 +610,7 @@ absl::StatusOr<std::string> TinkerApi::UnloadModel(
       tenant, model.native_id,
       [this, future, model_id](absl::StatusOr<SessionInfo> info) {
         if (info.ok()) {
+          Forget(model_id);
           absl::MutexLock lock(&mu_);
           models_.erase(model_id);
         }
@@ -605,6 +723,7 @@ absl::StatusOr<std::string> TinkerApi::SaveWeights(
       tenant, model_id, seq_id, std::move(native),
       [this, tenant,
        path](const SessionResult& result) -> absl::StatusOr<Outcome> {
+        Remember(path, "weights", tenant, {{"id", result.state_id}});
         {
           absl::MutexLock lock(&mu_);
           states_[path] = {tenant, result.state_id};
@@ -617,6 +736,9 @@ absl::StatusOr<std::string> TinkerApi::SaveWeights(
 std::string TinkerApi::NewSampler(const std::string& tenant,
                                   const std::string& id, Sampler sampler) {
   sampler.tenant = tenant;
+  Remember(
+      id, "sampler", tenant,
+      {{"adapter_id", sampler.adapter_id}, {"model_path", sampler.model_path}});
   absl::MutexLock lock(&mu_);
   samplers_[id] = std::move(sampler);
   return id;
@@ -650,6 +772,8 @@ absl::StatusOr<std::string> TinkerApi::SaveWeightsForSampler(
       [this, tenant, path,
        sampler_id](const SessionResult& result) -> absl::StatusOr<Outcome> {
         if (!path.empty()) {
+          Remember(path, "sampler_weights", tenant,
+                   {{"id", result.adapter_id}});
           absl::MutexLock lock(&mu_);
           sampler_weights_[path] = {tenant, result.adapter_id};
           return Outcome{absl::OkStatus(),

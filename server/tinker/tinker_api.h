@@ -17,11 +17,13 @@
 // Calls that the SDK treats as futures answer {"request_id"} at once and
 // finish through retrieve_future, which waits at most max_wait and then
 // answers "try_again"; their results are kept in a ResultHub
-// (server/results/result_hub.h) keyed by (tenant, request number). Handlers
-// convert each call to a native request at the edge; the trainer is never
-// waited on by them. The names above live in memory: after a restart the saved
-// states and adapters are still in the store, but Tinker paths given out before
-// it are unknown. API keys
+// (server/results/result_hub.h) keyed by (tenant, request number), and in
+// the store once finished, for result_ttl. Handlers convert each call to a
+// native request at the edge; the trainer is never waited on by them. The
+// names above and the finished futures are kept in the store, and the
+// models' training sessions survive a restart (session_manager.h): a client
+// retrying through a restart finds its sessions, models, samplers and
+// tinker:// paths, and the answers of the calls that had finished. API keys
 // (`X-API-Key`) are the tokens of --tokens-file. Thread-safe.
 #ifndef LORAPLEX_SERVER_TINKER_TINKER_API_H_
 #define LORAPLEX_SERVER_TINKER_TINKER_API_H_
@@ -41,6 +43,7 @@
 #include "core/lora/lora_config.h"
 #include "core/optim/optimizer_config.h"
 #include "nlohmann/json.hpp"
+#include "server/common/work_queue.h"
 #include "server/grpc/service_context.h"
 #include "server/results/result_hub.h"
 
@@ -166,6 +169,14 @@ class TinkerApi {
       const std::map<std::string, SavedPath>& saved, const std::string& tenant,
       const std::string& path, absl::string_view unknown) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads back the names and the finished futures the store keeps.
+  void LoadStored();
+  // Keeps `name` (of `kind`: "session", "model", "sampler", "weights",
+  // "sampler_weights") in the store, or forgets it; a failed write is
+  // logged (the name then does not survive a restart).
+  void Remember(const std::string& name, const std::string& kind,
+                const std::string& tenant, nlohmann::json value);
+  void Forget(const std::string& name);
   // A new pending future of `tenant`'s.
   ResultKey NewFuture(const std::string& tenant);
   // Its request_id: "req-{seq}".
@@ -203,6 +214,9 @@ class TinkerApi {
   std::map<std::string, SavedPath> states_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, SavedPath> sampler_weights_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> samples_in_flight_ ABSL_GUARDED_BY(mu_);
+  // Finished futures go to the store here, in order, and then to futures_
+  // (Finish may run on the trainer's thread). Last: drained first.
+  WorkQueue result_writer_{1};
 };
 
 }  // namespace loraplex

@@ -190,7 +190,11 @@ class Trainer : public JobTrainer {
     int64_t calls = 0;   // Forward/backward calls so far (dropout seeds).
     int64_t seq_id = 0;  // The last of the client's operations applied.
     int64_t checkpointed_seq_id = -1;  // Of the newest checkpoint queued.
-    std::deque<SessionOp> ops;         // Waiting, in the session's order.
+    // The seq_id of a checkpoint whose write failed (the writer's thread
+    // sets it): taken again at the next chance.
+    std::shared_ptr<std::atomic<int64_t>> failed_seq_id =
+        std::make_shared<std::atomic<int64_t>>(-1);
+    std::deque<SessionOp> ops;  // Waiting, in the session's order.
   };
   // A session's forward/backward call taken into an iteration's pass.
   struct PassCall {

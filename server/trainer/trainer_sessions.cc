@@ -70,6 +70,7 @@ void Trainer::Apply(OpenSessionJob& open) {
   request.lora = command.lora;
   request.optimizer = command.optimizer;
   request.training.seed = command.seed;
+  request.preferred_slot = command.preferred_slot;
   request.session = true;
   absl::StatusOr<int> slot =
       CatchTorch("opening the session", [&] { return pool_.Attach(request); });
@@ -285,7 +286,8 @@ void Trainer::CheckpointSession(int slot, bool gradients,
   SlotSession& session = *sessions_[slot];
   // None are taken, or nothing happened since the last one (and its
   // directory's name is taken).
-  if (root.empty() || session.checkpointed_seq_id == session.seq_id) {
+  if (root.empty() || (session.checkpointed_seq_id == session.seq_id &&
+                       session.failed_seq_id->load() != session.seq_id)) {
     if (then) session_writer_.Post(std::move(then));  // After the last one.
     return;
   }
@@ -298,7 +300,6 @@ void Trainer::CheckpointSession(int slot, bool gradients,
       "checkpointing the session",
       [&] { return SessionStateFiles(pool_.slot(slot), meta, gradients); });
   const int64_t seq_id = session.seq_id;
-  session.checkpointed_seq_id = seq_id;
   if (!files.ok()) {
     if (options_.on_session_checkpoint) {
       options_.on_session_checkpoint(session.session_id, seq_id,
@@ -307,12 +308,18 @@ void Trainer::CheckpointSession(int slot, bool gradients,
     if (then) then();
     return;
   }
+  session.checkpointed_seq_id = seq_id;
   session_writer_.WriteDirectory(
       "session:" + session.session_id,
       SessionCheckpointDir(root, session.session_id, seq_id), *std::move(files),
       [this, root, id = session.session_id, seq_id,
+       failed = session.failed_seq_id,
        then = std::move(then)](absl::Status written) {
-        if (written.ok()) RemoveSessionCheckpointsBefore(root, id, seq_id);
+        if (written.ok()) {
+          RemoveSessionCheckpointsBefore(root, id, seq_id);
+        } else {
+          failed->store(seq_id);
+        }
         if (options_.on_session_checkpoint) {
           options_.on_session_checkpoint(id, seq_id, written);
         }

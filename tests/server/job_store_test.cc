@@ -668,6 +668,7 @@ TEST_F(JobStoreTest, SessionsRoundTripAndUpdateInPlace) {
   session.state = SessionState::kClosed;
   session.reason = "closed by the client";
   session.steps = 7;
+  session.slot = 2;
   session.next_seq_id = 15;
   session.idle_state = "state-1";
   session.last_activity_ms = 1700000001000;
@@ -683,6 +684,7 @@ TEST_F(JobStoreTest, SessionsRoundTripAndUpdateInPlace) {
   EXPECT_EQ(first.state, SessionState::kClosed);
   EXPECT_EQ(first.reason, "closed by the client");
   EXPECT_EQ(first.steps, 7);
+  EXPECT_EQ(first.slot, 2);
   EXPECT_EQ(first.next_seq_id, 15);
   EXPECT_EQ(first.idle_state, "state-1");
   EXPECT_EQ(first.create_time_ms, 1700000000000);

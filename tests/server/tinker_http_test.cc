@@ -37,6 +37,12 @@ class TinkerHttpTest : public ::testing::Test {
     const std::string state = FreshTestDir("state");
     std::ofstream(state + "/tokens")
         << "alice " << kAliceKey << "\nbob " << kBobKey << "\n";
+    state_ = state;
+    StartOn(state);
+  }
+
+  // Starts the server on `state` (a new port), and a client of it.
+  void StartOn(const std::string& state) {
     port_ = FreePort();
     ServerProcessOptions options;
     options.state_dir = state;
@@ -159,6 +165,7 @@ class TinkerHttpTest : public ::testing::Test {
         caps->body)["supported_models"][0]["model_name"];
   }
 
+  std::string state_;
   int port_ = 0;
   std::unique_ptr<ServerProcess> server_;
   std::unique_ptr<httplib::Client> client_;
@@ -389,6 +396,86 @@ TEST_F(TinkerHttpTest, ModelsSaveLoadUnloadAndShareTheSlots) {
     }
   }
   EXPECT_EQ(opened, 3);
+  EXPECT_TRUE(server_->Stop().ok()) << server_->Log();
+}
+
+// A client retrying through a crash (SIGKILL) carries on: its session,
+// model, sampler and tinker:// paths resolve, the futures that had
+// finished answer as before, and the model has its trained weights.
+TEST_F(TinkerHttpTest, NamesFuturesAndModelsSurviveAKill) {
+  auto [created, session] = Post("/api/v1/create_session", kAliceKey, "{}");
+  ASSERT_EQ(created, 200);
+  const std::string session_id = session["session_id"];
+  const std::string a = CreateModel(*client_, session_id, 0);
+  ASSERT_FALSE(a.empty());
+  int seq = 1;
+  ProtoResult(kAliceKey, ForwardBackward(a, seq++, false));
+  auto [stepped, step] =
+      Post("/api/v1/optim_step", kAliceKey,
+           nlohmann::json{{"model_id", a},
+                          {"seq_id", seq++},
+                          {"adam_params", {{"learning_rate", 5e-2}}}}
+               .dump());
+  ASSERT_EQ(stepped, 200) << step.dump();
+  EXPECT_FALSE(Result(kAliceKey, step["request_id"]).contains("error"));
+  auto [saved, save] =
+      Post("/api/v1/save_weights", kAliceKey,
+           nlohmann::json{{"model_id", a}, {"seq_id", seq++}, {"path", "s1"}}
+               .dump());
+  ASSERT_EQ(saved, 200) << save.dump();
+  const std::string save_request = save["request_id"];
+  const nlohmann::json save_answer = Result(kAliceKey, save_request);
+  const std::string path = save_answer.value("path", "");
+  ASSERT_FALSE(path.empty()) << save_answer.dump();
+  auto [for_sampler, sampler_save] =
+      Post("/api/v1/save_weights_for_sampler", kAliceKey,
+           nlohmann::json{{"model_id", a}, {"seq_id", seq++}, {"path", "w1"}}
+               .dump());
+  ASSERT_EQ(for_sampler, 200) << sampler_save.dump();
+  const std::string sampler_path =
+      Result(kAliceKey, sampler_save["request_id"]).value("path", "");
+  ASSERT_FALSE(sampler_path.empty());
+  auto [sampling, sampler] = Post("/api/v1/create_sampling_session", kAliceKey,
+                                  nlohmann::json{{"session_id", session_id},
+                                                 {"sampling_session_seq_id", 0},
+                                                 {"model_path", sampler_path}}
+                                      .dump());
+  ASSERT_EQ(sampling, 200) << sampler.dump();
+  const std::string sampler_id = sampler["sampling_session_id"];
+  const double trained = Loss(a, seq++);
+
+  server_->Kill();
+  StartOn(state_);
+  // The finished future answers as it did.
+  EXPECT_EQ(Result(kAliceKey, save_request), save_answer);
+  // Bob's key does not reach Alice's results.
+  EXPECT_EQ(Post("/api/v1/retrieve_future", kBobKey,
+                 nlohmann::json{{"request_id", save_request}}.dump())
+                .first,
+            404);
+  EXPECT_EQ(Post("/api/v1/session_heartbeat", kAliceKey,
+                 nlohmann::json{{"session_id", session_id}}.dump())
+                .first,
+            200);
+  EXPECT_EQ(Post("/api/v1/get_info", kAliceKey,
+                 nlohmann::json{{"model_id", a}}.dump())
+                .first,
+            200);
+  httplib::Result got = client_->Get(("/api/v1/samplers/" + sampler_id).c_str(),
+                                     {{"X-API-Key", kAliceKey}});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->status, 200) << got->body;
+  // The model continues with its weights and its next seq_id.
+  EXPECT_EQ(Loss(a, seq++), trained);
+  // The saved state's path loads into a new model.
+  const std::string b = CreateModel(*client_, session_id, 1);
+  ASSERT_FALSE(b.empty());
+  auto [loaded, load] = Post(
+      "/api/v1/load_weights", kAliceKey,
+      nlohmann::json{{"model_id", b}, {"seq_id", 1}, {"path", path}}.dump());
+  ASSERT_EQ(loaded, 200) << load.dump();
+  EXPECT_EQ(Result(kAliceKey, load["request_id"]).value("path", ""), path);
+  EXPECT_EQ(Loss(b, 2), trained);
   EXPECT_TRUE(server_->Stop().ok()) << server_->Log();
 }
 
