@@ -151,6 +151,20 @@ class TinkerHttpTest : public ::testing::Test {
     return answer.value("request_id", "");
   }
 
+  // One training step on `model`: a forward_backward and an optim_step,
+  // seq_ids `seq` and `seq` + 1 (`seq` moves past them).
+  void TrainStep(const std::string& model, int& seq) {
+    ProtoResult(kAliceKey, ForwardBackward(model, seq++, false));
+    auto [status, future] =
+        Post("/api/v1/optim_step", kAliceKey,
+             nlohmann::json{{"model_id", model},
+                            {"seq_id", seq++},
+                            {"adam_params", {{"learning_rate", 5e-2}}}}
+                 .dump());
+    ASSERT_EQ(status, 200) << future.dump();
+    EXPECT_FALSE(Result(kAliceKey, future["request_id"]).contains("error"));
+  }
+
   double Loss(const std::string& model, int seq) {
     return ProtoResult(kAliceKey, ForwardBackward(model, seq, true))
         .metrics()
@@ -316,15 +330,7 @@ TEST_F(TinkerHttpTest, ModelsSaveLoadUnloadAndShareTheSlots) {
   ASSERT_FALSE(a.empty());
   int seq = 1;
   for (int step = 0; step < 3; ++step) {
-    ProtoResult(kAliceKey, ForwardBackward(a, seq++, false));
-    auto [status, future] =
-        Post("/api/v1/optim_step", kAliceKey,
-             nlohmann::json{{"model_id", a},
-                            {"seq_id", seq++},
-                            {"adam_params", {{"learning_rate", 5e-2}}}}
-                 .dump());
-    ASSERT_EQ(status, 200) << future.dump();
-    EXPECT_FALSE(Result(kAliceKey, future["request_id"]).contains("error"));
+    ASSERT_NO_FATAL_FAILURE(TrainStep(a, seq));
   }
 
   const nlohmann::json save = {{"model_id", a}, {"path", "s1"}};
@@ -409,15 +415,7 @@ TEST_F(TinkerHttpTest, NamesFuturesAndModelsSurviveAKill) {
   const std::string a = CreateModel(*client_, session_id, 0);
   ASSERT_FALSE(a.empty());
   int seq = 1;
-  ProtoResult(kAliceKey, ForwardBackward(a, seq++, false));
-  auto [stepped, step] =
-      Post("/api/v1/optim_step", kAliceKey,
-           nlohmann::json{{"model_id", a},
-                          {"seq_id", seq++},
-                          {"adam_params", {{"learning_rate", 5e-2}}}}
-               .dump());
-  ASSERT_EQ(stepped, 200) << step.dump();
-  EXPECT_FALSE(Result(kAliceKey, step["request_id"]).contains("error"));
+  ASSERT_NO_FATAL_FAILURE(TrainStep(a, seq));
   auto [saved, save] =
       Post("/api/v1/save_weights", kAliceKey,
            nlohmann::json{{"model_id", a}, {"seq_id", seq++}, {"path", "s1"}}
