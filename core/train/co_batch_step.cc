@@ -306,26 +306,60 @@ absl::Status CheckPass(const LlamaModel& model,
   return CheckCalls(model, slots, calls, sync);
 }
 
-}  // namespace
-
-bool StepLeftSlotsUnchanged(const absl::Status& status) {
-  return !status.ok() && status.GetPayload(kUnchangedPayload).has_value();
+bool Distributed(const StepSync* sync) {
+  return sync != nullptr && sync->world_size > 1;
 }
 
-absl::StatusOr<CoBatchResult> RunCoBatchPass(
-    const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
-    const std::vector<ForwardBackwardCall>& calls,
-    const CoBatchOptions& options) {
-  const StepSync* sync = options.sync;
-  if (absl::Status checked = CheckPass(model, slots, calls, sync);
-      !checked.ok()) {
-    return Unchanged(std::move(checked));
+// One pass's rows and what its micro-batches add up, carried from phase to
+// phase. Neither copied nor moved: sums points at logprobs.
+struct PassRows {
+  PassRows() = default;
+  PassRows(const PassRows&) = delete;
+  PassRows& operator=(const PassRows&) = delete;
+
+  std::vector<DataCursor> cursors;  // Each slot's cursor before the pass.
+  std::vector<int64_t> targets;     // Target tokens of each slot's batch.
+  std::vector<int64_t> tokens;      // Tokens of each slot's batch.
+  PassOwners owners;                // The slots, then the calls.
+  // This rank's rows of the slots, then the rows of the calls with
+  // gradients: they run with autograd.
+  std::vector<Row> rows;
+  std::vector<Row> forward_rows;              // The forward-only calls' rows.
+  std::vector<std::vector<double>> logprobs;  // Per owner.
+  PassSums sums;
+  std::vector<double> losses;  // Each slot's loss.
+};
+
+// Keeps the rows of `rows` (the slots' `batches`, in order) that this rank
+// trains.
+void KeepThisRanksRows(const std::vector<std::vector<const Sequence*>>& batches,
+                       const StepSync& sync, std::vector<Row>& rows) {
+  // Row r of slot i goes to rank (rows of slots before i + r) % world:
+  // the ranks take turns across the whole co-batch, so leftover rows do
+  // not all land on rank 0.
+  std::vector<int64_t> offset(batches.size() + 1, 0);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    offset[i + 1] = offset[i] + static_cast<int64_t>(batches[i].size());
   }
-  std::vector<DataCursor> cursors;
+  rows.erase(std::remove_if(rows.begin(), rows.end(),
+                            [&](const Row& row) {
+                              return (offset[row.owner] + row.row_id) %
+                                         sync.world_size !=
+                                     sync.rank;
+                            }),
+             rows.end());
+}
+
+// Phase 1. Takes each slot's next batch (its cursor moves on; `pass` keeps
+// the old one) and each call's data; gives `pass` its owners, the rows
+// this rank runs and zeroed sums.
+void GatherRows(const std::vector<TrainingSlot*>& slots,
+                const std::vector<ForwardBackwardCall>& calls,
+                const StepSync* sync, PassRows& pass) {
   std::vector<std::vector<const Sequence*>> batches;
-  PassOwners owners;
+  PassOwners& owners = pass.owners;
   for (TrainingSlot* slot : slots) {
-    cursors.push_back(*slot->cursor);
+    pass.cursors.push_back(*slot->cursor);
     std::vector<const Sequence*> batch;
     for (int64_t index : slot->cursor->NextBatch(slot->training.batch_size)) {
       batch.push_back(&slot->data->sequences[index]);
@@ -338,50 +372,31 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
                    SplitMix64(static_cast<uint64_t>(slot->counters.steps))));
     owners.losses.push_back(LossFnSpec{});
   }
-  std::vector<int64_t> targets;
-  std::vector<int64_t> tokens;
-  std::vector<Row> rows = WeightedRows(batches, targets, tokens);
-  if (sync != nullptr && sync->world_size > 1) {
-    // Row r of slot i goes to rank (rows of slots before i + r) % world:
-    // the ranks take turns across the whole co-batch, so leftover rows do
-    // not all land on rank 0.
-    std::vector<int64_t> offset(slots.size() + 1, 0);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      offset[i + 1] = offset[i] + static_cast<int64_t>(batches[i].size());
-    }
-    rows.erase(std::remove_if(rows.begin(), rows.end(),
-                              [&](const Row& row) {
-                                return (offset[row.owner] + row.row_id) %
-                                           sync->world_size !=
-                                       sync->rank;
-                              }),
-               rows.end());
-  }
+  pass.rows = WeightedRows(batches, pass.targets, pass.tokens);
+  if (Distributed(sync)) KeepThisRanksRows(batches, *sync, pass.rows);
   // Calls with gradients train beside the slots; forward-only calls run
   // after them without autograd.
-  std::vector<Row> forward_rows;
   for (size_t c = 0; c < calls.size(); ++c) {
     owners.adapters.push_back(calls[c].adapter);
     owners.dropout_seeds.push_back(calls[c].dropout_seed);
     owners.losses.push_back(calls[c].loss);
     AppendCallRows(calls[c], slots.size() + c,
-                   calls[c].backward ? rows : forward_rows);
+                   calls[c].backward ? pass.rows : pass.forward_rows);
   }
-  std::vector<std::vector<double>> logprobs(owners.adapters.size());
-  PassSums sums{std::vector<double>(owners.adapters.size(), 0.0),
-                calls.empty() ? nullptr : &logprobs};
-  std::vector<double> losses(slots.size(), 0.0);
+  pass.logprobs.resize(owners.adapters.size());
+  pass.sums = PassSums{std::vector<double>(owners.adapters.size(), 0.0),
+                       calls.empty() ? nullptr : &pass.logprobs};
+  pass.losses.assign(slots.size(), 0.0);
+}
 
-  auto restore = [&]() {
-    for (size_t i = 0; i < slots.size(); ++i) {
-      DropGrads(*slots[i]);
-      *slots[i]->cursor = cursors[i];
-    }
-  };
+// Phase 2. Drops the slots' gradients, then runs `pass`'s rows in
+// micro-batches: the trained ones with backward, then the forward-only
+// ones without autograd. Gives this rank's status; `pass.sums` and
+// `pass.losses` hold what this rank added up.
+absl::Status RunForwardBackward(const LlamaModel& model,
+                                const std::vector<TrainingSlot*>& slots,
+                                const CoBatchOptions& options, PassRows& pass) {
   absl::Status local;
-  // The calls' gradients of earlier calls wait aside while this pass adds
-  // its own, so a failure can put them back untouched.
-  GradStash stash(calls);
   try {
     for (TrainingSlot* slot : slots) DropGrads(*slot);
     for (TrainingSlot* slot : slots) {
@@ -389,25 +404,36 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
       if (!local.ok()) break;
     }
     for (const std::vector<Piece>& micro :
-         PlanMicroBatches(rows, options.token_budget)) {
+         PlanMicroBatches(pass.rows, options.token_budget)) {
       if (!local.ok()) break;
-      local = RunMicroBatch(model, micro, owners, /*backward=*/true,
-                            MicroOptions(options), sums);
+      local = RunMicroBatch(model, micro, pass.owners, /*backward=*/true,
+                            MicroOptions(options), pass.sums);
     }
-    if (local.ok() && !forward_rows.empty()) {
+    if (local.ok() && !pass.forward_rows.empty()) {
       torch::NoGradGuard no_grad;
       for (const std::vector<Piece>& micro :
-           PlanMicroBatches(forward_rows, options.token_budget)) {
-        local = RunMicroBatch(model, micro, owners, /*backward=*/false,
-                              MicroOptions(options), sums);
+           PlanMicroBatches(pass.forward_rows, options.token_budget)) {
+        local = RunMicroBatch(model, micro, pass.owners, /*backward=*/false,
+                              MicroOptions(options), pass.sums);
         if (!local.ok()) break;
       }
     }
   } catch (const c10::Error& e) {
     local = TorchError("training step failed", e);
   }
-  std::copy(sums.losses.begin(), sums.losses.begin() + slots.size(),
-            losses.begin());
+  std::copy(pass.sums.losses.begin(), pass.sums.losses.begin() + slots.size(),
+            pass.losses.begin());
+  return local;
+}
+
+// Phase 3. Takes this rank's status of phase 2; sums the slots' gradients
+// and `losses` over the ranks, then adds the calls' earlier gradients from
+// `stash` to the pass's. Gives the status of the pass so far: on an error
+// the caller puts everything back.
+absl::Status AddUpGradients(const StepSync* sync,
+                            const std::vector<TrainingSlot*>& slots,
+                            absl::Status local, GradStash& stash,
+                            std::vector<double>& losses) {
   if (sync != nullptr) {
     // Every rank takes part in the sum even when its own part failed, and
     // then all of them fail together: none is left waiting.
@@ -429,22 +455,40 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
       local = TorchError("adding up the calls' gradients failed", e);
     }
   }
-  if (!local.ok()) {
-    restore();
-    stash.PutBack();
-    return Unchanged(std::move(local));
-  }
-  CoBatchResult result;
-  for (size_t c = 0; c < calls.size(); ++c) {
-    result.calls.push_back(CallOutput(*calls[c].data,
-                                      sums.losses[slots.size() + c],
-                                      std::move(logprobs[slots.size() + c])));
-  }
+  return local;
+}
 
-  // Decide every slot's fate (and clip) before any optimizer steps, so a
-  // failure up to here leaves every slot as it was.
+// Puts every slot back as it was before the pass: no gradients, its cursor.
+void RestoreSlots(const std::vector<TrainingSlot*>& slots,
+                  const std::vector<DataCursor>& cursors) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    DropGrads(*slots[i]);
+    *slots[i]->cursor = cursors[i];
+  }
+}
+
+// Phase 4. Each call's output, from the sums and logprobs of `pass` (moved
+// out of it).
+std::vector<ForwardBackwardOutput> CallOutputs(
+    const std::vector<ForwardBackwardCall>& calls, size_t num_slots,
+    PassRows& pass) {
+  std::vector<ForwardBackwardOutput> outputs;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    outputs.push_back(CallOutput(*calls[c].data,
+                                 pass.sums.losses[num_slots + c],
+                                 std::move(pass.logprobs[num_slots + c])));
+  }
+  return outputs;
+}
+
+// Phase 5. Decides every slot's fate (skipped, or stepping with its
+// gradients clipped) before any optimizer steps, so a failure up to here
+// leaves every slot as it was. Gives each slot's metrics; on an error the
+// slots are put back.
+absl::StatusOr<std::vector<SlotStepMetrics>> ClipSlots(
+    const std::vector<TrainingSlot*>& slots, const StepSync* sync,
+    const PassRows& pass) {
   std::vector<SlotStepMetrics> metrics(slots.size());
-  const bool distributed = sync != nullptr && sync->world_size > 1;
   try {
     // The slots to clip, all measured together (one read from the device).
     std::vector<size_t> clipping;
@@ -453,11 +497,11 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
     for (size_t i = 0; i < slots.size(); ++i) {
       TrainingSlot& slot = *slots[i];
       SlotStepMetrics& m = metrics[i];
-      m.loss = losses[i];
+      m.loss = pass.losses[i];
       m.lr = slot.scheduler->lr();
-      m.target_tokens = targets[i];
-      m.tokens = tokens[i];
-      if (targets[i] == 0) {
+      m.target_tokens = pass.targets[i];
+      m.tokens = pass.tokens[i];
+      if (pass.targets[i] == 0) {
         m.skipped = true;
         m.skip_reason = "no target tokens in the batch";
       } else if (!std::isfinite(m.loss)) {
@@ -480,13 +524,21 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
       }
     }
   } catch (const c10::Error& e) {
-    restore();
+    RestoreSlots(slots, pass.cursors);
     absl::Status failed = TorchError("gradient clipping failed", e);
-    if (distributed) return AfterSum(sync, std::move(failed));
+    if (Distributed(sync)) return AfterSum(sync, std::move(failed));
     return Unchanged(std::move(failed));
   }
-  // Every slot's optimizer steps in one call, so the Newton–Schulz of all
-  // Muon slots' same-shape matrices is batched across slots.
+  return metrics;
+}
+
+// Phase 6. Steps the optimizer of every slot `metrics` does not skip, all
+// in one call, so the Newton–Schulz of all Muon slots' same-shape matrices
+// is batched across slots, and advances their schedules. Gives each slot's
+// status (OK for a skipped one).
+std::vector<absl::Status> StepOptimizers(
+    const std::vector<TrainingSlot*>& slots,
+    const std::vector<SlotStepMetrics>& metrics) {
   std::vector<absl::Status> stepped(slots.size());
   std::vector<SlotOptimizer*> optimizers;
   std::vector<size_t> stepping;  // The slot of each optimizer.
@@ -518,12 +570,23 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
       stepped[i] = TorchError("optimizer step failed", e);
     }
   }
+  return stepped;
+}
+
+// Phase 7. Takes each slot's optimizer status `stepped`; drops the slots'
+// gradients and counts each step, or puts a failed slot's cursor back and
+// records its failure in `metrics`. Data parallel, a failed slot fails
+// the pass (ABORTED).
+absl::Status CountSteps(const std::vector<TrainingSlot*>& slots,
+                        const StepSync* sync, const PassRows& pass,
+                        const std::vector<absl::Status>& stepped,
+                        std::vector<SlotStepMetrics>& metrics) {
   for (size_t i = 0; i < slots.size(); ++i) {
     TrainingSlot& slot = *slots[i];
     DropGrads(slot);
     if (!stepped[i].ok()) {
-      *slot.cursor = cursors[i];
-      if (distributed) {
+      *slot.cursor = pass.cursors[i];
+      if (Distributed(sync)) {
         // The other ranks step this slot: the ranks now differ.
         for (size_t j = i + 1; j < slots.size(); ++j) DropGrads(*slots[j]);
         return AfterSum(sync, absl::Status(stepped[i].code(),
@@ -537,20 +600,64 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
     }
     if (metrics[i].skipped) ++slot.counters.skipped_steps;
     ++slot.counters.steps;
-    slot.counters.target_tokens += targets[i];
+    slot.counters.target_tokens += pass.targets[i];
   }
-  if (sync != nullptr && sync->after_step) {
-    // A failure here leaves the ranks' weights apart: the run must go back
-    // to a checkpoint.
-    absl::Status status = sync->after_step(slots);
-    if (!status.ok()) {
-      return absl::Status(
-          status.code(),
-          absl::StrCat("syncing the updated parameters over the ranks "
-                       "failed (resume from a checkpoint): ",
-                       status.message()));
-    }
+  return absl::OkStatus();
+}
+
+// Phase 8. Data parallel, syncs the slots' updated parameters over the
+// ranks (sync->after_step).
+absl::Status SyncUpdatedParameters(const StepSync* sync,
+                                   const std::vector<TrainingSlot*>& slots) {
+  if (sync == nullptr || !sync->after_step) return absl::OkStatus();
+  // A failure here leaves the ranks' weights apart: the run must go back
+  // to a checkpoint.
+  absl::Status status = sync->after_step(slots);
+  if (!status.ok()) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat("syncing the updated parameters over the ranks "
+                     "failed (resume from a checkpoint): ",
+                     status.message()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool StepLeftSlotsUnchanged(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kUnchangedPayload).has_value();
+}
+
+absl::StatusOr<CoBatchResult> RunCoBatchPass(
+    const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
+    const std::vector<ForwardBackwardCall>& calls,
+    const CoBatchOptions& options) {
+  const StepSync* sync = options.sync;
+  if (absl::Status checked = CheckPass(model, slots, calls, sync);
+      !checked.ok()) {
+    return Unchanged(std::move(checked));
+  }
+  PassRows pass;
+  GatherRows(slots, calls, sync, pass);
+  // The calls' gradients of earlier calls wait aside while this pass adds
+  // its own, so a failure can put them back untouched.
+  GradStash stash(calls);
+  absl::Status local = RunForwardBackward(model, slots, options, pass);
+  local = AddUpGradients(sync, slots, std::move(local), stash, pass.losses);
+  if (!local.ok()) {
+    RestoreSlots(slots, pass.cursors);
+    stash.PutBack();
+    return Unchanged(std::move(local));
+  }
+  CoBatchResult result;
+  result.calls = CallOutputs(calls, slots.size(), pass);
+  // Past the sum over the ranks, a failure is this rank's alone (AfterSum).
+  LORAPLEX_ASSIGN_OR_RETURN(std::vector<SlotStepMetrics> metrics,
+                            ClipSlots(slots, sync, pass));
+  const std::vector<absl::Status> stepped = StepOptimizers(slots, metrics);
+  LORAPLEX_RETURN_IF_ERROR(CountSteps(slots, sync, pass, stepped, metrics));
+  LORAPLEX_RETURN_IF_ERROR(SyncUpdatedParameters(sync, slots));
   result.slots = std::move(metrics);
   return result;
 }
