@@ -471,6 +471,13 @@ void SessionManager::Submit(const std::string& tenant, const std::string& id,
             session.info.idle_state,
             "\": CreateSession with from_state (and with_optimizer) "
             "continues from it"));
+      } else if (session.info.state == SessionState::kOpening) {
+        refused = absl::UnavailableError(absl::StrCat(
+            "session \"", id, "\" is being opened (", session.info.reason,
+            "): send the call again in a moment"));
+      } else if (session.info.state == SessionState::kClosing) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
+            "session \"", id, "\" is closing (", session.info.reason, ")"));
       } else if (session.info.state != SessionState::kOpen) {
         refused = absl::FailedPreconditionError(
             absl::StrCat("session \"", id, "\" is closed"));
@@ -632,6 +639,7 @@ void SessionManager::RunTimer() {
 void SessionManager::CloseIdle(const std::string& id) {
   absl::MutexLock dispatch(&dispatch_mu_);
   SessionOp save;
+  std::string tenant;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
@@ -643,6 +651,7 @@ void SessionManager::CloseIdle(const std::string& id) {
     }
     SetState(session.info, SessionState::kClosing, "idle: being saved");
     Persist(session.info);
+    tenant = session.info.tenant;
     SessionRequest request;
     request.kind = SessionOp::Kind::kSaveState;
     request.display_name = "saved when idle";
@@ -651,7 +660,8 @@ void SessionManager::CloseIdle(const std::string& id) {
   const std::string state_dir = save.dir;
   const std::string state_id = state_dir.substr(state_dir.rfind('/') + 1);
   // OpOf's answer would store a result; this save is the manager's own.
-  save.done = [this, id, state_id](absl::StatusOr<SessionOpResult> saved) {
+  save.done = [this, id, tenant,
+               state_id](absl::StatusOr<SessionOpResult> saved) {
     if (!saved.ok()) {
       // Kept open (and tried again after another timeout): nothing of it
       // may be lost.
@@ -670,31 +680,29 @@ void SessionManager::CloseIdle(const std::string& id) {
     SessionOp close;
     close.kind = SessionOp::Kind::kClose;
     close.session_id = id;
-    close.done = [this, id, state_id](absl::StatusOr<SessionOpResult> r) {
-      std::string tenant;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = sessions_.find(id);
-        if (it == sessions_.end()) return;
-        SessionInfo& info = it->second->info;
-        if (!r.ok()) {
-          SetState(info, SessionState::kOpen, "open");
-          Persist(info);
-          return;
-        }
-        SetState(info, SessionState::kClosed,
-                 absl::StrCat("closed after ",
-                              options_.idle_timeout.count() / 1000.0,
-                              " s without a call; its state was saved as "
-                              "session_states/",
-                              state_id));
-        info.slot = -1;
-        info.steps = r->steps;
-        info.idle_state = state_id;
+    close.done = [this, id, tenant,
+                  state_id](absl::StatusOr<SessionOpResult> r) {
+      // Free before the session is seen closed (as Close does).
+      if (r.ok()) scheduler_->ReleaseSessionSlot(tenant);
+      absl::MutexLock lock(&mu_);
+      auto it = sessions_.find(id);
+      if (it == sessions_.end()) return;
+      SessionInfo& info = it->second->info;
+      if (!r.ok()) {
+        SetState(info, SessionState::kOpen, "open");
         Persist(info);
-        tenant = info.tenant;
+        return;
       }
-      scheduler_->ReleaseSessionSlot(tenant);
+      SetState(
+          info, SessionState::kClosed,
+          absl::StrCat("closed after ", options_.idle_timeout.count() / 1000.0,
+                       " s without a call; its state was saved as "
+                       "session_states/",
+                       state_id));
+      info.slot = -1;
+      info.steps = r->steps;
+      info.idle_state = state_id;
+      Persist(info);
     };
     trainer_->RunSessionOp(std::move(close));
   };
@@ -735,8 +743,10 @@ void SessionManager::Close(const std::string& tenant, const std::string& id,
   op.session_id = id;
   op.done = [this, id, tenant,
              done = std::move(done)](absl::StatusOr<SessionOpResult> r) {
+    // The trainer freed the slot: it is free again before the session is
+    // seen closed, so a CreateSession after the answer finds it.
+    if (r.ok()) scheduler_->ReleaseSessionSlot(tenant);
     absl::StatusOr<SessionInfo> answer;
-    bool release = false;
     {
       absl::MutexLock lock(&mu_);
       auto it = sessions_.find(id);
@@ -750,16 +760,12 @@ void SessionManager::Close(const std::string& tenant, const std::string& id,
         info.last_activity_ms = NowMillis();
         // Answered once the store says it is closed.
         Persist(info, [done, info] { done(info); });
-        release = true;
+        return;
       } else {
         SetState(it->second->info, SessionState::kOpen, "open");
         Persist(it->second->info);
         answer = r.status();
       }
-    }
-    if (release) {
-      scheduler_->ReleaseSessionSlot(tenant);  // Answered by Persist.
-      return;
     }
     done(std::move(answer));
   };

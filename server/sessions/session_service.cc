@@ -24,11 +24,24 @@ v1::OptimizerFamily FamilyToProto(OptimizerFamily family) {
   return v1::OPTIMIZER_FAMILY_UNSPECIFIED;
 }
 
+v1::SessionState SessionStateToProto(SessionState state) {
+  switch (state) {
+    case SessionState::kOpening:
+      return v1::SESSION_STATE_OPENING;
+    case SessionState::kOpen:
+      return v1::SESSION_STATE_OPEN;
+    case SessionState::kClosing:
+      return v1::SESSION_STATE_CLOSING;
+    case SessionState::kClosed:
+      return v1::SESSION_STATE_CLOSED;
+  }
+  return v1::SESSION_STATE_UNSPECIFIED;
+}
+
 void SessionToProto(const SessionInfo& info, v1::Session* session) {
   session->set_name(FormatResourceName(kSessions, info.id));
   session->set_display_name(info.spec.display_name);
-  session->set_state(info.open() ? v1::SESSION_STATE_OPEN
-                                 : v1::SESSION_STATE_CLOSED);
+  session->set_state(SessionStateToProto(info.state));
   session->set_slot(info.slot);
   LoraConfigToProto(info.spec.lora, session->mutable_lora());
   session->set_family(FamilyToProto(info.spec.optimizer.family));

@@ -26,6 +26,7 @@
 namespace loraplex {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 constexpr char kAliceToken[] = "alice-token-0123456789";
@@ -463,7 +464,7 @@ TEST_F(ServiceSessionTest, SavedStatesResumeExactly) {
 // and a session from that state continues where it stopped.
 TEST(ServiceSessionIdleTest, IdleSessionsAreSavedAndTheirSlotFreed) {
   auto server =
-      StartServer(FreshTestDir("idle"), 1, {"--session-idle-seconds=1"});
+      StartServer(FreshTestDir("idle"), 1, {"--session-idle-seconds=3"});
   ASSERT_NE(server, nullptr);
   auto client = ClientFor(*server);
   auto session = client->CreateSession(
@@ -479,6 +480,11 @@ TEST(ServiceSessionIdleTest, IdleSessionsAreSavedAndTheirSlotFreed) {
   for (int i = 0; i < 600; ++i) {
     closed = client->GetSession(name);
     ASSERT_TRUE(closed.ok()) << closed.status();
+    // Saving it shows as CLOSING, never as CLOSED before its state is
+    // saved.
+    ASSERT_THAT(closed->state(),
+                AnyOf(v1::SESSION_STATE_OPEN, v1::SESSION_STATE_CLOSING,
+                      v1::SESSION_STATE_CLOSED));
     if (closed->state() == v1::SESSION_STATE_CLOSED) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
