@@ -20,7 +20,9 @@ fail() {
   exit 1
 }
 
-export MASTER_PORT=$((20000 + RANDOM % 20000))
+# Below the kernel's ephemeral range (32768 and up), so no outgoing
+# connection holds it.
+export MASTER_PORT=$((20000 + RANDOM % 12000))
 export LORAPLEX_DIST_TIMEOUT_SECONDS=60
 "$src/deploy/launch_local.sh" 2 "$bin/loraplex-server" --threads 1 \
   --state-dir "$dir/state" --listen 127.0.0.1:0 --ready-file "$dir/ready" \

@@ -317,8 +317,12 @@ TEST(ServiceShutdownTest, ShutdownCheckpointsAndPausedJobsStayPaused) {
   int64_t stopped_at = 0;
   int64_t paused_step = 0;
   {
-    // Checkpoints only on pause and shutdown.
-    auto server = StartServer(dir, 2, {"--checkpoint-interval=0"});
+    // Checkpoints only on pause and shutdown. The job to pause is held
+    // after step 3 (--test-faults=hold) until the pause reaches the
+    // trainer: else a slow client sees it finish first.
+    auto server = StartServer(
+        dir, 2,
+        {"--checkpoint-interval=0", "--test-faults=hold:seed=5,step=3"});
     ASSERT_NE(server, nullptr);
     auto client = ClientFor(*server);
     auto data = client->UploadDatasetContents(ReversalJsonl(20, 2), "d");
@@ -369,7 +373,9 @@ TEST(ServiceShutdownTest, ShutdownCheckpointsAndPausedJobsStayPaused) {
   ASSERT_TRUE(client->CancelJob(running).ok());
   // Cancelling checkpoints the job where it stopped, for export.
   bool cancel_checkpoint = false;
-  for (int i = 0; i < 500 && !cancel_checkpoint; ++i) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!cancel_checkpoint && std::chrono::steady_clock::now() < deadline) {
     auto after = client->ListCheckpoints(running);
     ASSERT_TRUE(after.ok());
     cancel_checkpoint = after->checkpoints_size() > 0 &&

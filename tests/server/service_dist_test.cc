@@ -503,13 +503,14 @@ TEST(ServiceDistFaultTest, FailureAfterTheSumStopsEveryRankPromptly) {
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
-// An idle rank 0 keeps the other ranks from timing out: with a 2 s
-// timeout, a server left idle for 5 s still trains a job.
+// An idle rank 0 keeps the other ranks from timing out: with a 5 s
+// timeout (room for a loaded machine's pauses while the job trains), a
+// server left idle for 12 s still trains a job.
 TEST(ServiceDistStartTest, IdleServerOutlivesTheCollectiveTimeout) {
   const std::string state = FreshTestDir("idle");
-  Ranks ranks = StartRanks(state, 2, 1, Flags("0"), /*timeout_seconds=*/2);
+  Ranks ranks = StartRanks(state, 2, 1, Flags("0"), /*timeout_seconds=*/5);
   ASSERT_NE(ranks.server, nullptr);
-  std::this_thread::sleep_for(std::chrono::seconds(5));
+  std::this_thread::sleep_for(std::chrono::seconds(12));
   auto client = ClientFor(*ranks.server);
   auto dataset = client->UploadDatasetContents(ReversalJsonl(10, 2), "d");
   ASSERT_TRUE(dataset.ok()) << dataset.status();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/free_port.h"
 #include "tests/common/server_process.h"
@@ -576,16 +577,21 @@ TEST(TinkerFuturesTest, PollsTryAgainSamplesBackOffAndShutdownAnswers) {
 
   // Polling the waiting step while the server stops.
   std::string last;
+  absl::Notification polling_started;
   std::thread poller([&] {
     httplib::Client polling("127.0.0.1", port);
     polling.set_read_timeout(60);
+    polling_started.Notify();
     for (;;) {
       auto [status, answer] = post(polling, "/api/v1/retrieve_future", poll);
       last = absl::StrCat(status, " ", answer.dump());
       if (status != 200 || answer.value("type", "") != "try_again") break;
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // A long poll waits up to 30 s: 1 s after the poller starts, its poll
+  // is waiting at the server even on a loaded machine.
+  polling_started.WaitForNotification();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
   poller.join();
   EXPECT_THAT(last, HasSubstr("shutting down"));
