@@ -42,13 +42,13 @@ PoolCheckpointerOptions CheckpointerOptions(const TrainerOptions& options,
   return checkpoints;
 }
 
-// Sessions' files (checkpoints, saved states and adapters) have a writer
-// of their own: a session's call never waits behind a job's checkpoint.
-PoolCheckpointerOptions SessionWriterOptions(const TrainerOptions& options) {
-  PoolCheckpointerOptions writer;
-  writer.root = options.session_checkpoint_root;
-  writer.enabled = !writer.root.empty();
-  return writer;
+SessionSlotsOptions SessionOptions(const TrainerOptions& options) {
+  SessionSlotsOptions sessions;
+  sessions.base_model_name = options.base_model_name;
+  sessions.checkpoint_root = options.session_checkpoint_root;
+  sessions.checkpoint_interval = options.session_checkpoint_interval;
+  sessions.on_checkpoint = options.on_session_checkpoint;
+  return sessions;
 }
 
 SlotPoolOptions PoolOptions(SlotPoolOptions pool, const LlamaModel& model,
@@ -74,14 +74,23 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
                  const TrainerOptions& options, ReportSink sink)
     : model_(std::move(model)),
       options_(options),
-      sink_(std::move(sink)),
       ranks_(options.dist),
       checkpoints_(CheckpointerOptions(options, ranks_.leader())),
-      session_writer_(SessionWriterOptions(options)),
       pool_(model_->config(),
             PoolOptions(options.pool, *model_, ranks_.data_parallel())),
-      jobs_(pool_.capacity()),
-      sessions_(pool_.capacity()),
+      owners_(pool_.capacity()),
+      sessions_(pool_, owners_, SessionOptions(options),
+                [this] {
+                  retiring_ = static_cast<int>(
+                      pool_.SlotsIn(SlotState::kRetiring).size());
+                  PublishSlots();
+                }),
+      sampling_(*model_, options.tokenizer, options.sample_share),
+      reports_(std::move(sink),
+               [this] {
+                 absl::MutexLock lock(&mu_);
+                 wake_.SignalAll();
+               }),
       slots_(pool_.capacity()) {
   if (ranks_.distributed()) {
     sync_ = ranks_.data_parallel()->Sync(pool_);
@@ -93,7 +102,7 @@ Trainer::~Trainer() {
   Stop();
   // Before the members its tasks use go; later commands run inline.
   checkpoints_.Stop();
-  session_writer_.Stop();
+  sessions_.Stop();
 }
 
 void Trainer::Start() {
@@ -236,10 +245,10 @@ void Trainer::Run() {
       break;
     }
   }
-  AbandonSampling(absl::UnavailableError("the server is shutting down"));
-  AbandonSessions(absl::UnavailableError("the server is shutting down"));
+  sampling_.Abandon(absl::UnavailableError("the server is shutting down"));
+  sessions_.Abandon(absl::UnavailableError("the server is shutting down"));
   // Open sessions continue after a restart from here, gradients included.
-  if (!ranks_.Broken()) CheckpointSessions();
+  if (!ranks_.Broken()) sessions_.CheckpointAll();
   // Stopped for good (also after a failure of the ranks): what is queued
   // and what comes later is answered at once, never left waiting.
   std::deque<TrainerCommand> dropped;
@@ -252,7 +261,7 @@ void Trainer::Run() {
     Abandon(command, absl::UnavailableError("the trainer stopped"));
   }
   checkpoints_.Flush();  // Stopping: every checkpoint on disk.
-  session_writer_.Flush();
+  sessions_.Flush();
   ReportWritten();
   if (ranks_.Broken() && options_.on_fatal) options_.on_fatal(ranks_.failure());
 }
@@ -260,11 +269,10 @@ void Trainer::Run() {
 bool Trainer::NextBatch(std::deque<TrainerCommand>& batch) {
   const bool busy = pending_checkpoint_ || !SteppableSlots().empty() ||
                     !pool_.SlotsIn(SlotState::kEvaluating).empty() ||
-                    !sampling_.empty() || SessionWorkPending();
+                    sampling_.busy() || sessions_.pending();
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || busy || !commands_.empty() || !written_.empty() ||
-           groups_done_ != groups_written_;
+    return stop_ || busy || !commands_.empty() || reports_.pending();
   };
   if (const auto heartbeat = ranks_.HeartbeatInterval()) {
     // An idle rank 0 sends the others an empty plan now and then.
@@ -284,9 +292,7 @@ StepPlan Trainer::PlanOf(const std::deque<TrainerCommand>& batch,
   StepPlan plan;
   plan.stop = stopping;
   plan.checkpoint = pending_checkpoint_;
-  for (int slot = 0; slot < pool_.capacity(); ++slot) {
-    if (jobs_[slot]) plan.active[slot] = HeldSlot(slot);
-  }
+  for (int slot : owners_.JobSlots()) plan.active[slot] = HeldSlot(slot);
   for (const TrainerCommand& command : batch) {
     // Exports and attaches that failed on rank 0 are rank 0's alone.
     if (std::optional<StepPlan::Entry> entry = PlanEntryOf(command)) {
@@ -327,11 +333,11 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
   }
   if (ranks_.Broken()) return false;
   for (int slot : pool_.SlotsIn(SlotState::kEvaluating)) {
-    if (jobs_[slot]) EvaluateOnly(slot);
+    if (owners_.job(slot)) EvaluateOnly(slot);
   }
   if (ranks_.Broken()) return false;
   const auto train_start = std::chrono::steady_clock::now();
-  std::vector<PassCall> calls = TakeSessionCalls();
+  std::vector<SessionCall> calls = sessions_.TakeCalls();
   const bool trained = !SteppableSlots().empty() || !calls.empty();
   const std::vector<int> stepped = TrainStep(calls);
   const double train_seconds =
@@ -346,14 +352,25 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
     stats_.last_step_seconds = train_seconds;
   }
   pending_checkpoint_ = CheckpointDue(stepped);
-  if (!ranks_.Broken()) RunSampling(train_seconds);
+  if (!ranks_.Broken()) {
+    // Data parallel, rank 0 still plans within half a heartbeat, so the
+    // other ranks never take it for dead.
+    std::optional<double> limit;
+    if (const auto heartbeat = ranks_.HeartbeatInterval()) {
+      limit = 0.5 * std::chrono::duration<double>(*heartbeat).count();
+    }
+    sampling_.Run(train_seconds, limit, [this] {
+      absl::MutexLock lock(&mu_);
+      return stop_ || !commands_.empty();
+    });
+  }
   PublishSlots();
   return !ranks_.Broken();
 }
 
 StepPlan::Active Trainer::HeldSlot(int slot) const {
   StepPlan::Active held;
-  held.job_id = jobs_[slot]->job_id;
+  held.job_id = owners_.job(slot)->job_id;
   if (pool_.state(slot) != SlotState::kFree) {
     const TrainingSlot& training = pool_.slot(slot);
     held.step = training.counters.steps;
@@ -363,10 +380,10 @@ StepPlan::Active Trainer::HeldSlot(int slot) const {
 }
 
 void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
-  for (int slot = 0; slot < pool_.capacity(); ++slot) {
+  for (int slot : owners_.JobSlots()) {
     auto held = active.find(slot);
-    if (jobs_[slot] &&
-        (held == active.end() || held->second.job_id != jobs_[slot]->job_id)) {
+    if (held == active.end() ||
+        held->second.job_id != owners_.job(slot)->job_id) {
       RetireSlot(slot).IgnoreError();
     }
   }
@@ -378,7 +395,7 @@ void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
                        " has ", pool_.capacity(), " slots")));
       continue;
     }
-    if (!jobs_[slot]) {
+    if (!owners_.job(slot)) {
       ranks_.Fail(absl::InternalError(
           absl::StrCat("rank ", ranks_.rank(), " holds no job in slot ", slot,
                        " where rank 0 holds job ", expected.job_id)));
@@ -407,10 +424,7 @@ void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
 }
 
 int Trainer::SlotOf(const std::string& job_id) const {
-  for (int i = 0; i < pool_.capacity(); ++i) {
-    if (jobs_[i] && jobs_[i]->job_id == job_id) return i;
-  }
-  return -1;
+  return owners_.SlotOfJob(job_id);
 }
 
 void Trainer::Apply(PauseJob& command) {
@@ -423,7 +437,7 @@ void Trainer::Apply(PauseJob& command) {
     report.status = absl::FailedPreconditionError(
         absl::StrCat("job \"", command.job_id, "\" is not training in a slot"));
   } else {
-    jobs_[slot]->held = false;  // Trains on if the pause fails.
+    owners_.job(slot)->held = false;  // Trains on if the pause fails.
     // Every rank takes part in the checkpoint; a fault only fails the
     // pause (the ranks agree on it below).
     const absl::Status fault = TestFault(TestFaultPoint::kPauseCheckpoint,
@@ -477,7 +491,7 @@ void Trainer::Apply(RetireJob& command) {
 std::vector<int> Trainer::TrainableSlots() const {
   std::vector<int> ids;
   for (int slot : pool_.SlotsIn(SlotState::kTraining)) {
-    if (jobs_[slot]) ids.push_back(slot);
+    if (owners_.job(slot)) ids.push_back(slot);
   }
   return ids;
 }
@@ -485,7 +499,7 @@ std::vector<int> Trainer::TrainableSlots() const {
 std::vector<int> Trainer::SteppableSlots() const {
   std::vector<int> ids;
   for (int slot : TrainableSlots()) {
-    if (!jobs_[slot]->held) ids.push_back(slot);
+    if (!owners_.job(slot)->held) ids.push_back(slot);
   }
   return ids;
 }
@@ -496,9 +510,9 @@ absl::Status Trainer::RetireSlot(int slot) {
   // Whether or not zeroing worked, the job has left its slot (a failed
   // retire leaves the slot kRetiring, holding no job). Resumed later, the
   // job continues from its newest checkpoint.
-  if (jobs_[slot]) {
-    checkpoints_.Forget(jobs_[slot]->job_id);
-    jobs_[slot].reset();
+  if (const SlotJob* job = owners_.job(slot)) {
+    checkpoints_.Forget(job->job_id);
+    owners_.Release(slot);
   }
   if (!status.ok()) {
     ranks_.FailIfDistributed(absl::InternalError(absl::StrCat(
@@ -511,20 +525,20 @@ absl::Status Trainer::RetireSlot(int slot) {
   return status;
 }
 
-std::vector<int> Trainer::TrainStep(std::vector<PassCall>& calls) {
+std::vector<int> Trainer::TrainStep(std::vector<SessionCall>& calls) {
   const std::vector<int> ids = SteppableSlots();
   std::vector<int> stepped;
   if (ids.empty() && calls.empty()) return stepped;
   std::vector<TrainingSlot*> slots;
   for (int slot : ids) slots.push_back(&pool_.slot(slot));
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<ForwardBackwardCall> pass = PassCallsOf(calls);
+  const std::vector<ForwardBackwardCall> pass = sessions_.PassOf(calls);
   absl::StatusOr<CoBatchResult> together = CatchTorch("training step", [&] {
     return RunCoBatchPass(*model_, slots, pass, options_.co_batch);
   });
   std::vector<absl::StatusOr<SlotStepMetrics>> outcomes;
   if (together.ok()) {
-    AnswerCalls(calls, std::move(together->calls));
+    sessions_.Answer(calls, std::move(together->calls));
     for (SlotStepMetrics& metrics : together->slots) {
       outcomes.push_back(std::move(metrics));
     }
@@ -543,12 +557,12 @@ std::vector<int> Trainer::TrainStep(std::vector<PassCall>& calls) {
       absl::StatusOr<CoBatchResult> alone = CatchTorch("forward/backward", [&] {
         return RunCoBatchPass(*model_, {}, {pass[i]}, options_.co_batch);
       });
-      std::vector<PassCall> one;
+      std::vector<SessionCall> one;
       one.push_back(std::move(calls[i]));
-      AnswerCalls(one, alone.ok()
-                           ? absl::StatusOr<std::vector<ForwardBackwardOutput>>(
-                                 std::move(alone->calls))
-                           : alone.status());
+      sessions_.Answer(
+          one, alone.ok() ? absl::StatusOr<std::vector<ForwardBackwardOutput>>(
+                                std::move(alone->calls))
+                          : alone.status());
     }
   }
   if (ids.empty()) return stepped;
@@ -573,7 +587,7 @@ std::vector<int> Trainer::TrainStep(std::vector<PassCall>& calls) {
       FinishJob(slot, absl::InternalError(outcomes[i]->failure));
       continue;
     }
-    SlotJob& job = *jobs_[slot];
+    SlotJob& job = *owners_.job(slot);
     const TrainingSlot& training = pool_.slot(slot);
     const SlotStepMetrics& step = *outcomes[i];
     job.tokens += step.tokens;
@@ -646,7 +660,7 @@ void Trainer::StepInParts(
 
 TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,
                                       int slot) const {
-  const SlotJob& job = *jobs_[slot];
+  const SlotJob& job = *owners_.job(slot);
   const TrainingSlot& training = pool_.slot(slot);
   TrainerReport report;
   report.kind = kind;
@@ -665,22 +679,23 @@ void Trainer::PublishSlots() {
     if (pool_.state(i) == SlotState::kFree) continue;
     SlotInfo& info = slots[i];
     info.attached = true;
-    if (sessions_[i]) {
+    if (const SlotSession* session = owners_.session(i)) {
       const TrainingSlot& training = pool_.slot(i);
-      info.session_id = sessions_[i]->session_id;
-      info.tenant = sessions_[i]->tenant;
+      info.session_id = session->session_id;
+      info.tenant = session->tenant;
       info.rank = training.weights.config().rank;
-      info.family = sessions_[i]->family;
+      info.family = session->family;
       info.step = training.counters.steps;
       if (training.optimizer) info.lr = training.optimizer->lr();
       continue;
     }
-    if (!jobs_[i]) continue;  // kRetiring: taken, by no job.
+    const SlotJob* job = owners_.job(i);
+    if (job == nullptr) continue;  // kRetiring: taken, by no one.
     const TrainingSlot& training = pool_.slot(i);
-    info.job_id = jobs_[i]->job_id;
-    info.tenant = jobs_[i]->tenant;
+    info.job_id = job->job_id;
+    info.tenant = job->tenant;
     info.rank = training.weights.config().rank;
-    info.family = jobs_[i]->family;
+    info.family = job->family;
     info.step = training.counters.steps;
     info.total_steps = training.total_steps;
     if (training.scheduler) info.lr = training.scheduler->lr();

@@ -36,10 +36,15 @@
 // and writes files and reports. RankCoordinator (rank_coordinator.h) is the
 // one place that knows which of these roles a process has.
 //
-// The parts: this loop (trainer.cc), the commands it applies
-// (trainer_commands.h; a new command is one type there and one Apply
-// overload here), attaching jobs (trainer_attach.cc), finishing and
-// exporting them (trainer_finish.cc), checkpointing slots and reporting
+// The parts: this loop (trainer.cc: collect the commands, plan the
+// iteration, apply them, run the co-batched pass, sample, publish), the
+// commands it applies (trainer_commands.h; a new command is one type there,
+// one Apply overload here and the file that implements it), who holds
+// each slot (slot_owners.h), attaching jobs (trainer_attach.cc), finishing
+// and exporting them (trainer_finish.cc), training sessions
+// (session_slots.h, with their own writer), the sampling runner
+// (sampling_runner.h), the report gate that holds reports behind pool
+// checkpoints being written (report_gate.h), checkpointing slots
 // (trainer_reports.cc), the checkpoint policy and its writer thread
 // (pool_checkpointer.h) and the ranks (rank_coordinator.h).
 #ifndef LORAPLEX_SERVER_TRAINER_TRAINER_H_
@@ -69,6 +74,10 @@
 #include "server/checkpoints/pool_checkpointer.h"
 #include "server/jobs/job_trainer.h"
 #include "server/trainer/rank_coordinator.h"
+#include "server/trainer/report_gate.h"
+#include "server/trainer/sampling_runner.h"
+#include "server/trainer/session_slots.h"
+#include "server/trainer/slot_owners.h"
 #include "server/trainer/step_plan.h"
 #include "server/trainer/trainer_commands.h"
 
@@ -161,48 +170,6 @@ class Trainer : public JobTrainer {
   const ModelConfig& model_config() const { return model_->config(); }
 
  private:
-  // What the trainer remembers about the job in a slot, beyond the slot.
-  struct SlotJob {
-    std::string job_id;
-    std::string tenant;
-    std::string family;
-    std::shared_ptr<const SequenceSet> validation;
-    std::string final_adapter_dir;
-    int64_t eval_interval = 0;
-    int64_t checkpoint_interval = 0;
-    nlohmann::json job_spec;
-    std::optional<CheckpointMetrics> last_metrics;
-    int64_t tokens = 0;
-    double tokens_per_second = 0.0;
-    std::optional<double> validation_loss;
-    // Test only (--test-faults=hold:...): not stepped until a command
-    // naming the job (pause, retire, export) is applied.
-    bool held = false;
-  };
-
-  // What the trainer remembers about the training session in a slot
-  // (trainer_sessions.cc).
-  struct SlotSession {
-    std::string session_id;
-    std::string tenant;
-    std::string family;
-    uint64_t seed = 0;
-    int64_t calls = 0;   // Forward/backward calls so far (dropout seeds).
-    int64_t seq_id = 0;  // The last of the client's operations applied.
-    int64_t checkpointed_seq_id = -1;  // Of the newest checkpoint queued.
-    // The seq_id of a checkpoint whose write failed (the writer's thread
-    // sets it): taken again at the next chance.
-    std::shared_ptr<std::atomic<int64_t>> failed_seq_id =
-        std::make_shared<std::atomic<int64_t>>(-1);
-    std::deque<SessionOp> ops;  // Waiting, in the session's order.
-  };
-  // A session's forward/backward call taken into an iteration's pass.
-  struct PassCall {
-    int slot = -1;
-    SessionOp op;
-    uint64_t dropout_seed = 0;
-  };
-
   void Run();
   // Rank 0: waits for commands (or, data parallel, a heartbeat's time) and
   // takes them; false when stopping.
@@ -217,13 +184,10 @@ class Trainer : public JobTrainer {
   // Followers: frees the slots whose jobs rank 0 no longer has, and checks
   // the others are where rank 0's are (else the ranks are broken).
   void FollowActive(const std::map<int, StepPlan::Active>& active);
-  // Hands the report to the sink (rank 0, ranks not broken). While a pool
-  // checkpoint is being written, reports wait (in order) until it is on
-  // disk: once a step is reported, the pool's checkpoint before it is
-  // durable, as when checkpoints were written on this thread.
+  // Hands the report to the sink (rank 0, ranks not broken) through the
+  // report gate: while a pool checkpoint is being written, reports wait (in
+  // order) until it is on disk.
   void Report(TrainerReport report);
-  // Report's delivery, in order behind the held reports.
-  void Deliver(TrainerReport report);
   void Enqueue(std::vector<TrainerCommand> commands);
   // Applies attaches that go back to a slot (their checkpoint's) before
   // the other attaches next to them.
@@ -251,46 +215,6 @@ class Trainer : public JobTrainer {
   void Apply(OpenSessionJob& command);
   void Apply(SessionWork& command);
 
-  // Sessions (trainer_sessions.cc). The slot holding the session, or -1.
-  int SessionSlotOf(const std::string& session_id) const;
-  bool SessionWorkPending() const;
-  // Applies each session's waiting operations in order up to its next
-  // forward/backward call, and returns those calls for this iteration's
-  // pass.
-  std::vector<PassCall> TakeSessionCalls();
-  void ApplySessionOp(int slot, SessionOp op);
-  // Answers every session operation still waiting with `status`.
-  void AbandonSessions(const absl::Status& status);
-  // Writes the session's checkpoint (off this thread), with its gradients
-  // when `gradients`, then runs `then` there (written or not).
-  void CheckpointSession(int slot, bool gradients,
-                         std::function<void()> then = nullptr);
-  // At Stop(): every open session's checkpoint, gradients included.
-  void CheckpointSessions();
-  // The pass's forward/backward calls as the co-batched step takes them.
-  std::vector<ForwardBackwardCall> PassCallsOf(std::vector<PassCall>& calls);
-  // Answers the calls from the pass's outputs, or with its error.
-  void AnswerCalls(std::vector<PassCall>& calls,
-                   absl::StatusOr<std::vector<ForwardBackwardOutput>> outputs);
-
-  // Sampling (trainer_sampling.cc). The requests applied at one step
-  // boundary decode together, as one group.
-  struct SamplingGroup {
-    std::vector<SampleJob> jobs;
-    std::unique_ptr<BatchGenerator> generator;
-  };
-  // Starts the group of the requests applied this iteration (each alone
-  // if they fail together).
-  void StartSampling();
-  // Starts decoding `jobs` together; on failure a single job is answered,
-  // several go back to sample_arrivals_.
-  absl::Status StartGroup(std::vector<SampleJob> jobs);
-  // Decode steps for every group, for the time share of a training step
-  // that took `train_seconds` (nothing trained: until every group is done
-  // or a command waits); answers the requests of groups that finish.
-  void RunSampling(double train_seconds);
-  // Answers every request still decoding with `status`.
-  void AbandonSampling(const absl::Status& status);
   std::vector<int> TrainableSlots() const;
   // TrainableSlots() less those a test hold keeps from stepping (they are
   // still checkpointed with the pool).
@@ -303,7 +227,7 @@ class Trainer : public JobTrainer {
   void FreeSlot(int slot, const std::string& job_id);
   // Trains the jobs' step together with the sessions' `calls` (answered
   // here); returns the slots that trained a step and are still attached.
-  std::vector<int> TrainStep(std::vector<PassCall>& calls);
+  std::vector<int> TrainStep(std::vector<SessionCall>& calls);
   // The jobs' step of `slots` (outcomes[i] for slots[i]) after the step of
   // all of them failed leaving them as they were: tried in halves, and
   // halves of the halves that fail, so only the slots that fail alone fail
@@ -340,10 +264,8 @@ class Trainer : public JobTrainer {
   // `status` is not OK). Any thread.
   void CountCheckpoint(std::chrono::steady_clock::time_point start,
                        const absl::Status& status);
-  // Writer thread: queues a report of what it wrote for ReportWritten.
-  void ReportLater(TrainerReport report);
   // Reports what the writer has finished, and the reports that waited for
-  // the pool checkpoints now written.
+  // the pool checkpoints now written (reports_.Flush).
   void ReportWritten();
   // Waits until the job's queued checkpoints and export are written, then
   // ReportWritten().
@@ -355,26 +277,17 @@ class Trainer : public JobTrainer {
 
   std::unique_ptr<LlamaModel> model_;
   TrainerOptions options_;
-  ReportSink sink_;
   RankCoordinator ranks_;
   PoolCheckpointer checkpoints_;
-  // Writes sessions' checkpoints, saved states and adapters (their own
-  // thread; <session_checkpoint_root> is its root).
-  PoolCheckpointer session_writer_;
   SlotPool pool_;  // Trainer thread only.
   StepSync sync_;  // Data parallel.
   // Rank 0: the last step was a checkpoint step of some job; the pool is
   // checkpointed at the start of the next iteration, on every rank.
   bool pending_checkpoint_ = false;
-  std::vector<std::unique_ptr<SlotJob>> jobs_;  // Per slot; trainer only.
-  std::vector<std::unique_ptr<SlotSession>> sessions_;    // Per slot, as jobs_.
-  std::vector<SampleJob> sample_arrivals_;                // Trainer only.
-  std::vector<std::unique_ptr<SamplingGroup>> sampling_;  // Trainer only.
-  // Pool checkpoints queued, and those known written; reports made after
-  // the n-th was queued wait in held_ until it is written.
-  int64_t groups_queued_ = 0;
-  int64_t groups_written_ = 0;
-  std::deque<std::pair<int64_t, TrainerReport>> held_;
+  SlotOwners owners_;        // Trainer only.
+  SessionSlots sessions_;    // Trainer only.
+  SamplingRunner sampling_;  // Trainer only.
+  ReportGate reports_;
   // Slots kRetiring (read by other threads through capacity()).
   std::atomic<int> retiring_{0};
 
@@ -387,10 +300,6 @@ class Trainer : public JobTrainer {
   // Batches of commands on their way through the checkpoint writer
   // (Enqueue): while any is, later commands follow them there.
   int64_t via_writer_ ABSL_GUARDED_BY(mu_) = 0;
-  // Reports of what the writer wrote (checkpoints, a job's end after its
-  // export) and the count of written pool checkpoints (writer thread).
-  std::vector<TrainerReport> written_ ABSL_GUARDED_BY(mu_);
-  int64_t groups_done_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<SlotInfo> slots_ ABSL_GUARDED_BY(mu_);  // Published snapshot.
   TrainerStats stats_ ABSL_GUARDED_BY(mu_);

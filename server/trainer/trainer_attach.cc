@@ -132,9 +132,9 @@ absl::StatusOr<int> Trainer::AgreeOnAttach(absl::StatusOr<int> slot) {
 }
 
 void Trainer::FreeSlot(int slot, const std::string& job_id) {
-  auto job = std::make_unique<SlotJob>();
-  job->job_id = job_id;
-  jobs_[slot] = std::move(job);
+  SlotJob placeholder;
+  placeholder.job_id = job_id;
+  owners_.Hold(slot, std::move(placeholder));
   RetireSlot(slot).IgnoreError();  // kRetiring on error.
 }
 
@@ -159,25 +159,25 @@ void Trainer::Apply(AttachJob& command) {
   slot = AgreeOnAttach(std::move(slot));
   if (ranks_.Broken()) return;
   if (slot.ok()) {
-    auto job = std::make_unique<SlotJob>();
-    job->job_id = attach.job_id;
-    job->tenant = attach.tenant;
-    job->validation = std::move(attach.validation);
-    job->final_adapter_dir = attach.final_adapter_dir;
-    job->eval_interval = command.request.training.eval_interval;
-    job->checkpoint_interval =
+    SlotJob job;
+    job.job_id = attach.job_id;
+    job.tenant = attach.tenant;
+    job.validation = std::move(attach.validation);
+    job.final_adapter_dir = attach.final_adapter_dir;
+    job.eval_interval = command.request.training.eval_interval;
+    job.checkpoint_interval =
         checkpoints_.IntervalFor(command.request.training.checkpoint_interval);
-    job->job_spec = std::move(attach.job_spec);
-    job->tokens = tokens.value_or(0);
+    job.job_spec = std::move(attach.job_spec);
+    job.tokens = tokens.value_or(0);
     if (command.request.data != nullptr) {
-      job->family =
+      job.family =
           std::string(OptimizerFamilyName(command.request.optimizer.family));
     }
-    jobs_[*slot] = std::move(job);
+    report.tokens = job.tokens;
+    owners_.Hold(*slot, std::move(job));
     report.slot = *slot;
     report.total_steps = pool_.slot(*slot).total_steps;
     report.step = pool_.slot(*slot).counters.steps;
-    report.tokens = jobs_[*slot]->tokens;
     if (command.restore) report.resumed_step = command.restore->step();
   } else {
     report.status = slot.status();

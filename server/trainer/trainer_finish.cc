@@ -23,7 +23,7 @@ void Trainer::Apply(ExportJob& command) {
         absl::StrCat("job \"", command.job_id, "\" is not in a slot")));
     return;
   }
-  jobs_[slot]->held = false;  // Test hold: an export releases it.
+  owners_.job(slot)->held = false;  // Test hold: an export releases it.
   ExportSlot(slot, command.dir, std::exchange(command.done, nullptr));
 }
 
@@ -37,7 +37,7 @@ void Trainer::EvaluateOnly(int slot) {
 }
 
 absl::StatusOr<double> Trainer::Validate(int slot) {
-  SlotJob& job = *jobs_[slot];
+  SlotJob& job = *owners_.job(slot);
   if (!job.validation) {
     return absl::FailedPreconditionError("the job has no validation data");
   }
@@ -56,7 +56,7 @@ void Trainer::FinishJob(int slot, absl::Status status) {
     RetireSlot(slot).IgnoreError();
     return;
   }
-  SlotJob& job = *jobs_[slot];
+  SlotJob& job = *owners_.job(slot);
   if (status.ok() && pool_.state(slot) != SlotState::kEvaluating &&
       job.validation) {
     status = Validate(slot).status();
@@ -71,7 +71,7 @@ void Trainer::FinishJob(int slot, absl::Status status) {
     ExportSlot(slot, job.final_adapter_dir,
                [this, report](absl::Status written) mutable {
                  report.status = written;
-                 ReportLater(std::move(report));
+                 reports_.Written(std::move(report));
                });
   }
   // The job's outcome stands even if zeroing its slot fails; the slot is
@@ -97,7 +97,7 @@ void Trainer::ExportSlot(int slot, const std::string& dir,
   std::map<std::string, std::string> named;
   named[kPeftWeightsFile] = std::move(files->weights);
   named[kPeftConfigFile] = std::move(files->config);
-  checkpoints_.WriteDirectory(jobs_[slot]->job_id, dir, std::move(named),
+  checkpoints_.WriteDirectory(owners_.job(slot)->job_id, dir, std::move(named),
                               std::move(done));
 }
 

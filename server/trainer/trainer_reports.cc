@@ -1,6 +1,6 @@
 // The trainer's checkpoints and its reports (trainer.h): when the pool is
-// due one, encoding each slot's checkpoint for the checkpoint writer, and
-// reporting in order, holding reports while a pool checkpoint is written.
+// due one, encoding each slot's checkpoint for the checkpoint writer; the
+// reports go through the report gate (report_gate.h).
 #include <chrono>
 #include <map>
 #include <memory>
@@ -17,21 +17,13 @@ namespace loraplex {
 
 void Trainer::Report(TrainerReport report) {
   if (!ranks_.leader() || ranks_.Broken()) return;
-  Deliver(std::move(report));
-}
-
-void Trainer::Deliver(TrainerReport report) {
-  if (held_.empty() && groups_written_ == groups_queued_) {
-    sink_(std::move(report));
-    return;
-  }
-  held_.emplace_back(groups_queued_, std::move(report));
+  reports_.Report(std::move(report));
 }
 
 bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
   if (!checkpoints_.enabled()) return false;
   for (int slot : stepped) {
-    const int64_t interval = jobs_[slot]->checkpoint_interval;
+    const int64_t interval = owners_.job(slot)->checkpoint_interval;
     if (interval > 0 && pool_.slot(slot).counters.steps % interval == 0) {
       return true;
     }
@@ -42,26 +34,20 @@ bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
 void Trainer::CheckpointPool() {
   if (!checkpoints_.enabled()) return;
   std::vector<std::string> held;
-  for (const auto& job : jobs_) {
-    if (job) held.push_back(job->job_id);
+  for (int slot : owners_.JobSlots()) {
+    held.push_back(owners_.job(slot)->job_id);
   }
   std::map<std::string, int64_t> queued;
   for (int slot : TrainableSlots()) {
     // On other ranks: takes part in gathering the optimizer states.
     if (CheckpointSlot(slot, /*wait=*/false).ok()) {
-      queued[jobs_[slot]->job_id] = pool_.slot(slot).counters.steps;
+      queued[owners_.job(slot)->job_id] = pool_.slot(slot).counters.steps;
     }
   }
   // Recorded once the checkpoints queued before it are written.
   if (ranks_.leader()) {
-    ++groups_queued_;
-    checkpoints_.RecordGroup(std::move(held), std::move(queued), [this] {
-      {
-        absl::MutexLock lock(&mu_);
-        ++groups_done_;
-      }
-      wake_.SignalAll();
-    });
+    checkpoints_.RecordGroup(std::move(held), std::move(queued),
+                             reports_.QueueGroup());
   }
 }
 
@@ -77,7 +63,7 @@ absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
   // It may have failed before its collective, which the others are in.
   if (!state.ok()) ranks_.FailIfDistributed(state.status());
   if (!ranks_.leader()) return state.status();
-  const SlotJob& job = *jobs_[slot];
+  const SlotJob& job = *owners_.job(slot);
   CheckpointInfo info;
   info.job_id = job.job_id;
   info.time_ms = NowMillis();
@@ -113,7 +99,7 @@ absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
                        CountCheckpoint(start, status);
                        report.status = status;
                        outcome->status = status;
-                       ReportLater(std::move(report));
+                       reports_.Written(std::move(report));
                        outcome->written.Notify();
                      });
   if (!wait) return absl::OkStatus();
@@ -137,38 +123,8 @@ void Trainer::CountCheckpoint(std::chrono::steady_clock::time_point start,
   stats_.last_checkpoint_seconds = seconds;
 }
 
-void Trainer::ReportLater(TrainerReport report) {
-  {
-    absl::MutexLock lock(&mu_);
-    written_.push_back(std::move(report));
-  }
-  wake_.SignalAll();
-}
+void Trainer::ReportWritten() { reports_.Flush(ranks_.leader()); }
 
-void Trainer::ReportWritten() {
-  std::vector<TrainerReport> written;
-  {
-    absl::MutexLock lock(&mu_);
-    written.swap(written_);
-    groups_written_ = groups_done_;
-  }
-  // What was reported while the ranks were sound is delivered even if they
-  // broke since.
-  if (!ranks_.leader()) return;
-  while (!held_.empty() && held_.front().first <= groups_written_) {
-    sink_(std::move(held_.front().second));
-    held_.pop_front();
-  }
-  for (TrainerReport& report : written) {
-    // Checkpoints are reported as soon as they are written; anything else
-    // (a job's end) after the reports before it.
-    if (report.kind == TrainerReport::Kind::kCheckpoint) {
-      sink_(std::move(report));
-    } else {
-      Deliver(std::move(report));
-    }
-  }
-}
 void Trainer::ReportWrittenFor(const std::string& job_id) {
   checkpoints_.WaitForJob(job_id);
   ReportWritten();
