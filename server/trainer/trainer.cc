@@ -30,16 +30,17 @@ SlotAttachRequest AttachRequestOf(const AttachCommand& command) {
   return request;
 }
 
-PoolCheckpointerOptions CheckpointerOptions(const TrainerOptions& options,
-                                            bool leader) {
-  PoolCheckpointerOptions checkpoints;
+JobSlotsOptions JobOptions(const TrainerOptions& options, bool leader) {
+  JobSlotsOptions jobs;
+  jobs.base_model_name = options.base_model_name;
+  PoolCheckpointerOptions& checkpoints = jobs.checkpoints;
   checkpoints.root = options.checkpoint_root;
   checkpoints.interval = options.checkpoint_interval;
   checkpoints.keep = options.keep_checkpoints;
   checkpoints.base_model_name = options.base_model_name;
   checkpoints.enabled =
       leader ? !options.checkpoint_root.empty() : options.leader_checkpoints;
-  return checkpoints;
+  return jobs;
 }
 
 SessionSlotsOptions SessionOptions(const TrainerOptions& options) {
@@ -58,16 +59,6 @@ SlotPoolOptions PoolOptions(SlotPoolOptions pool, const LlamaModel& model,
   return pool;
 }
 
-// A report about `job_id`, which `slot` holds (-1: none).
-TrainerReport JobReport(TrainerReport::Kind kind, const std::string& job_id,
-                        int slot) {
-  TrainerReport report;
-  report.kind = kind;
-  report.job_id = job_id;
-  report.slot = slot;
-  return report;
-}
-
 }  // namespace
 
 Trainer::Trainer(std::unique_ptr<LlamaModel> model,
@@ -75,22 +66,19 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
     : model_(std::move(model)),
       options_(options),
       ranks_(options.dist),
-      checkpoints_(CheckpointerOptions(options, ranks_.leader())),
       pool_(model_->config(),
             PoolOptions(options.pool, *model_, ranks_.data_parallel())),
       owners_(pool_.capacity()),
-      sessions_(pool_, owners_, SessionOptions(options),
-                [this] {
-                  retiring_ = static_cast<int>(
-                      pool_.SlotsIn(SlotState::kRetiring).size());
-                  PublishSlots();
-                }),
-      sampling_(*model_, options.tokenizer, options.sample_share),
       reports_(std::move(sink),
                [this] {
                  absl::MutexLock lock(&mu_);
                  wake_.SignalAll();
                }),
+      jobs_(*model_, pool_, owners_, ranks_, reports_, options_.co_batch,
+            JobOptions(options, ranks_.leader()), [this] { SlotsChanged(); }),
+      sessions_(pool_, owners_, SessionOptions(options),
+                [this] { SlotsChanged(); }),
+      sampling_(*model_, options.tokenizer, options.sample_share),
       slots_(pool_.capacity()) {
   if (ranks_.distributed()) {
     sync_ = ranks_.data_parallel()->Sync(pool_);
@@ -101,14 +89,14 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
 Trainer::~Trainer() {
   Stop();
   // Before the members its tasks use go; later commands run inline.
-  checkpoints_.Stop();
+  jobs_.checkpoints().Stop();
   sessions_.Stop();
 }
 
 void Trainer::Start() {
   absl::MutexLock lock(&mu_);
   if (thread_.joinable() || stop_ || !ranks_.leader()) return;
-  checkpoints_.LoadGroup();
+  jobs_.checkpoints().LoadGroup();
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -160,7 +148,7 @@ void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
   }
   auto queued =
       std::make_shared<std::vector<TrainerCommand>>(std::move(commands));
-  checkpoints_.Post([this, queued] {
+  jobs_.checkpoints().Post([this, queued] {
     for (TrainerCommand& command : *queued) {
       std::visit([this](auto& c) { ReadFiles(c); }, command);
     }
@@ -225,15 +213,38 @@ std::vector<SlotInfo> Trainer::Slots() const {
 }
 
 TrainerStats Trainer::Stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
+  TrainerStats stats;
+  {
+    absl::MutexLock lock(&mu_);
+    stats = stats_;
+  }
+  jobs_.AddStats(stats);
+  return stats;
+}
+
+bool Trainer::ReadsFiles(const TrainerCommand& command) {
+  return std::holds_alternative<AttachJob>(command);
+}
+
+void Trainer::ReadFiles(AttachJob& command) { jobs_.ReadFiles(command); }
+void Trainer::Prepare(AttachJob& command) { jobs_.Prepare(command); }
+void Trainer::Apply(AttachJob& command) { jobs_.Attach(command); }
+void Trainer::Apply(RetireJob& command) { jobs_.Retire(command); }
+void Trainer::Apply(PauseJob& command) { jobs_.Pause(command); }
+void Trainer::Apply(ExportJob& command) { jobs_.Export(command); }
+
+void Trainer::ReportWritten() { reports_.Flush(ranks_.leader()); }
+
+void Trainer::SlotsChanged() {
+  retiring_ = static_cast<int>(pool_.SlotsIn(SlotState::kRetiring).size());
+  PublishSlots();
 }
 
 void Trainer::Run() {
   for (;;) {
     std::deque<TrainerCommand> batch;
     const bool stopping = !NextBatch(batch);
-    OrderAttaches(batch);
+    jobs_.OrderAttaches(batch);
     for (TrainerCommand& command : batch) {
       std::visit([this](auto& c) { Prepare(c); }, command);
     }
@@ -260,14 +271,14 @@ void Trainer::Run() {
   for (TrainerCommand& command : dropped) {
     Abandon(command, absl::UnavailableError("the trainer stopped"));
   }
-  checkpoints_.Flush();  // Stopping: every checkpoint on disk.
+  jobs_.checkpoints().Flush();  // Stopping: every checkpoint on disk.
   sessions_.Flush();
   ReportWritten();
   if (ranks_.Broken() && options_.on_fatal) options_.on_fatal(ranks_.failure());
 }
 
 bool Trainer::NextBatch(std::deque<TrainerCommand>& batch) {
-  const bool busy = pending_checkpoint_ || !SteppableSlots().empty() ||
+  const bool busy = pending_checkpoint_ || !jobs_.Steppable().empty() ||
                     !pool_.SlotsIn(SlotState::kEvaluating).empty() ||
                     sampling_.busy() || sessions_.pending();
   absl::MutexLock lock(&mu_);
@@ -292,7 +303,7 @@ StepPlan Trainer::PlanOf(const std::deque<TrainerCommand>& batch,
   StepPlan plan;
   plan.stop = stopping;
   plan.checkpoint = pending_checkpoint_;
-  for (int slot : owners_.JobSlots()) plan.active[slot] = HeldSlot(slot);
+  for (int slot : owners_.JobSlots()) plan.active[slot] = jobs_.Held(slot);
   for (const TrainerCommand& command : batch) {
     // Exports and attaches that failed on rank 0 are rank 0's alone.
     if (std::optional<StepPlan::Entry> entry = PlanEntryOf(command)) {
@@ -305,7 +316,7 @@ StepPlan Trainer::PlanOf(const std::deque<TrainerCommand>& batch,
 absl::Status Trainer::Follow() {
   for (;;) {
     LORAPLEX_ASSIGN_OR_RETURN(StepPlan plan, ranks_.ReceivePlan());
-    FollowActive(plan.active);
+    jobs_.FollowActive(plan.active);
     std::deque<TrainerCommand> batch;
     for (StepPlan::Entry& entry : plan.entries) {
       batch.push_back(CommandOf(std::move(entry)));
@@ -321,24 +332,20 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
   ReportWritten();
   // When stopping, every job that trains keeps its progress across the
   // restart.
-  if (checkpoint || stopping) CheckpointPool();
+  if (checkpoint || stopping) jobs_.CheckpointPool();
   if (stopping || ranks_.Broken()) return false;
   // A rank that broke stops at once: its pool may differ from the others'.
   for (TrainerCommand& command : batch) {
     std::visit([this](auto& c) { Apply(c); }, command);
     if (ranks_.Broken()) return false;
   }
-  for (int slot : pool_.SlotsIn(SlotState::kRetiring)) {
-    RetireSlot(slot).IgnoreError();  // Still kRetiring on error.
-  }
+  jobs_.RetryRetires();
   if (ranks_.Broken()) return false;
-  for (int slot : pool_.SlotsIn(SlotState::kEvaluating)) {
-    if (owners_.job(slot)) EvaluateOnly(slot);
-  }
+  jobs_.EvaluateWaiting();
   if (ranks_.Broken()) return false;
   const auto train_start = std::chrono::steady_clock::now();
   std::vector<SessionCall> calls = sessions_.TakeCalls();
-  const bool trained = !SteppableSlots().empty() || !calls.empty();
+  const bool trained = !jobs_.Steppable().empty() || !calls.empty();
   const std::vector<int> stepped = TrainStep(calls);
   const double train_seconds =
       !trained ? 0.0
@@ -351,7 +358,7 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
     stats_.step_seconds += train_seconds;
     stats_.last_step_seconds = train_seconds;
   }
-  pending_checkpoint_ = CheckpointDue(stepped);
+  pending_checkpoint_ = jobs_.CheckpointDue(stepped);
   if (!ranks_.Broken()) {
     // Data parallel, rank 0 still plans within half a heartbeat, so the
     // other ranks never take it for dead.
@@ -368,165 +375,8 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
   return !ranks_.Broken();
 }
 
-StepPlan::Active Trainer::HeldSlot(int slot) const {
-  StepPlan::Active held;
-  held.job_id = owners_.job(slot)->job_id;
-  if (pool_.state(slot) != SlotState::kFree) {
-    const TrainingSlot& training = pool_.slot(slot);
-    held.step = training.counters.steps;
-    if (training.cursor) held.cursor = training.cursor->state();
-  }
-  return held;
-}
-
-void Trainer::FollowActive(const std::map<int, StepPlan::Active>& active) {
-  for (int slot : owners_.JobSlots()) {
-    auto held = active.find(slot);
-    if (held == active.end() ||
-        held->second.job_id != owners_.job(slot)->job_id) {
-      RetireSlot(slot).IgnoreError();
-    }
-  }
-  for (const auto& [slot, expected] : active) {
-    if (!ranks_.failure().ok()) return;
-    if (slot < 0 || slot >= pool_.capacity()) {
-      ranks_.Fail(absl::InternalError(
-          absl::StrCat("rank 0 holds slot ", slot, " but rank ", ranks_.rank(),
-                       " has ", pool_.capacity(), " slots")));
-      continue;
-    }
-    if (!owners_.job(slot)) {
-      ranks_.Fail(absl::InternalError(
-          absl::StrCat("rank ", ranks_.rank(), " holds no job in slot ", slot,
-                       " where rank 0 holds job ", expected.job_id)));
-      continue;
-    }
-    const StepPlan::Active mine = HeldSlot(slot);
-    const bool same =
-        mine.step == expected.step &&
-        mine.cursor.has_value() == expected.cursor.has_value() &&
-        (!mine.cursor || (mine.cursor->seed == expected.cursor->seed &&
-                          mine.cursor->epoch == expected.cursor->epoch &&
-                          mine.cursor->position == expected.cursor->position));
-    if (!same) {
-      const auto describe = [](const StepPlan::Active& held) {
-        return held.cursor ? absl::StrCat("step ", held.step, ", epoch ",
-                                          held.cursor->epoch, ", position ",
-                                          held.cursor->position)
-                           : absl::StrCat("step ", held.step);
-      };
-      ranks_.Fail(absl::InternalError(absl::StrCat(
-          "rank ", ranks_.rank(), "'s slot ", slot, " (job ", mine.job_id,
-          ") is at ", describe(mine), ", rank 0's at ", describe(expected),
-          ": the ranks diverged")));
-    }
-  }
-}
-
-int Trainer::SlotOf(const std::string& job_id) const {
-  return owners_.SlotOfJob(job_id);
-}
-
-void Trainer::Apply(PauseJob& command) {
-  const int slot = SlotOf(command.job_id);
-  TrainerReport report =
-      JobReport(TrainerReport::Kind::kPaused, command.job_id, slot);
-  if (slot < 0 || pool_.state(slot) != SlotState::kTraining) {
-    // A job that just ended is reported so (after its export) first.
-    ReportWrittenFor(command.job_id);
-    report.status = absl::FailedPreconditionError(
-        absl::StrCat("job \"", command.job_id, "\" is not training in a slot"));
-  } else {
-    owners_.job(slot)->held = false;  // Trains on if the pause fails.
-    // Every rank takes part in the checkpoint; a fault only fails the
-    // pause (the ranks agree on it below).
-    const absl::Status fault = TestFault(TestFaultPoint::kPauseCheckpoint,
-                                         pool_.slot(slot).training.seed);
-    report.status = CheckpointSlot(slot, /*wait=*/true);
-    if (report.status.ok()) report.status = fault;
-    // Rank 0 alone writes the checkpoint: all pause or none does.
-    absl::StatusOr<int> failed = ranks_.CountFailed(!report.status.ok());
-    if (!failed.ok()) return;  // Broken.
-    if (*failed > 0 && report.status.ok()) {
-      report.status = absl::InternalError(
-          "its checkpoint failed on another rank (see its log)");
-    }
-    report.step = pool_.slot(slot).counters.steps;
-    report.checkpoint_dir = checkpoints_.StepDir(command.job_id, report.step);
-    // Paused once its checkpoint is committed; a failed retire only leaves
-    // the slot kRetiring.
-    if (report.status.ok()) RetireSlot(slot).IgnoreError();
-  }
-  Report(std::move(report));
-}
-
-void Trainer::Apply(RetireJob& command) {
-  const int slot = SlotOf(command.job_id);
-  TrainerReport report =
-      JobReport(TrainerReport::Kind::kRetired, command.job_id, slot);
-  if (slot < 0) {
-    // A job that just ended is reported so (after its export) first.
-    ReportWrittenFor(command.job_id);
-    // Reported all the same, so the scheduler lets go of the job.
-    report.status = absl::NotFoundError(
-        absl::StrCat("job \"", command.job_id, "\" is not in a slot"));
-    Report(std::move(report));
-    return;
-  }
-  // The job's state up to here stays available (export, a new job).
-  if (pool_.state(slot) == SlotState::kTraining) {
-    CheckpointSlot(slot, /*wait=*/true).IgnoreError();
-  }
-  if (pool_.state(slot) != SlotState::kFree) {
-    // The steps it trained since its last step report (the scheduler drops
-    // those of a cancelled job), so its record matches its checkpoint.
-    const TrainerReport progress = ProgressReport(report.kind, slot);
-    report.step = progress.step;
-    report.tokens = progress.tokens;
-  }
-  report.status = RetireSlot(slot);
-  Report(std::move(report));
-}
-
-std::vector<int> Trainer::TrainableSlots() const {
-  std::vector<int> ids;
-  for (int slot : pool_.SlotsIn(SlotState::kTraining)) {
-    if (owners_.job(slot)) ids.push_back(slot);
-  }
-  return ids;
-}
-
-std::vector<int> Trainer::SteppableSlots() const {
-  std::vector<int> ids;
-  for (int slot : TrainableSlots()) {
-    if (!owners_.job(slot)->held) ids.push_back(slot);
-  }
-  return ids;
-}
-
-absl::Status Trainer::RetireSlot(int slot) {
-  absl::Status status =
-      CatchTorch("retire", [&] { return pool_.Retire(slot); });
-  // Whether or not zeroing worked, the job has left its slot (a failed
-  // retire leaves the slot kRetiring, holding no job). Resumed later, the
-  // job continues from its newest checkpoint.
-  if (const SlotJob* job = owners_.job(slot)) {
-    checkpoints_.Forget(job->job_id);
-    owners_.Release(slot);
-  }
-  if (!status.ok()) {
-    ranks_.FailIfDistributed(absl::InternalError(absl::StrCat(
-        "freeing slot ", slot, " failed on rank ", ranks_.rank(), " (",
-        status.message(), "); the ranks' pools would differ")));
-  }
-  retiring_ = static_cast<int>(pool_.SlotsIn(SlotState::kRetiring).size());
-  // Seen free (ListSlots) before the retire, pause or end is reported.
-  PublishSlots();
-  return status;
-}
-
 std::vector<int> Trainer::TrainStep(std::vector<SessionCall>& calls) {
-  const std::vector<int> ids = SteppableSlots();
+  const std::vector<int> ids = jobs_.Steppable();
   std::vector<int> stepped;
   if (ids.empty() && calls.empty()) return stepped;
   std::vector<TrainingSlot*> slots;
@@ -577,59 +427,7 @@ std::vector<int> Trainer::TrainStep(std::vector<SessionCall>& calls) {
     }
   }
   if (ranks_.Broken()) return stepped;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int slot = ids[i];
-    if (!outcomes[i].ok()) {
-      FinishJob(slot, outcomes[i].status());
-      continue;
-    }
-    if (!outcomes[i]->failure.empty()) {
-      FinishJob(slot, absl::InternalError(outcomes[i]->failure));
-      continue;
-    }
-    SlotJob& job = *owners_.job(slot);
-    const TrainingSlot& training = pool_.slot(slot);
-    const SlotStepMetrics& step = *outcomes[i];
-    job.tokens += step.tokens;
-    job.last_metrics.emplace();
-    job.last_metrics->loss = step.loss;
-    job.last_metrics->lr = step.lr;
-    job.last_metrics->grad_norm = step.grad_norm;
-    const double rate = seconds > 0 ? step.tokens / seconds : 0.0;
-    // A short moving average: single steps are noisy on a shared machine.
-    job.tokens_per_second = job.tokens_per_second == 0.0
-                                ? rate
-                                : 0.7 * job.tokens_per_second + 0.3 * rate;
-    TrainerReport report = ProgressReport(TrainerReport::Kind::kStep, slot);
-    report.metrics = step;
-    report.tokens_per_second = job.tokens_per_second;
-    const bool interval_eval = ranks_.leader() && job.validation &&
-                               job.eval_interval > 0 &&
-                               pool_.state(slot) == SlotState::kTraining &&
-                               training.counters.steps % job.eval_interval == 0;
-    if (interval_eval) {
-      absl::StatusOr<double> loss = Validate(slot);
-      if (!loss.ok()) {
-        FinishJob(slot, loss.status());
-        continue;
-      }
-      report.validation_loss = *loss;
-      job.last_metrics->validation_loss = *loss;
-    }
-    Report(std::move(report));
-    if (pool_.state(slot) == SlotState::kTrained) {
-      FinishJob(slot, absl::OkStatus());
-    } else {
-      stepped.push_back(slot);
-      // Test only; single-process servers (the release by an export is
-      // rank 0's alone, which the other ranks' plans would not follow).
-      if (!ranks_.distributed() &&
-          TestHold(training.training.seed, training.counters.steps)) {
-        job.held = true;
-      }
-    }
-  }
-  return stepped;
+  return jobs_.RecordSteps(ids, outcomes, seconds);
 }
 
 void Trainer::StepInParts(
@@ -656,21 +454,6 @@ void Trainer::StepInParts(
   const size_t middle = begin + (end - begin) / 2;
   StepInParts(slots, begin, middle, /*failed_together=*/false, outcomes);
   StepInParts(slots, middle, end, /*failed_together=*/false, outcomes);
-}
-
-TrainerReport Trainer::ProgressReport(TrainerReport::Kind kind,
-                                      int slot) const {
-  const SlotJob& job = *owners_.job(slot);
-  const TrainingSlot& training = pool_.slot(slot);
-  TrainerReport report;
-  report.kind = kind;
-  report.job_id = job.job_id;
-  report.slot = slot;
-  report.step = training.counters.steps;
-  report.total_steps = training.total_steps;
-  report.tokens = job.tokens;
-  report.skipped_steps = training.counters.skipped_steps;
-  return report;
 }
 
 void Trainer::PublishSlots() {

@@ -36,17 +36,17 @@
 // and writes files and reports. RankCoordinator (rank_coordinator.h) is the
 // one place that knows which of these roles a process has.
 //
-// The parts: this loop (trainer.cc: collect the commands, plan the
-// iteration, apply them, run the co-batched pass, sample, publish), the
-// commands it applies (trainer_commands.h; a new command is one type there,
-// one Apply overload here and the file that implements it), who holds
-// each slot (slot_owners.h), attaching jobs (trainer_attach.cc), finishing
-// and exporting them (trainer_finish.cc), training sessions
-// (session_slots.h, with their own writer), the sampling runner
-// (sampling_runner.h), the report gate that holds reports behind pool
-// checkpoints being written (report_gate.h), checkpointing slots
-// (trainer_reports.cc), the checkpoint policy and its writer thread
-// (pool_checkpointer.h) and the ranks (rank_coordinator.h).
+// The loop (trainer.cc): collect the commands, plan the iteration, apply
+// each command by handing it to its part, run the co-batched pass of the
+// jobs' step and the sessions' calls, sample, publish the slots. The
+// commands are trainer_commands.h (a new command is one type there, one
+// Apply overload here and the file that implements it). The parts, each
+// with its own header and state: who holds each slot (slot_owners.h), the
+// jobs' slots with their checkpoint writer (job_slots.h), the sessions'
+// slots with theirs (session_slots.h), the sampling runner
+// (sampling_runner.h) and the report gate that holds reports behind pool
+// checkpoints being written (report_gate.h); the ranks are
+// rank_coordinator.h.
 #ifndef LORAPLEX_SERVER_TRAINER_TRAINER_H_
 #define LORAPLEX_SERVER_TRAINER_TRAINER_H_
 
@@ -73,6 +73,7 @@
 #include "core/train/co_batch_step.h"
 #include "server/checkpoints/pool_checkpointer.h"
 #include "server/jobs/job_trainer.h"
+#include "server/trainer/job_slots.h"
 #include "server/trainer/rank_coordinator.h"
 #include "server/trainer/report_gate.h"
 #include "server/trainer/sampling_runner.h"
@@ -149,7 +150,7 @@ class Trainer : public JobTrainer {
   // Runs `work` on the checkpoint writer's thread after every checkpoint
   // queued so far is written (at once without a writer). Any thread.
   void AfterQueuedCheckpoints(std::function<void()> work) {
-    checkpoints_.Post(std::move(work));
+    jobs_.checkpoints().Post(std::move(work));
   }
 
   // JobTrainer (job_trainer.h).
@@ -179,29 +180,15 @@ class Trainer : public JobTrainer {
   // The iteration every rank runs alike; false when the loop ends.
   bool Iterate(std::deque<TrainerCommand>& batch, bool stopping,
                bool checkpoint);
-  // A slot rank 0 holds, as the plan describes it.
-  StepPlan::Active HeldSlot(int slot) const;
-  // Followers: frees the slots whose jobs rank 0 no longer has, and checks
-  // the others are where rank 0's are (else the ranks are broken).
-  void FollowActive(const std::map<int, StepPlan::Active>& active);
-  // Hands the report to the sink (rank 0, ranks not broken) through the
-  // report gate: while a pool checkpoint is being written, reports wait (in
-  // order) until it is on disk.
-  void Report(TrainerReport report);
   void Enqueue(std::vector<TrainerCommand> commands);
-  // Applies attaches that go back to a slot (their checkpoint's) before
-  // the other attaches next to them.
-  void OrderAttaches(std::deque<TrainerCommand>& batch);
-  // The slot holding `job_id`'s job, or -1.
-  int SlotOf(const std::string& job_id) const;
-  // One overload per command (trainer_commands.h). ReadFiles runs on the
-  // checkpoint writer's thread, before the command is queued for this one;
-  // it may use only checkpoints_. Prepare runs on rank 0 before the plan.
-  // Most commands need neither.
+  // One overload per command (trainer_commands.h), each handing it to the
+  // part it concerns. ReadFiles runs on the checkpoint writer's thread,
+  // before the command is queued for this one; Prepare runs on rank 0
+  // before the plan. Most commands need neither.
   template <typename Command>
   void ReadFiles(Command&) {}
   void ReadFiles(AttachJob& command);
-  // Whether the command's ReadFiles reads anything (trainer_attach.cc).
+  // Whether the command's ReadFiles reads anything.
   static bool ReadsFiles(const TrainerCommand& command);
   template <typename Command>
   void Prepare(Command&) {}
@@ -215,16 +202,6 @@ class Trainer : public JobTrainer {
   void Apply(OpenSessionJob& command);
   void Apply(SessionWork& command);
 
-  std::vector<int> TrainableSlots() const;
-  // TrainableSlots() less those a test hold keeps from stepping (they are
-  // still checkpointed with the pool).
-  std::vector<int> SteppableSlots() const;
-  // Retires the slot and forgets its job; on failure the slot stays
-  // kRetiring (retried every iteration), and when data parallel the ranks
-  // are broken (their pools would differ).
-  absl::Status RetireSlot(int slot);
-  // Retires a slot attached for `job_id` that the trainer did not take.
-  void FreeSlot(int slot, const std::string& job_id);
   // Trains the jobs' step together with the sessions' `calls` (answered
   // here); returns the slots that trained a step and are still attached.
   std::vector<int> TrainStep(std::vector<SessionCall>& calls);
@@ -236,58 +213,27 @@ class Trainer : public JobTrainer {
   void StepInParts(const std::vector<TrainingSlot*>& slots, size_t begin,
                    size_t end, bool failed_together,
                    std::vector<absl::StatusOr<SlotStepMetrics>>& outcomes);
-  // A report of `kind` with the slot's job, step and token counts.
-  TrainerReport ProgressReport(TrainerReport::Kind kind, int slot) const;
-  void EvaluateOnly(int slot);
-  void FinishJob(int slot, absl::Status status);
-  absl::StatusOr<double> Validate(int slot);
-  // Copies the slot's adapter and queues its export into `dir` for the
-  // writer thread; `done` gets the outcome there (at once, on this thread,
-  // if the copy fails).
-  void ExportSlot(int slot, const std::string& dir,
-                  std::function<void(absl::Status)> done);
-  // ReadFiles' work: finds the checkpoint to resume (the newest that
-  // verifies) and reads its state.
-  absl::Status ReadAttachFiles(AttachJob& command);
-  // Attaches the prepared command, restoring its checkpoint.
-  absl::StatusOr<int> AttachPrepared(AttachJob& command,
-                                     std::optional<int64_t>& tokens);
-  // Data parallel: an attach stands only if it succeeded on every rank;
-  // then rank 0's weights become every rank's.
-  absl::StatusOr<int> AgreeOnAttach(absl::StatusOr<int> slot);
-  bool CheckpointDue(const std::vector<int>& stepped) const;
-  // Saves the slot's state and queues its checkpoint for the writer,
-  // reported as kCheckpoint once written. With `wait`, returns once it is
-  // written, with the outcome; else OK once queued.
-  absl::Status CheckpointSlot(int slot, bool wait);
-  // Counts a checkpoint started at `start` in stats_ (a failure when
-  // `status` is not OK). Any thread.
-  void CountCheckpoint(std::chrono::steady_clock::time_point start,
-                       const absl::Status& status);
-  // Reports what the writer has finished, and the reports that waited for
-  // the pool checkpoints now written (reports_.Flush).
+  // Delivers what the checkpoint writer finished (ReportGate::Flush).
   void ReportWritten();
-  // Waits until the job's queued checkpoints and export are written, then
-  // ReportWritten().
-  void ReportWrittenFor(const std::string& job_id);
-  // Checkpoints every training slot at this step boundary, then records
-  // the group as the pool's last complete checkpoint.
-  void CheckpointPool();
+  // After a part took or freed a slot: counts the kRetiring ones and
+  // publishes the slots.
+  void SlotsChanged();
   void PublishSlots();
 
   std::unique_ptr<LlamaModel> model_;
   TrainerOptions options_;
   RankCoordinator ranks_;
-  PoolCheckpointer checkpoints_;
   SlotPool pool_;  // Trainer thread only.
   StepSync sync_;  // Data parallel.
   // Rank 0: the last step was a checkpoint step of some job; the pool is
   // checkpointed at the start of the next iteration, on every rank.
   bool pending_checkpoint_ = false;
-  SlotOwners owners_;        // Trainer only.
-  SessionSlots sessions_;    // Trainer only.
-  SamplingRunner sampling_;  // Trainer only.
+  // The parts (trainer thread only, but for what their headers say).
+  SlotOwners owners_;
   ReportGate reports_;
+  JobSlots jobs_;
+  SessionSlots sessions_;
+  SamplingRunner sampling_;
   // Slots kRetiring (read by other threads through capacity()).
   std::atomic<int> retiring_{0};
 

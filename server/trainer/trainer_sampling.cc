@@ -18,7 +18,7 @@ void Trainer::Prepare(SampleJob& job) { sampling_.Prepare(job); }
 void Trainer::Apply(SampleJob& job) {
   const TrainingSlot* running = nullptr;
   if (!job.command.job_id.empty()) {
-    const int slot = SlotOf(job.command.job_id);
+    const int slot = jobs_.SlotOf(job.command.job_id);
     if (slot >= 0 && pool_.state(slot) != SlotState::kFree) {
       running = &pool_.slot(slot);
     }

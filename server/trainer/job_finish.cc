@@ -1,4 +1,4 @@
-// Finishing jobs (trainer.h): a job whose last step is trained (or that
+// Finishing jobs (job_slots.h): a job whose last step is trained (or that
 // only evaluates) is validated, its adapter exported into the job's final
 // directory, its slot retired, and only then reported as kFinished; the
 // ExportJob command writes a job's current adapter on request.
@@ -12,11 +12,11 @@
 #include "core/common/status_macros.h"
 #include "core/common/test_faults.h"
 #include "core/runtime/exception_message.h"
-#include "server/trainer/trainer.h"
+#include "server/trainer/job_slots.h"
 
 namespace loraplex {
 
-void Trainer::Apply(ExportJob& command) {
+void JobSlots::Export(ExportJob& command) {
   const int slot = SlotOf(command.job_id);
   if (slot < 0) {
     std::exchange(command.done, nullptr)(absl::NotFoundError(
@@ -27,7 +27,7 @@ void Trainer::Apply(ExportJob& command) {
   ExportSlot(slot, command.dir, std::exchange(command.done, nullptr));
 }
 
-void Trainer::EvaluateOnly(int slot) {
+void JobSlots::EvaluateOnly(int slot) {
   if (!ranks_.leader()) {  // Rank 0 evaluates.
     FinishJob(slot, absl::OkStatus());
     return;
@@ -36,7 +36,7 @@ void Trainer::EvaluateOnly(int slot) {
   FinishJob(slot, loss.status());
 }
 
-absl::StatusOr<double> Trainer::Validate(int slot) {
+absl::StatusOr<double> JobSlots::Validate(int slot) {
   SlotJob& job = *owners_.job(slot);
   if (!job.validation) {
     return absl::FailedPreconditionError("the job has no validation data");
@@ -44,14 +44,14 @@ absl::StatusOr<double> Trainer::Validate(int slot) {
   LORAPLEX_RETURN_IF_ERROR(
       TestFault(TestFaultPoint::kValidation, pool_.slot(slot).training.seed));
   absl::StatusOr<double> loss = CatchTorch("validation", [&] {
-    return EvalLoss(*model_, &pool_.slot(slot).weights,
-                    job.validation->sequences, options_.co_batch);
+    return EvalLoss(model_, &pool_.slot(slot).weights,
+                    job.validation->sequences, co_batch_);
   });
   if (loss.ok()) job.validation_loss = *loss;
   return loss;
 }
 
-void Trainer::FinishJob(int slot, absl::Status status) {
+void JobSlots::FinishJob(int slot, absl::Status status) {
   if (!ranks_.leader()) {  // Rank 0 validates, exports and reports.
     RetireSlot(slot).IgnoreError();
     return;
@@ -84,8 +84,8 @@ void Trainer::FinishJob(int slot, absl::Status status) {
   Report(std::move(report));
 }
 
-void Trainer::ExportSlot(int slot, const std::string& dir,
-                         std::function<void(absl::Status)> done) {
+void JobSlots::ExportSlot(int slot, const std::string& dir,
+                          std::function<void(absl::Status)> done) {
   absl::StatusOr<PeftAdapterFiles> files = CatchTorch("export", [&] {
     return EncodePeftAdapter(pool_.slot(slot).weights,
                              options_.base_model_name);

@@ -1,5 +1,5 @@
-// The trainer's checkpoints and its reports (trainer.h): when the pool is
-// due one, encoding each slot's checkpoint for the checkpoint writer; the
+// Jobs' checkpoints (job_slots.h): when the pool is due one, encoding each
+// slot's checkpoint for the checkpoint writer, and counting them; the
 // reports go through the report gate (report_gate.h).
 #include <chrono>
 #include <map>
@@ -11,16 +11,16 @@
 #include "absl/synchronization/notification.h"
 #include "server/common/clock.h"
 #include "server/trainer/checkpoint.h"
-#include "server/trainer/trainer.h"
+#include "server/trainer/job_slots.h"
 
 namespace loraplex {
 
-void Trainer::Report(TrainerReport report) {
+void JobSlots::Report(TrainerReport report) {
   if (!ranks_.leader() || ranks_.Broken()) return;
   reports_.Report(std::move(report));
 }
 
-bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
+bool JobSlots::CheckpointDue(const std::vector<int>& stepped) const {
   if (!checkpoints_.enabled()) return false;
   for (int slot : stepped) {
     const int64_t interval = owners_.job(slot)->checkpoint_interval;
@@ -31,14 +31,14 @@ bool Trainer::CheckpointDue(const std::vector<int>& stepped) const {
   return false;
 }
 
-void Trainer::CheckpointPool() {
+void JobSlots::CheckpointPool() {
   if (!checkpoints_.enabled()) return;
   std::vector<std::string> held;
   for (int slot : owners_.JobSlots()) {
     held.push_back(owners_.job(slot)->job_id);
   }
   std::map<std::string, int64_t> queued;
-  for (int slot : TrainableSlots()) {
+  for (int slot : Trainable()) {
     // On other ranks: takes part in gathering the optimizer states.
     if (CheckpointSlot(slot, /*wait=*/false).ok()) {
       queued[owners_.job(slot)->job_id] = pool_.slot(slot).counters.steps;
@@ -51,7 +51,7 @@ void Trainer::CheckpointPool() {
   }
 }
 
-absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
+absl::Status JobSlots::CheckpointSlot(int slot, bool wait) {
   if (!checkpoints_.enabled()) {
     return absl::FailedPreconditionError("checkpoints are disabled");
   }
@@ -108,12 +108,12 @@ absl::Status Trainer::CheckpointSlot(int slot, bool wait) {
   return outcome->status;
 }
 
-void Trainer::CountCheckpoint(std::chrono::steady_clock::time_point start,
-                              const absl::Status& status) {
+void JobSlots::CountCheckpoint(std::chrono::steady_clock::time_point start,
+                               const absl::Status& status) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&stats_mu_);
   if (!status.ok()) {
     ++stats_.checkpoint_failures;
     return;
@@ -123,9 +123,17 @@ void Trainer::CountCheckpoint(std::chrono::steady_clock::time_point start,
   stats_.last_checkpoint_seconds = seconds;
 }
 
-void Trainer::ReportWritten() { reports_.Flush(ranks_.leader()); }
+void JobSlots::ReportWritten() { reports_.Flush(ranks_.leader()); }
 
-void Trainer::ReportWrittenFor(const std::string& job_id) {
+void JobSlots::AddStats(TrainerStats& stats) const {
+  absl::MutexLock lock(&stats_mu_);
+  stats.checkpoints = stats_.checkpoints;
+  stats.checkpoint_seconds = stats_.checkpoint_seconds;
+  stats.last_checkpoint_seconds = stats_.last_checkpoint_seconds;
+  stats.checkpoint_failures = stats_.checkpoint_failures;
+}
+
+void JobSlots::ReportWrittenFor(const std::string& job_id) {
   checkpoints_.WaitForJob(job_id);
   ReportWritten();
 }

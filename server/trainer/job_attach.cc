@@ -1,4 +1,4 @@
-// Attaching jobs (trainer.h): rank 0 finds what each resumes (its
+// Attaching jobs (job_slots.h): rank 0 finds what each resumes (its
 // checkpoint, verified on the checkpoint writer's thread), loads its
 // weights and orders a batch's attaches before the plan; every rank then
 // attaches it, restores the checkpoint, and agrees that the attach stood
@@ -14,11 +14,11 @@
 #include "core/common/status_macros.h"
 #include "core/common/test_faults.h"
 #include "core/runtime/exception_message.h"
-#include "server/trainer/trainer.h"
+#include "server/trainer/job_slots.h"
 
 namespace loraplex {
 
-void Trainer::OrderAttaches(std::deque<TrainerCommand>& batch) {
+void JobSlots::OrderAttaches(std::deque<TrainerCommand>& batch) const {
   if (!checkpoints_.enabled()) return;
   // Within each run of attaches, those going back to a slot go first, so a
   // job new to the pool does not take that slot before them.
@@ -40,16 +40,12 @@ void Trainer::OrderAttaches(std::deque<TrainerCommand>& batch) {
   }
 }
 
-bool Trainer::ReadsFiles(const TrainerCommand& command) {
-  return std::holds_alternative<AttachJob>(command);
-}
-
-void Trainer::ReadFiles(AttachJob& command) {
+void JobSlots::ReadFiles(AttachJob& command) {
   command.prepared =
       CatchTorch("attach", [&] { return ReadAttachFiles(command); });
 }
 
-absl::Status Trainer::ReadAttachFiles(AttachJob& command) {
+absl::Status JobSlots::ReadAttachFiles(AttachJob& command) {
   AttachCommand& attach = command.attach;
   command.weights_dir = attach.initial_adapter_dir;
   if (!attach.resume || !checkpoints_.enabled()) return absl::OkStatus();
@@ -75,12 +71,12 @@ absl::Status Trainer::ReadAttachFiles(AttachJob& command) {
   return absl::OkStatus();
 }
 
-void Trainer::Prepare(AttachJob& command) {
+void JobSlots::Prepare(AttachJob& command) {
   if (!command.prepared.ok() || command.weights_dir.empty()) return;
   command.prepared = CatchTorch("attach", [&]() -> absl::Status {
     LORAPLEX_ASSIGN_OR_RETURN(
         PeftAdapter adapter,
-        LoadPeftAdapter(command.weights_dir, model_->config()));
+        LoadPeftAdapter(command.weights_dir, model_.config()));
     command.request.lora = adapter.config;  // What the other ranks attach.
     command.request.initial_weights =
         std::make_shared<const PeftAdapter>(std::move(adapter));
@@ -88,8 +84,8 @@ void Trainer::Prepare(AttachJob& command) {
   });
 }
 
-absl::StatusOr<int> Trainer::AttachPrepared(AttachJob& command,
-                                            std::optional<int64_t>& tokens) {
+absl::StatusOr<int> JobSlots::AttachPrepared(AttachJob& command,
+                                             std::optional<int64_t>& tokens) {
   const AttachCommand& attach = command.attach;
   LORAPLEX_ASSIGN_OR_RETURN(int slot, pool_.Attach(command.request));
   if (absl::Status fault =
@@ -116,7 +112,7 @@ absl::StatusOr<int> Trainer::AttachPrepared(AttachJob& command,
   return slot;
 }
 
-absl::StatusOr<int> Trainer::AgreeOnAttach(absl::StatusOr<int> slot) {
+absl::StatusOr<int> JobSlots::AgreeOnAttach(absl::StatusOr<int> slot) {
   LORAPLEX_ASSIGN_OR_RETURN(int failed, ranks_.CountFailed(!slot.ok()));
   if (failed > 0) {
     if (!slot.ok()) return slot;
@@ -131,14 +127,14 @@ absl::StatusOr<int> Trainer::AgreeOnAttach(absl::StatusOr<int> slot) {
   return slot;
 }
 
-void Trainer::FreeSlot(int slot, const std::string& job_id) {
+void JobSlots::FreeSlot(int slot, const std::string& job_id) {
   SlotJob placeholder;
   placeholder.job_id = job_id;
   owners_.Hold(slot, std::move(placeholder));
   RetireSlot(slot).IgnoreError();  // kRetiring on error.
 }
 
-void Trainer::Apply(AttachJob& command) {
+void JobSlots::Attach(AttachJob& command) {
   AttachCommand& attach = command.attach;
   TrainerReport report;
   report.kind = TrainerReport::Kind::kAttached;
