@@ -722,6 +722,10 @@ void SessionManager::Close(const std::string& tenant, const std::string& id,
     } else if ((*found)->info.state == SessionState::kClosing) {
       answer_now = absl::FailedPreconditionError(
           absl::StrCat("session \"", id, "\" is already closing"));
+    } else if ((*found)->info.state == SessionState::kOpening) {
+      answer_now = absl::UnavailableError(
+          absl::StrCat("session \"", id, "\" is being opened (",
+                       (*found)->info.reason, "): close it again in a moment"));
     } else if (!(*found)->info.open()) {
       answer_now = (*found)->info;  // Closed already: nothing to do.
     } else {

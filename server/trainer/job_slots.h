@@ -158,10 +158,11 @@ class JobSlots {
   const CoBatchOptions& co_batch_;
   JobSlotsOptions options_;
   std::function<void()> slots_changed_;
-  PoolCheckpointer checkpoints_;
-
   mutable absl::Mutex stats_mu_;
   TrainerStats stats_ ABSL_GUARDED_BY(stats_mu_);  // Checkpoint counts.
+  // Last: stopped (its queued tasks, which count checkpoints, run) before
+  // the members above go.
+  PoolCheckpointer checkpoints_;
 };
 
 }  // namespace loraplex
