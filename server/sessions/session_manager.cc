@@ -179,7 +179,10 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
             SetState(info, SessionState::kOpen, "open");
             info.steps = *steps;
             info.last_activity_ms = NowMillis();
-            Persist(info, [done, info] { done(info); });
+            Persist(info, [this, done, info] {
+              StampActivity(info.id);
+              done(info);
+            });
             timer_wake_.SignalAll();  // Its idle deadline.
             return;
           }
@@ -549,6 +552,7 @@ void SessionManager::Finish(const std::string& session_id, int64_t seq_id,
     // Answered once the store knows how far the session got.
     Persist(session.info,
             [this, session_id, seq_id, outcome = std::move(outcome)]() mutable {
+              StampActivity(session_id);
               results_.Put({session_id, seq_id}, std::move(outcome));
             });
   }
@@ -633,6 +637,14 @@ void SessionManager::RunTimer() {
     } else {
       timer_wake_.Wait(&mu_);
     }
+  }
+}
+
+void SessionManager::StampActivity(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it != sessions_.end() && it->second->info.open()) {
+    it->second->info.last_activity_ms = NowMillis();
   }
 }
 

@@ -252,6 +252,9 @@ class SessionManager {
   void AwaitResult(const std::string& session_id, int64_t seq_id,
                    ResultCallback done);
   void RunTimer();
+  // The session's last call is now: when its answer goes out (after the
+  // store write), so a slow write does not count toward its idle time.
+  void StampActivity(const std::string& id);
   // Saves and closes the session if it is still idle (timer thread).
   void CloseIdle(const std::string& id);
   // Moves the session to `state` for `reason`; Persist() writes it.

@@ -498,7 +498,7 @@ TEST(TinkerFuturesTest, PollsTryAgainSamplesBackOffAndShutdownAnswers) {
   options.state_dir = FreshTestDir("state");
   options.extra_args = {
       "--http-listen",         absl::StrCat("127.0.0.1:", port),
-      "--tinker-poll-seconds", "1",
+      "--tinker-poll-seconds", "3",
       "--tinker-max-samples",  "1"};
   auto started = ServerProcess::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
@@ -588,10 +588,11 @@ TEST(TinkerFuturesTest, PollsTryAgainSamplesBackOffAndShutdownAnswers) {
       if (status != 200 || answer.value("type", "") != "try_again") break;
     }
   });
-  // A long poll waits up to 30 s: 1 s after the poller starts, its poll
-  // is waiting at the server even on a loaded machine.
+  // A poll waits up to 3 s (--tinker-poll-seconds): 300 ms after the
+  // poller starts, its poll is waiting at the server, with time to spare
+  // on a loaded machine.
   polling_started.WaitForNotification();
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
   poller.join();
   EXPECT_THAT(last, HasSubstr("shutting down"));
