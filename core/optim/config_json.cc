@@ -70,6 +70,13 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromJson(
                                          &config.scale_mode));
   LORAPLEX_RETURN_IF_ERROR(
       fields.Number("extra_scale_factor", &config.extra_scale_factor));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Choice("scalar_optimizer", kAllScalarOptimizers,
+                    &ScalarOptimizerName, &config.scalar_optimizer));
+  std::vector<double> lion_betas = {config.lion_beta1, config.lion_beta2};
+  LORAPLEX_RETURN_IF_ERROR(fields.NumberList("lion_betas", 2, &lion_betas));
+  config.lion_beta1 = lion_betas[0];
+  config.lion_beta2 = lion_betas[1];
   LORAPLEX_RETURN_IF_ERROR(fields.RejectUnknown());
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
   return config;
@@ -97,6 +104,9 @@ nlohmann::json OptimizerConfigToJson(const OptimizerConfig& config) {
       {"ns_precision", std::string(NsPrecisionName(config.ns_precision))},
       {"scale_mode", std::string(MuonScaleModeName(config.scale_mode))},
       {"extra_scale_factor", config.extra_scale_factor},
+      {"scalar_optimizer",
+       std::string(ScalarOptimizerName(config.scalar_optimizer))},
+      {"lion_betas", {config.lion_beta1, config.lion_beta2}},
   };
 }
 

@@ -5,7 +5,8 @@
 //
 //   {"family": "muon", "lr": 2e-4, "momentum": 0.95, "nesterov": true,
 //    "coefficient_set": "polar_express", "ns_steps": 8,
-//    "scale_mode": "spectral", "extra_scale_factor": 0.2}
+//    "scale_mode": "spectral", "extra_scale_factor": 0.2,
+//    "scalar_optimizer": "lion", "lion_betas": [0.9, 0.99]}
 //   {"kind": "cosine", "warmup_steps": 100, "total_steps": 2000}
 //
 // The returned configs are validated (ValidateOptimizerConfig, including

@@ -16,12 +16,28 @@ absl::string_view OptimizerFamilyName(OptimizerFamily family) {
       return "adam";
     case OptimizerFamily::kMuon:
       return "muon";
+    case OptimizerFamily::kLion:
+      return "lion";
   }
   return "unknown";
 }
 
 std::optional<OptimizerFamily> ParseOptimizerFamily(absl::string_view name) {
   return ParseEnumName(name, kAllOptimizerFamilies, &OptimizerFamilyName);
+}
+
+absl::string_view ScalarOptimizerName(ScalarOptimizer scalar) {
+  switch (scalar) {
+    case ScalarOptimizer::kAdamW:
+      return "adamw";
+    case ScalarOptimizer::kLion:
+      return "lion";
+  }
+  return "unknown";
+}
+
+std::optional<ScalarOptimizer> ParseScalarOptimizer(absl::string_view name) {
+  return ParseEnumName(name, kAllScalarOptimizers, &ScalarOptimizerName);
 }
 
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
@@ -49,6 +65,12 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
   }
   if (!InUnitInterval(config.beta2)) {
     return invalid("betas[1] must be in [0, 1), got ", config.beta2);
+  }
+  if (!InUnitInterval(config.lion_beta1)) {
+    return invalid("lion_betas[0] must be in [0, 1), got ", config.lion_beta1);
+  }
+  if (!InUnitInterval(config.lion_beta2)) {
+    return invalid("lion_betas[1] must be in [0, 1), got ", config.lion_beta2);
   }
   if (!IsFinitePositive(config.eps)) {
     return invalid("eps must be a finite number > 0, got ", config.eps);

@@ -21,14 +21,31 @@ namespace loraplex {
 enum class OptimizerFamily {
   kAdamW,  // AdamW (decoupled weight decay) for every parameter.
   kAdam,   // Adam (L2 weight decay into the gradient) for every parameter.
-  kMuon,   // Muon for 2-D matrices, AdamW for everything else.
+  kMuon,   // Muon for 2-D matrices, the scalar optimizer for the rest.
+  kLion,   // Lion (core/optim/lion.h) for every parameter.
 };
 
-inline constexpr std::array<OptimizerFamily, 3> kAllOptimizerFamilies = {
-    OptimizerFamily::kAdamW, OptimizerFamily::kAdam, OptimizerFamily::kMuon};
+// Appended only: checkpoints store a family as its index here.
+inline constexpr std::array<OptimizerFamily, 4> kAllOptimizerFamilies = {
+    OptimizerFamily::kAdamW, OptimizerFamily::kAdam, OptimizerFamily::kMuon,
+    OptimizerFamily::kLion};
 
 absl::string_view OptimizerFamilyName(OptimizerFamily family);
 std::optional<OptimizerFamily> ParseOptimizerFamily(absl::string_view name);
+
+// The optimizer of the muon family's parameters that Muon does not
+// orthogonalise (everything but 2-D matrices), as Emerging-Optimizers
+// pairs a matrix optimizer with a scalar one.
+enum class ScalarOptimizer {
+  kAdamW,  // The default: betas, eps, weight_decay as the adamw family.
+  kLion,   // lion_betas, weight_decay as the lion family.
+};
+
+inline constexpr std::array<ScalarOptimizer, 2> kAllScalarOptimizers = {
+    ScalarOptimizer::kAdamW, ScalarOptimizer::kLion};
+
+absl::string_view ScalarOptimizerName(ScalarOptimizer scalar);
+std::optional<ScalarOptimizer> ParseScalarOptimizer(absl::string_view name);
 
 struct OptimizerConfig {
   OptimizerFamily family = OptimizerFamily::kAdamW;
@@ -55,6 +72,13 @@ struct OptimizerConfig {
   // Moonlight, arXiv:2502.16982), so a job can switch family without
   // retuning lr. Megatron-LM's own default is 1.0.
   double extra_scale_factor = 0.2;
+  ScalarOptimizer scalar_optimizer = ScalarOptimizer::kAdamW;
+
+  // Lion: the lion family, and the muon family's scalar optimizer when it
+  // is kLion. Emerging-Optimizers' defaults. (Its weight decay default,
+  // 0.01, is not taken: weight_decay above applies to every family.)
+  double lion_beta1 = 0.9;
+  double lion_beta2 = 0.99;
 };
 
 // INVALID_ARGUMENT naming the first bad field, else OK.

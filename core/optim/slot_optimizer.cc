@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/optim/archive_fields.h"
+#include "core/optim/lion.h"
 #include "core/optim/multi_tensor_adam.h"
 #include "core/optim/muon.h"
 #include "core/runtime/torch_compat.h"
@@ -22,9 +23,10 @@ namespace {
 // Bumped when the archive layout written by SlotOptimizer::Save changes.
 constexpr int64_t kArchiveVersion = 2;
 
-constexpr std::array<OptimizerChildKind, 3> kAllOptimizerChildKinds = {
+// Appended only: archives store a child's kind as its index here.
+constexpr std::array<OptimizerChildKind, 4> kAllOptimizerChildKinds = {
     OptimizerChildKind::kMuon, OptimizerChildKind::kAdamW,
-    OptimizerChildKind::kAdam};
+    OptimizerChildKind::kAdam, OptimizerChildKind::kLion};
 
 std::vector<torch::Tensor> ChildParameters(const OptimizerChild& child) {
   std::vector<torch::Tensor> params;
@@ -104,6 +106,21 @@ std::vector<ParamStateRef> MuonStates(Muon& muon) {
   return states;
 }
 
+std::vector<ParamStateRef> LionStates(Lion& lion) {
+  std::vector<ParamStateRef> states;
+  for (auto& group : lion.param_groups()) {
+    for (const torch::Tensor& param : group.params()) {
+      ParamStateRef ref;
+      if (LionParamState* state = lion.StateOf(param)) {
+        ref.step = &state->step();
+        ref.tensors = {{"exp_avg", state->exp_avg()}};
+      }
+      states.push_back(std::move(ref));
+    }
+  }
+  return states;
+}
+
 // Zeroes, in place, whatever `states` returns.
 std::function<void()> ZeroStates(
     std::function<std::vector<ParamStateRef>()> states) {
@@ -158,6 +175,35 @@ OptimizerChild MakeMuonChild(std::vector<torch::Tensor> params,
   return child;
 }
 
+OptimizerChild MakeLionChild(std::vector<torch::Tensor> params,
+                             const OptimizerConfig& config) {
+  auto optimizer = std::make_unique<Lion>(
+      std::move(params), LionOptions(config.lr)
+                             .beta1(config.lion_beta1)
+                             .beta2(config.lion_beta2)
+                             .weight_decay(config.weight_decay));
+  Lion* raw = optimizer.get();
+  OptimizerChild child;
+  child.kind = OptimizerChildKind::kLion;
+  child.optimizer = std::move(optimizer);
+  child.init_state = [raw] { raw->InitState(); };
+  child.states = [raw] { return LionStates(*raw); };
+  child.zero_state = ZeroStates(child.states);
+  return child;
+}
+
+// The child of the muon family's parameters that are not matrices.
+OptimizerChild MakeScalarChild(std::vector<torch::Tensor> params,
+                               const OptimizerConfig& config) {
+  switch (config.scalar_optimizer) {
+    case ScalarOptimizer::kLion:
+      return MakeLionChild(std::move(params), config);
+    case ScalarOptimizer::kAdamW:
+      break;
+  }
+  return MakeAdamWChild(std::move(params), config);
+}
+
 // The first problem with `parameters` as one slot's parameter list.
 std::string ParametersError(const std::vector<torch::Tensor>& parameters) {
   if (parameters.empty()) return "optimizer needs at least one parameter";
@@ -194,6 +240,8 @@ absl::string_view OptimizerChildKindName(OptimizerChildKind kind) {
       return "adamw";
     case OptimizerChildKind::kAdam:
       return "adam";
+    case OptimizerChildKind::kLion:
+      return "lion";
   }
   return "unknown";
 }
@@ -232,10 +280,13 @@ absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
           children.push_back(MakeMuonChild(std::move(matrices), config));
         }
         if (!others.empty()) {
-          children.push_back(MakeAdamWChild(std::move(others), config));
+          children.push_back(MakeScalarChild(std::move(others), config));
         }
         break;
       }
+      case OptimizerFamily::kLion:
+        children.push_back(MakeLionChild(parameters, config));
+        break;
       case OptimizerFamily::kAdamW:
         children.push_back(MakeAdamWChild(parameters, config));
         break;
@@ -329,6 +380,13 @@ absl::Status SlotOptimizer::SetHyperparameters(const OptimizerConfig& config) {
                      OptimizerFamilyName(config_.family), ", not ",
                      OptimizerFamilyName(config.family)));
   }
+  if (config.family == OptimizerFamily::kMuon &&
+      config.scalar_optimizer != config_.scalar_optimizer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.scalar_optimizer: the slot's scalar optimizer is ",
+        ScalarOptimizerName(config_.scalar_optimizer), ", not ",
+        ScalarOptimizerName(config.scalar_optimizer)));
+  }
   for (OptimizerChild& child : children_) {
     for (auto& group : child.optimizer->param_groups()) {
       torch::optim::OptimizerOptions& options = group.options();
@@ -340,6 +398,10 @@ absl::Status SlotOptimizer::SetHyperparameters(const OptimizerConfig& config) {
                      dynamic_cast<torch::optim::AdamOptions*>(&options)) {
         adam->betas({config.beta1, config.beta2})
             .eps(config.eps)
+            .weight_decay(config.weight_decay);
+      } else if (auto* lion = dynamic_cast<LionOptions*>(&options)) {
+        lion->beta1(config.lion_beta1)
+            .beta2(config.lion_beta2)
             .weight_decay(config.weight_decay);
       } else if (auto* muon = dynamic_cast<MuonOptions*>(&options)) {
         muon->momentum(config.momentum)

@@ -33,12 +33,14 @@ enum class OptimizerChildKind {
   kMuon,   // core/optim/muon.h, 2-D matrices of the muon family.
   kAdamW,  // torch::optim::AdamW.
   kAdam,   // torch::optim::Adam.
+  kLion,   // core/optim/lion.h: the lion family, or muon's scalar child.
 };
 
 absl::string_view OptimizerChildKindName(OptimizerChildKind kind);
 
 // One parameter's optimizer state: its step counter and named tensors
-// (Muon: momentum_buffer; Adam/AdamW: exp_avg, exp_avg_sq), referring to the
+// (Muon: momentum_buffer; Adam/AdamW: exp_avg, exp_avg_sq; Lion: exp_avg),
+// referring to the
 // optimizer's own storage.
 struct ParamStateRef {
   int64_t* step = nullptr;  // nullptr when the parameter has no state yet.
@@ -78,11 +80,11 @@ class SlotOptimizer {
   // Sets the learning rate of every child's every parameter group.
   void SetLr(double lr);
   // Replaces the hyperparameters of every child (lr, weight decay; betas
-  // and eps of the Adam family and of the muon family's AdamW child; Muon's
-  // momentum and Nesterov flag) with `config`'s, keeping all state: a
-  // client that drives its own schedule sets them before each step.
-  // INVALID_ARGUMENT naming the field for a bad config or another family
-  // (nothing changes then).
+  // and eps of the Adam family and of the muon family's AdamW child; Lion's
+  // betas; Muon's momentum and Nesterov flag) with `config`'s, keeping all
+  // state: a client that drives its own schedule sets them before each
+  // step. INVALID_ARGUMENT naming the field for a bad config, another
+  // family or another scalar optimizer (nothing changes then).
   absl::Status SetHyperparameters(const OptimizerConfig& config);
   double lr() const;
 

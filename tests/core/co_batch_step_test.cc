@@ -142,6 +142,47 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.name);
     });
 
+// Lion slots (its sign update flips for an element only where the
+// interpolated momentum is within rounding of zero) trained beside AdamW and
+// Muon slots end where each ends alone, in fp64.
+TEST(CoBatchStepTest, LionSlotsTrainedTogetherEqualSlotsTrainedAlone) {
+  const LlamaModel& model = TinyModel64();
+  std::vector<SlotAttachRequest> requests;
+  requests.push_back(TrainRequest("lion", OptimizerFamily::kLion, 4, kAll,
+                                  Sequences(ReversalJsonl(10, 1), 16), 301));
+  requests.back().optimizer.lr = 1e-3;
+  requests.back().optimizer.weight_decay = 0.1;
+  requests.push_back(TrainRequest("lion-b", OptimizerFamily::kLion, 8,
+                                  {Projection::kQ, Projection::kV},
+                                  Sequences(ReversalJsonl(7, 2), 12), 302));
+  requests.back().optimizer.lion_beta1 = 0.5;
+  requests.push_back(TrainRequest("muon", OptimizerFamily::kMuon, 2, kAll,
+                                  Sequences(ReversalJsonl(9, 3), 16), 303));
+  requests.back().optimizer.scalar_optimizer = ScalarOptimizer::kLion;
+  const int kSteps = 5;
+  std::vector<std::vector<torch::Tensor>> alone_weights;
+  for (const SlotAttachRequest& request : requests) {
+    SlotPool alone(model.config(), {.capacity = 1, .dtype = torch::kFloat64});
+    ASSERT_TRUE(alone.Attach(request).ok());
+    Train(alone, kSteps, {}, model);
+    alone_weights.push_back(Snapshot(alone.slot(0).weights));
+  }
+  SlotPool together(model.config(), {.capacity = 3, .dtype = torch::kFloat64});
+  for (const SlotAttachRequest& request : requests) {
+    ASSERT_TRUE(together.Attach(request).ok());
+  }
+  Train(together, kSteps, {}, model);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const TrainingSlot& slot = together.slot(static_cast<int>(i));
+    EXPECT_EQ(slot.counters.steps, kSteps);
+    EXPECT_LE(MaxRelativeDiff(Snapshot(slot.weights), alone_weights[i]),
+              kFp64IdentityBound)
+        << requests[i].job_id;
+    // Lion moved every B off zero by whole steps of lr.
+    EXPECT_GT(slot.weights.modules()[0].b.abs().max().item<double>(), 0.0);
+  }
+}
+
 // The isolation identity across devices: slots co-batched on the GPU, next
 // to a neighbour whose loss is always NaN, end where each ends alone on the
 // CPU — weights and optimizer state, dropout included. In fp64, where the
@@ -411,9 +452,7 @@ TEST_P(RetireReuseTest, ReusedSlotEndsLikeAFreshOneOnCuda) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, RetireReuseTest,
-                         ::testing::Values(OptimizerFamily::kAdamW,
-                                           OptimizerFamily::kAdam,
-                                           OptimizerFamily::kMuon));
+                         ::testing::ValuesIn(kAllOptimizerFamilies));
 
 // The step's loss and gradient are those of the masked mean cross-entropy
 // of the slot's batch, computed here from full logits with plain autograd

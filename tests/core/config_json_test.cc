@@ -33,6 +33,9 @@ TEST(ConfigJsonTest, OptimizerRoundTripsEveryField) {
   config.ns_precision = NsPrecision::kBf16;
   config.scale_mode = MuonScaleMode::kUnitRmsNorm;
   config.extra_scale_factor = 0.5;
+  config.scalar_optimizer = ScalarOptimizer::kLion;
+  config.lion_beta1 = 0.7;
+  config.lion_beta2 = 0.98;
 
   const nlohmann::json json = OptimizerConfigToJson(config);
   auto parsed = OptimizerConfigFromJson(json);
@@ -44,6 +47,10 @@ TEST(ConfigJsonTest, OptimizerRoundTripsEveryField) {
   EXPECT_EQ(parsed->scale_mode, MuonScaleMode::kUnitRmsNorm);
   EXPECT_EQ(json.at("coefficient_set"), "custom");
   EXPECT_EQ(json.at("betas"), nlohmann::json({0.8, 0.95}));
+  EXPECT_EQ(json.at("scalar_optimizer"), "lion");
+  EXPECT_EQ(json.at("lion_betas"), nlohmann::json({0.7, 0.98}));
+  EXPECT_EQ(parsed->scalar_optimizer, ScalarOptimizer::kLion);
+  EXPECT_EQ(parsed->lion_beta2, 0.98);
 }
 
 TEST(ConfigJsonTest, AbsentFieldsKeepTheDefaults) {
@@ -53,11 +60,24 @@ TEST(ConfigJsonTest, AbsentFieldsKeepTheDefaults) {
   defaults.family = OptimizerFamily::kMuon;
   EXPECT_EQ(OptimizerConfigToJson(*parsed), OptimizerConfigToJson(defaults));
   EXPECT_EQ(parsed->extra_scale_factor, 0.2);
+  EXPECT_EQ(parsed->scalar_optimizer, ScalarOptimizer::kAdamW);
+  // Emerging-Optimizers' Lion betas.
+  EXPECT_EQ(parsed->lion_beta1, 0.9);
+  EXPECT_EQ(parsed->lion_beta2, 0.99);
 }
 
 TEST(ConfigJsonTest, BadOptimizerValuesNameTheField) {
   EXPECT_EQ(OptimizerError({{"family", "sgd"}}),
-            "optimizer.family must be one of adamw, adam, muon; got \"sgd\"");
+            "optimizer.family must be one of adamw, adam, muon, lion; got "
+            "\"sgd\"");
+  EXPECT_EQ(OptimizerError({{"family", "muon"}, {"scalar_optimizer", "adam"}}),
+            "optimizer.scalar_optimizer must be one of adamw, lion; got "
+            "\"adam\"");
+  EXPECT_EQ(OptimizerError({{"family", "lion"}, {"lion_betas", {0.9, 1.0}}}),
+            "optimizer.lion_betas[1] must be in [0, 1), got 1");
+  EXPECT_EQ(OptimizerError({{"lion_betas", 0.9}}),
+            "optimizer.lion_betas must be a list of 2 numbers, got a JSON "
+            "number");
   EXPECT_EQ(OptimizerError({{"family", "muon"}, {"coefficient_set", "cubic"}}),
             "optimizer.coefficient_set must be one of simple, quintic, "
             "polar_express, aol, custom; got \"cubic\"");

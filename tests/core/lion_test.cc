@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/optim/slot_optimizer.h"
 #include "core/safetensors/safetensors.h"
 
 namespace loraplex {
@@ -95,6 +96,59 @@ TEST(LionTest, StepsEqualEmergingOptimizersLion) {
               1e-14);
     EXPECT_EQ(lion.StateOf(param)->step(), grads.size(0));
   }
+}
+
+// The slot factory's Lion: the lion family (one child for everything) and
+// the muon family with Lion as its scalar optimizer (the parameters that
+// are not matrices), each on every case its parameters fit, equal the
+// reference's steps.
+TEST(LionTest, SlotFactoryLionStepsEqualEmergingOptimizersLion) {
+  const EmergingFixture& fixture = EmergingFixture::Get();
+  ASSERT_TRUE(fixture.loaded());
+  int scalar_cases = 0;
+  for (const nlohmann::json& c : fixture.cases()["lion"]) {
+    const std::string name = c["name"];
+    OptimizerConfig config;
+    config.lr = c["lr"].get<double>();
+    config.lion_beta1 = c["betas"][0].get<double>();
+    config.lion_beta2 = c["betas"][1].get<double>();
+    config.weight_decay = c["weight_decay"].get<double>();
+    const torch::Tensor grads = fixture.Tensor(name, "grads");
+    const torch::Tensor expected = fixture.Tensor(name, "expected");
+    std::vector<OptimizerFamily> families = {OptimizerFamily::kLion};
+    if (fixture.Tensor(name, "param").dim() != 2) {
+      families.push_back(OptimizerFamily::kMuon);
+      ++scalar_cases;
+    }
+    for (OptimizerFamily family : families) {
+      SCOPED_TRACE(name + " " + std::string(OptimizerFamilyName(family)));
+      config.family = family;
+      config.scalar_optimizer = ScalarOptimizer::kLion;
+      torch::Tensor param =
+          fixture.Tensor(name, "param").set_requires_grad(true);
+      // A matrix beside it, for Muon; its steps are Muon's business.
+      torch::Tensor matrix =
+          torch::ones({3, 4}, torch::kFloat64).set_requires_grad(true);
+      auto built = BuildSlotOptimizer(config, {matrix, param});
+      ASSERT_TRUE(built.ok()) << built.status();
+      const OptimizerChild& child = built->children().back();
+      ASSERT_EQ(child.kind, OptimizerChildKind::kLion);
+      for (int64_t step = 0; step < grads.size(0); ++step) {
+        matrix.mutable_grad() = torch::ones_like(matrix);
+        param.mutable_grad() = grads[step].clone();
+        built->Step();
+        EXPECT_LE(Distance(param.detach(), expected[step]), 1e-14)
+            << "step " << step + 1;
+      }
+      const std::vector<ParamStateRef> states = child.states();
+      ASSERT_FALSE(states.empty());
+      EXPECT_EQ(*states.back().step, grads.size(0));
+      EXPECT_LE(Distance(states.back().tensors.at(0).second,
+                         fixture.Tensor(name, "exp_avg")),
+                1e-14);
+    }
+  }
+  EXPECT_GE(scalar_cases, 2);
 }
 
 // Several parameters of different shapes in one optimizer step as each

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "core/optim/lion.h"
 #include "core/optim/muon.h"
 #include "core/runtime/step_profile.h"
 #include "core/runtime/torch_compat.h"
@@ -50,6 +52,24 @@ OptimizerConfig MuonConfig() {
   return config;
 }
 
+// Every family, and the muon family with each scalar optimizer: every kind
+// of child.
+std::vector<OptimizerConfig> EveryChildKindConfigs() {
+  std::vector<OptimizerConfig> configs;
+  for (OptimizerFamily family : kAllOptimizerFamilies) {
+    configs.push_back(MuonConfig());
+    configs.back().family = family;
+  }
+  configs.push_back(MuonConfig());
+  configs.back().scalar_optimizer = ScalarOptimizer::kLion;
+  return configs;
+}
+
+std::string DescribeConfig(const OptimizerConfig& config) {
+  return absl::StrCat(OptimizerFamilyName(config.family), " with scalar ",
+                      ScalarOptimizerName(config.scalar_optimizer));
+}
+
 SlotOptimizer Build(const OptimizerConfig& config,
                     const std::vector<torch::Tensor>& params) {
   auto optimizer = BuildSlotOptimizer(config, params);
@@ -84,6 +104,8 @@ torch::Tensor FirstMoment(const OptimizerChild& child,
       return static_cast<const torch::optim::AdamWParamState&>(state).exp_avg();
     case OptimizerChildKind::kAdam:
       return static_cast<const torch::optim::AdamParamState&>(state).exp_avg();
+    case OptimizerChildKind::kLion:
+      return static_cast<const LionParamState&>(state).exp_avg();
   }
   return {};
 }
@@ -206,6 +228,56 @@ TEST(SlotOptimizerTest, AdamFamiliesUseOneChildForEverything) {
   EXPECT_EQ(Build(MuonConfig(), matrices).children().size(), 1u);
 }
 
+TEST(SlotOptimizerTest, LionFamilyAndLionAsMuonsScalarOptimizer) {
+  OptimizerConfig config = MuonConfig();
+  config.family = OptimizerFamily::kLion;
+  config.lion_beta1 = 0.8;
+  config.lion_beta2 = 0.95;
+  std::vector<torch::Tensor> params = SlotParameters(5);
+  SlotOptimizer lion = Build(config, params);
+  ASSERT_EQ(lion.children().size(), 1u);
+  EXPECT_EQ(lion.children()[0].kind, OptimizerChildKind::kLion);
+  EXPECT_EQ(lion.children()[0].optimizer->param_groups()[0].params().size(),
+            params.size());
+  auto options = [](const OptimizerChild& child) -> const LionOptions& {
+    return static_cast<const LionOptions&>(
+        child.optimizer->param_groups()[0].options());
+  };
+  EXPECT_EQ(options(lion.children()[0]).beta1(), 0.8);
+  EXPECT_EQ(options(lion.children()[0]).beta2(), 0.95);
+  EXPECT_EQ(options(lion.children()[0]).weight_decay(), config.weight_decay);
+  EXPECT_EQ(options(lion.children()[0]).lr(), config.lr);
+
+  config.family = OptimizerFamily::kMuon;
+  config.scalar_optimizer = ScalarOptimizer::kLion;
+  SlotOptimizer muon = Build(config, params);
+  ASSERT_EQ(muon.children().size(), 2u);
+  EXPECT_EQ(muon.children()[0].kind, OptimizerChildKind::kMuon);
+  EXPECT_EQ(muon.children()[1].kind, OptimizerChildKind::kLion);
+  const auto& scalar = muon.children()[1].optimizer->param_groups()[0].params();
+  ASSERT_EQ(scalar.size(), 1u);
+  EXPECT_TRUE(scalar[0].is_same(params[4]));
+
+  // Per-step hyperparameters reach the Lion child; the scalar optimizer
+  // itself cannot change under a slot's state.
+  config.lion_beta1 = 0.5;
+  config.weight_decay = 0.3;
+  ASSERT_TRUE(muon.SetHyperparameters(config).ok());
+  EXPECT_EQ(options(muon.children()[1]).beta1(), 0.5);
+  EXPECT_EQ(options(muon.children()[1]).weight_decay(), 0.3);
+  config.scalar_optimizer = ScalarOptimizer::kAdamW;
+  const absl::Status changed = muon.SetHyperparameters(config);
+  EXPECT_EQ(changed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(changed.message(),
+            "optimizer.scalar_optimizer: the slot's scalar optimizer is lion, "
+            "not adamw");
+  EXPECT_EQ(options(muon.children()[1]).beta1(), 0.5);
+
+  EXPECT_EQ(ParseOptimizerFamily("lion"), OptimizerFamily::kLion);
+  EXPECT_EQ(ParseScalarOptimizer("lion"), ScalarOptimizer::kLion);
+  EXPECT_FALSE(ParseScalarOptimizer("adam").has_value());
+}
+
 // A data-parallel rank that owns none of a slot's parameters.
 TEST(SlotOptimizerTest, EmptyOptimizerKeepsOnlyTheLearningRate) {
   OptimizerConfig config;
@@ -224,9 +296,8 @@ TEST(SlotOptimizerTest, EmptyOptimizerKeepsOnlyTheLearningRate) {
 }
 
 TEST(SlotOptimizerTest, StateExistsBeforeAnyStep) {
-  for (OptimizerFamily family : kAllOptimizerFamilies) {
-    OptimizerConfig config = MuonConfig();
-    config.family = family;
+  for (const OptimizerConfig& config : EveryChildKindConfigs()) {
+    SCOPED_TRACE(DescribeConfig(config));
     std::vector<torch::Tensor> params = SlotParameters(4);
     SlotOptimizer optimizer = Build(config, params);
     size_t states = 0;
@@ -234,7 +305,7 @@ TEST(SlotOptimizerTest, StateExistsBeforeAnyStep) {
       EXPECT_EQ(OptimizerChildStateError(child), "");
       states += child.optimizer->state().size();
     }
-    EXPECT_EQ(states, params.size()) << OptimizerFamilyName(family);
+    EXPECT_EQ(states, params.size());
 
     // The optimizers find and use exactly that state (same keys, same
     // storage) at their first step instead of creating their own.
@@ -252,9 +323,8 @@ TEST(SlotOptimizerTest, StateExistsBeforeAnyStep) {
 }
 
 TEST(SlotOptimizerTest, ZeroStateMakesAUsedOptimizerBehaveLikeAFreshOne) {
-  for (OptimizerFamily family : kAllOptimizerFamilies) {
-    OptimizerConfig config = MuonConfig();
-    config.family = family;
+  for (const OptimizerConfig& config : EveryChildKindConfigs()) {
+    SCOPED_TRACE(DescribeConfig(config));
     std::vector<torch::Tensor> initial = SlotParameters(5);
 
     // Train a while, then retire: reset state and load the initial weights.
@@ -296,9 +366,8 @@ absl::Status LoadFromBytes(SlotOptimizer& optimizer, const std::string& bytes) {
 }
 
 TEST(SlotOptimizerTest, SaveLoadThenStepEqualsUninterruptedRun) {
-  for (OptimizerFamily family : kAllOptimizerFamilies) {
-    OptimizerConfig config = MuonConfig();
-    config.family = family;
+  for (const OptimizerConfig& config : EveryChildKindConfigs()) {
+    SCOPED_TRACE(DescribeConfig(config));
     std::vector<torch::Tensor> initial = SlotParameters(6);
 
     std::vector<torch::Tensor> straight = Clones(initial);
@@ -372,6 +441,18 @@ TEST(SlotOptimizerTest, LoadRejectsAMismatchedArchiveAndKeepsItsState) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find(
                 "archive holds optimizer family adam, this slot uses muon"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(SaveToBytes(optimizer), before);
+
+  // The same family with another scalar optimizer.
+  OptimizerConfig lion_scalar = config;
+  lion_scalar.scalar_optimizer = ScalarOptimizer::kLion;
+  std::vector<torch::Tensor> lion_params = SlotParameters(8);
+  SlotOptimizer lion_optimizer = Build(lion_scalar, lion_params);
+  status = LoadFromBytes(optimizer, SaveToBytes(lion_optimizer));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("optimizer child 1 is lion, expected adamw"),
             std::string::npos)
       << status;
   EXPECT_EQ(SaveToBytes(optimizer), before);
@@ -486,6 +567,13 @@ TEST(SlotOptimizerTest, InvalidConfigsNameTheField) {
   c.beta2 = 1.5;
   EXPECT_EQ(message(c), "optimizer.betas[1] must be in [0, 1), got 1.5");
   c = MuonConfig();
+  c.lion_beta1 = -0.1;
+  EXPECT_EQ(message(c), "optimizer.lion_betas[0] must be in [0, 1), got -0.1");
+  c = MuonConfig();
+  c.family = OptimizerFamily::kLion;
+  c.lion_beta2 = 1;
+  EXPECT_EQ(message(c), "optimizer.lion_betas[1] must be in [0, 1), got 1");
+  c = MuonConfig();
   c.eps = 0;
   EXPECT_EQ(message(c), "optimizer.eps must be a finite number > 0, got 0");
   c = MuonConfig();
@@ -509,7 +597,7 @@ TEST(SlotOptimizerTest, InvalidConfigsNameTheField) {
 // Slots of every family and assorted Muon settings, in fp64 so that stepping
 // them together must equal stepping each alone to rounding.
 std::vector<OptimizerConfig> MixedSlotConfigs() {
-  std::vector<OptimizerConfig> configs(7, MuonConfig());
+  std::vector<OptimizerConfig> configs(9, MuonConfig());
   configs[1].lr = 0.05;  // Shares every batch with slot 0, not its scale.
   configs[2].extra_scale_factor = 1.0;
   configs[2].scale_mode = MuonScaleMode::kUnitRmsNorm;
@@ -520,6 +608,9 @@ std::vector<OptimizerConfig> MixedSlotConfigs() {
   configs[4].custom_coefficients = {{3.0, -3.2, 1.2}, {2.0, -1.5, 0.5}};
   configs[5].family = OptimizerFamily::kAdamW;
   configs[6].family = OptimizerFamily::kAdam;
+  configs[7].family = OptimizerFamily::kLion;
+  configs[7].lion_beta1 = 0.8;
+  configs[8].scalar_optimizer = ScalarOptimizer::kLion;
   return configs;
 }
 

@@ -235,9 +235,7 @@ TEST_P(CheckpointRoundTripTest, GpuCheckpointRestoresOnCudaAndOnTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CheckpointRoundTripTest,
-                         ::testing::Values(OptimizerFamily::kAdamW,
-                                           OptimizerFamily::kAdam,
-                                           OptimizerFamily::kMuon));
+                         ::testing::ValuesIn(kAllOptimizerFamilies));
 
 TEST(CheckpointTest, ManifestHoldsSizeAndSha256OfEveryFile) {
   const std::string job_dir = FreshTestDir("ckpt") + "/job-a";
