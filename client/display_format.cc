@@ -113,7 +113,21 @@ std::string DescribeOptimizer(const v1::OptimizerConfig& optimizer) {
             "MUON_WEIGHT_DECAY_MODE_")),
         ", ns precision ",
         absl::AsciiStrToLower(WithoutPrefix(
-            v1::NsPrecision_Name(optimizer.ns_precision()), "NS_PRECISION_")));
+            v1::NsPrecision_Name(optimizer.ns_precision()), "NS_PRECISION_")),
+        ", scalar optimizer ",
+        absl::AsciiStrToLower(WithoutPrefix(
+            v1::ScalarOptimizer_Name(optimizer.scalar_optimizer()),
+            "SCALAR_OPTIMIZER_")));
+  }
+  const bool lion = optimizer.family() == v1::OPTIMIZER_FAMILY_LION ||
+                    (optimizer.family() == v1::OPTIMIZER_FAMILY_MUON &&
+                     optimizer.scalar_optimizer() == v1::SCALAR_OPTIMIZER_LION);
+  if (lion) {
+    std::vector<std::string> lion_betas;
+    for (double beta : optimizer.lion_betas()) {
+      lion_betas.push_back(FormatNumber(beta));
+    }
+    absl::StrAppend(&text, ", lion betas ", absl::StrJoin(lion_betas, ","));
   }
   return text;
 }

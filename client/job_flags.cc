@@ -20,8 +20,30 @@ const std::map<std::string, v1::OptimizerFamily>& OptimizerFamilies() {
   static const auto* families = new std::map<std::string, v1::OptimizerFamily>{
       {"adamw", v1::OPTIMIZER_FAMILY_ADAMW},
       {"adam", v1::OPTIMIZER_FAMILY_ADAM},
-      {"muon", v1::OPTIMIZER_FAMILY_MUON}};
+      {"muon", v1::OPTIMIZER_FAMILY_MUON},
+      {"lion", v1::OPTIMIZER_FAMILY_LION}};
   return *families;
+}
+
+const std::map<std::string, v1::ScalarOptimizer>& ScalarOptimizers() {
+  static const auto* scalars = new std::map<std::string, v1::ScalarOptimizer>{
+      {"adamw", v1::SCALAR_OPTIMIZER_ADAMW},
+      {"lion", v1::SCALAR_OPTIMIZER_LION}};
+  return *scalars;
+}
+
+// "B1,B2" as two numbers, else INVALID_ARGUMENT naming `flag`.
+absl::Status ParseBetas(const std::string& flag, const std::string& text,
+                        const char* example, double* beta1, double* beta2) {
+  std::vector<std::string> parts = absl::StrSplit(text, ',');
+  if (parts.size() != 2 ||
+      !absl::SimpleAtod(absl::StripAsciiWhitespace(parts[0]), beta1) ||
+      !absl::SimpleAtod(absl::StripAsciiWhitespace(parts[1]), beta2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " must be two comma-separated numbers like ",
+                     example, ", got \"", text, "\""));
+  }
+  return absl::OkStatus();
 }
 
 const std::map<std::string, v1::MuonWeightDecayMode>& WeightDecayModes() {
@@ -155,7 +177,7 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
 
   const std::string optim = "Optimizer";
   AddEnumOption(command, flags, optim, "--optimizer", &flags->optimizer,
-                "adamw (default), adam or muon", OptimizerFamilies());
+                "adamw (default), adam, muon or lion", OptimizerFamilies());
   AddFlagOption(command, flags, optim, "--lr", &flags->lr,
                 "Peak learning rate (default 1e-4)");
   AddFlagOption(command, flags, optim, "--weight-decay", &flags->weight_decay,
@@ -193,6 +215,13 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
   AddEnumOption(command, flags, optim, "--ns-precision", &flags->ns_precision,
                 "Newton-Schulz precision: fp32 (default) or bf16",
                 NsPrecisions());
+  AddEnumOption(command, flags, optim, "--scalar-optimizer",
+                &flags->scalar_optimizer,
+                "Muon's optimizer for what is not a matrix: adamw (default) "
+                "or lion",
+                ScalarOptimizers());
+  AddFlagOption(command, flags, optim, "--lion-betas", &flags->lion_betas,
+                "Lion betas B1,B2 (default 0.9,0.99)");
 
   const std::string schedule = "Schedule";
   AddEnumOption(command, flags, schedule, "--schedule", &flags->schedule,
@@ -297,16 +326,10 @@ absl::Status ApplyJobFlags(const JobFlags& flags,
   if (given("--lr")) optimizer->set_lr(flags.lr);
   if (given("--weight-decay")) optimizer->set_weight_decay(flags.weight_decay);
   if (given("--betas")) {
-    std::vector<std::string> parts = absl::StrSplit(flags.betas, ',');
     double beta1 = 0;
     double beta2 = 0;
-    if (parts.size() != 2 ||
-        !absl::SimpleAtod(absl::StripAsciiWhitespace(parts[0]), &beta1) ||
-        !absl::SimpleAtod(absl::StripAsciiWhitespace(parts[1]), &beta2)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--betas must be two comma-separated numbers like 0.9,0.999, got \"",
-          flags.betas, "\""));
-    }
+    LORAPLEX_RETURN_IF_ERROR(
+        ParseBetas("--betas", flags.betas, "0.9,0.999", &beta1, &beta2));
     optimizer->add_betas(beta1);
     optimizer->add_betas(beta2);
   }
@@ -364,6 +387,20 @@ absl::Status ApplyJobFlags(const JobFlags& flags,
         v1::NsPrecision precision,
         LookUp(NsPrecisions(), "--ns-precision", flags.ns_precision));
     optimizer->set_ns_precision(precision);
+  }
+  if (given("--scalar-optimizer")) {
+    LORAPLEX_ASSIGN_OR_RETURN(v1::ScalarOptimizer scalar,
+                              LookUp(ScalarOptimizers(), "--scalar-optimizer",
+                                     flags.scalar_optimizer));
+    optimizer->set_scalar_optimizer(scalar);
+  }
+  if (given("--lion-betas")) {
+    double beta1 = 0;
+    double beta2 = 0;
+    LORAPLEX_RETURN_IF_ERROR(ParseBetas("--lion-betas", flags.lion_betas,
+                                        "0.9,0.99", &beta1, &beta2));
+    optimizer->add_lion_betas(beta1);
+    optimizer->add_lion_betas(beta2);
   }
 
   v1::LrSchedule* schedule = request->mutable_schedule();

@@ -54,6 +54,8 @@ struct JobFlags {
   std::string scale_mode;
   double extra_scale_factor = 0;
   std::string ns_precision;
+  std::string scalar_optimizer;
+  std::string lion_betas;  // "B1,B2".
 
   // Schedule.
   std::string schedule;

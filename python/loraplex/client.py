@@ -11,8 +11,8 @@
 
 Methods answer the API's protobuf messages (typed: the package ships their
 .pyi stubs); configs are given as dicts in the proto's JSON form, with
-optimizer families and job statuses also by their short names ("muon",
-"running"). Errors are loraplex.LoraplexError with the gRPC code and the
+optimizer families, scalar optimizers and job statuses also by their short
+names ("muon", "lion", "running"). Errors are loraplex.LoraplexError with the gRPC code and the
 server's message, which names the field that is wrong.
 """
 
@@ -57,17 +57,23 @@ def _name(kind: str, value: Any) -> str:
     return value if value.startswith(kind + "/") else f"{kind}/{value}"
 
 
+# OptimizerConfig's enum fields also taken by their short names ("lion").
+_SHORT_ENUMS = (("family", "OPTIMIZER_FAMILY_"),
+                ("scalar_optimizer", "SCALAR_OPTIMIZER_"))
+
+
 def _message(cls, value: Mapping[str, Any] | None, field: str):
     if value is None:
         return cls()
     if isinstance(value, cls):
         return value
     value = dict(value)
-    if cls is configs_pb2.OptimizerConfig and isinstance(value.get("family"),
-                                                         str):
-        family = value["family"].upper()
-        if not family.startswith("OPTIMIZER_FAMILY_"):
-            value["family"] = "OPTIMIZER_FAMILY_" + family
+    if cls is configs_pb2.OptimizerConfig:
+        for key, prefix in _SHORT_ENUMS:
+            if isinstance(value.get(key), str):
+                name = value[key].upper()
+                if not name.startswith(prefix):
+                    value[key] = prefix + name
     try:
         return json_format.ParseDict(value, cls())
     except json_format.ParseError as error:

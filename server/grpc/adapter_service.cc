@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -414,9 +415,13 @@ grpc::ServerUnaryReactor* AdapterServiceImpl::ListSlots(
         slot->set_session(FormatResourceName(kSessions, info.session_id));
       }
       slot->set_rank(info.rank);
-      if (info.family == "adamw") slot->set_family(v1::OPTIMIZER_FAMILY_ADAMW);
-      if (info.family == "adam") slot->set_family(v1::OPTIMIZER_FAMILY_ADAM);
-      if (info.family == "muon") slot->set_family(v1::OPTIMIZER_FAMILY_MUON);
+      v1::OptimizerFamily family = v1::OPTIMIZER_FAMILY_UNSPECIFIED;
+      if (v1::OptimizerFamily_Parse(
+              absl::StrCat("OPTIMIZER_FAMILY_",
+                           absl::AsciiStrToUpper(info.family)),
+              &family)) {
+        slot->set_family(family);
+      }
       slot->set_step(info.step);
       slot->set_total_steps(info.total_steps);
       slot->set_lr(info.lr);

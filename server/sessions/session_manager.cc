@@ -30,6 +30,8 @@ absl::StatusOr<OptimizerConfig> StepConfig(const OptimizerConfig& session,
   if (step.eps) config.eps = *step.eps;
   if (step.weight_decay) config.weight_decay = *step.weight_decay;
   if (step.momentum) config.momentum = *step.momentum;
+  if (step.lion_beta1) config.lion_beta1 = *step.lion_beta1;
+  if (step.lion_beta2) config.lion_beta2 = *step.lion_beta2;
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
   if (!(step.grad_clip >= 0) || step.grad_clip > 1e30) {
     return absl::InvalidArgumentError(absl::StrCat(

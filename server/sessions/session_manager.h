@@ -94,7 +94,8 @@ struct SessionInfo {
 
 // This step's hyperparameters; unset ones are the session's.
 struct OptimStepParams {
-  std::optional<double> lr, beta1, beta2, eps, weight_decay, momentum;
+  std::optional<double> lr, beta1, beta2, eps, weight_decay, momentum,
+      lion_beta1, lion_beta2;
   double grad_clip = 0.0;
 };
 

@@ -20,6 +20,8 @@ v1::OptimizerFamily FamilyToProto(OptimizerFamily family) {
       return v1::OPTIMIZER_FAMILY_ADAM;
     case OptimizerFamily::kMuon:
       return v1::OPTIMIZER_FAMILY_MUON;
+    case OptimizerFamily::kLion:
+      return v1::OPTIMIZER_FAMILY_LION;
   }
   return v1::OPTIMIZER_FAMILY_UNSPECIFIED;
 }
@@ -292,6 +294,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::OptimStep(
   if (request->has_eps()) step.eps = request->eps();
   if (request->has_weight_decay()) step.weight_decay = request->weight_decay();
   if (request->has_momentum()) step.momentum = request->momentum();
+  if (request->has_lion_beta1()) step.lion_beta1 = request->lion_beta1();
+  if (request->has_lion_beta2()) step.lion_beta2 = request->lion_beta2();
   step.grad_clip = request->grad_clip_norm();
   return Submit(call, request->session(), request->seq_id(), std::move(native),
                 response);

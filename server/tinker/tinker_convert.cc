@@ -328,12 +328,24 @@ absl::StatusOr<OptimizerConfig> TinkerOptimizerConfig(
     config.family = OptimizerFamily::kAdam;
   } else if (type == "dimuon" || type == "muon") {
     config.family = OptimizerFamily::kMuon;
+  } else if (type == "lion") {
+    config.family = OptimizerFamily::kLion;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer_config.type must be \"adamw\", \"adam\", \"muon\" or "
-        "\"dimuon\" (loraplex's Muon), got ",
+        "optimizer_config.type must be \"adamw\", \"adam\", \"muon\", "
+        "\"dimuon\" (loraplex's Muon) or \"lion\", got ",
         DescribeJson(*fields.Raw("type"))));
   }
+  std::string scalar = "adamw";
+  LORAPLEX_RETURN_IF_ERROR(fields.String("scalar_optimizer", &scalar));
+  const std::optional<ScalarOptimizer> parsed = ParseScalarOptimizer(scalar);
+  if (!parsed.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer_config.scalar_optimizer must be \"adamw\" or \"lion\", "
+        "got ",
+        DescribeJson(*fields.Raw("scalar_optimizer"))));
+  }
+  config.scalar_optimizer = *parsed;
   // Tinker's Adam defaults; every step sends its own.
   config.beta2 = 0.95;
   config.eps = 1e-12;
@@ -378,10 +390,22 @@ absl::StatusOr<OptimStepParams> TinkerOptimStep(const nlohmann::json& request) {
   }
   std::string type;
   LORAPLEX_RETURN_IF_ERROR(fields.String("type", &type));
+  if (type == "lion") {
+    // Lion's own defaults (Emerging-Optimizers'); weight decay as Adam's.
+    double beta1 = 0.9, beta2 = 0.99, weight_decay = 0.0;
+    LORAPLEX_RETURN_IF_ERROR(fields.Number("beta1", &beta1));
+    LORAPLEX_RETURN_IF_ERROR(fields.Number("beta2", &beta2));
+    LORAPLEX_RETURN_IF_ERROR(fields.Number("weight_decay", &weight_decay));
+    step.lion_beta1 = beta1;
+    step.lion_beta2 = beta2;
+    step.weight_decay = weight_decay;
+    return step;
+  }
   if (type != "dimuon" && type != "muon") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer_params.type must be \"dimuon\" or \"muon\", got \"", type,
-        "\""));
+        "optimizer_params.type must be \"dimuon\", \"muon\" or \"lion\", "
+        "got \"",
+        type, "\""));
   }
   double beta1 = 0.9;
   LORAPLEX_RETURN_IF_ERROR(fields.Number("beta1", &beta1));

@@ -59,13 +59,16 @@ absl::StatusOr<LoraConfig> TinkerLoraConfig(const nlohmann::json& lora_config,
                                             uint64_t* seed);
 
 // create_model's optimizer_config: {"type": "adamw"} (the default, also
-// when absent), "adam", or "dimuon" / "muon" for loraplex's Muon.
+// when absent), "adam", "dimuon" / "muon" for loraplex's Muon (with
+// "scalar_optimizer": "adamw" or "lion"), or "lion".
 absl::StatusOr<OptimizerConfig> TinkerOptimizerConfig(
     const nlohmann::json* optimizer_config);
 
 // optim_step's adam_params (Tinker's defaults: lr 1e-4, betas 0.9 and
 // 0.95, eps 1e-12) or optimizer_params ({"type": "dimuon",
-// "learning_rate", "beta1" (momentum), "grad_clip_norm"}).
+// "learning_rate", "beta1" (momentum), "grad_clip_norm"}, or {"type":
+// "lion", "learning_rate", "beta1", "beta2" (0.9, 0.99), "weight_decay",
+// "grad_clip_norm"}).
 absl::StatusOr<OptimStepParams> TinkerOptimStep(const nlohmann::json& request);
 
 // An asample body as loraplex's native request (the base model's weights:

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace loraplex {
 namespace {
 
@@ -108,6 +110,10 @@ TEST(JobFlagsTest, EveryFlag) {
                         "0.3",
                         "--ns-precision",
                         "bf16",
+                        "--scalar-optimizer",
+                        "lion",
+                        "--lion-betas",
+                        "0.85,0.97",
                         "--schedule",
                         "wsd",
                         "--warmup-steps",
@@ -160,6 +166,8 @@ TEST(JobFlagsTest, EveryFlag) {
   EXPECT_EQ(optimizer.scale_mode(), v1::MUON_SCALE_MODE_UNIT_RMS_NORM);
   EXPECT_DOUBLE_EQ(optimizer.extra_scale_factor(), 0.3);
   EXPECT_EQ(optimizer.ns_precision(), v1::NS_PRECISION_BF16);
+  EXPECT_EQ(optimizer.scalar_optimizer(), v1::SCALAR_OPTIMIZER_LION);
+  EXPECT_THAT(optimizer.lion_betas(), ElementsAre(0.85, 0.97));
   const v1::LrSchedule& schedule = request->schedule();
   EXPECT_EQ(schedule.kind(), v1::LR_SCHEDULE_KIND_WSD);
   EXPECT_EQ(schedule.warmup_steps(), 5);
@@ -222,11 +230,22 @@ TEST(JobFlagsTest, InitialCheckpointCanBeLeftOut) {
 }
 
 TEST(JobFlagsTest, BadBetasNameTheFlag) {
-  for (const char* betas : {"0.9", "0.9,0.99,0.999", "a,b", ""}) {
-    auto request = Parse({"--betas", betas});
-    ASSERT_FALSE(request.ok()) << betas;
-    EXPECT_THAT(request.status().message(), HasSubstr("--betas"));
+  for (const char* flag : {"--betas", "--lion-betas"}) {
+    for (const char* betas : {"0.9", "0.9,0.99,0.999", "a,b", ""}) {
+      auto request = Parse({flag, betas});
+      ASSERT_FALSE(request.ok()) << flag << " " << betas;
+      EXPECT_THAT(request.status().message(),
+                  HasSubstr(absl::StrCat(flag, " must be two")));
+    }
   }
+}
+
+TEST(JobFlagsTest, LionFamily) {
+  auto request = Parse({"--optimizer", "lion", "--lion-betas", "0.9,0.98"});
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->optimizer().family(), v1::OPTIMIZER_FAMILY_LION);
+  EXPECT_THAT(request->optimizer().lion_betas(), ElementsAre(0.9, 0.98));
+  EXPECT_THAT(request->optimizer().betas(), ElementsAre());
 }
 
 TEST(JobFlagsTest, CustomCoefficientsAreTriplesAndImplyTheCustomSet) {
@@ -257,6 +276,7 @@ TEST(JobFlagsTest, BadDatasetNameIsRejected) {
 TEST(JobFlagsTest, UnknownEnumValueIsAParseError) {
   EXPECT_THROW(Parse({"--optimizer", "sgd"}), CLI::ValidationError);
   EXPECT_THROW(Parse({"--schedule", "step"}), CLI::ValidationError);
+  EXPECT_THROW(Parse({"--scalar-optimizer", "adam"}), CLI::ValidationError);
 }
 
 TEST(ParseJobStatusTest, AcceptsShortAndFullNames) {

@@ -86,6 +86,9 @@ ConfigProtos FullySetProtos() {
   p.optimizer.set_ns_precision(v1::NS_PRECISION_BF16);
   p.optimizer.set_scale_mode(v1::MUON_SCALE_MODE_UNIT_RMS_NORM);
   p.optimizer.set_extra_scale_factor(0.3);
+  p.optimizer.set_scalar_optimizer(v1::SCALAR_OPTIMIZER_LION);
+  p.optimizer.add_lion_betas(0.85);
+  p.optimizer.add_lion_betas(0.97);
 
   p.schedule.set_kind(v1::LR_SCHEDULE_KIND_WSD);
   p.schedule.set_init_lr(1e-6);
@@ -166,6 +169,9 @@ TEST(JobSpecFromProtoTest, EveryKnobArrives) {
   EXPECT_EQ(o.ns_precision, NsPrecision::kBf16);
   EXPECT_EQ(o.scale_mode, MuonScaleMode::kUnitRmsNorm);
   EXPECT_DOUBLE_EQ(o.extra_scale_factor, 0.3);
+  EXPECT_EQ(o.scalar_optimizer, ScalarOptimizer::kLion);
+  EXPECT_DOUBLE_EQ(o.lion_beta1, 0.85);
+  EXPECT_DOUBLE_EQ(o.lion_beta2, 0.97);
 
   EXPECT_EQ(LrScheduleConfigToJson(spec->schedule),
             (nlohmann::json{{"kind", "wsd"},
@@ -278,7 +284,10 @@ TEST(JobSpecFromProtoTest, BadValuesNameTheField) {
          p.optimizer.set_family(static_cast<v1::OptimizerFamily>(9));
        },
        "optimizer.family must be one of OPTIMIZER_FAMILY_ADAMW, "
-       "OPTIMIZER_FAMILY_ADAM, OPTIMIZER_FAMILY_MUON; got 9"},
+       "OPTIMIZER_FAMILY_ADAM, OPTIMIZER_FAMILY_MUON, OPTIMIZER_FAMILY_LION; "
+       "got 9"},
+      {[](ConfigProtos& p) { p.optimizer.add_lion_betas(0.9); },
+       "optimizer.lion_betas must be a list of 2 numbers"},
       {[](ConfigProtos& p) {
          p.schedule.set_kind(static_cast<v1::LrScheduleKind>(-2));
        },

@@ -40,7 +40,8 @@ TEST(ServiceEndToEndTest, JobsTrainTogetherAndExportTheEngineWeights) {
   const std::vector<std::pair<v1::OptimizerFamily, int64_t>> kinds = {
       {v1::OPTIMIZER_FAMILY_ADAMW, 8},
       {v1::OPTIMIZER_FAMILY_MUON, 16},
-      {v1::OPTIMIZER_FAMILY_ADAM, 4}};
+      {v1::OPTIMIZER_FAMILY_ADAM, 4},
+      {v1::OPTIMIZER_FAMILY_LION, 4}};
   std::vector<v1::Job> jobs;
   for (size_t i = 0; i < kinds.size(); ++i) {
     auto job = client->CreateJob(JobRequest(dataset->name(), kinds[i].first,
@@ -124,10 +125,10 @@ TEST(ServiceEndToEndTest, JobsTrainTogetherAndExportTheEngineWeights) {
 
   auto listed = client->ListAllJobs({v1::JOB_STATUS_SUCCEEDED});
   ASSERT_TRUE(listed.ok());
-  EXPECT_EQ(listed->size(), 3u);
+  EXPECT_EQ(listed->size(), 4u);
   auto adapters = client->ListAllAdapters();
   ASSERT_TRUE(adapters.ok());
-  EXPECT_EQ(adapters->size(), 3u);
+  EXPECT_EQ(adapters->size(), 4u);
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
   EXPECT_THAT(server->Log(), HasSubstr("SUCCEEDED"));
   EXPECT_THAT(server->Log(), HasSubstr("throughput:"));
@@ -159,7 +160,8 @@ TEST(ServiceEndToEndTest, JobsTrainOnCudaAndExportTheEngineWeights) {
        std::vector<std::pair<v1::OptimizerFamily, int64_t>>{
            {v1::OPTIMIZER_FAMILY_ADAMW, 8},
            {v1::OPTIMIZER_FAMILY_MUON, 16},
-           {v1::OPTIMIZER_FAMILY_ADAM, 4}}) {
+           {v1::OPTIMIZER_FAMILY_ADAM, 4},
+           {v1::OPTIMIZER_FAMILY_LION, 4}}) {
     v1::CreateJobRequest request =
         JobRequest(dataset->name(), family, rank, 12, seed++);
     request.mutable_lora()->set_dropout(0.1);

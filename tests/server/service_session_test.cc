@@ -145,6 +145,37 @@ TEST_F(ServiceSessionTest, CallsApplyOnceAndTheLossFalls) {
             absl::StatusCode::kNotFound);
 }
 
+// A Lion session: the family is reported, per-call Lion betas step, and a
+// bad one is refused naming the field with nothing applied.
+TEST_F(ServiceSessionTest, LionSessionStepsWithPerCallBetas) {
+  const std::string session = Open(*alice_, v1::OPTIMIZER_FAMILY_LION, 1e-3);
+  auto info = alice_->GetSession(session);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->family(), v1::OPTIMIZER_FAMILY_LION);
+  std::vector<double> losses;
+  for (int64_t seq = 1; seq <= 6; seq += 2) {
+    auto fb = alice_->ForwardBackward(CrossEntropy(session, seq));
+    ASSERT_TRUE(fb.ok()) << fb.status();
+    losses.push_back(fb->forward_backward().loss());
+    v1::OptimStepRequest step = Step(session, seq + 1, 1e-3);
+    step.set_lion_beta1(0.8);
+    step.set_lion_beta2(0.95);
+    if (seq == 3) {
+      v1::OptimStepRequest bad = step;
+      bad.set_lion_beta2(1.5);
+      const auto refused = alice_->OptimStep(bad);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(refused.status().message()),
+                  HasSubstr("lion_betas[1] must be in [0, 1), got 1.5"));
+    }
+    auto stepped = alice_->OptimStep(step);
+    ASSERT_TRUE(stepped.ok()) << stepped.status();
+    EXPECT_FALSE(stepped->optim_step().skipped());
+    EXPECT_EQ(stepped->optim_step().steps(), (seq + 1) / 2);
+  }
+  EXPECT_LT(losses.back(), losses.front());
+}
+
 // Operations that arrive ahead of their turn wait for the ones before
 // them: a step sent before its forward/backward still steps on its
 // gradients; RetrieveResult on one still waiting answers "not yet".

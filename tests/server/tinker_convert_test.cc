@@ -413,6 +413,18 @@ TEST(TinkerConvertTest, OptimizerFamiliesAndSteps) {
   const nlohmann::json sgd = {{"type", "sgd"}};
   EXPECT_THAT(TinkerOptimizerConfig(&sgd).status().message(),
               HasSubstr("optimizer_config.type"));
+  const nlohmann::json lion = {{"type", "lion"}};
+  EXPECT_EQ(TinkerOptimizerConfig(&lion)->family, OptimizerFamily::kLion);
+  const nlohmann::json muon_lion = {{"type", "muon"},
+                                    {"scalar_optimizer", "lion"}};
+  EXPECT_EQ(TinkerOptimizerConfig(&muon_lion)->scalar_optimizer,
+            ScalarOptimizer::kLion);
+  EXPECT_EQ(TinkerOptimizerConfig(&dimuon)->scalar_optimizer,
+            ScalarOptimizer::kAdamW);
+  const nlohmann::json bad_scalar = {{"type", "muon"},
+                                     {"scalar_optimizer", "sgd"}};
+  EXPECT_THAT(TinkerOptimizerConfig(&bad_scalar).status().message(),
+              HasSubstr("optimizer_config.scalar_optimizer must be"));
 
   // The SDK always sends every Adam field; absent ones take its defaults.
   absl::StatusOr<OptimStepParams> adam = TinkerOptimStep(nlohmann::json{
@@ -433,6 +445,18 @@ TEST(TinkerConvertTest, OptimizerFamiliesAndSteps) {
   EXPECT_DOUBLE_EQ(*muon->lr, 0.02);
   EXPECT_DOUBLE_EQ(*muon->momentum, 0.8);
   EXPECT_FALSE(muon->beta2.has_value());
+
+  // Lion's own defaults; its betas are not Adam's.
+  absl::StatusOr<OptimStepParams> lion_step = TinkerOptimStep(nlohmann::json{
+      {"optimizer_params",
+       {{"type", "lion"}, {"learning_rate", 3e-5}, {"beta2", 0.98}}}});
+  ASSERT_TRUE(lion_step.ok()) << lion_step.status();
+  EXPECT_DOUBLE_EQ(*lion_step->lr, 3e-5);
+  EXPECT_DOUBLE_EQ(*lion_step->lion_beta1, 0.9);
+  EXPECT_DOUBLE_EQ(*lion_step->lion_beta2, 0.98);
+  EXPECT_DOUBLE_EQ(*lion_step->weight_decay, 0.0);
+  EXPECT_FALSE(lion_step->beta1.has_value());
+  EXPECT_FALSE(lion_step->momentum.has_value());
 
   EXPECT_THAT(
       TinkerOptimStep(nlohmann::json{{"model_id", "m"}}).status().message(),
