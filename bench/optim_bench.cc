@@ -70,34 +70,51 @@ std::vector<torch::Tensor> SlotLoraParameters(int64_t layers, int64_t hidden,
   return params;
 }
 
-void CompareMuonWithAdamW(int rounds) {
-  // The built-in "small" model: 4 layers, hidden 512, GQA kv 256, MLP 1408;
-  // rank 16 on all seven targets.
-  std::vector<torch::Tensor> muon_params =
-      SlotLoraParameters(4, 512, 256, 1408, 16);
-  std::vector<torch::Tensor> adamw_params;
-  for (const torch::Tensor& p : muon_params) {
-    adamw_params.push_back(p.detach().clone().requires_grad_());
-    adamw_params.back().mutable_grad() = p.grad().clone();
-  }
-  loraplex::OptimizerConfig muon_config;
-  muon_config.family = loraplex::OptimizerFamily::kMuon;
+// `slots` slots of `family` against as many AdamW slots, on the same
+// parameters and gradients, stepped together as the trainer steps them.
+void CompareFamilyWithAdamW(loraplex::OptimizerFamily family, int slots,
+                            int rounds) {
+  loraplex::OptimizerConfig config;
+  config.family = family;
   loraplex::OptimizerConfig adamw_config;
   adamw_config.family = loraplex::OptimizerFamily::kAdamW;
-  auto muon = loraplex::BuildSlotOptimizer(muon_config, muon_params);
-  auto adamw = loraplex::BuildSlotOptimizer(adamw_config, adamw_params);
-  if (!muon.ok() || !adamw.ok()) {
-    std::cerr << "building the optimizers failed\n";
-    std::exit(1);
-  }
+  std::vector<loraplex::SlotOptimizer> family_slots, adamw_slots;
   int64_t numel = 0;
-  for (const torch::Tensor& p : muon_params) numel += p.numel();
-  const auto [muon_time, adamw_time] =
-      TimeSideBySide([&] { muon->Step(); }, [&] { adamw->Step(); }, rounds);
-  std::cout << "  " << muon_params.size() << " LoRA matrices, " << numel
-            << " parameters\n"
-            << "  Muon step " << muon_time * 1e3 << " ms   AdamW step "
-            << adamw_time * 1e3 << " ms   Muon/AdamW " << muon_time / adamw_time
+  size_t matrices = 0;
+  for (int s = 0; s < slots; ++s) {
+    // The built-in "small" model: 4 layers, hidden 512, GQA kv 256, MLP
+    // 1408; rank 16 on all seven targets.
+    std::vector<torch::Tensor> params =
+        SlotLoraParameters(4, 512, 256, 1408, 16);
+    std::vector<torch::Tensor> copies;
+    for (const torch::Tensor& p : params) {
+      copies.push_back(p.detach().clone().requires_grad_());
+      copies.back().mutable_grad() = p.grad().clone();
+      numel += p.numel();
+    }
+    matrices += params.size();
+    auto built = loraplex::BuildSlotOptimizer(config, params);
+    auto adamw = loraplex::BuildSlotOptimizer(adamw_config, copies);
+    if (!built.ok() || !adamw.ok()) {
+      std::cerr << "building the optimizers failed\n";
+      std::exit(1);
+    }
+    family_slots.push_back(*std::move(built));
+    adamw_slots.push_back(*std::move(adamw));
+  }
+  std::vector<loraplex::SlotOptimizer*> family_all, adamw_all;
+  for (int s = 0; s < slots; ++s) {
+    family_all.push_back(&family_slots[s]);
+    adamw_all.push_back(&adamw_slots[s]);
+  }
+  const auto [family_time, adamw_time] =
+      TimeSideBySide([&] { loraplex::StepSlotOptimizers(family_all); },
+                     [&] { loraplex::StepSlotOptimizers(adamw_all); }, rounds);
+  const std::string name(loraplex::OptimizerFamilyName(family));
+  std::cout << "  " << slots << " slot(s), " << matrices << " LoRA matrices, "
+            << numel << " parameters   " << name << " step "
+            << family_time * 1e3 << " ms   adamw step " << adamw_time * 1e3
+            << " ms   " << name << "/adamw " << family_time / adamw_time
             << "x\n";
 }
 
@@ -170,8 +187,12 @@ int main(int argc, char** argv) {
                                                 {64, 4096}}) {
     CompareNewtonSchulz(rows, cols, rounds);
   }
-  std::cout << "\nOne optimizer step over one slot's LoRA parameters\n";
-  CompareMuonWithAdamW(rounds);
+  std::cout << "\nOne optimizer step of 1 and 16 slots' LoRA parameters, "
+               "each family beside AdamW\n";
+  for (loraplex::OptimizerFamily family :
+       {loraplex::OptimizerFamily::kMuon, loraplex::OptimizerFamily::kLion}) {
+    for (int slots : {1, 16}) CompareFamilyWithAdamW(family, slots, rounds);
+  }
   std::cout << "\nMuon steps of many slots, all seven targets (goal at 16 "
                "slots: slot-by-slot/across >= 3x)\n";
   const LoraShape shapes[] = {{"tiny model rank 8", 2, 64, 32, 176, 8},

@@ -189,17 +189,19 @@ int main(int argc, char** argv) {
                        reference_time / grouped_time});
   }
 
-  // P3: Muon's share of a step.
-  if (!p1_only) {
-    auto pool = BenchPool(config, {.capacity = slots}, slots, kRank, 1, 128,
-                          OptimizerFamily::kMuon);
+  // P3: the optimizer's share of a step, Muon's and Lion's.
+  for (OptimizerFamily family :
+       {OptimizerFamily::kMuon, OptimizerFamily::kLion}) {
+    if (p1_only) break;
+    auto pool =
+        BenchPool(config, {.capacity = slots}, slots, kRank, 1, 128, family);
     if (pool == nullptr) return 1;
     std::vector<TrainingSlot*> all = pool->ActiveSlots();
     std::vector<SlotOptimizer*> optimizers;
     for (TrainingSlot* slot : all) optimizers.push_back(&*slot->optimizer);
     CoBatchOptions options;
     const std::function<void()> attach_grads = GradientAttacher(all);
-    const auto [step, muon] = TimeSideBySide(
+    const auto [step, optimizer] = TimeSideBySide(
         [&] {
           if (!TrainCoBatchStep(**model, all, options).ok()) std::abort();
         },
@@ -208,11 +210,14 @@ int main(int argc, char** argv) {
           StepSlotOptimizers(optimizers);
         },
         rounds);
-    std::cout << slots << " Muon slots x 1 x 128 tokens: step " << step * 1e3
-              << " ms, of which Muon " << muon * 1e3 << " ms\n";
-    results.push_back({"P3 Muon's share of a step, " + std::to_string(slots) +
+    const std::string name(OptimizerFamilyName(family));
+    std::cout << slots << " " << name << " slots x 1 x 128 tokens: step "
+              << step * 1e3 << " ms, of which the " << name << " step "
+              << optimizer * 1e3 << " ms\n";
+    results.push_back({"P3 " + name + "'s share of a step, " +
+                           std::to_string(slots) +
                            " slots x 1 x 128 tokens (goal <= 0.1)",
-                       muon / step});
+                       optimizer / step});
   }
 
   // P5: attach + retire, storage reused after the first attach.
