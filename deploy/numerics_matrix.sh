@@ -40,11 +40,16 @@ for family in "${families[@]}"; do
   echo "==> numerics tests with OPENBLAS_CORETYPE=$openblas" \
     "ATEN_CPU_CAPABILITY=$aten MKL_ENABLE_INSTRUCTIONS=$mkl" \
     "ONEDNN_MAX_CPU_ISA=$onednn, $threads thread(s)"
+  # OMP_WAIT_POLICY=PASSIVE: with 2 threads per process and -j2 running
+  # multi-process tests side by side, OpenMP threads that spin while they
+  # wait starve the other processes' ranks of the 2 cores until their
+  # timeouts expire; sleeping threads do not, and rounding is the same.
   if ! env OPENBLAS_CORETYPE="$openblas" OPENBLAS_L2_SIZE=512 \
       ATEN_CPU_CAPABILITY="$aten" MKL_ENABLE_INSTRUCTIONS="$mkl" \
       ONEDNN_MAX_CPU_ISA="$onednn" \
       LORAPLEX_TEST_THREADS="$threads" OMP_NUM_THREADS="$threads" \
       MKL_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" \
+      OMP_WAIT_POLICY=PASSIVE \
       ctest --test-dir "$build" --output-on-failure -j2 -L numerics -LE long; then
     failed+=("$family/$threads")
   fi
