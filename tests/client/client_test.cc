@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "client/job_progress.h"
 #include "core/common/sha256.h"
 #include "tests/client/fake_loraplex_server.h"
@@ -273,14 +275,18 @@ TEST_F(ClientTest, WatchJobEndsWhenCancelledFromAnotherThread) {
   auto client = Connect();
   WatchCancellation cancellation;
   int seen = 0;
+  // Cancels once the event arrived (the watch then waits on the open
+  // stream), not after a fixed time a loaded machine may overrun.
+  absl::Notification event_seen;
   std::thread canceller([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    event_seen.WaitForNotificationWithTimeout(absl::Seconds(60));
     cancellation.Cancel();
   });
   absl::Status status = client->WatchJob(
       "jobs/j1", 0,
       [&](const v1::JobEvent&) {
         ++seen;
+        if (!event_seen.HasBeenNotified()) event_seen.Notify();
         return true;
       },
       &cancellation);
