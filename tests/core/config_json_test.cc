@@ -76,8 +76,7 @@ TEST(ConfigJsonTest, BadOptimizerValuesNameTheField) {
   EXPECT_EQ(OptimizerError({{"family", "lion"}, {"lion_betas", {0.9, 1.0}}}),
             "optimizer.lion_betas[1] must be in [0, 1), got 1");
   EXPECT_EQ(OptimizerError({{"lion_betas", 0.9}}),
-            "optimizer.lion_betas must be a list of 2 numbers, got a JSON "
-            "number");
+            "optimizer.lion_betas must be a list of 2 numbers, got 0.9");
   EXPECT_EQ(OptimizerError({{"family", "muon"}, {"coefficient_set", "cubic"}}),
             "optimizer.coefficient_set must be one of simple, quintic, "
             "polar_express, aol, custom; got \"cubic\"");

@@ -238,9 +238,9 @@ TEST(JobSpecFromProtoTest, EveryEnumValueMaps) {
           << field->full_name();
     }
   }
-  // family 3, weight_decay_mode 3, coefficient_set 5, ns_precision 2,
-  // scale_mode 3, kind 4.
-  EXPECT_EQ(checked, 20);
+  // family 4, weight_decay_mode 3, coefficient_set 5, ns_precision 2,
+  // scale_mode 3, scalar_optimizer 2, kind 4.
+  EXPECT_EQ(checked, 23);
 }
 
 TEST(JobSpecFromProtoTest, BadValuesNameTheField) {
