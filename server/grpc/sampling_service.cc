@@ -9,11 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/tokenizer/unicode_text.h"
+#include "server/grpc/stream_text.h"
 
 namespace loraplex {
 namespace {
-
-constexpr char kReplacementCharacter[] = "\xEF\xBF\xBD";
 
 v1::StopReason StopReasonToProto(StopReason reason) {
   switch (reason) {
@@ -36,11 +35,7 @@ class SampleStreamReactor
  public:
   SampleStreamReactor(const ServiceContext* context,
                       std::vector<std::string> stops)
-      : context_(context), stops_(std::move(stops)) {
-    for (const std::string& stop : stops_) {
-      if (!stop.empty()) holdback_ = std::max(holdback_, stop.size() - 1);
-    }
-  }
+      : context_(context), stops_(std::move(stops)) {}
 
   void Retain() { ++owners_; }
   void Release() {
@@ -111,10 +106,6 @@ class SampleStreamReactor
     int64_t token;
     double logprob;
   };
-  struct Stream {
-    std::vector<int64_t> tokens;
-    size_t sent_bytes = 0;
-  };
 
   // Turns the drawn tokens into chunks, each with the text that can no
   // longer change: not an incomplete character, not what could still turn
@@ -130,44 +121,21 @@ class SampleStreamReactor
     }
     std::vector<v1::SampleStreamChunk> chunks;
     for (const Drawn& d : drawn) {
-      Stream& stream = streams_[d.sample];
-      stream.tokens.push_back(d.token);
+      auto stream = streams_.find(d.sample);
+      if (stream == streams_.end()) {
+        stream =
+            streams_
+                .emplace(d.sample,
+                         StreamText(&context_->datasets->tokenizer(), stops_))
+                .first;
+      }
       v1::SampleStreamChunk chunk;
       v1::SampledToken* token = chunk.mutable_token();
       token->set_sample(static_cast<int32_t>(d.sample));
       token->set_token(d.token);
       token->set_logprob(d.logprob);
-      absl::StatusOr<std::string> text =
-          context_->datasets->tokenizer().Decode(stream.tokens);
-      if (text.ok()) *text = Utf8Lossy(*text);
-      if (text.ok()) {
-        size_t stable = text->size();
-        while (stable >= 3 &&
-               text->compare(stable - 3, 3, kReplacementCharacter) == 0) {
-          stable -= 3;
-        }
-        // A stop string already in the text ends it before the string; one
-        // still to come can start only in the last holdback_ bytes.
-        // The same cut as the final text's.
-        const size_t match = StopStringCut(*text, stops_);
-        if (match != std::string::npos) {
-          stable = std::min(stable, match);
-        } else {
-          stable = stable > holdback_ ? stable - holdback_ : 0;
-        }
-        // Never inside a character.
-        while (stable > 0 && stable < text->size() &&
-               (static_cast<unsigned char>((*text)[stable]) & 0xC0) == 0x80) {
-          --stable;
-        }
-        if (stable > stream.sent_bytes &&
-            text->compare(0, stream.sent_bytes, *text, 0, stream.sent_bytes) ==
-                0) {
-          token->set_text(
-              text->substr(stream.sent_bytes, stable - stream.sent_bytes));
-          stream.sent_bytes = stable;
-        }
-      }
+      std::string text = stream->second.Append(d.token);
+      if (!text.empty()) token->set_text(std::move(text));
       chunks.push_back(std::move(chunk));
     }
     absl::MutexLock lock(&mu_);
@@ -196,11 +164,10 @@ class SampleStreamReactor
 
   const ServiceContext* context_;
   const std::vector<std::string> stops_;
-  size_t holdback_ = 0;
   std::atomic<int> owners_{1};
   std::atomic<bool> cancelled_{false};
   absl::Mutex flush_mu_;  // Taken before mu_.
-  std::map<int64_t, Stream> streams_ ABSL_GUARDED_BY(flush_mu_);
+  std::map<int64_t, StreamText> streams_ ABSL_GUARDED_BY(flush_mu_);
   absl::Mutex mu_;
   std::deque<Drawn> drawn_ ABSL_GUARDED_BY(mu_);
   bool flush_posted_ ABSL_GUARDED_BY(mu_) = false;
