@@ -70,14 +70,8 @@ absl::StatusOr<std::string> TenantAuthenticator::Authenticate(
         "this server requires a token: send the metadata "
         "\"authorization: Bearer <token>\"");
   }
-  absl::string_view value(it->second.data(), it->second.size());
-  constexpr absl::string_view kBearer = "Bearer ";
-  if (!absl::StartsWithIgnoreCase(value, kBearer)) {
-    return absl::UnauthenticatedError(
-        "the authorization metadata must read \"Bearer <token>\"");
-  }
-  value.remove_prefix(kBearer.size());
-  return TenantOf(value);
+  return TenantOfBearer(absl::string_view(it->second.data(), it->second.size()),
+                        "authorization metadata");
 }
 
 absl::StatusOr<std::string> TenantAuthenticator::AuthenticateApiKey(
@@ -88,6 +82,28 @@ absl::StatusOr<std::string> TenantAuthenticator::AuthenticateApiKey(
         "this server requires a key: send the header \"X-API-Key: <token>\"");
   }
   return TenantOf(*api_key);
+}
+
+absl::StatusOr<std::string> TenantAuthenticator::AuthenticateBearer(
+    const std::optional<std::string>& authorization) const {
+  if (tenants_by_token_.empty()) return std::string(kDefaultTenant);
+  if (!authorization.has_value()) {
+    return absl::UnauthenticatedError(
+        "this server requires a key: send the header \"Authorization: "
+        "Bearer <token>\"");
+  }
+  return TenantOfBearer(*authorization, "Authorization header");
+}
+
+absl::StatusOr<std::string> TenantAuthenticator::TenantOfBearer(
+    absl::string_view value, absl::string_view where) const {
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWithIgnoreCase(value, kBearer)) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the ", where, " must read \"Bearer <token>\""));
+  }
+  value.remove_prefix(kBearer.size());
+  return TenantOf(value);
 }
 
 absl::StatusOr<std::string> TenantAuthenticator::TenantOf(

@@ -44,9 +44,16 @@ class TenantAuthenticator {
   // sent), as the Tinker SDK sends it.
   absl::StatusOr<std::string> AuthenticateApiKey(
       const std::optional<std::string>& api_key) const;
+  // The same for an HTTP call's `Authorization: Bearer <token>` header (the
+  // header's value; std::nullopt: none sent), as OpenAI clients send it.
+  absl::StatusOr<std::string> AuthenticateBearer(
+      const std::optional<std::string>& authorization) const;
 
  private:
   absl::StatusOr<std::string> TenantOf(absl::string_view token) const;
+  // `value` as "Bearer <token>" (any case); `where` names it in errors.
+  absl::StatusOr<std::string> TenantOfBearer(absl::string_view value,
+                                             absl::string_view where) const;
 
   std::map<std::string, std::string, std::less<>> tenants_by_token_;
 };

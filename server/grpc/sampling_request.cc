@@ -1,5 +1,6 @@
 #include "server/grpc/sampling_request.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -53,16 +54,20 @@ absl::StatusOr<std::vector<int64_t>> PromptOf(const ServiceContext& context,
                 : absl::StrCat("the model's chat template cannot be used: ",
                                context.chat_template_error.message()));
       }
-      if (request.messages.empty()) {
+      nlohmann::ordered_json messages = request.message_objects;
+      if (!messages.is_array()) {
+        messages = nlohmann::ordered_json::array();
+        for (const SampleChatMessage& message : request.messages) {
+          messages.push_back(
+              {{"role", message.role}, {"content", message.content}});
+        }
+      }
+      if (messages.empty()) {
         return absl::InvalidArgumentError("messages must not be empty");
       }
-      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-      for (const SampleChatMessage& message : request.messages) {
-        messages.push_back(
-            {{"role", message.role}, {"content", message.content}});
-      }
       ChatRenderOptions options;
-      options.add_generation_prompt = true;
+      options.add_generation_prompt = request.add_generation_prompt;
+      options.tools = request.tools;
       if (const std::string& kwargs = request.chat_template_kwargs;
           !kwargs.empty()) {
         absl::StatusOr<nlohmann::json> parsed =
@@ -154,6 +159,12 @@ absl::StatusOr<SampleCommand> SampleCommandOf(const ServiceContext& context,
   command.n = request.n;
   SamplingParams& params = command.params;
   params.max_tokens = request.max_tokens;
+  if (request.max_tokens_fills_context) {
+    const int64_t room = context.model.max_position_embeddings -
+                         static_cast<int64_t>(command.prompt.size());
+    params.max_tokens =
+        std::max<int64_t>(1, std::min(context.limits.max_sample_tokens, room));
+  }
   params.temperature = request.temperature;
   params.top_p = request.top_p;
   params.top_k = request.top_k;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "server/jobs/job_trainer.h"
 
 namespace loraplex {
@@ -51,15 +52,26 @@ struct SamplingRequest {
   std::string text;
   std::vector<int64_t> tokens;
   std::vector<SampleChatMessage> messages;
+  // The chat messages as JSON objects, as the OpenAI API sends them (role,
+  // content, tool_calls, tool_call_id, ...): used instead of `messages`
+  // when not null.
+  nlohmann::ordered_json message_objects;
+  // The template's `tools` (null: none).
+  nlohmann::ordered_json tools;
   // Further template variables of `messages`, a JSON object's text; empty:
   // none.
   std::string chat_template_kwargs;
+  // Whether the rendered prompt ends with the assistant's turn opening.
+  bool add_generation_prompt = true;
 
   SampleWeights weights_kind = SampleWeights::kBaseModel;
   std::string weights;
 
   int64_t n = 1;  // Samples drawn from the prompt.
   int64_t max_tokens = 256;
+  // Instead of max_tokens: as many as the server's max_sample_tokens and
+  // the model's context after the prompt allow.
+  bool max_tokens_fills_context = false;
   double temperature = 1.0;      // 0: greedy.
   double top_p = 1.0;            // 1: off.
   int64_t top_k = 0;             // 0: off.

@@ -581,6 +581,22 @@ absl::StatusOr<std::string> TinkerApi::SavedId(
   return it->second.id;
 }
 
+absl::StatusOr<std::string> TinkerApi::SamplerWeightsAdapter(
+    const std::string& tenant, const std::string& path) const {
+  absl::MutexLock lock(&mu_);
+  return SavedId(sampler_weights_, tenant, path, "no sampler weights at");
+}
+
+std::vector<std::string> TinkerApi::SamplerWeightsPaths(
+    const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> paths;
+  for (const auto& [path, saved] : sampler_weights_) {
+    if (saved.tenant == tenant) paths.push_back(path);
+  }
+  return paths;
+}
+
 absl::StatusOr<std::string> TinkerApi::GetInfo(
     const std::string& tenant, const httplib::Request& request) {
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json body, JsonBody(request));

@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -79,6 +80,14 @@ class TinkerApi {
   void Register(httplib::Server& server);
   // Answers the retrieve_future calls waiting and refuses new ones.
   void Stop();
+
+  // The adapter a tenant saved at a sampler path
+  // ("tinker://…/sampler_weights/…"), for the OpenAI API's `model`;
+  // NOT_FOUND when the tenant has none there.
+  absl::StatusOr<std::string> SamplerWeightsAdapter(
+      const std::string& tenant, const std::string& path) const;
+  // The tenant's sampler paths.
+  std::vector<std::string> SamplerWeightsPaths(const std::string& tenant) const;
 
  private:
   // A call's result: a body with its content type, or an error.

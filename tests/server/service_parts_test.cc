@@ -121,12 +121,25 @@ TEST(TenantAuthenticatorTest, MapsBearerTokensToTenants) {
     EXPECT_EQ(auth->Authenticate(metadata).status().code(),
               absl::StatusCode::kUnauthenticated);
   }
+  // The HTTP Authorization header of OpenAI clients, the same way.
+  EXPECT_EQ(*auth->AuthenticateBearer(bob), "bob");
+  EXPECT_EQ(*auth->AuthenticateBearer(lower), "ann");
+  for (const std::optional<std::string>& header :
+       {std::optional<std::string>(), std::optional<std::string>(unknown),
+        std::optional<std::string>(basic)}) {
+    EXPECT_EQ(auth->AuthenticateBearer(header).status().code(),
+              absl::StatusCode::kUnauthenticated);
+  }
+  EXPECT_THAT(auth->AuthenticateBearer(std::nullopt).status().message(),
+              HasSubstr("Authorization: Bearer <token>"));
 }
 
 TEST(TenantAuthenticatorTest, WithoutTokensEveryCallerIsTheDefaultTenant) {
   const TenantAuthenticator auth = TenantAuthenticator::SingleTenant();
   EXPECT_FALSE(auth.requires_tokens());
   EXPECT_EQ(*auth.Authenticate(Metadata{}), kDefaultTenant);
+  EXPECT_EQ(*auth.AuthenticateBearer(std::nullopt), kDefaultTenant);
+  EXPECT_EQ(*auth.AuthenticateBearer("Bearer anything"), kDefaultTenant);
 }
 
 TEST(TenantAuthenticatorTest, BadTokensFilesNameTheLineAndTheReason) {
