@@ -110,6 +110,7 @@ int Server::Stop() {
       absl::UnavailableError("the server is shutting down"));
   sessions_->Stop();  // No session call is left waiting for its turn.
   tinker_->Stop();    // Nor a long poll.
+  openai_->Stop();    // Nor a stream.
   if (http_ != nullptr) http_->Stop();
   grpc_server_->Shutdown(std::chrono::system_clock::now() +
                          std::chrono::seconds(1));
@@ -388,6 +389,16 @@ absl::Status Server::StartHttpApi() {
   tinker_options.max_wait = std::chrono::seconds(flags_.tinker_poll_seconds);
   tinker_options.max_samples_per_tenant = flags_.tinker_max_samples;
   tinker_ = std::make_unique<TinkerApi>(&context_, tinker_options);
+  // The OpenAI API; `model` may name a Tinker sampler's weights.
+  OpenAiApiOptions openai_options;
+  openai_options.tinker_adapter = [this](const std::string& tenant,
+                                         const std::string& path) {
+    return tinker_->SamplerWeightsAdapter(tenant, path);
+  };
+  openai_options.tinker_paths = [this](const std::string& tenant) {
+    return tinker_->SamplerWeightsPaths(tenant);
+  };
+  openai_ = std::make_unique<OpenAiApi>(&context_, openai_options);
   if (flags_.http_listen.empty()) return absl::OkStatus();
   HttpListenerOptions http_options;
   http_options.address = flags_.http_listen;
@@ -397,6 +408,7 @@ absl::Status Server::StartHttpApi() {
   absl::StatusOr<std::unique_ptr<HttpListener>> started =
       HttpListener::Start(http_options, [this](httplib::Server& routes) {
         tinker_->Register(routes);
+        openai_->Register(routes);
         RegisterMetrics(routes, &context_);
       });
   if (!started.ok()) {
@@ -409,8 +421,11 @@ absl::Status Server::StartHttpApi() {
   http_ = *std::move(started);
   const std::string http_host =
       flags_.http_listen.substr(0, flags_.http_listen.rfind(':'));
-  logger_.Info("Tinker API on ", flags_.tls_cert.empty() ? "http" : "https",
-               "://", http_host, ":", http_->port(), "/api/v1");
+  const std::string root =
+      absl::StrCat(flags_.tls_cert.empty() ? "http" : "https", "://", http_host,
+                   ":", http_->port());
+  logger_.Info("Tinker API on ", root, "/api/v1");
+  logger_.Info("OpenAI API on ", root, "/v1");
   return absl::OkStatus();
 }
 

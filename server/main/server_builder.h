@@ -48,6 +48,7 @@
 #include "server/jobs/job_scheduler.h"
 #include "server/main/base_loading.h"
 #include "server/main/server_flags.h"
+#include "server/openai/openai_api.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_service.h"
 #include "server/store/job_store.h"
@@ -152,6 +153,7 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::string address_;  // HOST:PORT the gRPC server serves on.
   std::unique_ptr<TinkerApi> tinker_;
+  std::unique_ptr<OpenAiApi> openai_;
   std::unique_ptr<HttpListener> http_;  // Null without --http-listen.
 };
 

@@ -1,0 +1,90 @@
+// The OpenAI API over loraplex's sampler, on the HTTP listener:
+//
+//   POST /v1/chat/completions   messages rendered with the model's chat
+//                               template, then sampled
+//   POST /v1/completions        a text or token-id prompt
+//   GET  /v1/models             the weights the caller may name as `model`
+//
+// `model` names the weights (openai_convert.h: the base model's name,
+// adapters/{id}, jobs/{id}, jobs/{id}/checkpoints/{step}, a Tinker sampler
+// path). Requests are sampled by the trainer's sampler, co-batched with
+// everything else (docs/DESIGN.md §11); `stream: true` answers server-sent
+// events as the tokens are drawn, ending with `data: [DONE]`. Keys are
+// `Authorization: Bearer <token>` with a --tokens-file token (any key, or
+// none, without a tokens file); each tenant has at most
+// limits.max_samples_per_tenant requests in flight (beyond: 429). Errors
+// are OpenAI's shape, {"error": {"message", "type", "param", "code"}}.
+//
+//   OpenAiApi openai(&context, OpenAiApiOptions());
+//   openai.Register(http_server);
+//   ...
+//   openai.Stop();  // ends the open streams
+#ifndef LORAPLEX_SERVER_OPENAI_OPENAI_API_H_
+#define LORAPLEX_SERVER_OPENAI_OPENAI_API_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/grpc/service_context.h"
+#include "server/openai/openai_convert.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace loraplex {
+
+struct OpenAiApiOptions {
+  // The adapter id behind a tenant's Tinker sampler path
+  // ("tinker://…/sampler_weights/…"); may be empty.
+  std::function<absl::StatusOr<std::string>(const std::string& tenant,
+                                            const std::string& path)>
+      tinker_adapter;
+  // The tenant's Tinker sampler paths, listed by /v1/models; may be empty.
+  std::function<std::vector<std::string>(const std::string& tenant)>
+      tinker_paths;
+};
+
+class OpenAiApi {
+ public:
+  OpenAiApi(const ServiceContext* context, OpenAiApiOptions options);
+  ~OpenAiApi();
+  OpenAiApi(const OpenAiApi&) = delete;
+  OpenAiApi& operator=(const OpenAiApi&) = delete;
+
+  // Adds the routes under /v1/.
+  void Register(httplib::Server& server);
+  // Ends the streams still open (their samples stop) and refuses new
+  // calls with 503.
+  void Stop();
+
+ private:
+  void Complete(OpenAiEndpoint endpoint, const httplib::Request& request,
+                httplib::Response& response);
+  void ListModels(const httplib::Request& request, httplib::Response& response);
+  absl::StatusOr<std::string> TenantOf(const httplib::Request& request) const;
+
+  // The tenant's admission to one more request in flight, or
+  // RESOURCE_EXHAUSTED.
+  absl::Status Enter(const std::string& tenant);
+  void Leave(const std::string& tenant);
+
+  const ServiceContext* context_;
+  OpenAiApiOptions options_;
+  std::atomic<bool> stopped_{false};
+  std::atomic<int64_t> next_id_{1};
+  absl::Mutex mu_;
+  std::map<std::string, int64_t> in_flight_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_SERVER_OPENAI_OPENAI_API_H_
