@@ -25,6 +25,8 @@ void AddAdapterCommands(CLI::App& app, CliContext& context,
 // `sample`.
 void AddSampleCommand(CLI::App& app, CliContext& context,
                       CommandAction* action);
+// `chat`.
+void AddChatCommand(CLI::App& app, CliContext& context, CommandAction* action);
 // `quickstart`.
 void AddQuickstartCommand(CLI::App& app, CliContext& context,
                           CommandAction* action);

@@ -73,6 +73,7 @@ int Main(int argc, char** argv) {
   AddJobCommands(app, context, &action);
   AddAdapterCommands(app, context, &action);
   AddSampleCommand(app, context, &action);
+  AddChatCommand(app, context, &action);
   AddQuickstartCommand(app, context, &action);
 
   try {

@@ -1,18 +1,25 @@
 // `loraplex sample`: generate from the base model, a stored adapter, a job
 // (its current weights while it runs) or a checkpoint. Streams the text as
 // it is drawn; --json prints the whole response (token ids, logprobs).
+// `loraplex chat`: a conversation with the same weights, one user turn per
+// line of input, each reply streamed.
+#include <unistd.h>
+
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/cli_commands.h"
 #include "core/common/read_file.h"
 #include "core/common/resource_names.h"
+#include "core/common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace loraplex {
@@ -73,6 +80,29 @@ absl::Status ReadMessages(const std::string& path, v1::ChatPrompt* prompt) {
   return absl::OkStatus();
 }
 
+// The weights of --adapter, --job or --checkpoint (none: the base model).
+absl::Status SetWeights(const std::string& adapter, const std::string& job,
+                        const std::string& checkpoint,
+                        v1::SampleRequest* request) {
+  const int weights = !adapter.empty() + !job.empty() + !checkpoint.empty();
+  if (weights > 1) {
+    return absl::InvalidArgumentError(
+        "give at most one of --adapter, --job and --checkpoint (none: the "
+        "base model)");
+  }
+  if (!adapter.empty()) {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string name,
+                              ResourceName(kAdapters, adapter));
+    request->set_adapter(name);
+  }
+  if (!job.empty()) {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string name, ResourceName(kJobs, job));
+    request->set_job(name);
+  }
+  if (!checkpoint.empty()) request->set_checkpoint(checkpoint);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::SampleRequest> RequestOf(const SampleFlags& flags) {
   v1::SampleRequest request;
   const int prompts = !flags.prompt.empty() + !flags.messages_file.empty() +
@@ -106,24 +136,8 @@ absl::StatusOr<v1::SampleRequest> RequestOf(const SampleFlags& flags) {
       request.mutable_tokens()->add_ids(id);
     }
   }
-  const int weights =
-      !flags.adapter.empty() + !flags.job.empty() + !flags.checkpoint.empty();
-  if (weights > 1) {
-    return absl::InvalidArgumentError(
-        "give at most one of --adapter, --job and --checkpoint (none: the "
-        "base model)");
-  }
-  if (!flags.adapter.empty()) {
-    absl::StatusOr<std::string> name = ResourceName(kAdapters, flags.adapter);
-    if (!name.ok()) return name.status();
-    request.set_adapter(*name);
-  }
-  if (!flags.job.empty()) {
-    absl::StatusOr<std::string> name = ResourceName(kJobs, flags.job);
-    if (!name.ok()) return name.status();
-    request.set_job(*name);
-  }
-  if (!flags.checkpoint.empty()) request.set_checkpoint(flags.checkpoint);
+  LORAPLEX_RETURN_IF_ERROR(
+      SetWeights(flags.adapter, flags.job, flags.checkpoint, &request));
   request.set_n(flags.n);
   request.set_max_tokens(flags.max_tokens);
   request.set_temperature(flags.temperature);
@@ -168,6 +182,103 @@ int RunSample(const CliContext& context, const SampleFlags& flags) {
   }
   context.out() << "\n";
   return kExitSuccess;
+}
+
+struct ChatFlags {
+  std::string adapter;
+  std::string job;
+  std::string checkpoint;
+  std::string system;
+  std::string chat_template_kwargs;
+  int64_t max_tokens = 1024;
+  double temperature = 0.7;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  std::optional<uint64_t> seed;
+};
+
+// One chat turn's request: the history so far, the weights and parameters.
+absl::StatusOr<v1::SampleRequest> ChatRequestOf(
+    const ChatFlags& flags,
+    const std::vector<std::pair<std::string, std::string>>& history) {
+  v1::SampleRequest request;
+  v1::ChatPrompt* prompt = request.mutable_messages();
+  for (const auto& [role, content] : history) {
+    v1::ChatMessage* message = prompt->add_messages();
+    message->set_role(role);
+    message->set_content(content);
+  }
+  if (!flags.chat_template_kwargs.empty()) {
+    prompt->set_chat_template_kwargs(flags.chat_template_kwargs);
+  }
+  LORAPLEX_RETURN_IF_ERROR(
+      SetWeights(flags.adapter, flags.job, flags.checkpoint, &request));
+  request.set_max_tokens(flags.max_tokens);
+  request.set_temperature(flags.temperature);
+  request.set_top_p(flags.top_p);
+  request.set_top_k(flags.top_k);
+  if (flags.seed.has_value()) request.set_seed(*flags.seed);
+  return request;
+}
+
+// Reads user turns from stdin, one per line, and streams each reply.
+int RunChat(const CliContext& context, const ChatFlags& flags) {
+  std::vector<std::pair<std::string, std::string>> history;
+  if (!flags.system.empty()) history.emplace_back("system", flags.system);
+  // Checked once before the first turn: a bad flag is a usage error.
+  absl::StatusOr<v1::SampleRequest> checked = ChatRequestOf(flags, history);
+  if (!checked.ok()) return context.UsageError(checked.status().message());
+  auto client = context.Connect();
+  if (!client.ok()) return context.UsageError(client.status().message());
+  const bool interactive = isatty(STDIN_FILENO) != 0;
+  if (interactive) {
+    context.err() << "Chatting (/reset forgets the conversation, /exit or "
+                     "Ctrl-D leaves).\n";
+  }
+  int exit_code = kExitSuccess;
+  std::string line;
+  for (;;) {
+    if (interactive) context.err() << "you> " << std::flush;
+    if (!std::getline(std::cin, line)) break;
+    const std::string turn(absl::StripAsciiWhitespace(line));
+    if (turn.empty()) continue;
+    if (turn == "/exit" || turn == "/quit") break;
+    if (turn == "/reset") {
+      history.resize(flags.system.empty() ? 0 : 1);
+      context.err() << "(the conversation starts over)\n";
+      continue;
+    }
+    if (turn[0] == '/') {
+      context.err() << "unknown command " << turn
+                    << " (/reset, /exit); to send a line starting with '/', "
+                       "start it with a space\n";
+      continue;
+    }
+    history.emplace_back("user", line);
+    absl::StatusOr<v1::SampleRequest> request = ChatRequestOf(flags, history);
+    if (!request.ok()) return context.UsageError(request.status().message());
+    std::string printed;
+    absl::StatusOr<v1::SampleResponse> response =
+        (*client)->StreamSample(*request, [&](const v1::SampledToken& token) {
+          context.out() << token.text() << std::flush;
+          printed += token.text();
+          return static_cast<bool>(context.out());
+        });
+    if (!response.ok()) {
+      // The turn is forgotten; the conversation goes on.
+      history.pop_back();
+      context.ReportError(response.status());
+      exit_code = kExitServerError;
+      continue;
+    }
+    const std::string& text = response->samples(0).text();
+    if (text.compare(0, printed.size(), printed) == 0) {
+      context.out() << text.substr(printed.size());
+    }
+    context.out() << "\n" << std::flush;
+    history.emplace_back("assistant", text);
+  }
+  return exit_code;
 }
 
 }  // namespace
@@ -220,6 +331,34 @@ void AddSampleCommand(CLI::App& app, CliContext& context,
                    "Do not stop at the tokenizer's EOS");
   SetAction(sample, action,
             [&context, flags] { return RunSample(context, *flags); });
+}
+
+void AddChatCommand(CLI::App& app, CliContext& context, CommandAction* action) {
+  auto flags = std::make_shared<ChatFlags>();
+  CLI::App* chat = app.add_subcommand(
+      "chat",
+      "Chat in the terminal with the base model, an adapter, a job or a "
+      "checkpoint: each line is a user turn, the reply streams as it is "
+      "drawn (the model's chat template renders the conversation)");
+  chat->add_option("--adapter", flags->adapter, "Adapter ID or adapters/ID")
+      ->group("Weights");
+  chat->add_option("--job", flags->job, "Job ID or jobs/ID")->group("Weights");
+  chat->add_option("--checkpoint", flags->checkpoint,
+                   "jobs/ID/checkpoints/STEP")
+      ->group("Weights");
+  chat->add_option("--system", flags->system, "A system message first");
+  chat->add_option("--chat-template-kwargs", flags->chat_template_kwargs,
+                   "Template variables, a JSON object: "
+                   "'{\"enable_thinking\": false}'");
+  chat->add_option("--max-tokens", flags->max_tokens, "Tokens per reply")
+      ->capture_default_str();
+  chat->add_option("--temperature", flags->temperature, "0 for greedy")
+      ->capture_default_str();
+  chat->add_option("--top-p", flags->top_p)->capture_default_str();
+  chat->add_option("--top-k", flags->top_k, "0: off")->capture_default_str();
+  chat->add_option("--seed", flags->seed, "Seed (default: random)");
+  SetAction(chat, action,
+            [&context, flags] { return RunChat(context, *flags); });
 }
 
 }  // namespace loraplex

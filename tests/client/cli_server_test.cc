@@ -314,5 +314,70 @@ TEST(CliQuickstartTest, StartsAndStopsItsOwnServer) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/state/server.log"));
 }
 
+// `loraplex chat` talks turn by turn with the model's chat template: each
+// reply equals `loraplex sample --messages` of the conversation so far
+// (greedy), /reset starts over, and a bad flag is a usage error.
+TEST(CliChatTest, RepliesTurnByTurnAsSampleDoes) {
+  const std::string model_dir = FreshTestDir("chat-model");
+  CliRunOptions make_model;
+  make_model.program = "loraplex-make-model";
+  const CliResult made = RunCli(
+      {"--preset", "tiny", "--seed", "7", "--out", model_dir}, make_model);
+  ASSERT_EQ(made.exit_code, 0) << made.Describe();
+  // A template written for this test.
+  std::ofstream(model_dir + "/chat_template.jinja")
+      << "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n"
+         "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+  ServerProcessOptions options;
+  options.state_dir = FreshTestDir("state");
+  options.model_dir = model_dir;
+  auto server = ServerProcess::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+
+  const std::vector<std::string> params = {"--temperature", "0", "--max-tokens",
+                                           "5"};
+  auto sample = [&](const nlohmann::json& messages) {
+    const std::string file = FreshTestDir("messages") + "/m.json";
+    std::ofstream(file) << messages.dump();
+    std::vector<std::string> args = {"--server", address,      "--json",
+                                     "sample",   "--messages", file};
+    args.insert(args.end(), params.begin(), params.end());
+    const CliResult result = RunCli(args);
+    EXPECT_EQ(result.exit_code, 0) << result.Describe();
+    return nlohmann::json::parse(result.out, nullptr, false)["samples"][0]
+        .value("text", std::string("?"));
+  };
+  const nlohmann::json system = {{"role", "system"}, {"content", "be brief"}};
+  const nlohmann::json hello = {{"role", "user"}, {"content", "hello"}};
+  const std::string first = sample({system, hello});
+  const std::string third = sample({system,
+                                    hello,
+                                    {{"role", "assistant"}, {"content", first}},
+                                    {{"role", "user"}, {"content", "again"}}});
+
+  CliRunOptions chat_options;
+  chat_options.input =
+      "hello\n/reset\n\nhello\nagain\n/bogus\n/exit\nignored\n";
+  std::vector<std::string> args = {"--server", address, "chat", "--system",
+                                   "be brief"};
+  args.insert(args.end(), params.begin(), params.end());
+  const CliResult chat = RunCli(args, chat_options);
+  ASSERT_EQ(chat.exit_code, 0) << chat.Describe();
+  // Replies only on stdout: the first, the same after /reset, then the
+  // answer to "again" with the whole conversation before it.
+  EXPECT_EQ(chat.out, first + "\n" + first + "\n" + third + "\n");
+  EXPECT_THAT(chat.err, HasSubstr("(the conversation starts over)"));
+  EXPECT_THAT(chat.err, HasSubstr("unknown command /bogus"));
+
+  const CliResult two_weights =
+      RunCli({"--server", address, "chat", "--job", "j1", "--adapter", "a1"},
+             chat_options);
+  EXPECT_EQ(two_weights.exit_code, 2) << two_weights.Describe();
+  EXPECT_THAT(two_weights.err, HasSubstr("at most one of --adapter"));
+  const absl::Status stopped = (*server)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
 }  // namespace
 }  // namespace loraplex

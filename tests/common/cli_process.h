@@ -54,6 +54,9 @@ struct CliRunOptions {
   std::vector<std::pair<std::string, std::string>> env;
   // Killed (SIGKILL) after this long.
   int timeout_seconds = 300;
+  // The child's standard input (at most a pipe's buffer, 64 KiB); empty:
+  // /dev/null.
+  std::string input;
 };
 
 inline CliResult RunCli(const std::vector<std::string>& args,
@@ -90,6 +93,22 @@ inline CliResult RunCli(const std::vector<std::string>& args,
   for (std::string& entry : env_strings) envp.push_back(entry.data());
   envp.push_back(nullptr);
 
+  int in_pipe[2] = {-1, -1};
+  if (!options.input.empty()) {
+    if (::pipe2(in_pipe, O_CLOEXEC) != 0) {
+      result.err = std::string("pipe: ") + std::strerror(errno);
+      return result;
+    }
+    // Written whole before the child starts: it fits the pipe's buffer.
+    const ssize_t written =
+        ::write(in_pipe[1], options.input.data(), options.input.size());
+    ::close(in_pipe[1]);
+    if (written != static_cast<ssize_t>(options.input.size())) {
+      ::close(in_pipe[0]);
+      result.err = "the child's input does not fit a pipe";
+      return result;
+    }
+  }
   int out_pipe[2];
   int err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
@@ -114,7 +133,9 @@ inline CliResult RunCli(const std::vector<std::string>& args,
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
-    const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const int null_fd = in_pipe[0] >= 0
+                            ? in_pipe[0]
+                            : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
@@ -123,6 +144,7 @@ inline CliResult RunCli(const std::vector<std::string>& args,
   }
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
+  if (in_pipe[0] >= 0) ::close(in_pipe[0]);
 
   // Read both pipes until they close, so a chatty child never blocks.
   const auto deadline = std::chrono::steady_clock::now() +
