@@ -181,26 +181,13 @@ class SampleStreamReactor
 
 }  // namespace
 
-absl::Status SamplingServiceImpl::Admissions::Enter(const std::string& tenant) {
-  absl::MutexLock lock(&mu_);
-  int& count = in_flight_[tenant];
-  if (count >= limit_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "at most ", limit_, " sample requests per tenant may be in flight"));
-  }
-  ++count;
-  return absl::OkStatus();
-}
-
-void SamplingServiceImpl::Admissions::Leave(const std::string& tenant) {
-  absl::MutexLock lock(&mu_);
-  if (--in_flight_[tenant] <= 0) in_flight_.erase(tenant);
-}
-
-SamplingServiceImpl::SamplingServiceImpl(const ServiceContext* context)
+SamplingServiceImpl::SamplingServiceImpl(
+    const ServiceContext* context, std::shared_ptr<SampleAdmissions> admissions)
     : context_(context),
-      admissions_(std::make_shared<Admissions>(
-          context->limits.max_samples_per_tenant)) {}
+      admissions_(admissions != nullptr
+                      ? std::move(admissions)
+                      : std::make_shared<SampleAdmissions>(
+                            context->limits.max_samples_per_tenant)) {}
 
 SamplingRequest SamplingRequestOf(const v1::SampleRequest& request) {
   SamplingRequest native;
@@ -301,7 +288,7 @@ grpc::ServerUnaryReactor* SamplingServiceImpl::Sample(
     return reactor;
   }
   const ServiceContext* context = context_;
-  std::shared_ptr<Admissions> admissions = admissions_;
+  std::shared_ptr<SampleAdmissions> admissions = admissions_;
   auto finish = [reactor, admissions, tenant = *tenant](absl::Status status) {
     admissions->Leave(tenant);
     reactor->Finish(ToGrpcStatus(status));
@@ -344,7 +331,7 @@ SamplingServiceImpl::StreamSample(grpc::CallbackServerContext* call,
     return reactor;
   }
   const ServiceContext* context = context_;
-  std::shared_ptr<Admissions> admissions = admissions_;
+  std::shared_ptr<SampleAdmissions> admissions = admissions_;
   reactor->Retain();  // Released once the command is answered.
   context->work->Post([context, request, reactor, admissions,
                        tenant = *tenant] {

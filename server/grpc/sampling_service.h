@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "loraplex/v1/sampling.grpc.pb.h"
+#include "server/grpc/sample_admissions.h"
 #include "server/grpc/sampling_request.h"
 #include "server/grpc/service_context.h"
 #include "server/jobs/job_trainer.h"
@@ -23,7 +24,12 @@ namespace loraplex {
 
 class SamplingServiceImpl final : public v1::SamplingService::CallbackService {
  public:
-  explicit SamplingServiceImpl(const ServiceContext* context);
+  // `admissions`: the tenants' requests in flight, shared with the other
+  // edges that sample; null: this service's own, of
+  // limits.max_samples_per_tenant.
+  explicit SamplingServiceImpl(
+      const ServiceContext* context,
+      std::shared_ptr<SampleAdmissions> admissions = nullptr);
 
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* call,
                                    const v1::SampleRequest* request,
@@ -32,27 +38,13 @@ class SamplingServiceImpl final : public v1::SamplingService::CallbackService {
       grpc::CallbackServerContext* call,
       const v1::SampleRequest* request) override;
 
-  // Requests in flight per tenant, shared with the calls' callbacks.
-  class Admissions {
-   public:
-    explicit Admissions(int limit) : limit_(limit) {}
-    // RESOURCE_EXHAUSTED when the tenant has `limit` requests in flight.
-    absl::Status Enter(const std::string& tenant);
-    void Leave(const std::string& tenant);
-
-   private:
-    const int limit_;
-    absl::Mutex mu_;
-    std::map<std::string, int> in_flight_ ABSL_GUARDED_BY(mu_);
-  };
-
  private:
-  // The caller's tenant, counted in flight (Admissions::Leave when its
-  // call is answered).
+  // The caller's tenant, counted in flight (SampleAdmissions::Leave when
+  // its call is answered).
   absl::StatusOr<std::string> Admit(grpc::CallbackServerContext* call);
 
   const ServiceContext* context_;
-  std::shared_ptr<Admissions> admissions_;
+  std::shared_ptr<SampleAdmissions> admissions_;
 };
 
 // The native request of `request` (its zeros read as the proto's

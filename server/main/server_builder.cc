@@ -313,7 +313,11 @@ void Server::BuildGrpcServices() {
   job_service_ = std::make_unique<JobServiceImpl>(&context_, &hub_);
   adapter_service_ = std::make_unique<AdapterServiceImpl>(&context_);
   info_service_ = std::make_unique<ServerInfoServiceImpl>(&context_);
-  sampling_service_ = std::make_unique<SamplingServiceImpl>(&context_);
+  // One in-flight quota per tenant for every edge that samples.
+  sample_admissions_ = std::make_shared<SampleAdmissions>(
+      context_.limits.max_samples_per_tenant);
+  sampling_service_ =
+      std::make_unique<SamplingServiceImpl>(&context_, sample_admissions_);
   session_service_ = std::make_unique<SessionServiceImpl>(&context_);
 }
 
@@ -391,6 +395,7 @@ absl::Status Server::StartHttpApi() {
   tinker_ = std::make_unique<TinkerApi>(&context_, tinker_options);
   // The OpenAI API; `model` may name a Tinker sampler's weights.
   OpenAiApiOptions openai_options;
+  openai_options.admissions = sample_admissions_;
   openai_options.tinker_adapter = [this](const std::string& tenant,
                                          const std::string& path) {
     return tinker_->SamplerWeightsAdapter(tenant, path);

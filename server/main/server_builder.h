@@ -154,6 +154,7 @@ class Server {
   std::string address_;  // HOST:PORT the gRPC server serves on.
   std::unique_ptr<TinkerApi> tinker_;
   std::unique_ptr<OpenAiApi> openai_;
+  std::shared_ptr<SampleAdmissions> sample_admissions_;
   std::unique_ptr<HttpListener> http_;  // Null without --http-listen.
 };
 

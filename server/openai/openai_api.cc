@@ -58,7 +58,12 @@ struct StreamState {
 }  // namespace
 
 OpenAiApi::OpenAiApi(const ServiceContext* context, OpenAiApiOptions options)
-    : context_(context), options_(std::move(options)) {}
+    : context_(context), options_(std::move(options)) {
+  if (options_.admissions == nullptr) {
+    options_.admissions = std::make_shared<SampleAdmissions>(
+        context_->limits.max_samples_per_tenant);
+  }
+}
 
 OpenAiApi::~OpenAiApi() { Stop(); }
 
@@ -86,25 +91,6 @@ absl::StatusOr<std::string> OpenAiApi::TenantOf(
     authorization = request.get_header_value("Authorization");
   }
   return context_->auth->AuthenticateBearer(authorization);
-}
-
-absl::Status OpenAiApi::Enter(const std::string& tenant) {
-  const int64_t limit = context_->limits.max_samples_per_tenant;
-  absl::MutexLock lock(&mu_);
-  int64_t& count = in_flight_[tenant];
-  if (count >= limit) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("at most ", limit,
-                     " requests per key may be in flight; retry when one "
-                     "has finished"));
-  }
-  ++count;
-  return absl::OkStatus();
-}
-
-void OpenAiApi::Leave(const std::string& tenant) {
-  absl::MutexLock lock(&mu_);
-  if (--in_flight_[tenant] <= 0) in_flight_.erase(tenant);
 }
 
 void OpenAiApi::Complete(OpenAiEndpoint endpoint,
@@ -163,7 +149,8 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
                : command.status());
     return;
   }
-  if (absl::Status admitted = Enter(*tenant); !admitted.ok()) {
+  if (absl::Status admitted = options_.admissions->Enter(*tenant);
+      !admitted.ok()) {
     Answer(response, admitted);
     return;
   }
@@ -183,9 +170,9 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
         std::make_shared<std::promise<absl::StatusOr<SampleResult>>>();
     std::future<absl::StatusOr<SampleResult>> answer = promise->get_future();
     command->cancelled = [this] { return stopped_.load(); };
-    command->done = [this, promise, tenant_id](
+    command->done = [admissions = options_.admissions, promise, tenant_id](
                         absl::StatusOr<SampleResult> result, int64_t) {
-      Leave(tenant_id);
+      admissions->Leave(tenant_id);
       promise->set_value(std::move(result));
     };
     context_->scheduler->Sample(*std::move(command));
@@ -214,9 +201,9 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
   command->cancelled = [this, state] {
     return state->cancelled.load() || stopped_.load();
   };
-  command->done = [this, state, tenant_id](absl::StatusOr<SampleResult> result,
-                                           int64_t) {
-    Leave(tenant_id);
+  command->done = [admissions = options_.admissions, state, tenant_id](
+                      absl::StatusOr<SampleResult> result, int64_t) {
+    admissions->Leave(tenant_id);
     {
       std::lock_guard<std::mutex> lock(state->mu);
       state->result = std::move(result);

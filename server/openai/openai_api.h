@@ -12,7 +12,8 @@
 // events as the tokens are drawn, ending with `data: [DONE]`. Keys are
 // `Authorization: Bearer <token>` with a --tokens-file token (any key, or
 // none, without a tokens file); each tenant has at most
-// limits.max_samples_per_tenant requests in flight (beyond: 429). Errors
+// limits.max_samples_per_tenant sampling requests in flight, these and the
+// gRPC API's together (beyond: 429). Errors
 // are OpenAI's shape, {"error": {"message", "type", "param", "code"}}.
 //
 //   OpenAiApi openai(&context, OpenAiApiOptions());
@@ -31,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/grpc/sample_admissions.h"
 #include "server/grpc/service_context.h"
 #include "server/openai/openai_convert.h"
 
@@ -48,6 +50,10 @@ struct OpenAiApiOptions {
   std::function<absl::StatusOr<std::string>(const std::string& tenant,
                                             const std::string& path)>
       tinker_adapter;
+  // The tenants' sampling requests in flight, shared with the gRPC
+  // sampler (one quota per tenant); null: this API's own, of
+  // limits.max_samples_per_tenant.
+  std::shared_ptr<SampleAdmissions> admissions;
   // The tenant's Tinker sampler paths, listed by /v1/models; may be empty.
   std::function<std::vector<std::string>(const std::string& tenant)>
       tinker_paths;
@@ -72,17 +78,10 @@ class OpenAiApi {
   void ListModels(const httplib::Request& request, httplib::Response& response);
   absl::StatusOr<std::string> TenantOf(const httplib::Request& request) const;
 
-  // The tenant's admission to one more request in flight, or
-  // RESOURCE_EXHAUSTED.
-  absl::Status Enter(const std::string& tenant);
-  void Leave(const std::string& tenant);
-
   const ServiceContext* context_;
   OpenAiApiOptions options_;
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> next_id_{1};
-  absl::Mutex mu_;
-  std::map<std::string, int64_t> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loraplex

@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "server/common/work_queue.h"
 #include "server/grpc/auth.h"
+#include "server/grpc/sample_admissions.h"
 #include "server/jobs/job_event_hub.h"
 
 namespace loraplex {
@@ -132,6 +133,22 @@ TEST(TenantAuthenticatorTest, MapsBearerTokensToTenants) {
   }
   EXPECT_THAT(auth->AuthenticateBearer(std::nullopt).status().message(),
               HasSubstr("Authorization: Bearer <token>"));
+}
+
+// One quota per tenant whichever API its sampling requests come through
+// (the gRPC sampler and the OpenAI API share one SampleAdmissions).
+TEST(SampleAdmissionsTest, CountsEachTenantsRequestsInFlight) {
+  SampleAdmissions admissions(2);
+  EXPECT_TRUE(admissions.Enter("ann").ok());
+  EXPECT_TRUE(admissions.Enter("ann").ok());
+  const absl::Status full = admissions.Enter("ann");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("at most 2 sample requests"));
+  EXPECT_TRUE(admissions.Enter("bob").ok());  // Another tenant's own quota.
+  admissions.Leave("ann");
+  EXPECT_TRUE(admissions.Enter("ann").ok());
+  EXPECT_EQ(admissions.Enter("ann").code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST(TenantAuthenticatorTest, WithoutTokensEveryCallerIsTheDefaultTenant) {
