@@ -19,12 +19,14 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "bench/timing.h"
 #include "core/optim/newton_schulz.h"
 #include "core/optim/slot_optimizer.h"
+#include "core/optim/soap.h"
 #include "core/runtime/blas_info.h"
 #include "core/runtime/device.h"
 
@@ -118,6 +120,48 @@ void CompareFamilyWithAdamW(loraplex::OptimizerFamily family, int slots,
             << "x\n";
 }
 
+// SOAP (core/optim/soap.h, not yet a slot family) over `slots` slots' LoRA
+// matrices, one optimizer per slot, against AdamW slots on the same
+// parameters and gradients. SOAP refreshes each matrix's eigenbasis every
+// step (a QR of r×r and in×in factors): its cost is dominated by the
+// in×in side (on this project's 2-core machine ~1,100× AdamW's step for the
+// `small` shape), so it runs at most 3 rounds.
+void CompareSoapWithAdamW(int slots, int rounds) {
+  loraplex::OptimizerConfig adamw_config;
+  adamw_config.family = loraplex::OptimizerFamily::kAdamW;
+  std::vector<std::unique_ptr<loraplex::Soap>> soaps;
+  std::vector<loraplex::SlotOptimizer> adamw_slots;
+  for (int s = 0; s < slots; ++s) {
+    std::vector<torch::Tensor> params =
+        SlotLoraParameters(4, 512, 256, 1408, 16);
+    std::vector<torch::Tensor> copies;
+    for (const torch::Tensor& p : params) {
+      copies.push_back(p.detach().clone().requires_grad_());
+      copies.back().mutable_grad() = p.grad().clone();
+    }
+    soaps.push_back(std::make_unique<loraplex::Soap>(params));
+    soaps.back()->InitState();
+    auto adamw = loraplex::BuildSlotOptimizer(adamw_config, copies);
+    if (!adamw.ok()) {
+      std::cerr << "building the optimizers failed\n";
+      std::exit(1);
+    }
+    adamw_slots.push_back(*std::move(adamw));
+  }
+  std::vector<loraplex::SlotOptimizer*> adamw_all;
+  for (loraplex::SlotOptimizer& optimizer : adamw_slots) {
+    adamw_all.push_back(&optimizer);
+  }
+  const auto [soap_time, adamw_time] = TimeSideBySide(
+      [&] {
+        for (auto& soap : soaps) soap->step();
+      },
+      [&] { loraplex::StepSlotOptimizers(adamw_all); }, std::min(rounds, 3));
+  std::cout << "  " << slots << " slot(s)   soap step " << soap_time * 1e3
+            << " ms   adamw step " << adamw_time * 1e3 << " ms   soap/adamw "
+            << soap_time / adamw_time << "x\n";
+}
+
 struct LoraShape {
   const char* name;
   int64_t layers, hidden, kv, intermediate, rank;
@@ -193,6 +237,7 @@ int main(int argc, char** argv) {
        {loraplex::OptimizerFamily::kMuon, loraplex::OptimizerFamily::kLion}) {
     for (int slots : {1, 16}) CompareFamilyWithAdamW(family, slots, rounds);
   }
+  for (int slots : {1, 16}) CompareSoapWithAdamW(slots, rounds);
   std::cout << "\nMuon steps of many slots, all seven targets (goal at 16 "
                "slots: slot-by-slot/across >= 3x)\n";
   const LoraShape shapes[] = {{"tiny model rank 8", 2, 64, 32, 176, 8},
