@@ -8,6 +8,7 @@
 #include "core/common/json_parse.h"
 #include "core/common/resource_names.h"
 #include "core/common/status_macros.h"
+#include "core/runtime/exception_message.h"
 #include "server/grpc/checkpoint_access.h"
 #include "server/grpc/service_context.h"
 
@@ -143,11 +144,9 @@ absl::Status ResolveWeights(const ServiceContext& context,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<SampleCommand> SampleCommandOf(const ServiceContext& context,
-                                              const std::string& tenant,
-                                              const SamplingRequest& request) {
+absl::StatusOr<SampleCommand> CheckedSampleCommand(
+    const ServiceContext& context, const std::string& tenant,
+    const SamplingRequest& request) {
   SampleCommand command;
   command.tenant = tenant;
   LORAPLEX_ASSIGN_OR_RETURN(command.prompt, PromptOf(context, request));
@@ -171,8 +170,13 @@ absl::StatusOr<SampleCommand> SampleCommandOf(const ServiceContext& context,
   params.seed = request.seed.has_value() ? *request.seed : RandomSeed();
   params.stop = request.stop;
   params.stop_token_ids = request.stop_token_ids;
-  if (!request.ignore_eos && params.stop_token_ids.empty()) {
-    params.stop_token_ids.push_back(context.datasets->tokenizer().eos_id());
+  const int64_t eos = context.datasets->tokenizer().eos_id();
+  if (!request.ignore_eos &&
+      (params.stop_token_ids.empty() ||
+       (request.stop_token_ids_add_to_eos &&
+        std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
+                  eos) == params.stop_token_ids.end()))) {
+    params.stop_token_ids.push_back(eos);
   }
   params.top_logprobs = request.top_logprobs;
   params.prompt_logprobs = request.prompt_logprobs;
@@ -184,6 +188,20 @@ absl::StatusOr<SampleCommand> SampleCommandOf(const ServiceContext& context,
       params, static_cast<int64_t>(command.prompt.size()), limits));
   LORAPLEX_RETURN_IF_ERROR(ResolveWeights(context, tenant, request, command));
   return command;
+}
+
+}  // namespace
+
+absl::StatusOr<SampleCommand> SampleCommandOf(const ServiceContext& context,
+                                              const std::string& tenant,
+                                              const SamplingRequest& request) {
+  // Every edge hands its callers' requests here: nothing may escape as an
+  // exception (a template that throws, a file that vanishes mid-read).
+  try {
+    return CheckedSampleCommand(context, tenant, request);
+  } catch (const std::exception& error) {
+    return absl::InternalError(ExceptionMessage(error));
+  }
 }
 
 }  // namespace loraplex

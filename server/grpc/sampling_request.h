@@ -79,6 +79,9 @@ struct SamplingRequest {
   std::vector<std::string> stop;
   // Empty: the tokenizer's EOS, unless ignore_eos.
   std::vector<int64_t> stop_token_ids;
+  // stop_token_ids stop besides EOS (vLLM's meaning) rather than instead
+  // of it; ignore_eos still leaves EOS out.
+  bool stop_token_ids_add_to_eos = false;
   bool ignore_eos = false;
   int64_t top_logprobs = 0;
   bool prompt_logprobs = false;
@@ -86,8 +89,9 @@ struct SamplingRequest {
 
 // The trainer's command for `request` of `tenant`: its prompt tokenized,
 // its weights found, its parameters checked. Errors are INVALID_ARGUMENT
-// naming the field, NOT_FOUND / FAILED_PRECONDITION for the weights. Reads
-// files (a checkpoint is verified): call on a worker.
+// naming the field, NOT_FOUND / FAILED_PRECONDITION for the weights,
+// INTERNAL for anything thrown (never an exception). Reads files (a
+// checkpoint is verified): call on a worker.
 absl::StatusOr<SampleCommand> SampleCommandOf(const ServiceContext& context,
                                               const std::string& tenant,
                                               const SamplingRequest& request);

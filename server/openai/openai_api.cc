@@ -17,7 +17,6 @@
 #include "absl/strings/str_format.h"
 #include "core/common/resource_names.h"
 #include "core/common/status_macros.h"
-#include "core/runtime/exception_message.h"
 #include "server/grpc/auth.h"
 #include "server/grpc/stream_text.h"
 
@@ -30,6 +29,39 @@ constexpr char kJson[] = "application/json";
 // character): replaced, never a throw.
 std::string Dump(const nlohmann::json& json) {
   return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Requests in flight at once over all tenants: each holds one of the HTTP
+// listener's threads (128) until answered, and Tinker's long polls and
+// /metrics need the rest.
+constexpr int64_t kMaxInFlight = 64;
+
+// Nesting beyond this is refused before anything recurses into it (copies,
+// dumps and error messages do).
+constexpr int kMaxBodyDepth = 64;
+
+// The body in the key order the client sent (chat templates may show it).
+absl::StatusOr<nlohmann::ordered_json> ParseBody(const std::string& text) {
+  using Event = nlohmann::ordered_json::parse_event_t;
+  bool too_deep = false;
+  auto on_event = [&](int depth, Event event, nlohmann::ordered_json&) {
+    if ((event == Event::object_start || event == Event::array_start) &&
+        depth >= kMaxBodyDepth) {
+      too_deep = true;
+    }
+    // What lies too deep is discarded, so no deep value is ever built.
+    return !too_deep;
+  };
+  nlohmann::ordered_json body =
+      nlohmann::ordered_json::parse(text, on_event, /*allow_exceptions=*/false);
+  if (too_deep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request body nests JSON deeper than ", kMaxBodyDepth, " levels"));
+  }
+  if (body.is_discarded()) {
+    return absl::InvalidArgumentError("the request body is not valid JSON");
+  }
+  return body;
 }
 
 void Answer(httplib::Response& response, const absl::Status& status) {
@@ -105,14 +137,20 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
     Answer(response, tenant.status());
     return;
   }
-  const nlohmann::ordered_json body =
-      nlohmann::ordered_json::parse(http_request.body, nullptr, false);
-  if (body.is_discarded()) {
-    Answer(response,
-           absl::InvalidArgumentError("the request body is not valid JSON"));
+  absl::StatusOr<nlohmann::ordered_json> body = ParseBody(http_request.body);
+  if (!body.ok()) {
+    Answer(response, body.status());
     return;
   }
-  absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(endpoint, body);
+  absl::StatusOr<OpenAiRequest> parsed =
+      [&]() -> absl::StatusOr<OpenAiRequest> {
+    try {
+      return ParseOpenAiRequest(endpoint, *body);
+    } catch (const nlohmann::json::exception& error) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the request body has a field of the wrong type: ", error.what()));
+    }
+  }();
   if (!parsed.ok()) {
     Answer(response, parsed.status());
     return;
@@ -132,13 +170,7 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
     return;
   }
   absl::StatusOr<SampleCommand> command =
-      [&]() -> absl::StatusOr<SampleCommand> {
-    try {
-      return SampleCommandOf(*context_, *tenant, request->sampling);
-    } catch (const std::exception& error) {
-      return absl::InternalError(ExceptionMessage(error));
-    }
-  }();
+      SampleCommandOf(*context_, *tenant, request->sampling);
   if (!command.ok()) {
     // Weights the caller may not use read as a model that does not exist.
     Answer(response,
@@ -149,8 +181,16 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
                : command.status());
     return;
   }
+  if (in_flight_->fetch_add(1) >= kMaxInFlight) {
+    in_flight_->fetch_sub(1);
+    Answer(response, absl::ResourceExhaustedError(absl::StrCat(
+                         "the server has ", kMaxInFlight,
+                         " OpenAI requests in flight; retry shortly")));
+    return;
+  }
   if (absl::Status admitted = options_.admissions->Enter(*tenant);
       !admitted.ok()) {
+    in_flight_->fetch_sub(1);
     Answer(response, admitted);
     return;
   }
@@ -170,9 +210,11 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
         std::make_shared<std::promise<absl::StatusOr<SampleResult>>>();
     std::future<absl::StatusOr<SampleResult>> answer = promise->get_future();
     command->cancelled = [this] { return stopped_.load(); };
-    command->done = [admissions = options_.admissions, promise, tenant_id](
-                        absl::StatusOr<SampleResult> result, int64_t) {
+    command->done = [in_flight = in_flight_, admissions = options_.admissions,
+                     promise,
+                     tenant_id](absl::StatusOr<SampleResult> result, int64_t) {
       admissions->Leave(tenant_id);
+      in_flight->fetch_sub(1);
       promise->set_value(std::move(result));
     };
     context_->scheduler->Sample(*std::move(command));
@@ -201,9 +243,11 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
   command->cancelled = [this, state] {
     return state->cancelled.load() || stopped_.load();
   };
-  command->done = [admissions = options_.admissions, state, tenant_id](
-                      absl::StatusOr<SampleResult> result, int64_t) {
+  command->done = [in_flight = in_flight_, admissions = options_.admissions,
+                   state,
+                   tenant_id](absl::StatusOr<SampleResult> result, int64_t) {
     admissions->Leave(tenant_id);
+    in_flight->fetch_sub(1);
     {
       std::lock_guard<std::mutex> lock(state->mu);
       state->result = std::move(result);
@@ -219,7 +263,7 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
     std::unique_ptr<StreamText> text;
     bool started = false;
     int64_t tokens = 0;
-    int64_t text_bytes = 0;
+    int64_t text_offset = 0;  // Characters of the tokens' text so far.
   };
   auto choices = std::make_shared<std::vector<Choice>>(n);
   for (Choice& choice : *choices) {
@@ -265,17 +309,23 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
           // Nothing settled and nothing to report: no chunk.
           if (choice.started && text.empty() && !request->logprobs) continue;
           if (!send(OpenAiStreamChunk(*request, *info, sample, !choice.started,
-                                      text, drawn, choice.text_bytes,
+                                      text, drawn, &choice.text_offset,
                                       std::nullopt))) {
             state->cancelled = true;
             return false;
           }
           choice.started = true;
-          choice.text_bytes += static_cast<int64_t>(text.size());
         }
+        const std::string done = "data: [DONE]\n\n";
         if (!finished) {
           if (stopped_) {
+            // The reply is cut short: say so, then end the stream.
             state->cancelled = true;
+            send(OpenAiErrorOf(absl::UnavailableError(
+                                   "the server is shutting down; the reply "
+                                   "was cut short"))
+                     .body);
+            sink.write(done.data(), done.size());
             sink.done();
           }
           return true;
@@ -293,7 +343,7 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
             completion_tokens += static_cast<int64_t>(sample.tokens.size());
             if (!send(OpenAiStreamChunk(
                     *request, *info, static_cast<int64_t>(i), !choice.started,
-                    choice.text->Finish(sample.text), {}, choice.text_bytes,
+                    choice.text->Finish(sample.text), {}, &choice.text_offset,
                     sample.stop_reason))) {
               return false;
             }
@@ -302,7 +352,6 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
             send(OpenAiUsageChunk(*request, *info, completion_tokens));
           }
         }
-        const std::string done = "data: [DONE]\n\n";
         sink.write(done.data(), done.size());
         sink.done();
         return true;

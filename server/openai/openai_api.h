@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,9 @@ class OpenAiApi {
   OpenAiApiOptions options_;
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> next_id_{1};
+  // Requests in flight over all tenants, shared with their callbacks.
+  std::shared_ptr<std::atomic<int64_t>> in_flight_ =
+      std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace loraplex

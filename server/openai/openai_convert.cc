@@ -217,6 +217,8 @@ absl::Status ReadCommon(Params& params, OpenAiRequest* request) {
     LORAPLEX_RETURN_IF_ERROR(
         ReadTokenList(*ids, "stop_token_ids", &sampling.stop_token_ids));
   }
+  // As vLLM: on top of EOS, not instead of it.
+  sampling.stop_token_ids_add_to_eos = true;
   LORAPLEX_RETURN_IF_ERROR(params.Bool("ignore_eos", &sampling.ignore_eos));
   LORAPLEX_RETURN_IF_ERROR(params.Bool("stream", &request->stream));
   if (const nlohmann::ordered_json* options = params.Get("stream_options")) {
@@ -419,7 +421,8 @@ absl::Status ReadChat(Params& params, OpenAiRequest* request) {
       params.OnlyDefault("continue_final_message", false,
                          "the reply starts a new assistant message"));
   if (const nlohmann::ordered_json* format = params.Get("response_format")) {
-    if (!format->is_object() || format->value("type", "") != "text") {
+    if (!format->is_object() || !format->contains("type") ||
+        (*format)["type"] != "text") {
       return Invalid("response_format",
                      "supports {\"type\": \"text\"} only: the sampler does "
                      "not constrain the output");
@@ -494,8 +497,15 @@ nlohmann::json ChatLogprobEntry(const Tokenizer* tokenizer,
   return answer;
 }
 
+// Characters (code points) of UTF-8 `text`, as vLLM counts text_offset.
+int64_t CharacterCount(const std::string& text) {
+  int64_t count = 0;
+  for (unsigned char byte : text) count += (byte & 0xC0) != 0x80;
+  return count;
+}
+
 // A completion's logprobs object over `tokens`, whose text starts at
-// `text_offset` of the choice's text.
+// character `text_offset` of the choice's text.
 nlohmann::json CompletionLogprobs(const Tokenizer* tokenizer,
                                   const std::vector<OpenAiDrawn>& tokens,
                                   int64_t text_offset) {
@@ -515,7 +525,7 @@ nlohmann::json CompletionLogprobs(const Tokenizer* tokenizer,
     }
     tops.push_back(std::move(top));
     offsets.push_back(offset);
-    offset += static_cast<int64_t>(text.size());
+    offset += CharacterCount(text);
   }
   return {{"tokens", std::move(strings)},
           {"token_logprobs", std::move(logprobs)},
@@ -651,7 +661,7 @@ nlohmann::json OpenAiStreamChunk(const OpenAiRequest& request,
                                  const OpenAiAnswerInfo& info, int64_t index,
                                  bool first, const std::string& text,
                                  const std::vector<OpenAiDrawn>& tokens,
-                                 int64_t text_offset,
+                                 int64_t* text_offset,
                                  std::optional<StopReason> finish) {
   nlohmann::json choice = {{"index", index}};
   nlohmann::json logprobs = nullptr;
@@ -663,8 +673,12 @@ nlohmann::json OpenAiStreamChunk(const OpenAiRequest& request,
       }
       logprobs = {{"content", std::move(content)}};
     } else {
-      logprobs = CompletionLogprobs(info.tokenizer, tokens, text_offset);
+      logprobs = CompletionLogprobs(info.tokenizer, tokens, *text_offset);
     }
+  }
+  for (const OpenAiDrawn& token : tokens) {
+    *text_offset +=
+        CharacterCount(Utf8Lossy(TokenBytes(info.tokenizer, token.token)));
   }
   if (IsChat(request)) {
     nlohmann::json delta = nlohmann::json::object();

@@ -90,7 +90,9 @@ const char* OpenAiFinishReason(StopReason reason);
 // One streamed chunk of choice `index`: `text` newly settled, the logprobs
 // of `tokens` drawn since the last chunk (when the request asked), and the
 // finish reason on the last chunk (nullopt before). `first` chunks of a
-// chat carry the assistant role.
+// chat carry the assistant role. `*text_offset`: the character where the
+// tokens' text starts in the choice's (a completion's text_offset),
+// advanced past them.
 struct OpenAiDrawn {
   int64_t token = 0;
   double logprob = 0;
@@ -100,7 +102,7 @@ nlohmann::json OpenAiStreamChunk(const OpenAiRequest& request,
                                  const OpenAiAnswerInfo& info, int64_t index,
                                  bool first, const std::string& text,
                                  const std::vector<OpenAiDrawn>& tokens,
-                                 int64_t text_offset,
+                                 int64_t* text_offset,
                                  std::optional<StopReason> finish);
 // The final chunk of stream_options.include_usage: no choices, the usage.
 nlohmann::json OpenAiUsageChunk(const OpenAiRequest& request,

@@ -24,6 +24,8 @@ import math
 import os
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 
 import jinja2
 import openai
@@ -260,6 +262,21 @@ def run(server):
         raise AssertionError("an image part was accepted")
     except openai.BadRequestError as error:
         check(error.param == "messages[0].content[0].type", error.body)
+    # A body nested 100,000 levels deep is refused, and the server lives.
+    deep = ('{"model": "%s", "prompt": "x", "n": %s%s}'
+            % (BASE, "[" * 100000, "]" * 100000)).encode()
+    request = urllib.request.Request(
+        f"{server.base_url}/v1/completions", data=deep, method="POST",
+        headers={"Authorization": f"Bearer {ALICE}",
+                 "Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=60)
+        raise AssertionError("a deeply nested body was accepted")
+    except urllib.error.HTTPError as error:
+        check(error.code == 400, error.code)
+        body = json.loads(error.read())
+        check("deeper than" in body["error"]["message"], body)
+    check([m.id for m in api.models.list().data][0] == BASE, "still serving")
     bad_key = openai.OpenAI(base_url=f"{server.base_url}/v1",
                             api_key="not-a-token", max_retries=0)
     try:

@@ -75,6 +75,7 @@ TEST(OpenAiConvertTest, CompletionParameters) {
   EXPECT_EQ(s.seed, 11u);
   EXPECT_THAT(s.stop, ElementsAre("\n"));
   EXPECT_THAT(s.stop_token_ids, ElementsAre(5, 6));
+  EXPECT_TRUE(s.stop_token_ids_add_to_eos);  // As vLLM: besides EOS.
   EXPECT_EQ(s.top_logprobs, 2);
   EXPECT_TRUE(s.ignore_eos);
   EXPECT_TRUE(parsed->logprobs);
@@ -208,6 +209,8 @@ TEST(OpenAiConvertTest, BadOrUnsupportedParametersAreNamed) {
                 "needs logprobs: true");
   ExpectRefused(chat_with("response_format", {{"type", "json_object"}}),
                 "response_format", "text");
+  ExpectRefused(chat_with("response_format", {{"type", 1}}), "response_format",
+                "text");
   ExpectRefused(chat_with("functions", ordered_json::array({{}})), "functions",
                 "use tools");
   ExpectRefused(chat_with("continue_final_message", true),
@@ -339,20 +342,25 @@ TEST(OpenAiConvertTest, CompletionAnswerAndStreamChunks) {
   EXPECT_EQ(choice["logprobs"]["text_offset"], nlohmann::json({0, 1, 2}));
 
   // A streamed chunk: the text settled, its tokens' logprobs at their
-  // offset in the choice's text, then a last chunk with the reason.
-  std::vector<OpenAiDrawn> drawn(1);
+  // character offset in the choice's text (a two-byte character counts
+  // one), then a last chunk with the reason.
+  std::vector<OpenAiDrawn> drawn(3);
   drawn[0].token = 'i';
   drawn[0].logprob = -1.5;
+  drawn[1].token = 0xC3;  // Half a character: one replacement character.
+  drawn[2].token = 'x';
+  int64_t offset = 4;
   nlohmann::json chunk = OpenAiStreamChunk(*request, Info(&tokenizer), 1, false,
-                                           "i", drawn, 4, std::nullopt);
+                                           "i", drawn, &offset, std::nullopt);
   EXPECT_EQ(chunk["object"], "text_completion");
   EXPECT_EQ(chunk["choices"][0]["index"], 1);
   EXPECT_EQ(chunk["choices"][0]["text"], "i");
   EXPECT_EQ(chunk["choices"][0]["logprobs"]["text_offset"],
-            nlohmann::json({4}));
+            nlohmann::json({4, 5, 6}));
+  EXPECT_EQ(offset, 7);
   EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
-  chunk = OpenAiStreamChunk(*request, Info(&tokenizer), 1, false, "", {}, 5,
-                            StopReason::kStopString);
+  chunk = OpenAiStreamChunk(*request, Info(&tokenizer), 1, false, "", {},
+                            &offset, StopReason::kStopString);
   EXPECT_EQ(chunk["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(chunk["choices"][0]["logprobs"].is_null());
 
@@ -361,13 +369,14 @@ TEST(OpenAiConvertTest, CompletionAnswerAndStreamChunks) {
                     {"stream", true},
                     {"stream_options", {{"include_usage", true}}}});
   ASSERT_TRUE(chat.ok());
-  chunk = OpenAiStreamChunk(*chat, Info(&tokenizer), 0, true, "", {}, 0,
+  offset = 0;
+  chunk = OpenAiStreamChunk(*chat, Info(&tokenizer), 0, true, "", {}, &offset,
                             std::nullopt);
   EXPECT_EQ(chunk["object"], "chat.completion.chunk");
   EXPECT_EQ(chunk["choices"][0]["delta"],
             nlohmann::json({{"role", "assistant"}, {"content", ""}}));
-  chunk = OpenAiStreamChunk(*chat, Info(&tokenizer), 0, false, "yo", {}, 0,
-                            std::nullopt);
+  chunk = OpenAiStreamChunk(*chat, Info(&tokenizer), 0, false, "yo", {},
+                            &offset, std::nullopt);
   EXPECT_EQ(chunk["choices"][0]["delta"], nlohmann::json({{"content", "yo"}}));
   const nlohmann::json usage = OpenAiUsageChunk(*chat, Info(&tokenizer), 3);
   EXPECT_EQ(usage["choices"], nlohmann::json::array());
