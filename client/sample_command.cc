@@ -242,13 +242,15 @@ int RunChat(const CliContext& context, const ChatFlags& flags) {
     if (!std::getline(std::cin, line)) break;
     const std::string turn(absl::StripAsciiWhitespace(line));
     if (turn.empty()) continue;
-    if (turn == "/exit" || turn == "/quit") break;
-    if (turn == "/reset") {
+    // Commands start the line; " /path" is a message.
+    const bool command = line[0] == '/';
+    if (command && (turn == "/exit" || turn == "/quit")) break;
+    if (command && turn == "/reset") {
       history.resize(flags.system.empty() ? 0 : 1);
       context.err() << "(the conversation starts over)\n";
       continue;
     }
-    if (turn[0] == '/') {
+    if (command) {
       context.err() << "unknown command " << turn
                     << " (/reset, /exit); to send a line starting with '/', "
                        "start it with a space\n";

@@ -59,7 +59,8 @@ def _name(kind: str, value: Any) -> str:
 
 # OptimizerConfig's enum fields also taken by their short names ("lion").
 _SHORT_ENUMS = (("family", "OPTIMIZER_FAMILY_"),
-                ("scalar_optimizer", "SCALAR_OPTIMIZER_"))
+                ("scalar_optimizer", "SCALAR_OPTIMIZER_"),
+                ("scalarOptimizer", "SCALAR_OPTIMIZER_"))
 
 
 def _message(cls, value: Mapping[str, Any] | None, field: str):
@@ -451,7 +452,8 @@ class Client:
     def optim_step(self, session, seq_id: int,
                    **params: Any) -> sessions_pb2.SessionResult:
         """Steps on the gradients summed so far; `params`: lr, beta1,
-        beta2, eps, weight_decay, momentum, grad_clip_norm."""
+        beta2, eps, weight_decay, momentum, lion_beta1, lion_beta2,
+        grad_clip_norm."""
         return self._call(self.sessions.OptimStep,
                           sessions_pb2.OptimStepRequest(
                               session=_name("sessions", session),

@@ -355,18 +355,28 @@ TEST(CliChatTest, RepliesTurnByTurnAsSampleDoes) {
                                     hello,
                                     {{"role", "assistant"}, {"content", first}},
                                     {{"role", "user"}, {"content", "again"}}});
+  // A line starting with a space is a message, even when a command follows.
+  const std::string fourth =
+      sample({system,
+              hello,
+              {{"role", "assistant"}, {"content", first}},
+              {{"role", "user"}, {"content", "again"}},
+              {{"role", "assistant"}, {"content", third}},
+              {{"role", "user"}, {"content", " /bogus"}}});
 
   CliRunOptions chat_options;
   chat_options.input =
-      "hello\n/reset\n\nhello\nagain\n/bogus\n/exit\nignored\n";
+      "hello\n/reset\n\nhello\nagain\n/bogus\n /bogus\n/exit\nignored\n";
   std::vector<std::string> args = {"--server", address, "chat", "--system",
                                    "be brief"};
   args.insert(args.end(), params.begin(), params.end());
   const CliResult chat = RunCli(args, chat_options);
   ASSERT_EQ(chat.exit_code, 0) << chat.Describe();
   // Replies only on stdout: the first, the same after /reset, then the
-  // answer to "again" with the whole conversation before it.
-  EXPECT_EQ(chat.out, first + "\n" + first + "\n" + third + "\n");
+  // answers to "again" and " /bogus" with the whole conversation before
+  // them.
+  EXPECT_EQ(chat.out,
+            first + "\n" + first + "\n" + third + "\n" + fourth + "\n");
   EXPECT_THAT(chat.err, HasSubstr("(the conversation starts over)"));
   EXPECT_THAT(chat.err, HasSubstr("unknown command /bogus"));
 
