@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/model/model_config.h"
 #include "core/model/model_presets.h"
@@ -189,8 +190,11 @@ class ServiceDistTest : public ::testing::Test {
         JobRequest("", v1::OPTIMIZER_FAMILY_MUON, 16, 30, 2),
         JobRequest("", v1::OPTIMIZER_FAMILY_ADAM, 4, 24, 3)};
     requests[0].mutable_lora()->set_dropout(0.1);
-    const StagedJobs staged =
-        StageJobs(*stage_, ReversalJsonl(40, 9), requests, "--threads=1");
+    // The staging server's one extra flag holds the first job (seed 1)
+    // after its first step, so it cannot finish before the server is
+    // killed (the hold is single-process, as the staging server is).
+    const StagedJobs staged = StageJobs(*stage_, ReversalJsonl(40, 9), requests,
+                                        "--test-faults=hold:seed=1,step=1");
     ASSERT_EQ(staged.jobs.size(), 3u);
     *jobs_ = staged.jobs;
     dataset_ = new std::string(staged.dataset);
@@ -294,6 +298,18 @@ class ServiceDistTest : public ::testing::Test {
     }
   }
 
+  static size_t RunningEvents(LoraplexClient& client, const std::string& job) {
+    auto events = client.ListAllJobEvents(job);
+    EXPECT_TRUE(events.ok()) << events.status();
+    if (!events.ok()) return 0;
+    size_t runs = 0;
+    for (const v1::JobEvent& event : *events) {
+      runs += event.has_status_change() &&
+              event.status_change().status() == v1::JOB_STATUS_RUNNING;
+    }
+    return runs;
+  }
+
   // Waits until the second job has trained `step` steps.
   static void WaitForStep(LoraplexClient& client, int64_t step) {
     auto job = WaitUntil(client, jobs_->at(1), [&](const v1::Job& job) {
@@ -347,13 +363,25 @@ TEST_F(ServiceDistTest, JobsOverGrpcTrainOnTwoAndThreeRanksAsOnOne) {
 
 // The second job is paused (a checkpoint gathered from the owners of its
 // optimizer state), the server stopped, and the job resumed on a server of
-// the other size.
+// the other size. One process holds the job at step 7
+// (--test-faults=hold) until the pause arrives. Two ranks do not (the hold
+// is single-process): on a loaded machine the job may finish before the
+// pause arrives, and that run is taken again. Its 30 steps are not raised
+// instead: over many more, Muon's rounding drifts past kFp64IdentityBound.
 TEST_F(ServiceDistTest, CheckpointOfTwoRanksResumesOnOneAndBack) {
-  auto pause = [](LoraplexClient& client) {
+  // The step paused at; -1 when the job finished first.
+  auto pause = [](LoraplexClient& client) -> int64_t {
     WaitForStep(client, 7);
     auto paused = client.PauseJob(jobs_->at(1));
-    EXPECT_TRUE(paused.ok()) << paused.status();
-    return paused.ok() ? paused->metrics().step() : -1;
+    // Finished first: refused as finished, or answered in its final status.
+    if (!paused.ok()) {
+      EXPECT_THAT(std::string(paused.status().message()),
+                  HasSubstr("already finished"))
+          << paused.status();
+      return -1;
+    }
+    if (paused->status() != v1::JOB_STATUS_PAUSED) return -1;
+    return paused->metrics().step();
   };
   auto resume = [](LoraplexClient& client, const std::string& state,
                    const std::string& log, int64_t step) {
@@ -364,15 +392,17 @@ TEST_F(ServiceDistTest, CheckpointOfTwoRanksResumesOnOneAndBack) {
         HasSubstr(absl::StrCat("resumed from the checkpoint at step ", step)));
     ExpectLikeOneRank(run);
   };
-  const std::string state = FreshRun("two-then-one");
+  std::string state;
   int64_t step = -1;
-  {
+  for (int attempt = 0; attempt < 3 && step < 0; ++attempt) {
+    state = FreshRun("two-then-one");
     Ranks ranks = StartRanks(state, 2, 2, Flags("0"));
     ASSERT_NE(ranks.server, nullptr);
     step = pause(*ClientFor(*ranks.server));
     ASSERT_TRUE(ranks.server->Stop().ok());
     EXPECT_EQ(ranks.follower().Wait(30), 0) << ranks.follower().Log();
   }
+  ASSERT_GE(step, 0) << "the job finished before every pause";
   {
     auto server = StartServer(state, 2, Flags("0"));
     ASSERT_NE(server, nullptr);
@@ -381,24 +411,32 @@ TEST_F(ServiceDistTest, CheckpointOfTwoRanksResumesOnOneAndBack) {
 
   const std::string back = FreshRun("one-then-two");
   {
-    auto server = StartServer(back, 2, Flags("0"));
+    std::vector<std::string> flags = Flags("0");
+    flags.push_back("--test-faults=hold:seed=2,step=7");
+    auto server = StartServer(back, 2, flags);
     ASSERT_NE(server, nullptr);
     step = pause(*ClientFor(*server));
     ASSERT_TRUE(server->Stop().ok());
   }
+  ASSERT_EQ(step, 7);  // Held there.
   Ranks ranks = StartRanks(back, 2, 2, Flags("0"));
   ASSERT_NE(ranks.server, nullptr);
   resume(*ClientFor(*ranks.server), back, ranks.server->Log(), step);
   EXPECT_TRUE(ranks.server->Stop().ok());
 }
 
+// The second job is running when rank 1 is killed, but on a loaded machine
+// it may finish in the moment before the kill: it then does not run again
+// after the restart, while the third job (attached later) does.
 TEST_F(ServiceDistTest, DeadRankStopsRankZeroAndTheJobsResumeAfterARestart) {
   const std::string state = FreshRun("dead-rank");
+  size_t runs_before_kill = 0;  // The second job's RUNNING events.
   {
     Ranks ranks = StartRanks(state, 2, 2, Flags("4"), /*timeout=*/20);
     ASSERT_NE(ranks.server, nullptr);
     auto client = ClientFor(*ranks.server);
     WaitForStep(*client, 9);
+    runs_before_kill = RunningEvents(*client, jobs_->at(1));
     ranks.follower().Kill();
     // Rank 0 notices at its next collective, well within the timeout.
     const auto deadline =
@@ -420,11 +458,17 @@ TEST_F(ServiceDistTest, DeadRankStopsRankZeroAndTheJobsResumeAfterARestart) {
   auto client = ClientFor(*server);
   const std::map<std::string, JobOutcome> run =
       Collect(*client, state, server->Log());
-  EXPECT_THAT(run.at(jobs_->at(1)).run.running_message,
-              HasSubstr("resumed from the checkpoint at step"));
+  if (RunningEvents(*client, jobs_->at(1)) > runs_before_kill) {
+    EXPECT_THAT(run.at(jobs_->at(1)).run.running_message,
+                HasSubstr("resumed from the checkpoint at step"));
+  }
+  int resumed = 0;
   for (const auto& [job, outcome] : run) {
     EXPECT_FALSE(outcome.weights.empty()) << job;
+    resumed += absl::StrContains(outcome.run.running_message,
+                                 "resumed from the checkpoint at step");
   }
+  EXPECT_GE(resumed, 1) << server->Log();
 }
 
 // Test faults (--test-faults) on rank 1 only: the ranks agree on every
@@ -503,14 +547,15 @@ TEST(ServiceDistFaultTest, FailureAfterTheSumStopsEveryRankPromptly) {
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
-// An idle rank 0 keeps the other ranks from timing out: with a 5 s
-// timeout (room for a loaded machine's pauses while the job trains), a
-// server left idle for 12 s still trains a job.
+// An idle rank 0 keeps the other ranks from timing out: with a 15 s
+// timeout (room for a loaded machine's pauses, with other multi-process
+// tests beside it, while the job trains), a server left idle for 35 s,
+// over twice the timeout, still trains a job.
 TEST(ServiceDistStartTest, IdleServerOutlivesTheCollectiveTimeout) {
   const std::string state = FreshTestDir("idle");
-  Ranks ranks = StartRanks(state, 2, 1, Flags("0"), /*timeout_seconds=*/5);
+  Ranks ranks = StartRanks(state, 2, 1, Flags("0"), /*timeout_seconds=*/15);
   ASSERT_NE(ranks.server, nullptr);
-  std::this_thread::sleep_for(std::chrono::seconds(12));
+  std::this_thread::sleep_for(std::chrono::seconds(35));
   auto client = ClientFor(*ranks.server);
   auto dataset = client->UploadDatasetContents(ReversalJsonl(10, 2), "d");
   ASSERT_TRUE(dataset.ok()) << dataset.status();
