@@ -133,16 +133,12 @@ class ServiceCheckpointTest : public ::testing::Test {
     }
   }
 
-  // Runs the server on `dir` until the first job has trained `step` steps,
-  // then kills it (SIGKILL). Returns the step seen, 0 on failure.
-  static int64_t KillAtStep(const std::string& dir, int64_t step) {
-    return KillAt(dir, step).step;
-  }
-
   struct Killed {
     int64_t step = 0;  // The first job's step seen before the kill.
     int runs = 0;      // Its RUNNING events then.
   };
+  // Runs the server on `dir` until the first job has trained `step` steps,
+  // then kills it (SIGKILL). A zero step on failure.
   static Killed KillAt(const std::string& dir, int64_t step) {
     Killed killed;
     auto server = StartServer(dir, 3, ServerFlags());
@@ -170,6 +166,19 @@ class ServiceCheckpointTest : public ::testing::Test {
               event.status_change().status() == v1::JOB_STATUS_RUNNING;
     }
     return runs;
+  }
+
+  // Whether pool.json names every job: not when they finished (and their
+  // checkpoints left the pool) before a kill.
+  static bool PoolNamesEveryJob(const std::string& dir) {
+    std::ifstream in(dir + "/checkpoints/pool.json");
+    const nlohmann::json pool =
+        nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (pool.is_discarded() || !pool.contains("jobs")) return false;
+    for (const std::string& job : *jobs_) {
+      if (!pool["jobs"].contains(job.substr(5))) return false;
+    }
+    return true;
   }
 
   // The step of the pool's last complete checkpoint, the same for every
@@ -248,67 +257,91 @@ TEST_F(ServiceCheckpointTest, KilledServerResumesEveryJobBitExactly) {
   }
 }
 
+// As in KilledServerResumesEveryJobBitExactly, the jobs may finish in the
+// moment before the kill (pool.json then no longer names them, or the
+// restart runs no job again); such a kill is taken again.
 TEST_F(ServiceCheckpointTest, DamagedNewestCheckpointFallsBackToThePrevious) {
   ASSERT_NE(reference_, nullptr);
-  const std::string dir = FreshRun("damaged");
-  ASSERT_GT(KillAtStep(dir, 2 * kInterval + 1), 0);
-  // Damage, each another way, the checkpoint every job would resume from:
-  // its step in the pool's last complete checkpoint.
-  const int64_t newest = PoolStep(dir);
-  ASSERT_GE(newest, 2 * kInterval);
-  for (size_t i = 0; i < jobs_->size(); ++i) {
-    const std::string victim = StepDir(dir, (*jobs_)[i], newest);
-    if (i == 0) {
-      std::fstream file(victim + "/training_state.pt",
-                        std::ios::in | std::ios::out | std::ios::binary);
-      file.seekg(64);
-      const char byte = static_cast<char>(file.get() ^ 0x01);
-      file.seekp(64);
-      file.put(byte);
-    } else if (i == 1) {
-      fs::resize_file(victim + "/adapter_model.safetensors", 100);
-    } else {
-      fs::remove(victim + "/manifest.json");
+  bool resumed = false;
+  for (int attempt = 0; attempt < 3 && !resumed; ++attempt) {
+    SCOPED_TRACE(absl::StrCat("attempt ", attempt));
+    const std::string dir = FreshRun("damaged");
+    const Killed killed = KillAt(dir, 2 * kInterval + 1);
+    ASSERT_GT(killed.step, 0);
+    if (!PoolNamesEveryJob(dir)) continue;
+    // Damage, each another way, the checkpoint every job would resume from:
+    // its step in the pool's last complete checkpoint.
+    const int64_t newest = PoolStep(dir);
+    ASSERT_GE(newest, 2 * kInterval);
+    for (size_t i = 0; i < jobs_->size(); ++i) {
+      const std::string victim = StepDir(dir, (*jobs_)[i], newest);
+      if (i == 0) {
+        std::fstream file(victim + "/training_state.pt",
+                          std::ios::in | std::ios::out | std::ios::binary);
+        file.seekg(64);
+        const char byte = static_cast<char>(file.get() ^ 0x01);
+        file.seekp(64);
+        file.put(byte);
+      } else if (i == 1) {
+        fs::resize_file(victim + "/adapter_model.safetensors", 100);
+      } else {
+        fs::remove(victim + "/manifest.json");
+      }
     }
+    auto server = StartServer(dir, 3, ServerFlags());
+    ASSERT_NE(server, nullptr);
+    auto client = ClientFor(*server);
+    Outcome run = Collect(*client, *server);
+    if (RunningEvents(*client, jobs_->front()) == killed.runs) continue;
+    resumed = true;
+    ExpectSameAsReference(run, newest - kInterval);
+    for (const std::string& job : *jobs_) {
+      EXPECT_THAT(run.runs.at(job).running_message,
+                  HasSubstr("1 newer checkpoint(s) failed verification"));
+    }
+    EXPECT_TRUE(server->Stop().ok());
+    const std::string log = server->Log();
+    EXPECT_THAT(log, HasSubstr("training_state.pt has SHA-256"));
+    EXPECT_THAT(log, HasSubstr("adapter_model.safetensors has 100 bytes"));
+    EXPECT_THAT(log, HasSubstr("no readable manifest.json"));
   }
-  auto server = StartServer(dir, 3, ServerFlags());
-  ASSERT_NE(server, nullptr);
-  auto client = ClientFor(*server);
-  Outcome run = Collect(*client, *server);
-  ExpectSameAsReference(run, newest - kInterval);
-  for (const std::string& job : *jobs_) {
-    EXPECT_THAT(run.runs.at(job).running_message,
-                HasSubstr("1 newer checkpoint(s) failed verification"));
-  }
-  EXPECT_TRUE(server->Stop().ok());
-  const std::string log = server->Log();
-  EXPECT_THAT(log, HasSubstr("training_state.pt has SHA-256"));
-  EXPECT_THAT(log, HasSubstr("adapter_model.safetensors has 100 bytes"));
-  EXPECT_THAT(log, HasSubstr("no readable manifest.json"));
+  EXPECT_TRUE(resumed) << "every kill came after the jobs had finished";
 }
 
 // A crash between the checkpoints of one step boundary leaves some jobs
 // with a newer checkpoint than the others; they resume from the pool's last
-// complete checkpoint instead, so the co-batches stay the same.
+// complete checkpoint instead, so the co-batches stay the same. A kill
+// that came after the jobs had finished is taken again.
 TEST_F(ServiceCheckpointTest, CheckpointsOfAnInterruptedGroupAreNotUsed) {
   ASSERT_NE(reference_, nullptr);
-  const std::string dir = FreshRun("interrupted");
-  ASSERT_GT(KillAtStep(dir, 2 * kInterval + 1), 0);
-  // As if the kill came after the first job's checkpoint of the newest
-  // group: the others lose theirs and pool.json names the group before.
-  const int64_t newest = PoolStep(dir);
-  for (size_t i = 1; i < jobs_->size(); ++i) {
-    fs::remove_all(StepDir(dir, (*jobs_)[i], newest));
+  bool resumed = false;
+  for (int attempt = 0; attempt < 3 && !resumed; ++attempt) {
+    SCOPED_TRACE(absl::StrCat("attempt ", attempt));
+    const std::string dir = FreshRun("interrupted");
+    const Killed killed = KillAt(dir, 2 * kInterval + 1);
+    ASSERT_GT(killed.step, 0);
+    if (!PoolNamesEveryJob(dir)) continue;
+    // As if the kill came after the first job's checkpoint of the newest
+    // group: the others lose theirs and pool.json names the group before.
+    const int64_t newest = PoolStep(dir);
+    ASSERT_GE(newest, 2 * kInterval);
+    for (size_t i = 1; i < jobs_->size(); ++i) {
+      fs::remove_all(StepDir(dir, (*jobs_)[i], newest));
+    }
+    nlohmann::json pool;
+    for (const std::string& job : *jobs_) {
+      pool["jobs"][job.substr(5)] = newest - kInterval;
+    }
+    std::ofstream(dir + "/checkpoints/pool.json") << pool.dump();
+    auto server = StartServer(dir, 3, ServerFlags());
+    ASSERT_NE(server, nullptr);
+    auto client = ClientFor(*server);
+    Outcome run = Collect(*client, *server);
+    if (RunningEvents(*client, jobs_->front()) == killed.runs) continue;
+    resumed = true;
+    ExpectSameAsReference(run, newest - kInterval);
   }
-  nlohmann::json pool;
-  for (const std::string& job : *jobs_) {
-    pool["jobs"][job.substr(5)] = newest - kInterval;
-  }
-  std::ofstream(dir + "/checkpoints/pool.json") << pool.dump();
-  auto server = StartServer(dir, 3, ServerFlags());
-  ASSERT_NE(server, nullptr);
-  auto client = ClientFor(*server);
-  ExpectSameAsReference(Collect(*client, *server), newest - kInterval);
+  EXPECT_TRUE(resumed) << "every kill came after the jobs had finished";
 }
 
 TEST(ServiceShutdownTest, ShutdownCheckpointsAndPausedJobsStayPaused) {
