@@ -164,13 +164,25 @@ TEST(ServicePauseTest, PausedJobsSlotServesAnotherAndItResumesExactly) {
                   {"--checkpoint-interval=4", "--dtype=float64",
                    absl::StrCat("--test-faults=hold:seed=11,step=", kPauseAt)});
   ASSERT_NE(server, nullptr);
-  auto client = ClientFor(*server);
+  // The pause waits for the checkpoint writes queued before its own, which
+  // on a loaded machine can take longer than the default 30 s.
+  ClientOptions options;
+  options.address = server->address();
+  options.timeout = absl::Seconds(120);
+  auto connected = LoraplexClient::Connect(options);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  std::unique_ptr<LoraplexClient> client = *std::move(connected);
   auto dataset = client->UploadDatasetContents(jsonl, "d");
   ASSERT_TRUE(dataset.ok());
   auto paused = client->CreateJob(with_dataset(request_a, dataset->name()));
   ASSERT_TRUE(paused.ok());
-  auto other = client->CreateJob(
-      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 16, 1000000, 12));
+  // No checkpoints of its own (0 would take the server's 4): while the
+  // paused job is held, the other trains alone and would queue a
+  // checkpoint every 4 steps ahead of the pause's.
+  v1::CreateJobRequest request_other =
+      JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 16, 1000000, 12);
+  request_other.mutable_training()->set_checkpoint_interval(1000000);
+  auto other = client->CreateJob(request_other);
   ASSERT_TRUE(other.ok());
   auto running = WaitUntil(*client, paused->name(), [](const v1::Job& job) {
     return job.metrics().step() >= kPauseAt ||
