@@ -588,11 +588,11 @@ TEST(TinkerFuturesTest, PollsTryAgainSamplesBackOffAndShutdownAnswers) {
       if (status != 200 || answer.value("type", "") != "try_again") break;
     }
   });
-  // A poll waits up to 3 s (--tinker-poll-seconds): 300 ms after the
-  // poller starts, its poll is waiting at the server, with time to spare
-  // on a loaded machine.
+  // A poll waits up to 3 s (--tinker-poll-seconds): 1.5 s after the
+  // poller starts, in the middle of that wait, its poll is waiting at the
+  // server even when a loaded machine was slow to send it.
   polling_started.WaitForNotification();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
   poller.join();
   EXPECT_THAT(last, HasSubstr("shutting down"));
