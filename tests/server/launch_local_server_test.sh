@@ -47,6 +47,15 @@ wait "$launcher" || status=$?
 launcher=
 ((status == 0)) || fail "the launcher exited with status $status"
 grep -q "data parallel over 2 ranks" "$dir/log" || fail "rank 0 not parallel"
-grep -q "^\[rank 1\] .*rank 1: rank 0 stopped; stopped" "$dir/log" ||
-  fail "rank 1 did not stop with rank 0"
+# Rank 1's lines reach the log through its prefixer (a sed the launcher's
+# final wait need not wait for): look again for up to 5 s.
+stopped=0
+for _ in $(seq 50); do
+  if grep -q "^\[rank 1\] .*rank 1: rank 0 stopped; stopped" "$dir/log"; then
+    stopped=1
+    break
+  fi
+  sleep 0.1
+done
+((stopped == 1)) || fail "rank 1 did not stop with rank 0"
 echo "PASS: two ranks served quickstart and stopped cleanly"
