@@ -5,13 +5,17 @@
 #define LORAPLEX_CORE_OPTIM_ARCHIVE_FIELDS_H_
 
 #include <c10/util/Exception.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace loraplex {
 
@@ -51,6 +55,33 @@ Enum ReadArchiveEnum(torch::serialize::InputArchive& archive,
   TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(N), "archive field ",
               key, " has invalid value ", index);
   return all[static_cast<size_t>(index)];
+}
+
+// Loads `optimizer`'s state and options with LibTorch's serialize, which in
+// LibTorch 2.x also takes each group's options from the archive: when an
+// archived group's options fail `error_of` (empty: valid), every group keeps
+// its previous options and this throws a c10::Error naming `name` and the
+// group.
+template <typename State, typename Options>
+void LoadOptimizerKeepingValidOptions(torch::optim::Optimizer& optimizer,
+                                      torch::serialize::InputArchive& archive,
+                                      std::string (*error_of)(const Options&),
+                                      const char* name) {
+  std::vector<torch::optim::OptimizerParamGroup>& groups =
+      optimizer.param_groups();
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> previous;
+  for (auto& group : groups) previous.push_back(group.options().clone());
+  torch::optim::serialize<State, Options>(archive, optimizer);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string error =
+        error_of(static_cast<const Options&>(groups[g].options()));
+    if (!error.empty()) {
+      for (size_t i = 0; i < groups.size(); ++i) {
+        groups[i].set_options(std::move(previous[i]));
+      }
+      TORCH_CHECK(false, name, " archive: param group ", g, ": ", error);
+    }
+  }
 }
 
 }  // namespace loraplex

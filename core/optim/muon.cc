@@ -368,21 +368,8 @@ void Muon::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void Muon::load(torch::serialize::InputArchive& archive) {
-  // LibTorch 2.x also takes each group's options from the archive: keep the
-  // current ones if the archive's are not valid.
-  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> previous;
-  for (auto& group : param_groups_) previous.push_back(group.options().clone());
-  torch::optim::serialize<MuonParamState, MuonOptions>(archive, *this);
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const std::string error = MuonOptionsError(
-        static_cast<const MuonOptions&>(param_groups_[g].options()));
-    if (!error.empty()) {
-      for (size_t i = 0; i < param_groups_.size(); ++i) {
-        param_groups_[i].set_options(std::move(previous[i]));
-      }
-      TORCH_CHECK(false, "Muon archive: param group ", g, ": ", error);
-    }
-  }
+  LoadOptimizerKeepingValidOptions<MuonParamState, MuonOptions>(
+      *this, archive, &MuonOptionsError, "Muon");
 }
 
 }  // namespace loraplex

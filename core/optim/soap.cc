@@ -361,21 +361,8 @@ void Soap::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void Soap::load(torch::serialize::InputArchive& archive) {
-  // LibTorch 2.x also takes each group's options from the archive: keep the
-  // current ones if the archive's are not valid.
-  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> previous;
-  for (auto& group : param_groups_) previous.push_back(group.options().clone());
-  torch::optim::serialize<SoapParamState, SoapOptions>(archive, *this);
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const std::string error = SoapOptionsError(
-        static_cast<const SoapOptions&>(param_groups_[g].options()));
-    if (!error.empty()) {
-      for (size_t i = 0; i < param_groups_.size(); ++i) {
-        param_groups_[i].set_options(std::move(previous[i]));
-      }
-      TORCH_CHECK(false, "Soap archive: param group ", g, ": ", error);
-    }
-  }
+  LoadOptimizerKeepingValidOptions<SoapParamState, SoapOptions>(
+      *this, archive, &SoapOptionsError, "Soap");
 }
 
 }  // namespace loraplex

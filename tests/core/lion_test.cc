@@ -16,52 +16,18 @@
 #include <vector>
 
 #include "core/optim/slot_optimizer.h"
-#include "core/safetensors/safetensors.h"
+#include "tests/common/emerging_fixture.h"
 
 namespace loraplex {
 namespace {
 
 using ::testing::HasSubstr;
 
-class EmergingFixture {
- public:
-  static const EmergingFixture& Get() {
-    static const EmergingFixture* const kFixture = new EmergingFixture();
-    return *kFixture;
-  }
-  const nlohmann::json& cases() const { return cases_; }
-  bool loaded() const { return file_ != nullptr && cases_.is_object(); }
-  torch::Tensor Tensor(const std::string& name,
-                       const std::string& field) const {
-    auto tensor = file_->Load(name + "." + field);
-    EXPECT_TRUE(tensor.ok()) << tensor.status();
-    return tensor.ok() ? tensor->clone() : torch::Tensor();
-  }
-
- private:
-  EmergingFixture() {
-    const std::string dir =
-        std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/golden/emerging";
-    std::ifstream in(dir + "/cases.json");
-    cases_ = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    auto file = SafetensorsFile::Open(dir + "/emerging_golden.safetensors");
-    if (file.ok()) file_ = *file;
-  }
-  nlohmann::json cases_;
-  std::shared_ptr<const SafetensorsFile> file_;
-};
-
 LionOptions OptionsOf(const nlohmann::json& c) {
   return LionOptions(c["lr"].get<double>())
       .beta1(c["betas"][0].get<double>())
       .beta2(c["betas"][1].get<double>())
       .weight_decay(c["weight_decay"].get<double>());
-}
-
-// max |a - b| over max(1, max |b|).
-double Distance(const torch::Tensor& a, const torch::Tensor& b) {
-  const double scale = std::max(1.0, b.abs().max().item<double>());
-  return (a - b).abs().max().item<double>() / scale;
 }
 
 TEST(LionTest, FixtureLoads) {
@@ -88,11 +54,11 @@ TEST(LionTest, StepsEqualEmergingOptimizersLion) {
     for (int64_t step = 0; step < grads.size(0); ++step) {
       param.mutable_grad() = grads[step].clone();
       lion.step();
-      EXPECT_LE(Distance(param.detach(), expected[step]), 1e-14)
+      EXPECT_LE(EmergingDistance(param.detach(), expected[step]), 1e-14)
           << "step " << step + 1;
     }
-    EXPECT_LE(Distance(lion.StateOf(param)->exp_avg(),
-                       fixture.Tensor(name, "exp_avg")),
+    EXPECT_LE(EmergingDistance(lion.StateOf(param)->exp_avg(),
+                               fixture.Tensor(name, "exp_avg")),
               1e-14);
     EXPECT_EQ(lion.StateOf(param)->step(), grads.size(0));
   }
@@ -137,14 +103,14 @@ TEST(LionTest, SlotFactoryLionStepsEqualEmergingOptimizersLion) {
         matrix.mutable_grad() = torch::ones_like(matrix);
         param.mutable_grad() = grads[step].clone();
         built->Step();
-        EXPECT_LE(Distance(param.detach(), expected[step]), 1e-14)
+        EXPECT_LE(EmergingDistance(param.detach(), expected[step]), 1e-14)
             << "step " << step + 1;
       }
       const std::vector<ParamStateRef> states = child.states();
       ASSERT_FALSE(states.empty());
       EXPECT_EQ(*states.back().step, grads.size(0));
-      EXPECT_LE(Distance(states.back().tensors.at(0).second,
-                         fixture.Tensor(name, "exp_avg")),
+      EXPECT_LE(EmergingDistance(states.back().tensors.at(0).second,
+                                 fixture.Tensor(name, "exp_avg")),
                 1e-14);
     }
   }
@@ -177,7 +143,8 @@ TEST(LionTest, OneStepOverManyParametersEqualsEachAlone) {
     }
     lion.step();
     for (size_t i = 0; i < together.size(); ++i) {
-      EXPECT_LE(Distance(together[i].detach(), expected[i][step]), 1e-14)
+      EXPECT_LE(EmergingDistance(together[i].detach(), expected[i][step]),
+                1e-14)
           << names[i] << " step " << step + 1;
     }
   }

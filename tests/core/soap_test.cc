@@ -42,40 +42,12 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors/safetensors.h"
+#include "tests/common/emerging_fixture.h"
 
 namespace loraplex {
 namespace {
 
 using ::testing::HasSubstr;
-
-class EmergingFixture {
- public:
-  static const EmergingFixture& Get() {
-    static const EmergingFixture* const kFixture = new EmergingFixture();
-    return *kFixture;
-  }
-  const nlohmann::json& cases() const { return cases_; }
-  bool loaded() const { return file_ != nullptr && cases_.is_object(); }
-  torch::Tensor Tensor(const std::string& name,
-                       const std::string& field) const {
-    auto tensor = file_->Load(name + "." + field);
-    EXPECT_TRUE(tensor.ok()) << tensor.status();
-    return tensor.ok() ? tensor->clone() : torch::Tensor();
-  }
-
- private:
-  EmergingFixture() {
-    const std::string dir =
-        std::string(LORAPLEX_SOURCE_DIR) + "/tests/fixtures/golden/emerging";
-    std::ifstream in(dir + "/cases.json");
-    cases_ = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    auto file = SafetensorsFile::Open(dir + "/emerging_golden.safetensors");
-    if (file.ok()) file_ = *file;
-  }
-  nlohmann::json cases_;
-  std::shared_ptr<const SafetensorsFile> file_;
-};
 
 SoapOptions OptionsOf(const nlohmann::json& c) {
   return SoapOptions(c["lr"].get<double>())
@@ -90,12 +62,6 @@ SoapOptions OptionsOf(const nlohmann::json& c) {
       .use_eigh(c["use_eigh"].get<bool>())
       .power_iter_steps(c["power_iter_steps"].get<int64_t>())
       .max_update_rms(c["max_update_rms"].get<double>());
-}
-
-// max |a - b| over max(1, max |b|).
-double Distance(const torch::Tensor& a, const torch::Tensor& b) {
-  const double scale = std::max(1.0, b.abs().max().item<double>());
-  return (a - b).abs().max().item<double>() / scale;
 }
 
 // `values` with every element moved by `ulps` units in the last place
@@ -180,10 +146,11 @@ StepResult ReferenceAfter(const EmergingFixture& fixture,
 }
 
 std::array<double, 5> Distances(const StepResult& a, const StepResult& b) {
-  return {Distance(a.param, b.param), Distance(a.momentum, b.momentum),
-          Distance(a.exp_avg_sq, b.exp_avg_sq),
-          Distance(a.kronecker_left, b.kronecker_left),
-          Distance(a.kronecker_right, b.kronecker_right)};
+  return {EmergingDistance(a.param, b.param),
+          EmergingDistance(a.momentum, b.momentum),
+          EmergingDistance(a.exp_avg_sq, b.exp_avg_sq),
+          EmergingDistance(a.kronecker_left, b.kronecker_left),
+          EmergingDistance(a.kronecker_right, b.kronecker_right)};
 }
 
 constexpr std::array<const char*, 5> kFields = {
@@ -224,7 +191,7 @@ TEST(SoapTest, EachStepFromTheReferenceStateEqualsIt) {
       const std::array<double, 5> floor = Distances(floor_run, ours);
       const torch::Tensor before =
           step == 0 ? fixture.Tensor(name, "param") : expected[step - 1];
-      const double step_size = Distance(expected[step], before);
+      const double step_size = EmergingDistance(expected[step], before);
       // The floor is at least 4 ulps of the compared values: the state
       // fields are a few roundings from their inputs, which a perturbation
       // can leave unmoved.
@@ -268,8 +235,8 @@ TEST(SoapTest, FullRankTrajectoriesEqualTheReference) {
       shadow.mutable_grad() = Perturbed(grads[step], kFloorUlps, 48 + step);
       soap.step();
       shadow_soap.step();
-      const double floor = Distance(shadow.detach(), param.detach());
-      const double error = Distance(param.detach(), expected[step]);
+      const double floor = EmergingDistance(shadow.detach(), param.detach());
+      const double error = EmergingDistance(param.detach(), expected[step]);
       worst_error = std::max(worst_error, error / std::max(floor, 4 * 0x1p-52));
       EXPECT_LE(error, std::max(floor, 4 * 0x1p-52))
           << "step " << step + 1 << " (noise floor " << floor << ")";
@@ -308,9 +275,10 @@ TEST(SoapTest, Float32RunsAreAsCloseToFloat64AsTheReferencesFloat32Run) {
     for (int64_t step = 0; step < grads.size(0); ++step) {
       param.mutable_grad() = grads[step].clone();
       soap.step();
-      ours = std::max(
-          ours, Distance(param.detach().to(torch::kFloat64), expected[step]));
-      theirs = std::max(theirs, Distance(reference32[step].to(torch::kFloat64),
+      ours = std::max(ours, EmergingDistance(param.detach().to(torch::kFloat64),
+                                             expected[step]));
+      theirs = std::max(theirs,
+                        EmergingDistance(reference32[step].to(torch::kFloat64),
                                          expected[step]));
       same = same && torch::equal(param.detach(), reference32[step]);
     }
