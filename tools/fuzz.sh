@@ -34,7 +34,7 @@ cmake --build "$build" -j"$(nproc)" --target loraplex_fuzzers
 mkdir -p "$build/crashes"
 status=0
 for target in dataset_fuzz tokenizer_json_fuzz peft_config_fuzz \
-              safetensors_fuzz step_plan_fuzz; do
+              safetensors_fuzz step_plan_fuzz openai_request_fuzz; do
   work="$build/corpus/$target"
   mkdir -p "$work"
   cp tests/fuzz/corpus/"$target"/* "$work"/

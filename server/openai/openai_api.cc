@@ -36,34 +36,6 @@ std::string Dump(const nlohmann::json& json) {
 // /metrics need the rest.
 constexpr int64_t kMaxInFlight = 64;
 
-// Nesting beyond this is refused before anything recurses into it (copies,
-// dumps and error messages do).
-constexpr int kMaxBodyDepth = 64;
-
-// The body in the key order the client sent (chat templates may show it).
-absl::StatusOr<nlohmann::ordered_json> ParseBody(const std::string& text) {
-  using Event = nlohmann::ordered_json::parse_event_t;
-  bool too_deep = false;
-  auto on_event = [&](int depth, Event event, nlohmann::ordered_json&) {
-    if ((event == Event::object_start || event == Event::array_start) &&
-        depth >= kMaxBodyDepth) {
-      too_deep = true;
-    }
-    // What lies too deep is discarded, so no deep value is ever built.
-    return !too_deep;
-  };
-  nlohmann::ordered_json body =
-      nlohmann::ordered_json::parse(text, on_event, /*allow_exceptions=*/false);
-  if (too_deep) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the request body nests JSON deeper than ", kMaxBodyDepth, " levels"));
-  }
-  if (body.is_discarded()) {
-    return absl::InvalidArgumentError("the request body is not valid JSON");
-  }
-  return body;
-}
-
 void Answer(httplib::Response& response, const absl::Status& status) {
   const OpenAiError error = OpenAiErrorOf(status);
   response.status = error.http_status;
@@ -137,20 +109,13 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
     Answer(response, tenant.status());
     return;
   }
-  absl::StatusOr<nlohmann::ordered_json> body = ParseBody(http_request.body);
+  absl::StatusOr<nlohmann::ordered_json> body =
+      ParseOpenAiBody(http_request.body);
   if (!body.ok()) {
     Answer(response, body.status());
     return;
   }
-  absl::StatusOr<OpenAiRequest> parsed =
-      [&]() -> absl::StatusOr<OpenAiRequest> {
-    try {
-      return ParseOpenAiRequest(endpoint, *body);
-    } catch (const nlohmann::json::exception& error) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the request body has a field of the wrong type: ", error.what()));
-    }
-  }();
+  absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(endpoint, *body);
   if (!parsed.ok()) {
     Answer(response, parsed.status());
     return;

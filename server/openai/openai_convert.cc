@@ -553,7 +553,34 @@ bool IsChat(const OpenAiRequest& request) {
   return request.endpoint == OpenAiEndpoint::kChatCompletions;
 }
 
+// Nesting beyond this is refused while parsing.
+constexpr int kMaxBodyDepth = 64;
+
 }  // namespace
+
+absl::StatusOr<nlohmann::ordered_json> ParseOpenAiBody(
+    const std::string& text) {
+  using Event = nlohmann::ordered_json::parse_event_t;
+  bool too_deep = false;
+  auto on_event = [&](int depth, Event event, nlohmann::ordered_json&) {
+    if ((event == Event::object_start || event == Event::array_start) &&
+        depth >= kMaxBodyDepth) {
+      too_deep = true;
+    }
+    // What lies too deep is discarded, so no deep value is ever built.
+    return !too_deep;
+  };
+  nlohmann::ordered_json body =
+      nlohmann::ordered_json::parse(text, on_event, /*allow_exceptions=*/false);
+  if (too_deep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request body nests JSON deeper than ", kMaxBodyDepth, " levels"));
+  }
+  if (body.is_discarded()) {
+    return absl::InvalidArgumentError("the request body is not valid JSON");
+  }
+  return body;
+}
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(
     OpenAiEndpoint endpoint, const nlohmann::ordered_json& body) {
@@ -563,11 +590,18 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(
   OpenAiRequest request;
   request.endpoint = endpoint;
   Params params(body);
-  LORAPLEX_RETURN_IF_ERROR(ReadCommon(params, &request));
-  if (endpoint == OpenAiEndpoint::kCompletions) {
-    LORAPLEX_RETURN_IF_ERROR(ReadCompletion(params, &request));
-  } else {
-    LORAPLEX_RETURN_IF_ERROR(ReadChat(params, &request));
+  // Every field is type-checked before it is read; a JSON exception would
+  // be a missed check, answered as a bad field rather than escaping.
+  try {
+    LORAPLEX_RETURN_IF_ERROR(ReadCommon(params, &request));
+    if (endpoint == OpenAiEndpoint::kCompletions) {
+      LORAPLEX_RETURN_IF_ERROR(ReadCompletion(params, &request));
+    } else {
+      LORAPLEX_RETURN_IF_ERROR(ReadChat(params, &request));
+    }
+  } catch (const nlohmann::json::exception& error) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request body has a field of the wrong type: ", error.what()));
   }
   LORAPLEX_RETURN_IF_ERROR(params.Unknown());
   return request;

@@ -49,6 +49,12 @@ struct OpenAiRequest {
   bool logprobs = false;       // Answer each token's logprob.
 };
 
+// A request body, in the key order the client sent (chat templates may show
+// it). INVALID_ARGUMENT for text that is not JSON or that nests deeper than
+// 64 levels (refused before anything recurses into it: copies, dumps and
+// error messages do).
+absl::StatusOr<nlohmann::ordered_json> ParseOpenAiBody(const std::string& text);
+
 // INVALID_ARGUMENT naming the parameter for a missing, malformed,
 // out-of-range or unsupported one. `body` keeps the key order the client
 // sent (chat templates may show it).

@@ -219,6 +219,24 @@ TEST(OpenAiConvertTest, BadOrUnsupportedParametersAreNamed) {
                 "not a parameter loraplex supports");
 }
 
+// Bodies keep the client's key order; a body nested past 64 levels is
+// refused while it is parsed, before anything recurses into it.
+TEST(OpenAiConvertTest, BodiesAreParsedWithABoundedDepth) {
+  auto body = ParseOpenAiBody(R"({"zeta": 1, "alpha": [2, {"b": 3}]})");
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(body->begin().key(), "zeta");
+  const std::string deep =
+      "{\"n\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const absl::Status refused = ParseOpenAiBody(deep).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("deeper than 64 levels"));
+  const std::string fits =
+      "{\"n\": " + std::string(62, '[') + std::string(62, ']') + "}";
+  EXPECT_TRUE(ParseOpenAiBody(fits).ok());
+  EXPECT_THAT(ParseOpenAiBody("{\"model\": ").status().message(),
+              HasSubstr("not valid JSON"));
+}
+
 TEST(OpenAiConvertTest, ModelNamesPickTheWeights) {
   SamplingRequest s;
   ASSERT_TRUE(ResolveOpenAiModel("base", "base", nullptr, &s).ok());
