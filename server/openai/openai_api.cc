@@ -13,11 +13,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/resource_names.h"
 #include "core/common/status_macros.h"
 #include "server/grpc/auth.h"
+#include "server/grpc/checkpoint_access.h"
 #include "server/grpc/stream_text.h"
 
 namespace loraplex {
@@ -85,6 +87,11 @@ void OpenAiApi::Register(httplib::Server& server) {
   server.Get("/v1/models", [this](const httplib::Request& request,
                                   httplib::Response& response) {
     ListModels(request, response);
+  });
+  // Model names hold slashes (adapters/{id}); the SDK may escape them.
+  server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& request,
+                                          httplib::Response& response) {
+    GetModel(request, response);
   });
 }
 
@@ -324,13 +331,8 @@ void OpenAiApi::Complete(OpenAiEndpoint endpoint,
       [state](bool /*success*/) { state->cancelled = true; });
 }
 
-void OpenAiApi::ListModels(const httplib::Request& http_request,
-                           httplib::Response& response) {
-  absl::StatusOr<std::string> tenant = TenantOf(http_request);
-  if (!tenant.ok()) {
-    Answer(response, tenant.status());
-    return;
-  }
+absl::StatusOr<nlohmann::json> OpenAiApi::Models(
+    const std::string& tenant) const {
   const std::string& base = context_->base_model_name;
   const int64_t max_len = context_->model.max_position_embeddings;
   nlohmann::json data = nlohmann::json::array();
@@ -346,44 +348,84 @@ void OpenAiApi::ListModels(const httplib::Request& http_request,
          {"max_model_len", max_len}});
   };
   add(base, 0, "loraplex", false);
-  absl::Status listed = [&]() -> absl::Status {
-    std::string token;
-    do {
-      LORAPLEX_ASSIGN_OR_RETURN(
-          Page<AdapterRecord> page,
-          context_->store->ListAdapters(*tenant, 1000, token));
-      for (const AdapterRecord& adapter : page.items) {
-        add(FormatResourceName(kAdapters, adapter.id), adapter.create_time_ms,
-            *tenant, true);
-      }
-      token = page.next_page_token;
-    } while (!token.empty());
-    do {
-      LORAPLEX_ASSIGN_OR_RETURN(
-          Page<JobRecord> page,
-          context_->store->ListJobs(
-              *tenant,
-              {JobStatus::kRunning, JobStatus::kPaused, JobStatus::kSucceeded},
-              1000, token));
-      for (const JobRecord& job : page.items) {
-        add(FormatResourceName(kJobs, job.id), job.create_time_ms, *tenant,
-            true);
-      }
-      token = page.next_page_token;
-    } while (!token.empty());
-    if (options_.tinker_paths) {
-      for (const std::string& path : options_.tinker_paths(*tenant)) {
-        add(path, 0, *tenant, true);
-      }
+  std::string token;
+  do {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        Page<AdapterRecord> page,
+        context_->store->ListAdapters(tenant, 1000, token));
+    for (const AdapterRecord& adapter : page.items) {
+      add(FormatResourceName(kAdapters, adapter.id), adapter.create_time_ms,
+          tenant, true);
     }
-    return absl::OkStatus();
-  }();
-  if (!listed.ok()) {
-    Answer(response, listed);
+    token = page.next_page_token;
+  } while (!token.empty());
+  do {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        Page<JobRecord> page,
+        context_->store->ListJobs(
+            tenant,
+            {JobStatus::kRunning, JobStatus::kPaused, JobStatus::kSucceeded},
+            1000, token));
+    for (const JobRecord& job : page.items) {
+      add(FormatResourceName(kJobs, job.id), job.create_time_ms, tenant, true);
+    }
+    token = page.next_page_token;
+  } while (!token.empty());
+  if (options_.tinker_paths) {
+    for (const std::string& path : options_.tinker_paths(tenant)) {
+      add(path, 0, tenant, true);
+    }
+  }
+  return data;
+}
+
+void OpenAiApi::ListModels(const httplib::Request& http_request,
+                           httplib::Response& response) {
+  absl::StatusOr<std::string> tenant = TenantOf(http_request);
+  if (!tenant.ok()) {
+    Answer(response, tenant.status());
     return;
   }
-  response.set_content(Dump({{"object", "list"}, {"data", std::move(data)}}),
+  absl::StatusOr<nlohmann::json> data = Models(*tenant);
+  if (!data.ok()) {
+    Answer(response, data.status());
+    return;
+  }
+  response.set_content(Dump({{"object", "list"}, {"data", *std::move(data)}}),
                        kJson);
+}
+
+void OpenAiApi::GetModel(const httplib::Request& http_request,
+                         httplib::Response& response) {
+  absl::StatusOr<std::string> tenant = TenantOf(http_request);
+  if (!tenant.ok()) {
+    Answer(response, tenant.status());
+    return;
+  }
+  const std::string id = http_request.matches[1].str();
+  absl::StatusOr<nlohmann::json> data = Models(*tenant);
+  if (!data.ok()) {
+    Answer(response, data.status());
+    return;
+  }
+  for (const nlohmann::json& model : *data) {
+    if (model["id"] == id) {
+      response.set_content(Dump(model), kJson);
+      return;
+    }
+  }
+  // Checkpoints are not listed (a job may have hundreds) but are models.
+  if (absl::StrContains(id, "/checkpoints/") &&
+      FindCheckpoint(*context_, *tenant, id, "model").ok()) {
+    nlohmann::json model = data->at(0);
+    model["id"] = id;
+    model["owned_by"] = *tenant;
+    model["parent"] = context_->base_model_name;
+    response.set_content(Dump(model), kJson);
+    return;
+  }
+  Answer(response, absl::NotFoundError(
+                       absl::StrCat("The model `", id, "` does not exist")));
 }
 
 }  // namespace loraplex

@@ -4,6 +4,7 @@
 //                               template, then sampled
 //   POST /v1/completions        a text or token-id prompt
 //   GET  /v1/models             the weights the caller may name as `model`
+//   GET  /v1/models/{model}     one of them (a checkpoint too)
 //
 // `model` names the weights (openai_convert.h: the base model's name,
 // adapters/{id}, jobs/{id}, jobs/{id}/checkpoints/{step}, a Tinker sampler
@@ -77,6 +78,9 @@ class OpenAiApi {
   void Complete(OpenAiEndpoint endpoint, const httplib::Request& request,
                 httplib::Response& response);
   void ListModels(const httplib::Request& request, httplib::Response& response);
+  void GetModel(const httplib::Request& request, httplib::Response& response);
+  // The models a tenant may name, as /v1/models lists them.
+  absl::StatusOr<nlohmann::json> Models(const std::string& tenant) const;
   absl::StatusOr<std::string> TenantOf(const httplib::Request& request) const;
 
   const ServiceContext* context_;

@@ -206,14 +206,33 @@ def run(server):
     for seed in (1, 2):
         job = grpc_client.create_job(
             dataset, lora={"rank": 4}, optimizer={"lr": 2e-2},
-            training={"max_steps": 8, "seq_len": 24, "batch_size": 2,
-                      "seed": seed})
+            training={"max_steps": 12, "seq_len": 24, "batch_size": 2,
+                      "seed": seed, "checkpoint_interval": 10})
         job = grpc_client.watch(job, progress=False)
         check(job.status == loraplex.v1.jobs_pb2.JOB_STATUS_SUCCEEDED, job)
         trained.append(job)
     ids = {m.id for m in api.models.list().data}
     for job in trained:
         check(job.name in ids and job.adapter in ids, (job, ids))
+    # One model by its name (slashes and all), a checkpoint too.
+    check(api.models.retrieve(BASE).id == BASE, "retrieve the base")
+    got_model = api.models.retrieve(trained[0].adapter)
+    check(got_model.id == trained[0].adapter and
+          got_model.owned_by == "alice", got_model)
+    checkpoints = grpc_client._call(
+        grpc_client.jobs.ListCheckpoints,
+        loraplex.v1.jobs_pb2.ListCheckpointsRequest(name=trained[0].name))
+    check(len(checkpoints.checkpoints) > 0, checkpoints)
+    name = checkpoints.checkpoints[0].name
+    check(api.models.retrieve(name).id == name, name)
+    answer = api.completions.create(model=name, prompt=prompt, max_tokens=4,
+                                    temperature=0)
+    check(answer.model == name and answer.choices[0].text is not None, answer)
+    try:
+        api.models.retrieve("adapters/nope")
+        raise AssertionError("retrieved a model that does not exist")
+    except openai.NotFoundError:
+        pass
     job = trained[0]
     tokens, _, _ = native(grpc_client, prompt, job=job.name)
     for name in (job.name, job.adapter):
