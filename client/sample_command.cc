@@ -25,20 +25,60 @@
 namespace loraplex {
 namespace {
 
-struct SampleFlags {
+// The weights to sample, shared by `sample` and `chat`: at most one of them
+// (none: the base model).
+struct WeightsFlags {
   std::string adapter;
   std::string job;
   std::string checkpoint;
+};
+
+// How each token is drawn, shared by `sample` and `chat`.
+struct DrawFlags {
+  int64_t max_tokens;
+  double temperature;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  std::optional<uint64_t> seed;
+};
+
+void AddWeightsFlags(CLI::App* command, WeightsFlags* flags) {
+  command->add_option("--adapter", flags->adapter, "Adapter ID or adapters/ID")
+      ->group("Weights");
+  command->add_option("--job", flags->job, "Job ID or jobs/ID")
+      ->group("Weights");
+  command
+      ->add_option("--checkpoint", flags->checkpoint,
+                   "jobs/ID/checkpoints/STEP")
+      ->group("Weights");
+}
+
+void AddDrawFlags(CLI::App* command, DrawFlags* flags, const std::string& per) {
+  command->add_option("--max-tokens", flags->max_tokens, "Tokens per " + per)
+      ->capture_default_str();
+  command->add_option("--temperature", flags->temperature, "0 for greedy")
+      ->capture_default_str();
+  command->add_option("--top-p", flags->top_p)->capture_default_str();
+  command->add_option("--top-k", flags->top_k, "0: off")->capture_default_str();
+  command->add_option("--seed", flags->seed, seed_help);
+}
+
+void SetDraw(const DrawFlags& flags, v1::SampleRequest* request) {
+  request->set_max_tokens(flags.max_tokens);
+  request->set_temperature(flags.temperature);
+  request->set_top_p(flags.top_p);
+  request->set_top_k(flags.top_k);
+  if (flags.seed.has_value()) request->set_seed(*flags.seed);
+}
+
+struct SampleFlags {
+  WeightsFlags weights;
+  DrawFlags draw{.max_tokens = 256, .temperature = 1.0};
   std::string prompt;
   std::string messages_file;
   std::string chat_template_kwargs;
   std::string tokens;
   int n = 1;
-  int64_t max_tokens = 256;
-  double temperature = 1.0;
-  double top_p = 1.0;
-  int64_t top_k = 0;
-  std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   int top_logprobs = 0;
   bool prompt_logprobs = false;
@@ -81,9 +121,10 @@ absl::Status ReadMessages(const std::string& path, v1::ChatPrompt* prompt) {
 }
 
 // The weights of --adapter, --job or --checkpoint (none: the base model).
-absl::Status SetWeights(const std::string& adapter, const std::string& job,
-                        const std::string& checkpoint,
-                        v1::SampleRequest* request) {
+absl::Status SetWeights(const WeightsFlags& flags, v1::SampleRequest* request) {
+  const std::string& adapter = flags.adapter;
+  const std::string& job = flags.job;
+  const std::string& checkpoint = flags.checkpoint;
   const int weights = !adapter.empty() + !job.empty() + !checkpoint.empty();
   if (weights > 1) {
     return absl::InvalidArgumentError(
@@ -136,14 +177,9 @@ absl::StatusOr<v1::SampleRequest> RequestOf(const SampleFlags& flags) {
       request.mutable_tokens()->add_ids(id);
     }
   }
-  LORAPLEX_RETURN_IF_ERROR(
-      SetWeights(flags.adapter, flags.job, flags.checkpoint, &request));
+  LORAPLEX_RETURN_IF_ERROR(SetWeights(flags.weights, &request));
   request.set_n(flags.n);
-  request.set_max_tokens(flags.max_tokens);
-  request.set_temperature(flags.temperature);
-  request.set_top_p(flags.top_p);
-  request.set_top_k(flags.top_k);
-  if (flags.seed.has_value()) request.set_seed(*flags.seed);
+  SetDraw(flags.draw, &request);
   for (const std::string& stop : flags.stop) request.add_stop(stop);
   request.set_top_logprobs(flags.top_logprobs);
   request.set_prompt_logprobs(flags.prompt_logprobs);
@@ -185,16 +221,10 @@ int RunSample(const CliContext& context, const SampleFlags& flags) {
 }
 
 struct ChatFlags {
-  std::string adapter;
-  std::string job;
-  std::string checkpoint;
+  WeightsFlags weights;
+  DrawFlags draw{.max_tokens = 1024, .temperature = 0.7};
   std::string system;
   std::string chat_template_kwargs;
-  int64_t max_tokens = 1024;
-  double temperature = 0.7;
-  double top_p = 1.0;
-  int64_t top_k = 0;
-  std::optional<uint64_t> seed;
 };
 
 // One chat turn's request: the history so far, the weights and parameters.
@@ -211,13 +241,8 @@ absl::StatusOr<v1::SampleRequest> ChatRequestOf(
   if (!flags.chat_template_kwargs.empty()) {
     prompt->set_chat_template_kwargs(flags.chat_template_kwargs);
   }
-  LORAPLEX_RETURN_IF_ERROR(
-      SetWeights(flags.adapter, flags.job, flags.checkpoint, &request));
-  request.set_max_tokens(flags.max_tokens);
-  request.set_temperature(flags.temperature);
-  request.set_top_p(flags.top_p);
-  request.set_top_k(flags.top_k);
-  if (flags.seed.has_value()) request.set_seed(*flags.seed);
+  LORAPLEX_RETURN_IF_ERROR(SetWeights(flags.weights, &request));
+  SetDraw(flags.draw, &request);
   return request;
 }
 
@@ -305,25 +330,12 @@ void AddSampleCommand(CLI::App& app, CliContext& context,
       ->group("Prompt");
   sample->add_option("--tokens", flags->tokens, "Prompt token ids: 1,2,3")
       ->group("Prompt");
-  sample->add_option("--adapter", flags->adapter, "Adapter ID or adapters/ID")
-      ->group("Weights");
-  sample->add_option("--job", flags->job, "Job ID or jobs/ID")
-      ->group("Weights");
-  sample
-      ->add_option("--checkpoint", flags->checkpoint,
-                   "jobs/ID/checkpoints/STEP")
-      ->group("Weights");
+  AddWeightsFlags(sample, &flags->weights);
   sample->add_option("-n,--n", flags->n, "Samples to draw")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
-  sample->add_option("--max-tokens", flags->max_tokens, "Tokens per sample")
-      ->capture_default_str();
-  sample->add_option("--temperature", flags->temperature, "0 for greedy")
-      ->capture_default_str();
-  sample->add_option("--top-p", flags->top_p)->capture_default_str();
-  sample->add_option("--top-k", flags->top_k, "0: off")->capture_default_str();
-  sample->add_option("--seed", flags->seed,
-                     "Seed (default: random, shown with --json)");
+  AddDrawFlags(sample, &flags->draw, "sample",
+               "Seed (default: random, shown with --json)");
   sample->add_option("--stop", flags->stop, "Stop string (repeatable)");
   sample->add_option("--logprobs", flags->top_logprobs,
                      "Alternatives per token (with --json)");
@@ -342,23 +354,12 @@ void AddChatCommand(CLI::App& app, CliContext& context, CommandAction* action) {
       "Chat in the terminal with the base model, an adapter, a job or a "
       "checkpoint: each line is a user turn, the reply streams as it is "
       "drawn (the model's chat template renders the conversation)");
-  chat->add_option("--adapter", flags->adapter, "Adapter ID or adapters/ID")
-      ->group("Weights");
-  chat->add_option("--job", flags->job, "Job ID or jobs/ID")->group("Weights");
-  chat->add_option("--checkpoint", flags->checkpoint,
-                   "jobs/ID/checkpoints/STEP")
-      ->group("Weights");
+  AddWeightsFlags(chat, &flags->weights);
   chat->add_option("--system", flags->system, "A system message first");
   chat->add_option("--chat-template-kwargs", flags->chat_template_kwargs,
                    "Template variables, a JSON object: "
                    "'{\"enable_thinking\": false}'");
-  chat->add_option("--max-tokens", flags->max_tokens, "Tokens per reply")
-      ->capture_default_str();
-  chat->add_option("--temperature", flags->temperature, "0 for greedy")
-      ->capture_default_str();
-  chat->add_option("--top-p", flags->top_p)->capture_default_str();
-  chat->add_option("--top-k", flags->top_k, "0: off")->capture_default_str();
-  chat->add_option("--seed", flags->seed, "Seed (default: random)");
+  AddDrawFlags(chat, &flags->draw, "reply", "Seed (default: random)");
   SetAction(chat, action,
             [&context, flags] { return RunChat(context, *flags); });
 }
