@@ -39,7 +39,7 @@ struct DrawFlags {
   double temperature;
   double top_p = 1.0;
   int64_t top_k = 0;
-  std::optional<uint64_t> seed;
+  std::optional<uint64_t> seed = std::nullopt;
 };
 
 void AddWeightsFlags(CLI::App* command, WeightsFlags* flags) {
@@ -53,7 +53,8 @@ void AddWeightsFlags(CLI::App* command, WeightsFlags* flags) {
       ->group("Weights");
 }
 
-void AddDrawFlags(CLI::App* command, DrawFlags* flags, const std::string& per) {
+void AddDrawFlags(CLI::App* command, DrawFlags* flags, const std::string& per,
+                  const std::string& seed_help) {
   command->add_option("--max-tokens", flags->max_tokens, "Tokens per " + per)
       ->capture_default_str();
   command->add_option("--temperature", flags->temperature, "0 for greedy")
