@@ -188,6 +188,28 @@ absl::StatusOr<v1::SampleRequest> RequestOf(const SampleFlags& flags) {
   return request;
 }
 
+// Streams one sample's text to stdout as it is drawn, then what the stream
+// held back (text that could have been the start of a stop string: the
+// response's text is the whole sample) and a newline.
+absl::StatusOr<v1::SampleResponse> StreamToOut(
+    const CliContext& context, LoraplexClient& client,
+    const v1::SampleRequest& request) {
+  std::string printed;
+  absl::StatusOr<v1::SampleResponse> response =
+      client.StreamSample(request, [&](const v1::SampledToken& token) {
+        context.out() << token.text() << std::flush;
+        printed += token.text();
+        return static_cast<bool>(context.out());
+      });
+  if (!response.ok()) return response;
+  const std::string& text = response->samples(0).text();
+  if (text.compare(0, printed.size(), printed) == 0) {
+    context.out() << text.substr(printed.size());
+  }
+  context.out() << "\n" << std::flush;
+  return response;
+}
+
 int RunSample(const CliContext& context, const SampleFlags& flags) {
   absl::StatusOr<v1::SampleRequest> request = RequestOf(flags);
   if (!request.ok()) return context.UsageError(request.status().message());
@@ -203,21 +225,9 @@ int RunSample(const CliContext& context, const SampleFlags& flags) {
     }
     return kExitSuccess;
   }
-  std::string printed;
   absl::StatusOr<v1::SampleResponse> response =
-      (*client)->StreamSample(*request, [&](const v1::SampledToken& token) {
-        context.out() << token.text() << std::flush;
-        printed += token.text();
-        return static_cast<bool>(context.out());
-      });
+      StreamToOut(context, **client, *request);
   if (!response.ok()) return context.ReportError(response.status());
-  // The response's text is the whole sample: print what the stream held
-  // back (text that could have been the start of a stop string).
-  const std::string& text = response->samples(0).text();
-  if (text.compare(0, printed.size(), printed) == 0) {
-    context.out() << text.substr(printed.size());
-  }
-  context.out() << "\n";
   return kExitSuccess;
 }
 
@@ -285,13 +295,8 @@ int RunChat(const CliContext& context, const ChatFlags& flags) {
     history.emplace_back("user", line);
     absl::StatusOr<v1::SampleRequest> request = ChatRequestOf(flags, history);
     if (!request.ok()) return context.UsageError(request.status().message());
-    std::string printed;
     absl::StatusOr<v1::SampleResponse> response =
-        (*client)->StreamSample(*request, [&](const v1::SampledToken& token) {
-          context.out() << token.text() << std::flush;
-          printed += token.text();
-          return static_cast<bool>(context.out());
-        });
+        StreamToOut(context, **client, *request);
     if (!response.ok()) {
       // The turn is forgotten; the conversation goes on.
       history.pop_back();
@@ -299,12 +304,7 @@ int RunChat(const CliContext& context, const ChatFlags& flags) {
       exit_code = kExitServerError;
       continue;
     }
-    const std::string& text = response->samples(0).text();
-    if (text.compare(0, printed.size(), printed) == 0) {
-      context.out() << text.substr(printed.size());
-    }
-    context.out() << "\n" << std::flush;
-    history.emplace_back("assistant", text);
+    history.emplace_back("assistant", response->samples(0).text());
   }
   return exit_code;
 }
