@@ -72,6 +72,18 @@ std::vector<torch::Tensor> SlotLoraParameters(int64_t layers, int64_t hidden,
   return params;
 }
 
+// Leaf copies of `params`, each with a copy of its gradient: the same step
+// for a second optimizer.
+std::vector<torch::Tensor> CopiesWithGrads(
+    const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> copies;
+  for (const torch::Tensor& p : params) {
+    copies.push_back(p.detach().clone().requires_grad_());
+    copies.back().mutable_grad() = p.grad().clone();
+  }
+  return copies;
+}
+
 // `slots` slots of `family` against as many AdamW slots, on the same
 // parameters and gradients, stepped together as the trainer steps them.
 void CompareFamilyWithAdamW(loraplex::OptimizerFamily family, int slots,
@@ -88,12 +100,8 @@ void CompareFamilyWithAdamW(loraplex::OptimizerFamily family, int slots,
     // 1408; rank 16 on all seven targets.
     std::vector<torch::Tensor> params =
         SlotLoraParameters(4, 512, 256, 1408, 16);
-    std::vector<torch::Tensor> copies;
-    for (const torch::Tensor& p : params) {
-      copies.push_back(p.detach().clone().requires_grad_());
-      copies.back().mutable_grad() = p.grad().clone();
-      numel += p.numel();
-    }
+    const std::vector<torch::Tensor> copies = CopiesWithGrads(params);
+    for (const torch::Tensor& p : params) numel += p.numel();
     matrices += params.size();
     auto built = loraplex::BuildSlotOptimizer(config, params);
     auto adamw = loraplex::BuildSlotOptimizer(adamw_config, copies);
@@ -134,11 +142,7 @@ void CompareSoapWithAdamW(int slots, int rounds) {
   for (int s = 0; s < slots; ++s) {
     std::vector<torch::Tensor> params =
         SlotLoraParameters(4, 512, 256, 1408, 16);
-    std::vector<torch::Tensor> copies;
-    for (const torch::Tensor& p : params) {
-      copies.push_back(p.detach().clone().requires_grad_());
-      copies.back().mutable_grad() = p.grad().clone();
-    }
+    const std::vector<torch::Tensor> copies = CopiesWithGrads(params);
     soaps.push_back(std::make_unique<loraplex::Soap>(params));
     soaps.back()->InitState();
     auto adamw = loraplex::BuildSlotOptimizer(adamw_config, copies);
