@@ -205,6 +205,35 @@ std::vector<Projection> LayerProjections(const ModelConfig& config) {
   return {kAllProjections.begin(), kAllProjections.end()};
 }
 
+std::vector<Projection> LayerProjections(const ModelConfig& config,
+                                         int64_t layer) {
+  if (!LayerIsSparse(config, layer)) return LayerProjections(config);
+  return {Projection::kQ, Projection::kK, Projection::kV, Projection::kO,
+          Projection::kExpertGateUp, Projection::kExpertDown};
+}
+
+bool LayerIsSparse(const ModelConfig& config, int64_t layer) {
+  if (config.moe.num_experts == 0) return false;
+  if (config.moe.sparse_layers.empty()) return true;
+  return layer >= 0 &&
+         layer < static_cast<int64_t>(config.moe.sparse_layers.size()) &&
+         config.moe.sparse_layers[layer];
+}
+
+bool HasDenseLayers(const ModelConfig& config) {
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    if (!LayerIsSparse(config, layer)) return true;
+  }
+  return false;
+}
+
+bool HasSparseLayers(const ModelConfig& config) {
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    if (LayerIsSparse(config, layer)) return true;
+  }
+  return false;
+}
+
 bool LayerIsSliding(const ModelConfig& config, int64_t layer) {
   if (!config.sliding_window.has_value()) return false;
   if (config.sliding_layers.empty()) return true;

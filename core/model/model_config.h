@@ -34,6 +34,11 @@ enum class RopeType {
   // original_max_position_embeddings; cos and sin scaled by
   // attention_factor.
   kLongRope,
+  // YaRN (gpt-oss): frequencies blended between interpolated (÷ factor) and
+  // original by a ramp over the dimensions whose wavelengths fall between
+  // beta_fast and beta_slow rotations in original_max_position_embeddings;
+  // cos and sin scaled by attention_factor (default 0.1·ln(factor) + 1).
+  kYarn,
 };
 
 struct RopeConfig {
@@ -45,7 +50,11 @@ struct RopeConfig {
   int64_t original_max_position_embeddings = 8192;  // kLlama3, kLongRope.
   std::vector<double> short_factor;                 // kLongRope.
   std::vector<double> long_factor;                  // kLongRope.
-  double attention_factor = 1.0;                    // kLongRope.
+  double attention_factor = 1.0;                    // kLongRope, kYarn.
+  double beta_fast = 32.0;                          // kYarn.
+  double beta_slow = 1.0;                           // kYarn.
+  // kYarn: whether the ramp's ends are rounded to whole dimensions.
+  bool truncate = true;
   // The leading fraction of head_dim that is rotated; the rest passes
   // through (Phi-4-mini: 0.75).
   double partial_rotary_factor = 1.0;
@@ -98,6 +107,43 @@ enum class MlpActivation {
   kGeluTanh,  // "gelu_pytorch_tanh" / "gelu_tanh" (GeGLU, Gemma).
 };
 
+// How a mixture-of-experts router turns its logits into expert weights.
+enum class RouterStyle {
+  // softmax over all experts, then the top k (renormalised to sum 1 when
+  // norm_topk_prob): Qwen3-MoE.
+  kSoftmaxThenTopK,
+  // The top k logits, then softmax over them: gpt-oss.
+  kTopKThenSoftmax,
+};
+
+// An expert's gated activation on its gate_up output.
+enum class ExpertActivation {
+  // act(gate) · up with gate and up the two halves of gate_up (Qwen3-MoE).
+  kSiluHalves,
+  // gpt-oss: gate and up interleaved (even and odd columns); g =
+  // min(gate, limit), u = clamp(up, -limit, limit), (u + 1) · g·σ(alpha·g).
+  kClampedSwigluInterleaved,
+};
+
+// A mixture-of-experts MLP: per token a router picks top_k of num_experts
+// experts, each a gated MLP of width intermediate_size, and the MLP's output
+// is their outputs weighted by the router.
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: every layer's MLP is dense.
+  int64_t top_k = 0;
+  int64_t intermediate_size = 0;  // Each expert's.
+  RouterStyle router = RouterStyle::kSoftmaxThenTopK;
+  bool norm_topk_prob = false;  // kSoftmaxThenTopK only.
+  bool router_bias = false;     // mlp.router.bias (gpt-oss).
+  bool expert_bias = false;     // gate_up_proj_bias, down_proj_bias.
+  ExpertActivation activation = ExpertActivation::kSiluHalves;
+  double swiglu_alpha = 1.702;  // kClampedSwigluInterleaved.
+  double swiglu_limit = 7.0;    // kClampedSwigluInterleaved.
+  // Per layer: true where the MLP is the experts (Qwen3-MoE's
+  // decoder_sparse_step and mlp_only_layers); empty: every layer.
+  std::vector<bool> sparse_layers;
+};
+
 struct ModelConfig {
   // config.json's model_type, e.g. "qwen3": the family whose description
   // parsed this config (model_family.h).
@@ -139,6 +185,11 @@ struct ModelConfig {
   // Attention logits' scale; unset = 1/sqrt(head_dim). Gemma 3 uses
   // query_pre_attn_scalar^-0.5.
   std::optional<double> attention_scale;
+  // A learned logit per attention head that joins every softmax as one more
+  // key with no value (self_attn.sinks, gpt-oss).
+  bool attention_sinks = false;
+  // Mixture-of-experts MLPs; moe.num_experts 0 for a dense model.
+  MoeConfig moe;
   StoredDtype dtype = StoredDtype::kFloat32;  // As stored in the checkpoint.
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> eos_token_id;
@@ -159,8 +210,19 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 std::string ModelConfigToJson(const ModelConfig& config);
 
 // The projections of each decoder layer: kAllProjections, or
-// kFusedProjections for a fused layout.
+// kFusedProjections for a fused layout. For a mixture-of-experts model, a
+// dense layer's (use the overload with a layer for a given layer).
 std::vector<Projection> LayerProjections(const ModelConfig& config);
+// The projections of decoder layer `layer`: on an experts layer the
+// attention's and kExpertGateUp, kExpertDown.
+std::vector<Projection> LayerProjections(const ModelConfig& config,
+                                         int64_t layer);
+
+// Whether decoder layer `layer`'s MLP is the experts.
+bool LayerIsSparse(const ModelConfig& config, int64_t layer);
+// Whether some layer's MLP is dense / the experts.
+bool HasDenseLayers(const ModelConfig& config);
+bool HasSparseLayers(const ModelConfig& config);
 
 // Whether decoder layer `layer` attends through the sliding window.
 bool LayerIsSliding(const ModelConfig& config, int64_t layer);

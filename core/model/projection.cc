@@ -14,6 +14,8 @@ constexpr ProjectionRow kProjectionRows[kNumProjectionIds] = {
     {"gate_proj", "mlp.gate_proj"},     {"up_proj", "mlp.up_proj"},
     {"down_proj", "mlp.down_proj"},     {"lm_head", "lm_head"},
     {"qkv_proj", "self_attn.qkv_proj"}, {"gate_up_proj", "mlp.gate_up_proj"},
+    {"experts.gate_up_proj", "mlp.experts.gate_up_proj"},
+    {"experts.down_proj", "mlp.experts.down_proj"},
 };
 
 int ProjectionOrder(Projection projection) {
