@@ -52,27 +52,44 @@ from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 from transformers.models.olmo3.modeling_olmo3 import Olmo3RMSNorm
 from transformers.models.phi3.modeling_phi3 import Phi3RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm, Qwen3MoeTopKRouter
 
 from fp64_reference import ATTENTION, use_fp64_reference
+from make_model_golden import ROUTER_MARGIN, router_choices
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO_ROOT / "tests" / "fixtures" / "golden"
 DEFAULT_OUT = GOLDEN_ROOT / "family_steps"
-FAMILIES = ["qwen3_tied", "olmo2_post_norm", "olmo3_window", "gemma3_text_window", "phi3_tied"]
+FAMILIES = ["qwen3_tied", "olmo2_post_norm", "olmo3_window", "gemma3_text_window", "phi3_tied", "qwen3_moe"]
+# Mixture-of-experts bases run their experts in transformers' plain loop.
+MOE = {"qwen3_moe"}
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
 LENGTHS = [5, 8, 11]
 ADAMW = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
 
 
 use_fp64_reference(
-    weight_norms=(Qwen3RMSNorm, Olmo2RMSNorm, Olmo3RMSNorm, Phi3RMSNorm),
+    weight_norms=(Qwen3RMSNorm, Olmo2RMSNorm, Olmo3RMSNorm, Phi3RMSNorm, Qwen3MoeRMSNorm),
     one_plus_weight_norms=(Gemma3RMSNorm,),
 )
 
 
+def qwen3_moe_router_in_input_dtype(self, hidden_states):
+    """Qwen3-MoE's router without its float32 softmax."""
+    router_logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    top, index = torch.topk(torch.softmax(router_logits, dim=-1), self.top_k, dim=-1)
+    if self.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return router_logits, top, index
+
+
+Qwen3MoeTopKRouter.forward = qwen3_moe_router_in_input_dtype
+
+
 def load_policy(base: str):
+    experts = {"experts_implementation": "eager"} if base in MOE else {}
     model = AutoModelForCausalLM.from_pretrained(
-        str(GOLDEN_ROOT / base), attn_implementation=ATTENTION, **{DTYPE_KW: torch.float64}
+        str(GOLDEN_ROOT / base), attn_implementation=ATTENTION, **{DTYPE_KW: torch.float64}, **experts
     )
     model = PeftModel.from_pretrained(model, str(GOLDEN_ROOT / "peft" / f"{base}_all_r4"), is_trainable=True)
     model = model.double()
@@ -120,6 +137,11 @@ def run_base(base: str, datums: list[dict], out: Path) -> dict:
     logprobs = []
     for d in datums:
         ids = torch.tensor([d["input_ids"]])
+        if base in MOE:
+            with torch.no_grad():
+                margin, _ = router_choices(model, ids, torch.ones_like(ids))
+            assert margin > ROUTER_MARGIN, f"{base}: router near-tie in float64, margin {margin:.2e}"
+            print(f"[{base}] {ids.shape[1]} tokens: min float64 router margin {margin:.4f}")
         logits = model(ids, attention_mask=torch.ones_like(ids)).logits[0]
         assert logits.dtype == torch.float64
         lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(d["target_tokens"])[:, None])[:, 0]

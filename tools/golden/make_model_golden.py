@@ -21,7 +21,9 @@ One directory per case under ``tests/fixtures/golden/<case>/`` (or ``--out``):
 Cases cover grouped-query / multi-query attention, tied embeddings, an
 explicit ``head_dim``, q/k/v/o and MLP biases, ``llama3`` and ``linear`` RoPE
 scaling, Qwen2 (q/k/v bias) with a sharded checkpoint, Mistral with a sliding
-window shorter than the sequence, and a bfloat16 checkpoint.
+window shorter than the sequence, and a bfloat16 checkpoint. The
+mixture-of-experts cases (``moe_cases``) also assert that no valid token's
+router nearly ties between its k-th and (k+1)-th expert (``ROUTER_MARGIN``).
 
 Why
 ---
@@ -87,6 +89,10 @@ FAMILY_CLASSES = {
         "Phi3ForCausalLM",
         "Gemma3Config",
         "Gemma3ForConditionalGeneration",
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        "GptOssConfig",
+        "GptOssForCausalLM",
     )
 }
 
@@ -216,12 +222,12 @@ def make_cases() -> list[dict]:
             seed=1006,
             bf16=True,
         ),
-    ] + family_cases() + multimodal_cases()
+    ] + family_cases() + multimodal_cases() + moe_cases()
 
 
 def family_cases() -> list[dict]:
     """The families of model_families.cc beyond llama, qwen2 and mistral."""
-    if not TF_V5 or any(cls is None for cls in FAMILY_CLASSES.values()):
+    if not TF_V5 or any(FAMILY_CLASSES[n] is None for n in ("Qwen3Config", "Olmo3Config", "Gemma3TextConfig", "Phi3Config")):
         print("transformers too old for qwen3/olmo2/olmo3/gemma3_text: skipped")
         return []
     c = FAMILY_CLASSES
@@ -510,9 +516,157 @@ def save_multimodal(case: dict, model, case_dir: Path) -> None:
     (case_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+# Mixture-of-experts cases: 8 experts of width 16, 2 per token.
+MOE = dict(COMMON, intermediate_size=48, num_key_value_heads=2, head_dim=8)
+QWEN3_MOE = dict(MOE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16)
+# Top-k selection flips between implementations (fp32 vs fp64, another
+# summation order) when the k-th and (k+1)-th router scores nearly tie: every
+# valid token of every golden input keeps them at least this far apart, on
+# the score the router ranks by (Qwen3-MoE: the fp32 softmax; gpt-oss: the
+# logits).
+ROUTER_MARGIN = 1e-3
+
+
+def moe_cases() -> list[dict]:
+    """Sparse mixture-of-experts families."""
+    c = FAMILY_CLASSES
+    if not TF_V5 or c["Qwen3MoeConfig"] is None:
+        return []
+    ids = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return [
+        dict(
+            # Layers 0 and 2 sparse, layer 1 a dense MLP (mlp_only_layers),
+            # top-k weights renormalised; save_pretrained writes one tensor
+            # per expert and projection (mlp.experts.{e}.gate_proj.weight).
+            name="qwen3_moe",
+            model_cls=c["Qwen3MoeForCausalLM"],
+            config=c["Qwen3MoeConfig"](
+                **dict(QWEN3_MOE, num_hidden_layers=3),
+                decoder_sparse_step=1,
+                mlp_only_layers=[1],
+                norm_topk_prob=True,
+                tie_word_embeddings=False,
+                **rope_kwargs(1000000.0, None),
+                **ids,
+            ),
+            # Seeds chosen for a wide router margin (0.012, 0.0074, 0.012)
+            # with every expert picked by some valid token.
+            seed=1132,
+            moe=True,
+        ),
+        dict(
+            # decoder_sparse_step 2 (layers 1 and 3 sparse), raw softmax
+            # top-k weights, tied; the experts stored as transformers 5 holds
+            # them: mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I].
+            name="qwen3_moe_fused",
+            model_cls=c["Qwen3MoeForCausalLM"],
+            config=c["Qwen3MoeConfig"](
+                **dict(QWEN3_MOE, num_hidden_layers=4),
+                decoder_sparse_step=2,
+                norm_topk_prob=False,
+                tie_word_embeddings=True,
+                **rope_kwargs(1000000.0, None),
+                **ids,
+            ),
+            seed=1135,
+            moe=True,
+            expert_layout="fused",
+        ),
+        dict(
+            name="qwen3_moe_bf16",
+            model_cls=c["Qwen3MoeForCausalLM"],
+            config=c["Qwen3MoeConfig"](
+                **QWEN3_MOE,
+                decoder_sparse_step=1,
+                norm_topk_prob=True,
+                tie_word_embeddings=False,
+                **rope_kwargs(1000000.0, None),
+                **ids,
+            ),
+            seed=1133,
+            moe=True,
+            bf16=True,
+        ),
+    ]
+
+
+@torch.no_grad()
+def router_choices(model, ids, mask) -> tuple[float, list[torch.Tensor]]:
+    """Runs ``model`` and returns the smallest margin between the k-th and
+    (k+1)-th router score over the valid tokens of every sparse layer, and
+    each sparse layer's chosen experts [valid tokens, k] (sorted)."""
+    logits = []
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    assert routers, "no router"
+    hooks = [m.register_forward_hook(lambda m, i, o: logits.append((m, o[0].detach()))) for m in routers]
+    try:
+        model(input_ids=ids, attention_mask=mask, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    valid = mask.reshape(-1).bool()
+    margin, chosen = float("inf"), []
+    for router, lg in logits:
+        lg = lg.reshape(-1, lg.shape[-1])[valid]
+        # gpt-oss ranks the logits; Qwen3-MoE their float32 softmax.
+        # (In float32 at least, as transformers' softmax; float64 models
+        # of make_family_step_golden.py keep float64.)
+        score = lg if type(router).__name__.startswith("GptOss") else lg.softmax(-1, dtype=torch.promote_types(lg.dtype, torch.float32))
+        top = score.sort(-1, descending=True)
+        k = router.top_k
+        margin = min(margin, (top.values[:, k - 1] - top.values[:, k]).min().item())
+        chosen.append(top.indices[:, :k].sort(-1).values)
+    return margin, chosen
+
+
+def check_routing(case: dict, model, ids, mask) -> list[torch.Tensor]:
+    """Asserts the router margin, prints it and the experts' use."""
+    margin, chosen = router_choices(model, ids, mask)
+    assert margin > ROUTER_MARGIN, f"router near-tie: margin {margin:.2e} <= {ROUTER_MARGIN}"
+    used = torch.bincount(torch.cat([c.flatten() for c in chosen]), minlength=8).tolist()
+    assert min(used) > 0, f"an expert no valid token picks: {used}"
+    print(f"  {len(chosen)} sparse layers; min router margin {margin:.4f}; picks per expert {used}")
+    return chosen
+
+
+def save_fused_experts(model, case_dir: Path) -> None:
+    """The state_dict as transformers 5 holds it (stacked experts), tied
+    lm_head left out, in place of the per-expert tensors save_pretrained
+    writes beside its config."""
+    model.save_pretrained(str(case_dir), safe_serialization=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        del state["lm_head.weight"]
+    save_file(state, str(case_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def check_expert_names(case: dict, cfg, names: list[str]) -> None:
+    """The experts are stored per expert or stacked, as the case says."""
+    sparse = [
+        i
+        for i in range(cfg.num_hidden_layers)
+        if i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
+    ]
+    for i in range(cfg.num_hidden_layers):
+        mlp = f"model.layers.{i}.mlp."
+        if i not in sparse:
+            assert f"{mlp}gate_proj.weight" in names, f"layer {i} is not dense"
+        elif case.get("expert_layout") == "fused":
+            assert f"{mlp}experts.gate_up_proj" in names and f"{mlp}experts.down_proj" in names
+            assert f"{mlp}experts.0.gate_proj.weight" not in names
+        else:
+            want = [f"{mlp}experts.{e}.{p}_proj.weight" for e in range(cfg.num_experts) for p in ("gate", "up", "down")]
+            assert all(n in names for n in want) and f"{mlp}experts.gate_up_proj" not in names
+        if i in sparse:
+            assert f"{mlp}gate.weight" in names
+    print(f"  sparse layers {sparse}; experts stored {case.get('expert_layout', 'per expert')}")
+
+
 def build_model(case: dict) -> torch.nn.Module:
     config = copy.deepcopy(case["config"])
     config._attn_implementation = "eager"
+    if case.get("moe"):
+        config._experts_implementation = "eager"  # The plain loop over experts.
     torch.manual_seed(case["seed"])
     model = case["model_cls"](config)
     # Re-randomise with a large scale so logits are far from uniform.
@@ -579,11 +733,11 @@ def saved_tensor_dtypes(case_dir: Path) -> set[str]:
     return dtypes
 
 
-def reload(case_dir: Path, dtype: torch.dtype):
+def reload(case_dir: Path, dtype: torch.dtype, **kwargs):
     m = AutoModelForCausalLM.from_pretrained(
-        str(case_dir), attn_implementation="eager", **{DTYPE_KW: dtype}
+        str(case_dir), attn_implementation="eager", **{DTYPE_KW: dtype}, **kwargs
     )
-    m.eval()
+    (m[0] if isinstance(m, tuple) else m).eval()
     return m
 
 
@@ -627,9 +781,16 @@ def run_case(case: dict, out_dir: Path) -> None:
         for bname, buf in model.named_buffers():
             assert buf.dtype == torch.float32, f"{bname} is {buf.dtype}"
         tensors["logits_bf16"] = forward(model, ids, mask).contiguous()
+        if case.get("moe"):
+            # bf16 router logits tie more easily; the bf16 run must pick the
+            # fp32 run's experts, by a margin too.
+            chosen = check_routing(case, model_f32, ids, mask)
+            assert all(torch.equal(a, b) for a, b in zip(chosen, check_routing(case, model, ids, mask)))
     else:
         model_f32 = model
         tensors["logits"] = forward(model, ids, mask).contiguous()
+        if case.get("moe"):
+            check_routing(case, model, ids, mask)
 
     unpadded = forward_unpadded(model_f32, ids, lengths)
     if case.get("per_row_rope"):
@@ -691,6 +852,8 @@ def run_case(case: dict, out_dir: Path) -> None:
         save_kwargs["max_shard_size"] = case["max_shard_size"]
     if mm:
         save_multimodal(case, model, case_dir)
+    elif case.get("expert_layout") == "fused":
+        save_fused_experts(model, case_dir)
     else:
         model.save_pretrained(str(case_dir), safe_serialization=True, **save_kwargs)
     gen_cfg = case_dir / "generation_config.json"
@@ -715,6 +878,8 @@ def run_case(case: dict, out_dir: Path) -> None:
         assert "lm_head.weight" in names, "untied checkpoint must contain lm_head.weight"
     if not mm:
         assert "model.embed_tokens.weight" in names
+    if case.get("moe"):
+        check_expert_names(case, cfg, names)
 
     if "max_shard_size" in case:
         index = case_dir / "model.safetensors.index.json"
@@ -741,6 +906,9 @@ def run_case(case: dict, out_dir: Path) -> None:
         assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
         re_cfg = re32.config.text_config
         assert re_cfg.layer_types == cfg.layer_types and re_cfg.rope_parameters == cfg.rope_parameters, re_cfg
+    elif case.get("moe"):
+        re32, info = reload(case_dir, torch.float32, experts_implementation="eager", output_loading_info=True)
+        assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     else:
         re32 = reload(case_dir, torch.float32)
     run = forward_unpadded if case.get("per_row_rope") else forward
@@ -748,7 +916,7 @@ def run_case(case: dict, out_dir: Path) -> None:
         f"{name} reload fp32", run(re32, ids, lengths if case.get("per_row_rope") else mask), tensors["logits"], 1e-6
     )
     if case.get("bf16"):
-        re16 = reload(case_dir, torch.bfloat16)
+        re16 = reload(case_dir, torch.bfloat16, **({"experts_implementation": "eager"} if case.get("moe") else {}))
         assert next(re16.parameters()).dtype == torch.bfloat16
         d16 = assert_close(f"{name} reload bf16", forward(re16, ids, mask), tensors["logits_bf16"], 1e-6)
         diff_bf = (tensors["logits_bf16"] - tensors["logits"]).abs().max().item()

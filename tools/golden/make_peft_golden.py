@@ -30,6 +30,10 @@ bias="none")``:
   initialisation (lora_A kaiming-uniform(a=sqrt(5)), lora_B zeros) after
   ``torch.manual_seed(0)``; adapter files only.
 
+``MOE_CASES`` adapt a mixture-of-experts base: the attention by module
+name and the stacked experts by ``target_parameters`` (see
+``tests/fixtures/golden/peft/README.md`` for what PEFT makes of them).
+
 In the other cases every lora_A / lora_B weight is overwritten with seeded
 normal values so that the adapter clearly changes the logits.
 
@@ -94,7 +98,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 # The padded and per-row forwards are shared with the base-model fixtures.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_model_golden import forward, forward_unpadded  # noqa: E402
+from make_model_golden import ROUTER_MARGIN, forward, forward_unpadded, router_choices  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO_ROOT / "tests" / "fixtures" / "golden"
@@ -145,6 +149,22 @@ CASES = [
 # is adapted. SigLIP's attention has q_proj/k_proj/v_proj too, so the text
 # model's modules are named by path, as loraplex exports them.
 MM_CASES = [dict(name="gemma3_mm_all_r4", base="gemma3_mm", r=4, lora_alpha=8, seed=3017, std=0.14)]
+
+# Mixture-of-experts bases (make_model_golden.py): the attention projections
+# by module name, the stacked experts by parameter (target_parameters; PEFT
+# refuses lora_dropout there). On Qwen3-MoE, PEFT rewrites target_modules
+# gate/up/down_proj into target_parameters gate_up_proj (rank and alpha
+# doubled through rank_pattern / alpha_pattern) and down_proj, as for an
+# adapter written under transformers 4's per-expert modules: ``all_r4`` is
+# that config as given; ``experts_r4`` names the experts' parameters only.
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+MOE_CASES = [
+    # Seed 3043: the widest router margin of 40 on the golden inputs and the
+    # family-step datums (make_family_step_golden.py).
+    dict(name="qwen3_moe_all_r4", base="qwen3_moe", targets=ATTN[:4] + MLP[:3], seed=3043),
+    dict(name="qwen3_moe_experts_r4", base="qwen3_moe", targets=ATTN[:4], seed=3019),
+]
+MOE_KEY_RE = re.compile(r"^base_model\.model\.(model\.layers\.(\d+)\.(self_attn\.\w+|mlp\.experts(\.base_layer)*))\.lora_([AB])\.weight$")
 
 KEY_RE = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
@@ -461,6 +481,149 @@ def run_multimodal_case(case: dict, out_dir: Path) -> None:
     print(f"  {len(keys)} tensors; max|peft - base| {d_base:.4f}; reload max|diff| {d_re:.2e}")
 
 
+def load_moe_base(name: str):
+    m = AutoModelForCausalLM.from_pretrained(
+        str(GOLDEN_ROOT / name), attn_implementation="eager", experts_implementation="eager", **{DTYPE_KW: torch.float32}
+    )
+    return m.eval()
+
+
+def expert_wrappers(pm) -> dict[str, tuple[str, float]]:
+    """Saved-key path of each PEFT ParamWrapper -> (the parameter it adapts,
+    its scaling). Wrappers on one module nest: the inner one's path ends in
+    ``.base_layer``."""
+    return {
+        n.removeprefix("base_model.model."): (mod.parameter_name, mod.scaling["default"])
+        for n, mod in pm.named_modules()
+        if isinstance(mod, peft.tuners.lora.layer.ParamWrapper)
+    }
+
+
+@torch.no_grad()
+def moe_merged_reference(sd, wrappers, ids, mask, base_name: str, b_expert_major: bool = False) -> torch.Tensor:
+    """Logits of the plain base with W += scaling * B @ A, per expert for the
+    stacked parameters: lora_A [E*r, in] holds expert e's rows at e*r..e*r+r-1
+    (expert-major), lora_B [out, r*E] its columns at j*E+e (rank-major), as
+    PEFT's ParamWrapper.get_delta_weight reshapes them."""
+    base = load_moe_base(base_name)
+    mods = dict(base.named_modules())
+    for key, a in sd.items():
+        m = MOE_KEY_RE.match(key)
+        assert m, key
+        if m.group(5) != "A":
+            continue
+        b = sd[key.replace(".lora_A.", ".lora_B.")]
+        path = m.group(1)
+        if path not in wrappers:
+            mods[path].weight += 2.0 * (b @ a)  # lora_alpha / r
+            continue
+        pname, scaling = wrappers[path]
+        experts = mods[path.split(".base_layer")[0]]
+        w = getattr(experts, pname)
+        e, r = w.shape[0], a.shape[0] // w.shape[0]
+        a_e = a.reshape(e, r, -1)
+        if b_expert_major:
+            b_e = b.reshape(b.shape[0], e, r).permute(1, 0, 2)
+        else:
+            b_e = b.reshape(b.shape[0], r, e).permute(2, 0, 1)
+        delta = scaling * (b_e @ a_e)  # [E, out, in]
+        w += delta.transpose(1, 2) if getattr(experts, "is_transposed", False) else delta
+    return forward(base, ids, mask)
+
+
+def run_moe_case(case: dict, out_dir: Path) -> None:
+    name, base_name = case["name"], case["base"]
+    case_dir = out_dir / name
+    if case_dir.exists():
+        shutil.rmtree(case_dir)
+    case_dir.mkdir(parents=True)
+    golden = load_file(str(GOLDEN_ROOT / base_name / "golden.safetensors"))
+    ids, lengths = golden["input_ids"], golden["lengths"]
+    mask = mask_of(lengths, ids.shape[1])
+    base = load_moe_base(base_name)
+    base_logits = forward(base, ids, mask)
+    assert_close(f"base vs {base_name} golden", base_logits, golden["logits"], 1e-6)
+
+    config = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=4,
+        lora_alpha=8,
+        target_modules=list(case["targets"]),
+        target_parameters=list(EXPERTS),
+        lora_dropout=0.0,
+        bias="none",
+    )
+    torch.manual_seed(case["seed"])
+    with warnings.catch_warnings():
+        # rank_pattern / alpha_pattern name parameters, which PEFT's module
+        # matching does not see; the wrappers take them (checked below).
+        warnings.filterwarnings("ignore", message="The following (rank|alpha)_pattern keys")
+        pm = get_peft_model(base, config).eval()
+    params = lora_params(pm)
+    wrappers = expert_wrappers(pm)
+    g = torch.Generator().manual_seed(case["seed"] + 1)
+    with torch.no_grad():
+        for n in sorted(params):
+            params[n].copy_(torch.randn(params[n].shape, generator=g, dtype=torch.float32) * 0.14)
+    logits = forward(pm, ids, mask).contiguous()
+    d_base = (logits - base_logits).abs().max().item()
+    assert d_base > 0.05, f"adapter barely changes logits ({d_base})"
+    pad_diff = assert_close(f"{name} padded vs unpadded", logits, forward_unpadded(pm, ids, lengths), 1e-5)
+    margin, _ = router_choices(pm, ids, mask)
+    assert margin > ROUTER_MARGIN, f"router near-tie: margin {margin:.2e}"
+
+    sd = {n.replace(".default.weight", ".weight"): p.detach().clone() for n, p in params.items()}
+    d_ref = assert_close(f"{name} merged reference", moe_merged_reference(sd, wrappers, ids, mask, base_name), logits, 1e-4)
+    d_alt = (moe_merged_reference(sd, wrappers, ids, mask, base_name, b_expert_major=True) - logits).abs().max().item()
+    assert d_alt > 1e-2, f"lora_B's expert-major reading gives the same logits ({d_alt})"
+    contrib = {}
+    for target in sorted({m.group(3).split(".base_layer")[0] if m.group(1) not in wrappers else wrappers[m.group(1)][0]
+                          for m in map(MOE_KEY_RE.match, sd)}):
+        def dropped(k):
+            m = MOE_KEY_RE.match(k)
+            t = wrappers[m.group(1)][0] if m.group(1) in wrappers else m.group(3)
+            return t == target and m.group(5) == "B"
+        zeroed = {k: (torch.zeros_like(v) if dropped(k) else v) for k, v in sd.items()}
+        d = (moe_merged_reference(zeroed, wrappers, ids, mask, base_name) - logits).abs().max().item()
+        assert d > 1e-2, f"{target} adapter has no visible effect ({d})"
+        contrib[target] = round(d, 3)
+    print(f"  min router margin {margin:.4f}; max |diff| when dropping each target's adapter: {contrib}")
+    print(
+        f"  max|peft - base| {d_base:.4f}; padded vs unpadded {pad_diff:.2e}; merged ref {d_ref:.2e}; "
+        f"lora_B read expert-major instead: {d_alt:.3f}"
+    )
+
+    pm.peft_config["default"].base_model_name_or_path = base_name
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Could not find a config file")
+        pm.save_pretrained(str(case_dir), safe_serialization=True)
+    (case_dir / "README.md").unlink(missing_ok=True)
+    save_file({"input_ids": ids, "lengths": lengths, "logits": logits}, str(case_dir / "golden.safetensors"))
+
+    saved = load_file(str(case_dir / "adapter_model.safetensors"))
+    assert set(saved) == set(sd) and all(torch.equal(saved[k], sd[k]) for k in sd), sorted(set(saved) ^ set(sd))
+    for k in sorted(saved):
+        if ".layers.0." in k or ".layers.1." in k:
+            print(f"    {k} {list(saved[k].shape)}")
+    conf = json.loads((case_dir / "adapter_config.json").read_text())
+    print(
+        f"  adapter_config: target_modules {sorted(conf['target_modules'])}, target_parameters "
+        f"{sorted(conf['target_parameters'])}, rank_pattern {conf['rank_pattern']}, alpha_pattern {conf['alpha_pattern']}"
+    )
+    assert sorted(conf["target_modules"]) == sorted(ATTN[:4]), conf["target_modules"]
+    fused = any(t in MLP for t in case["targets"])
+    assert conf["rank_pattern"] == ({r".*\.gate_up_proj": 8} if fused else {}), conf["rank_pattern"]
+    assert {wrappers[k][1] for k in wrappers} == {2.0}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        re_pm = PeftModel.from_pretrained(load_moe_base(base_name), str(case_dir)).eval()
+    caught = [str(w.message) for w in caught if "peft" in str(w.filename)]
+    assert set(lora_params(re_pm)) == set(params), "the reload adapts other parameters"
+    d_re = assert_close(f"{name} reload", forward(re_pm, ids, mask), logits, 1e-6)
+    print(f"  {len(saved)} tensors; reload max|diff| {d_re:.2e}; PEFT warnings on reload: {caught}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -508,6 +671,11 @@ def main() -> None:
             continue
         print(f"[{case['name']}]")
         run_multimodal_case(case, args.out)
+    for case in MOE_CASES:
+        if args.only and case["name"] not in args.only:
+            continue
+        print(f"[{case['name']}]")
+        run_moe_case(case, args.out)
     print("all cases written and verified")
 
 
