@@ -587,6 +587,61 @@ def moe_cases() -> list[dict]:
             moe=True,
             bf16=True,
         ),
+    ] + gpt_oss_cases()
+
+
+def gpt_oss_cases() -> list[dict]:
+    """gpt-oss: sinks, alternating sliding/full layers, YaRN, clamped SwiGLU
+    experts with biases, a router with a bias."""
+    c = FAMILY_CLASSES
+    if c["GptOssConfig"] is None:
+        return []
+    config = dict(
+        hidden_size=32,
+        intermediate_size=16,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=128,
+        # 16 / original_max_position_embeddings 4 is YaRN's factor 4 (a
+        # different ratio only makes transformers warn).
+        max_position_embeddings=16,
+        rms_norm_eps=1e-5,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        attention_bias=True,
+        swiglu_limit=1.0,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 4,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+        },
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return [
+        dict(
+            # save_pretrained writes the experts as transformers holds them:
+            # gate_up_proj [E, H, 2I] (gate and up interleaved), down_proj
+            # [E, I, H] and their biases.
+            name="gpt_oss",
+            model_cls=c["GptOssForCausalLM"],
+            config=c["GptOssConfig"](**config),
+            seed=1141,
+            moe=True,
+            sinks_std=0.5,
+            check_rope=True,
+            check_layer_types=True,
+            check_clamp=True,
+        ),
     ]
 
 
@@ -642,6 +697,15 @@ def save_fused_experts(model, case_dir: Path) -> None:
 
 def check_expert_names(case: dict, cfg, names: list[str]) -> None:
     """The experts are stored per expert or stacked, as the case says."""
+    if cfg.model_type == "gpt_oss":
+        e, h, i = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+        want = {"gate_up_proj": [e, h, 2 * i], "gate_up_proj_bias": [e, 2 * i], "down_proj": [e, i, h], "down_proj_bias": [e, h]}
+        for layer in range(cfg.num_hidden_layers):
+            for p in want:
+                assert f"model.layers.{layer}.mlp.experts.{p}" in names, p
+            assert f"model.layers.{layer}.mlp.router.bias" in names and f"model.layers.{layer}.self_attn.sinks" in names
+        print(f"  experts stored stacked: {want}")
+        return
     sparse = [
         i
         for i in range(cfg.num_hidden_layers)
@@ -679,6 +743,8 @@ def build_model(case: dict) -> torch.nn.Module:
                 p.copy_(0.1 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.15)
+            if name.endswith(".sinks") and "sinks_std" in case:
+                p.normal_(0.0, case["sinks_std"])
     model.eval()
     return model
 
@@ -831,6 +897,34 @@ def run_case(case: dict, out_dir: Path) -> None:
         d = (forward(full, ids, mask)[0, w:] - tensors["logits"][0, w:]).abs().max().item()
         assert d > 1e-3, f"sliding layers had no effect on logits (max diff {d})"
         print(f"  sliding layers take effect: max |diff| vs all full at t>={w}: {d:.4f}")
+
+    # The SwiGLU clamp must bite on some entries.
+    if case.get("check_clamp"):
+        experts_cls = type(model.model.layers[0].mlp.experts)
+        apply_gate, counts = experts_cls._apply_gate, [0, 0, 0]
+
+        def counting_gate(self, gate_up):
+            counts[0] += int((gate_up[..., ::2] > self.limit).sum())
+            counts[1] += int((gate_up[..., 1::2].abs() > self.limit).sum())
+            counts[2] += gate_up.numel() // 2
+            return apply_gate(self, gate_up)
+
+        experts_cls._apply_gate = counting_gate
+        try:
+            forward(model, ids, mask)
+        finally:
+            experts_cls._apply_gate = apply_gate
+        loose_cfg = copy.deepcopy(cfg)
+        loose_cfg.swiglu_limit = 1e9
+        loose = case["model_cls"](loose_cfg)
+        loose.load_state_dict(model.state_dict())
+        loose.eval()
+        d = (forward(loose, ids, mask) - tensors["logits"]).abs().max().item()
+        assert counts[0] and counts[1] and d > 1e-3, (counts, d)
+        print(
+            f"  swiglu_limit {cfg.swiglu_limit} clamps {counts[0]} gate and {counts[1]} up entries of {counts[2]} "
+            f"each (all routed tokens, padding too); max |diff| vs no clamp {d:.4f}"
+        )
 
     # RoPE scaling must actually change the result at these short positions.
     if case.get("check_rope"):

@@ -163,6 +163,7 @@ MOE_CASES = [
     # family-step datums (make_family_step_golden.py).
     dict(name="qwen3_moe_all_r4", base="qwen3_moe", targets=ATTN[:4] + MLP[:3], seed=3043),
     dict(name="qwen3_moe_experts_r4", base="qwen3_moe", targets=ATTN[:4], seed=3019),
+    dict(name="gpt_oss_all_r4", base="gpt_oss", targets=ATTN[:4], seed=3021),
 ]
 MOE_KEY_RE = re.compile(r"^base_model\.model\.(model\.layers\.(\d+)\.(self_attn\.\w+|mlp\.experts(\.base_layer)*))\.lora_([AB])\.weight$")
 
