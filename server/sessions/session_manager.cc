@@ -156,7 +156,12 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
   info.spec = std::move(spec);
   info.create_time_ms = NowMillis();
   info.last_activity_ms = info.create_time_ms;
-  SetState(info, SessionState::kOpening, "opening");
+  if (absl::Status set = SetState(info, SessionState::kOpening, "opening");
+      !set.ok()) {
+    scheduler_->ReleaseSessionSlot(tenant);
+    done(set);
+    return;
+  }
   const std::string id = info.id;
   {
     absl::MutexLock lock(&mu_);
@@ -166,30 +171,37 @@ void SessionManager::Create(const std::string& tenant, SessionSpec spec,
   OpenInTrainer(
       id, /*restore_dir=*/"",
       [this, id, done = std::move(done)](absl::StatusOr<int64_t> steps) {
+        absl::Status answer = NotFound(id);
         {
           absl::MutexLock lock(&mu_);
           auto it = sessions_.find(id);
           if (it != sessions_.end()) {
             SessionInfo& info = it->second->info;
             if (!steps.ok()) {
-              SetState(info, SessionState::kClosed,
-                       absl::StrCat("not opened: ", steps.status().message()));
-              Persist(info, [done, error = steps.status()] { done(error); });
-              sessions_.erase(it);
-              return;
+              answer = SetState(
+                  info, SessionState::kClosed,
+                  absl::StrCat("not opened: ", steps.status().message()));
+              if (answer.ok()) {
+                Persist(info, [done, error = steps.status()] { done(error); });
+                sessions_.erase(it);
+                return;
+              }
+            } else {
+              answer = SetState(info, SessionState::kOpen, "open");
+              if (answer.ok()) {
+                info.steps = *steps;
+                info.last_activity_ms = NowMillis();
+                Persist(info, [this, done, info] {
+                  StampActivity(info.id);
+                  done(info);
+                });
+                timer_wake_.SignalAll();  // Its idle deadline.
+                return;
+              }
             }
-            SetState(info, SessionState::kOpen, "open");
-            info.steps = *steps;
-            info.last_activity_ms = NowMillis();
-            Persist(info, [this, done, info] {
-              StampActivity(info.id);
-              done(info);
-            });
-            timer_wake_.SignalAll();  // Its idle deadline.
-            return;
           }
         }
-        done(NotFound(id));
+        done(answer);
       });
 }
 
@@ -663,7 +675,10 @@ void SessionManager::CloseIdle(const std::string& id) {
         !session.waiting.empty()) {
       return;  // Busy again, or closed meanwhile.
     }
-    SetState(session.info, SessionState::kClosing, "idle: being saved");
+    if (!SetState(session.info, SessionState::kClosing, "idle: being saved")
+             .ok()) {
+      return;
+    }
     Persist(session.info);
     tenant = session.info.tenant;
     SessionRequest request;
@@ -683,11 +698,13 @@ void SessionManager::CloseIdle(const std::string& id) {
       auto it = sessions_.find(id);
       if (it != sessions_.end()) {
         SessionInfo& info = it->second->info;
-        SetState(info, SessionState::kOpen,
-                 absl::StrCat("open (saving it when idle failed: ",
-                              saved.status().message(), ")"));
-        info.last_activity_ms = NowMillis();
-        Persist(info);
+        if (SetState(info, SessionState::kOpen,
+                     absl::StrCat("open (saving it when idle failed: ",
+                                  saved.status().message(), ")"))
+                .ok()) {
+          info.last_activity_ms = NowMillis();
+          Persist(info);
+        }
       }
       return;
     }
@@ -703,16 +720,18 @@ void SessionManager::CloseIdle(const std::string& id) {
       if (it == sessions_.end()) return;
       SessionInfo& info = it->second->info;
       if (!r.ok()) {
-        SetState(info, SessionState::kOpen, "open");
-        Persist(info);
+        if (SetState(info, SessionState::kOpen, "open").ok()) Persist(info);
         return;
       }
-      SetState(
-          info, SessionState::kClosed,
-          absl::StrCat("closed after ", options_.idle_timeout.count() / 1000.0,
-                       " s without a call; its state was saved as "
-                       "session_states/",
-                       state_id));
+      if (!SetState(info, SessionState::kClosed,
+                    absl::StrCat("closed after ",
+                                 options_.idle_timeout.count() / 1000.0,
+                                 " s without a call; its state was saved as "
+                                 "session_states/",
+                                 state_id))
+               .ok()) {
+        return;
+      }
       info.slot = -1;
       info.steps = r->steps;
       info.idle_state = state_id;
@@ -744,9 +763,14 @@ void SessionManager::Close(const std::string& tenant, const std::string& id,
       answer_now = (*found)->info;  // Closed already: nothing to do.
     } else {
       Session& session = **found;
-      SetState(session.info, SessionState::kClosing, "closing");
-      Persist(session.info);
-      refused_waiting = DropWaiting(session);
+      if (absl::Status set =
+              SetState(session.info, SessionState::kClosing, "closing");
+          !set.ok()) {
+        answer_now = set;
+      } else {
+        Persist(session.info);
+        refused_waiting = DropWaiting(session);
+      }
     }
   }
   if (answer_now) {
@@ -772,15 +796,23 @@ void SessionManager::Close(const std::string& tenant, const std::string& id,
         answer = NotFound(id);
       } else if (r.ok()) {
         SessionInfo& info = it->second->info;
-        SetState(info, SessionState::kClosed, "closed by the client");
-        info.slot = -1;
-        info.steps = r->steps;
-        info.last_activity_ms = NowMillis();
-        // Answered once the store says it is closed.
-        Persist(info, [done, info] { done(info); });
-        return;
+        absl::Status set =
+            SetState(info, SessionState::kClosed, "closed by the client");
+        if (!set.ok()) {
+          answer = set;
+        } else {
+          info.slot = -1;
+          info.steps = r->steps;
+          info.last_activity_ms = NowMillis();
+          // Answered once the store says it is closed.
+          Persist(info, [done, info] { done(info); });
+          return;
+        }
+      } else if (absl::Status set =
+                     SetState(it->second->info, SessionState::kOpen, "open");
+                 !set.ok()) {
+        answer = set;
       } else {
-        SetState(it->second->info, SessionState::kOpen, "open");
         Persist(it->second->info);
         answer = r.status();
       }

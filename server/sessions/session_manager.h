@@ -258,9 +258,12 @@ class SessionManager {
   void StampActivity(const std::string& id);
   // Saves and closes the session if it is still idle (timer thread).
   void CloseIdle(const std::string& id);
-  // Moves the session to `state` for `reason`; Persist() writes it.
-  static void SetState(SessionInfo& info, SessionState state,
-                       std::string reason);
+  // Moves the session to `state` for `reason` when its lifecycle allows
+  // the change (session_lifecycle.h); Persist() writes it. A change the
+  // table refuses is a bug: INTERNAL and logged, `info` left as it was,
+  // and the caller stores nothing.
+  absl::Status SetState(SessionInfo& info, SessionState state,
+                        std::string reason) const;
   // Writes the session's record to the store on the store writer's thread,
   // then runs `then` (answers wait for the write). Called in the order the
   // changes happen, with mu_ held.

@@ -16,6 +16,7 @@
 #include "core/optim/config_json.h"
 #include "server/checkpoints/session_checkpoints.h"
 #include "server/common/clock.h"
+#include "server/sessions/session_lifecycle.h"
 #include "server/sessions/session_manager.h"
 
 namespace loraplex {
@@ -84,10 +85,21 @@ int64_t CheckpointSteps(const std::string& dir) {
 
 }  // namespace
 
-void SessionManager::SetState(SessionInfo& info, SessionState state,
-                              std::string reason) {
+absl::Status SessionManager::SetState(SessionInfo& info, SessionState state,
+                                      std::string reason) const {
+  if (!IsAllowedSessionStateChange(info.state, state)) {
+    const absl::Status refused = absl::InternalError(
+        absl::StrCat("session \"", info.id, "\" cannot go from ",
+                     SessionStateName(info.state), " to ",
+                     SessionStateName(state), " (", reason, ")"));
+    if (options_.logger != nullptr) {
+      options_.logger->Error(refused.message(), " (a bug: not stored)");
+    }
+    return refused;
+  }
   info.state = state;
   info.reason = std::move(reason);
+  return absl::OkStatus();
 }
 
 void SessionManager::Persist(const SessionInfo& info,
@@ -124,17 +136,27 @@ void SessionManager::RestoreOne(const SessionRecord& record,
   if (!read.ok()) {
     info.id = record.id;
     info.tenant = record.tenant;
-    info.state = SessionState::kClosed;
-    info.reason =
-        absl::StrCat("not restored after a restart: ", read.status().message());
+    info.state = record.state;
+    info.reason = record.reason;
+    if (!SetState(info, SessionState::kClosed,
+                  absl::StrCat("not restored after a restart: ",
+                               read.status().message()))
+             .ok()) {
+      restored();
+      return;
+    }
   } else {
     info = *std::move(read);
   }
   const std::string id = info.id;
   if (info.state == SessionState::kOpening) {
     // An open the client never heard of.
-    SetState(info, SessionState::kClosed,
-             "the server stopped while it was opening");
+    if (!SetState(info, SessionState::kClosed,
+                  "the server stopped while it was opening")
+             .ok()) {
+      restored();
+      return;
+    }
     info.slot = -1;
   }
   // A close (or an idle save) the server stopped in the middle of was not
@@ -154,9 +176,13 @@ void SessionManager::RestoreOne(const SessionRecord& record,
   }
   if (absl::Status reserved = scheduler_->ReserveSessionSlot(info.tenant);
       !reserved.ok()) {
-    SetState(
-        info, SessionState::kClosed,
-        absl::StrCat("not restored after a restart: ", reserved.message()));
+    if (!SetState(
+             info, SessionState::kClosed,
+             absl::StrCat("not restored after a restart: ", reserved.message()))
+             .ok()) {
+      restored();
+      return;
+    }
     info.slot = -1;
     absl::MutexLock lock(&mu_);
     Persist(info);
@@ -176,7 +202,12 @@ void SessionManager::RestoreOne(const SessionRecord& record,
   info.finished_seq_id = info.next_seq_id - 1;
   info.restored_seq_id = info.next_seq_id;
   info.idle_state.clear();
-  SetState(info, SessionState::kOpening, "being restored after a restart");
+  if (!SetState(info, SessionState::kOpening, "being restored after a restart")
+           .ok()) {
+    scheduler_->ReleaseSessionSlot(info.tenant);
+    restored();
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     sessions_[id] = std::move(session);
@@ -191,23 +222,26 @@ void SessionManager::RestoreOne(const SessionRecord& record,
           auto it = sessions_.find(id);
           if (it != sessions_.end()) {
             SessionInfo& info = it->second->info;
+            absl::Status set;
             if (steps.ok()) {
-              SetState(info, SessionState::kOpen,
-                       from.empty()
-                           ? "open (restored after a restart with no "
-                             "checkpoint: from its start)"
-                           : "open (restored after a restart from its newest "
-                             "checkpoint)");
-              info.steps = from.empty() ? *steps : CheckpointSteps(from);
-              info.last_activity_ms = NowMillis();
+              set = SetState(info, SessionState::kOpen,
+                             from.empty()
+                                 ? "open (restored after a restart with no "
+                                   "checkpoint: from its start)"
+                                 : "open (restored after a restart from its "
+                                   "newest checkpoint)");
+              if (set.ok()) {
+                info.steps = from.empty() ? *steps : CheckpointSteps(from);
+                info.last_activity_ms = NowMillis();
+              }
             } else {
-              SetState(info, SessionState::kClosed,
-                       absl::StrCat("not restored after a restart: ",
-                                    steps.status().message()));
-              info.slot = -1;
+              set = SetState(info, SessionState::kClosed,
+                             absl::StrCat("not restored after a restart: ",
+                                          steps.status().message()));
+              if (set.ok()) info.slot = -1;
             }
-            Persist(info);
-            if (options_.logger != nullptr) {
+            if (set.ok()) Persist(info);
+            if (set.ok() && options_.logger != nullptr) {
               options_.logger->Info(
                   "session ", id, ": ", info.reason,
                   steps.ok() ? absl::StrCat(", at step ", info.steps) : "");

@@ -229,5 +229,44 @@ TEST_F(SessionManagerTest, AClosingSessionSaysSoAndItsSlotIsFreeOnceClosed) {
   scheduler_->ReleaseSessionSlot("bob");
 }
 
+// A trainer that answers a close twice, the second time with an error,
+// would have the manager open a closed session again: the lifecycle refuses
+// that change (INTERNAL), and neither the session nor its stored record
+// leaves CLOSED.
+TEST_F(SessionManagerTest, AChangeTheLifecycleRefusesIsNeitherMadeNorStored) {
+  const std::string id = OpenSession();
+  std::mutex mu;
+  std::vector<absl::StatusOr<SessionInfo>> answers;
+  sessions_->Close("alice", id, [&](absl::StatusOr<SessionInfo> info) {
+    std::lock_guard<std::mutex> lock(mu);
+    answers.push_back(std::move(info));
+  });
+  SessionOp close = trainer_->TakeOp();
+  ASSERT_EQ(close.kind, SessionOp::Kind::kClose);
+  close.done(SessionOpResult());
+  // The close's answer comes once its record is stored.
+  sessions_->Drain();
+  ASSERT_EQ(sessions_->Get("alice", id)->state, SessionState::kClosed);
+
+  close.done(absl::UnavailableError("the trainer answers again"));
+  sessions_->Drain();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(answers.size(), 2u);
+    ASSERT_TRUE(answers[0].ok()) << answers[0].status();
+    EXPECT_EQ(answers[1].status().code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(answers[1].status().message(),
+                HasSubstr("cannot go from CLOSED to OPEN"));
+  }
+  absl::StatusOr<SessionInfo> info = sessions_->Get("alice", id);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->state, SessionState::kClosed);
+  EXPECT_EQ(info->reason, "closed by the client");
+  absl::StatusOr<std::vector<SessionRecord>> stored = store_->ListSessions();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ((*stored)[0].state, SessionState::kClosed);
+}
+
 }  // namespace
 }  // namespace loraplex
