@@ -5,7 +5,8 @@
 # and builds into ./build. Run as root (or through sudo) on Debian 12. Safe to
 # run again: what is installed is skipped and the build is incremental.
 #
-#   sudo bash deploy/setup.sh            # install + build
+#   bash deploy/setup.sh                 # as root: install + build
+#   sudo bash deploy/setup.sh            # the same, from a non-root user
 #   LORAPLEX_SKIP_BUILD=1 bash deploy/setup.sh   # install only
 #
 # LibTorch: PyPI's torch wheel (LORAPLEX_TORCH_PIN, default below) has CUDA
