@@ -101,8 +101,68 @@ nlohmann::json LoraConfigToJson(const LoraConfig& config) {
           {"target_modules", targets}};
 }
 
+namespace {
+
+// `targets` on a mixture-of-experts model: gate_proj with up_proj adapt the
+// experts' stacked gate_up_proj too, down_proj their down_proj, so the
+// default targets adapt every MLP; the dense layers' names stay only when
+// the model has dense layers. The experts' names need experts.
+absl::StatusOr<std::vector<Projection>> FitExpertTargets(
+    const ModelConfig& model, const std::vector<Projection>& targets,
+    double dropout) {
+  auto has = [&](Projection p) {
+    return std::find(targets.begin(), targets.end(), p) != targets.end();
+  };
+  const bool sparse = HasSparseLayers(model);
+  if (!sparse) {
+    for (Projection p : {Projection::kExpertGateUp, Projection::kExpertDown}) {
+      if (has(p)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lora.target_modules names ", ProjectionName(p), ", but model_type ",
+            model.model_type, " has no mixture-of-experts layers"));
+      }
+    }
+    return targets;
+  }
+  if (has(Projection::kGate) != has(Projection::kUp)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora.target_modules: model_type ", model.model_type,
+        " stores each expert's gate_proj and up_proj as one matrix, "
+        "experts.gate_up_proj, adapted as a whole: name both gate_proj and "
+        "up_proj, or experts.gate_up_proj"));
+  }
+  const bool dense = HasDenseLayers(model);
+  std::vector<Projection> fitted;
+  for (Projection target : targets) {
+    const bool mlp = target == Projection::kGate ||
+                     target == Projection::kUp || target == Projection::kDown;
+    if (!mlp || dense) fitted.push_back(target);
+    if (target == Projection::kGate) fitted.push_back(Projection::kExpertGateUp);
+    if (target == Projection::kDown) fitted.push_back(Projection::kExpertDown);
+  }
+  std::sort(fitted.begin(), fitted.end(), ProjectionLess);
+  fitted.erase(std::unique(fitted.begin(), fitted.end()), fitted.end());
+  const bool experts = std::any_of(fitted.begin(), fitted.end(),
+                                   [](Projection p) {
+                                     return IsExpertProjection(p);
+                                   });
+  if (experts && dropout > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora.dropout must be 0 when the experts are adapted (model_type ",
+        model.model_type,
+        "): LoRA on stacked experts has no dropout, as in PEFT; got ",
+        dropout));
+  }
+  return fitted;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<Projection>> FitLoraTargets(
-    const ModelConfig& model, const std::vector<Projection>& targets) {
+    const ModelConfig& model, const std::vector<Projection>& requested,
+    double dropout) {
+  LORAPLEX_ASSIGN_OR_RETURN(const std::vector<Projection> targets,
+                            FitExpertTargets(model, requested, dropout));
   auto has = [&](Projection p) {
     return std::find(targets.begin(), targets.end(), p) != targets.end();
   };

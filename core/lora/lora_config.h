@@ -62,9 +62,13 @@ nlohmann::json LoraConfigToJson(const LoraConfig& config);
 // qkv_proj, and gate_proj with up_proj gate_up_proj, so the default targets
 // (Llama's seven) fit every layout. A module the layout does not have, or
 // part of a fused one alone, is INVALID_ARGUMENT naming
-// lora.target_modules.
+// lora.target_modules. On a mixture-of-experts model gate_proj with up_proj
+// also adapt the experts' experts.gate_up_proj and down_proj their
+// experts.down_proj (the dense layers' names are kept only where the model
+// has dense layers); adapting the experts needs `dropout` 0 (as PEFT).
 absl::StatusOr<std::vector<Projection>> FitLoraTargets(
-    const ModelConfig& model, const std::vector<Projection>& targets);
+    const ModelConfig& model, const std::vector<Projection>& targets,
+    double dropout = 0.0);
 
 }  // namespace loraplex
 

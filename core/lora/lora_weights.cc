@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -33,10 +34,10 @@ LoraWeights::LoraWeights(const ModelConfig& model, torch::Device device,
 absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& requested) {
   LORAPLEX_RETURN_IF_ERROR(ValidateLoraConfig(requested));
   LoraConfig config = requested;
-  LORAPLEX_ASSIGN_OR_RETURN(config.targets,
-                            FitLoraTargets(model_, requested.targets));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      config.targets,
+      FitLoraTargets(model_, requested.targets, requested.dropout));
   const auto options = torch::TensorOptions().dtype(dtype_).device(device_);
-  const int64_t r = config.rank;
   // Built aside and committed at the end, so a failed allocation leaves
   // the previous binding intact.
   std::vector<Storage> storage = storage_;
@@ -45,6 +46,9 @@ absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& requested) {
   int allocated = 0;
   auto add_module = [&](int layer, Projection p, int index) {
     const auto [out, in] = ProjectionShape(model_, p);
+    // The experts' A and B nest one [r, in] and [out, r] per expert.
+    const int64_t experts = IsExpertProjection(p) ? model_.moe.num_experts : 1;
+    const int64_t r = config.rank * experts;
     Storage& block = storage[index];
     if (!block.a.defined() || block.a.numel() < r * in) {
       block.a = torch::empty({r * in}, options);
@@ -52,13 +56,16 @@ absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& requested) {
       ++allocated;
     }
     module_index[index] = static_cast<int>(modules.size());
-    modules.push_back(
-        {layer, p, LeafView(block.a, r, in), LeafView(block.b, out, r)});
+    modules.push_back({layer, p, LeafView(block.a, r, in),
+                       LeafView(block.b, out, r), experts});
   };
   try {
     for (int layer = 0; layer < model_.num_hidden_layers; ++layer) {
+      const std::vector<Projection> present = LayerProjections(model_, layer);
       for (Projection p : config.targets) {
-        if (p == Projection::kLmHead) continue;
+        if (std::find(present.begin(), present.end(), p) == present.end()) {
+          continue;  // The LM head, or another kind of layer's MLP.
+        }
         add_module(layer, p, layer * kNumProjectionIds + static_cast<int>(p));
       }
     }
@@ -67,7 +74,8 @@ absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& requested) {
     }
   } catch (const c10::Error& e) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate LoRA weights of rank ", r, " on ",
+        absl::StrCat("cannot allocate LoRA weights of rank ", config.rank,
+                     " on ",
                      device_.str(), ": ", e.what_without_backtrace()));
   }
   storage_ = std::move(storage);

@@ -1,5 +1,7 @@
 // One adapter's trainable tensors: for each adapted (layer, projection) an
-// A [rank, in] and a B [out, rank], leaves that require grad, in fp32 (or
+// A [rank, in] and a B [out, rank] (for a mixture-of-experts layer's
+// stacked experts, one of each per expert nested in one pair, see
+// LoraModule), leaves that require grad, in fp32 (or
 // fp64 for a float64 base, see core/runtime/float_dtype.h); and when the LM
 // head is adapted, its A [rank, hidden] and B [vocab, rank].
 //
@@ -31,8 +33,20 @@ namespace loraplex {
 struct LoraModule {
   int layer = 0;  // kLmHeadLayer for Projection::kLmHead.
   Projection projection = Projection::kQ;
-  torch::Tensor a;  // [rank, in]
-  torch::Tensor b;  // [out, rank]
+  torch::Tensor a;  // [rank, in]; the experts' [experts * rank, in].
+  torch::Tensor b;  // [out, rank]; the experts' [out, rank * experts].
+
+  // The experts' modules (IsExpertProjection) nest one LoRA per expert as
+  // PEFT's target_parameters do: expert e's A is rows e*rank..(e+1)*rank-1
+  // of `a`, its B the columns e, e + experts, e + 2*experts, ... of `b`.
+  int64_t experts = 1;
+
+  // A as [experts, rank, in] and B as [experts, out, rank] (views; one
+  // expert for a plain module).
+  torch::Tensor ExpertA() const { return a.view({experts, -1, a.size(1)}); }
+  torch::Tensor ExpertB() const {
+    return b.view({b.size(0), -1, experts}).permute({2, 0, 1});
+  }
 };
 
 class LoraWeights {

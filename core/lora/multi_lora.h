@@ -73,6 +73,15 @@ class MultiLoraDelta : public ProjectionDelta {
                             const torch::Tensor& logits,
                             int64_t first_row) const override;
 
+  // Experts' LoRA (multi_lora_experts.cc): the pairs of the segments whose
+  // adapters have one rank form one batch of (segment, expert) groups, each
+  // padded to the longest, and their terms are two bmm's per projection;
+  // a group touches only its own adapter's expert matrices.
+  void AddToExperts(int layer, Projection projection, const torch::Tensor& x,
+                    const std::vector<int64_t>& counts,
+                    const torch::Tensor& rows,
+                    torch::Tensor& output) const override;
+
   const std::vector<LoraSegment>& segments() const { return segments_; }
 
   // Segment s's LM-head module, or nullptr when it has none.

@@ -304,4 +304,30 @@ absl::StatusOr<bool> ParsePerLayerTypeRope(const ConfigReader& reader,
   return true;
 }
 
+absl::Status ParseMoeSizes(const ConfigReader& reader, const char* width_key,
+                           ModelConfig& config) {
+  MoeConfig& moe = config.moe;
+  const char* experts_key =
+      reader.Has("num_local_experts") ? "num_local_experts" : "num_experts";
+  LORAPLEX_ASSIGN_OR_RETURN(moe.num_experts, reader.PositiveInt(experts_key));
+  LORAPLEX_ASSIGN_OR_RETURN(moe.top_k,
+                            reader.PositiveInt("num_experts_per_tok"));
+  if (moe.top_k > moe.num_experts) {
+    return reader.Error(
+        "num_experts_per_tok",
+        absl::StrCat("must be at most ", experts_key, " (", moe.num_experts,
+                     "), got ", moe.top_k));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(moe.intermediate_size,
+                            reader.PositiveInt(width_key));
+  for (const char* key : {"shared_expert_intermediate_size",
+                          "n_shared_experts", "num_shared_experts"}) {
+    LORAPLEX_RETURN_IF_ERROR(reader.RefuseUnlessNeutral(
+        key, json(nullptr), "shared experts are not supported"));
+  }
+  return reader.RefuseUnlessNeutral(
+      "output_router_logits", json(false),
+      "the router's auxiliary loss is not supported (the router is frozen)");
+}
+
 }  // namespace loraplex

@@ -88,6 +88,14 @@ absl::Status ParseSlidingWindow(const ConfigReader& reader,
 absl::StatusOr<bool> ParsePerLayerTypeRope(const ConfigReader& reader,
                                            ModelConfig& config);
 
+// Reads a mixture-of-experts model's sizes into config.moe: the number of
+// experts (num_local_experts, which transformers 5 writes, or num_experts),
+// num_experts_per_tok (at most the experts) and each expert's width from
+// `width_key`. Refuses what no family here runs: shared experts, and a
+// router aux loss that training would add (output_router_logits).
+absl::Status ParseMoeSizes(const ConfigReader& reader, const char* width_key,
+                           ModelConfig& config);
+
 }  // namespace loraplex
 
 #endif  // LORAPLEX_CORE_MODEL_CONFIG_READER_H_

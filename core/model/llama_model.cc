@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/model/experts.h"
 #include "core/model/layer_checkpoint.h"
 #include "core/runtime/float_dtype.h"
 #include "core/runtime/torch_compat.h"
@@ -352,6 +353,18 @@ torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
 
 torch::Tensor LlamaModel::Mlp(int layer, const torch::Tensor& x,
                               const ProjectionDelta* delta) const {
+  if (LayerIsSparse(config_, layer)) {
+    const LayerWeights& weights = weights_.layers[layer];
+    torch::Tensor tokens = x.reshape({-1, x.size(-1)});
+    torch::Tensor rows =
+        torch::arange(x.size(0), torch::TensorOptions()
+                                     .dtype(torch::kInt64)
+                                     .device(x.device()))
+            .repeat_interleave(x.size(1));
+    ExpertRouting routing = RouteTokens(config_, weights.router, tokens);
+    return RunExperts(config_, layer, weights, tokens, routing, rows, delta)
+        .view(x.sizes());
+  }
   static const std::vector<Projection> kGateUp = {Projection::kGate,
                                                   Projection::kUp};
   static const std::vector<Projection> kFusedGateUp = {Projection::kGateUp};

@@ -42,6 +42,16 @@ class ProjectionDelta {
   virtual void AddTo(int layer, const torch::Tensor& x,
                      const std::vector<Projection>& projections,
                      std::vector<torch::Tensor>& outputs) const = 0;
+  // A mixture-of-experts layer's experts (experts.h): x [pairs, in] the
+  // inputs of the (token, expert) pairs grouped by expert (`counts[e]` pairs
+  // of expert e, in expert order), rows int64 [pairs] each pair's row in the
+  // batch, output [pairs, out] the experts' base outputs of `projection`
+  // (kExpertGateUp or kExpertDown), replaced by output + adapter terms.
+  virtual void AddToExperts(int /*layer*/, Projection /*projection*/,
+                            const torch::Tensor& /*x*/,
+                            const std::vector<int64_t>& /*counts*/,
+                            const torch::Tensor& /*rows*/,
+                            torch::Tensor& /*output*/) const {}
   // Returns `logits` [rows, ..., vocab], the base LM head's output on
   // `hidden` [rows, ..., hidden], plus the adapters' LM-head terms. Those
   // rows are the batch's rows first_row, first_row + 1, ...

@@ -142,6 +142,12 @@ struct MoeConfig {
   // Per layer: true where the MLP is the experts (Qwen3-MoE's
   // decoder_sparse_step and mlp_only_layers); empty: every layer.
   std::vector<bool> sparse_layers;
+  // The router's module in a layer: "mlp.gate" (Qwen3-MoE), "mlp.router"
+  // (gpt-oss).
+  std::string router_module = "mlp.gate";
+  // Checkpoints store each expert's weight as [in, out] (gpt-oss) instead
+  // of a linear layer's [out, in].
+  bool experts_transposed = false;
 };
 
 struct ModelConfig {

@@ -17,12 +17,14 @@ const ModelFamilySpec& Olmo3Family();
 const ModelFamilySpec& Gemma3TextFamily();
 const ModelFamilySpec& Phi3Family();
 const ModelFamilySpec& Gemma3Family();
+const ModelFamilySpec& Qwen3MoeFamily();
 
 const std::vector<const ModelFamilySpec*>& ModelFamilies() {
   static const std::vector<const ModelFamilySpec*> families = {
       &LlamaFamily(),      &Qwen2Family(), &MistralFamily(),
       &Qwen3Family(),      &Olmo2Family(), &Olmo3Family(),
-      &Gemma3TextFamily(), &Phi3Family(),  &Gemma3Family()};
+      &Gemma3TextFamily(), &Phi3Family(),  &Gemma3Family(),
+      &Qwen3MoeFamily()};
   return families;
 }
 

@@ -57,6 +57,60 @@ std::function<std::string(const std::string&)> CheckpointNames(
       [layout](const std::string& name) { return WrappedName(layout, name); };
 }
 
+// A tensor of ModelTensorSpecs as the checkpoint stores it: the stored
+// tensors it is made of, and how they make it (unset: the one part as is).
+struct StoredTensor {
+  std::vector<TensorSpec> parts;
+  std::function<torch::Tensor(std::vector<torch::Tensor>)> assemble;
+};
+
+// The experts' stacked weight `spec` ([experts, out, in]) of layer `layer`
+// as `checkpoint` stores it: under its own name (transposed when the family
+// stores [in, out]), or as one linear layer per expert.
+StoredTensor StoredExperts(const ModelConfig& config,
+                           const SafetensorsCheckpoint& checkpoint,
+                           int64_t layer, Projection projection,
+                           const TensorSpec& spec) {
+  const int64_t experts = spec.shape[0];
+  const int64_t out = spec.shape[1];
+  const int64_t in = spec.shape[2];
+  if (checkpoint.Find(spec.name) != nullptr || config.moe.experts_transposed) {
+    if (!config.moe.experts_transposed) return {{spec}, nullptr};
+    return {{{spec.name, {experts, in, out}}},
+            [](std::vector<torch::Tensor> parts) {
+              return parts[0].transpose(1, 2);
+            }};
+  }
+  const std::string prefix = absl::StrCat(LayerPrefix(layer), "mlp.experts.");
+  const bool gate_up = projection == Projection::kExpertGateUp;
+  if (checkpoint.Find(absl::StrCat(prefix, "0.",
+                                   gate_up ? "gate_proj" : "down_proj",
+                                   ".weight")) == nullptr) {
+    return {{spec}, nullptr};  // Reported missing under its own name.
+  }
+  StoredTensor stored;
+  for (int64_t e = 0; e < experts; ++e) {
+    if (gate_up) {
+      for (const char* half : {"gate_proj", "up_proj"}) {
+        stored.parts.push_back(
+            {absl::StrCat(prefix, e, ".", half, ".weight"), {out / 2, in}});
+      }
+    } else {
+      stored.parts.push_back(
+          {absl::StrCat(prefix, e, ".down_proj.weight"), {out, in}});
+    }
+  }
+  stored.assemble = [gate_up](std::vector<torch::Tensor> parts) {
+    if (!gate_up) return torch::stack(parts);
+    std::vector<torch::Tensor> experts;
+    for (size_t i = 0; i < parts.size(); i += 2) {
+      experts.push_back(torch::cat({parts[i], parts[i + 1]}));
+    }
+    return torch::stack(experts);
+  };
+  return stored;
+}
+
 }  // namespace
 
 torch::ScalarType TorchScalarType(StoredDtype dtype) {
@@ -93,6 +147,10 @@ std::array<int64_t, 2> ProjectionShape(const ModelConfig& config,
       return {q_width + 2 * kv_width, hidden};
     case Projection::kGateUp:
       return {2 * config.intermediate_size, hidden};
+    case Projection::kExpertGateUp:
+      return {2 * config.moe.intermediate_size, hidden};
+    case Projection::kExpertDown:
+      return {hidden, config.moe.intermediate_size};
     case Projection::kLmHead:
       return {config.vocab_size, hidden};
   }
@@ -110,6 +168,9 @@ bool ProjectionHasBias(const ModelConfig& config, Projection projection) {
       return config.o_bias;
     case Projection::kLmHead:
       return false;
+    case Projection::kExpertGateUp:
+    case Projection::kExpertDown:
+      return config.moe.expert_bias;
     default:
       return config.mlp_bias;
   }
@@ -162,8 +223,22 @@ std::vector<LayerNorm> LayerNorms(const ModelConfig& config) {
 
 }  // namespace
 
+std::string ProjectionWeightName(int64_t layer, Projection projection) {
+  const std::string module =
+      LayerPrefix(layer) + std::string(ProjectionModule(projection));
+  // The experts are stacked parameters of one module, not linear layers.
+  return IsExpertProjection(projection) ? module : module + ".weight";
+}
+
+std::string ProjectionBiasName(int64_t layer, Projection projection) {
+  const std::string module =
+      LayerPrefix(layer) + std::string(ProjectionModule(projection));
+  return IsExpertProjection(projection) ? module + "_bias" : module + ".bias";
+}
+
 std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config) {
   const int64_t hidden = config.hidden_size;
+  const int64_t experts = config.moe.num_experts;
   std::vector<TensorSpec> specs;
   specs.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
@@ -172,12 +247,26 @@ std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config) {
       specs.push_back(
           {absl::StrCat(prefix, norm.module, ".weight"), {norm.width}});
     }
-    for (Projection p : LayerProjections(config)) {
+    if (config.attention_sinks) {
+      specs.push_back(
+          {prefix + "self_attn.sinks", {config.num_attention_heads}});
+    }
+    if (LayerIsSparse(config, layer)) {
+      const std::string router = prefix + config.moe.router_module;
+      specs.push_back({router + ".weight", {experts, hidden}});
+      if (config.moe.router_bias) specs.push_back({router + ".bias", {experts}});
+    }
+    for (Projection p : LayerProjections(config, layer)) {
       const auto [out, in] = ProjectionShape(config, p);
-      const std::string module = prefix + std::string(ProjectionModule(p));
-      specs.push_back({module + ".weight", {out, in}});
-      if (ProjectionHasBias(config, p))
-        specs.push_back({module + ".bias", {out}});
+      const bool stacked = IsExpertProjection(p);
+      specs.push_back({ProjectionWeightName(layer, p),
+                       stacked ? std::vector<int64_t>{experts, out, in}
+                               : std::vector<int64_t>{out, in}});
+      if (ProjectionHasBias(config, p)) {
+        specs.push_back({ProjectionBiasName(layer, p),
+                         stacked ? std::vector<int64_t>{experts, out}
+                                 : std::vector<int64_t>{out}});
+      }
     }
   }
   specs.push_back({"model.norm.weight", {hidden}});
@@ -198,11 +287,18 @@ ModelWeights AssembleModelWeights(
     for (const LayerNorm& norm : LayerNorms(config)) {
       lw.*norm.field = fetch(absl::StrCat(prefix, norm.module, ".weight"));
     }
-    for (Projection p : LayerProjections(config)) {
-      const std::string module = prefix + std::string(ProjectionModule(p));
+    if (config.attention_sinks) lw.sinks = fetch(prefix + "self_attn.sinks");
+    if (LayerIsSparse(config, layer)) {
+      const std::string router = prefix + config.moe.router_module;
+      lw.router.weight = fetch(router + ".weight");
+      if (config.moe.router_bias) lw.router.bias = fetch(router + ".bias");
+    }
+    for (Projection p : LayerProjections(config, layer)) {
       LinearWeights& linear = lw.projections[static_cast<int>(p)];
-      linear.weight = fetch(module + ".weight");
-      if (ProjectionHasBias(config, p)) linear.bias = fetch(module + ".bias");
+      linear.weight = fetch(ProjectionWeightName(layer, p));
+      if (ProjectionHasBias(config, p)) {
+        linear.bias = fetch(ProjectionBiasName(layer, p));
+      }
     }
     weights.layers.push_back(std::move(lw));
   }
@@ -218,23 +314,36 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
                                               torch::Device device) {
   LORAPLEX_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint,
                             SafetensorsCheckpoint::OpenDirectory(dir));
-  std::vector<TensorSpec> specs = ModelTensorSpecs(config);
   const auto stored_name = CheckpointNames(config, checkpoint);
-  for (TensorSpec& spec : specs) spec.name = stored_name(spec.name);
+  std::map<std::string, StoredTensor> stored;
+  std::vector<std::string> order;  // ModelTensorSpecs' order, for messages.
+  for (const TensorSpec& spec : ModelTensorSpecs(config)) {
+    stored[spec.name] = {{{stored_name(spec.name), spec.shape}}, nullptr};
+    order.push_back(spec.name);
+  }
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    if (!LayerIsSparse(config, layer)) continue;
+    for (Projection p : {Projection::kExpertGateUp, Projection::kExpertDown}) {
+      StoredTensor& tensor = stored[ProjectionWeightName(layer, p)];
+      tensor = StoredExperts(config, checkpoint, layer, p, tensor.parts[0]);
+    }
+  }
   std::vector<std::string> missing, misshapen, unexpected, bad_dtype;
   std::set<std::string> expected;
-  for (const TensorSpec& spec : specs) {
-    expected.insert(spec.name);
-    const SafetensorsTensorInfo* info = checkpoint.Find(spec.name);
-    if (info == nullptr) {
-      missing.push_back(spec.name);
-    } else if (info->shape != spec.shape) {
-      misshapen.push_back(absl::StrCat(spec.name, " is ",
-                                       ShapeText(info->shape), ", expected ",
-                                       ShapeText(spec.shape)));
-    } else if (!torch::isFloatingType(ToScalarType(info->dtype))) {
-      bad_dtype.push_back(
-          absl::StrCat(spec.name, " is ", SafetensorsDtypeName(info->dtype)));
+  for (const std::string& name : order) {
+    for (const TensorSpec& spec : stored[name].parts) {
+      expected.insert(spec.name);
+      const SafetensorsTensorInfo* info = checkpoint.Find(spec.name);
+      if (info == nullptr) {
+        missing.push_back(spec.name);
+      } else if (info->shape != spec.shape) {
+        misshapen.push_back(absl::StrCat(spec.name, " is ",
+                                         ShapeText(info->shape), ", expected ",
+                                         ShapeText(spec.shape)));
+      } else if (!torch::isFloatingType(ToScalarType(info->dtype))) {
+        bad_dtype.push_back(
+            absl::StrCat(spec.name, " is ", SafetensorsDtypeName(info->dtype)));
+      }
     }
   }
   for (const std::string& name : checkpoint.names()) {
@@ -273,12 +382,20 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
   absl::Status load_status;
   ModelWeights weights = AssembleModelWeights(
       config, [&](const std::string& name) -> torch::Tensor {
-        auto tensor = checkpoint.Load(stored_name(name));
-        if (!tensor.ok()) {
-          if (load_status.ok()) load_status = tensor.status();
-          return torch::Tensor();
+        const StoredTensor& tensor = stored.at(name);
+        std::vector<torch::Tensor> parts;
+        for (const TensorSpec& part : tensor.parts) {
+          auto loaded = checkpoint.Load(part.name);
+          if (!loaded.ok()) {
+            if (load_status.ok()) load_status = loaded.status();
+            return torch::Tensor();
+          }
+          parts.push_back(loaded->to(device, dtype));
         }
-        return tensor->to(device, dtype).set_requires_grad(false);
+        torch::Tensor whole = tensor.assemble
+                                  ? tensor.assemble(std::move(parts))
+                                  : std::move(parts[0]);
+        return whole.set_requires_grad(false);
       });
   LORAPLEX_RETURN_IF_ERROR(load_status);
   return weights;

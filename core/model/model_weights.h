@@ -24,7 +24,8 @@ namespace loraplex {
 // The checkpoint's storage dtype as a LibTorch scalar type.
 torch::ScalarType TorchScalarType(StoredDtype dtype);
 
-// {out_features, in_features} of the projection's weight.
+// {out_features, in_features} of the projection's weight (of one expert's
+// for the experts' projections).
 std::array<int64_t, 2> ProjectionShape(const ModelConfig& config,
                                        Projection projection);
 bool ProjectionHasBias(const ModelConfig& config, Projection projection);
@@ -43,8 +44,16 @@ struct LayerWeights {
   torch::Tensor post_feedforward_norm;  // [hidden]; kPostNorm, kSandwich.
   torch::Tensor q_norm;  // [head_dim] or [heads * head_dim]; with a QkNorm.
   torch::Tensor k_norm;  // [head_dim] or [kv_heads * head_dim].
-  // By Projection; those of LayerProjections(config).
+  // By Projection; those of LayerProjections(config, layer). The experts'
+  // (kExpertGateUp, kExpertDown) are stacked: weight [experts, out, in]
+  // (possibly a transposed view of what the checkpoint stores), bias
+  // [experts, out].
   std::array<LinearWeights, kNumProjectionIds> projections;
+  // Mixture-of-experts layers: the router, weight [experts, hidden] and
+  // bias [experts] or undefined.
+  LinearWeights router;
+  // Attention sinks [heads] (ModelConfig::attention_sinks).
+  torch::Tensor sinks;
 
   const LinearWeights& at(Projection p) const {
     return projections[static_cast<int>(p)];
@@ -63,7 +72,18 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 
-// Every tensor a checkpoint of `config` must contain, in a fixed order.
+// A projection's tensor names in decoder layer `layer`:
+// "model.layers.0.self_attn.q_proj.weight" / ".bias"; for the experts the
+// stacked parameters "model.layers.0.mlp.experts.gate_up_proj" / "..._bias".
+std::string ProjectionWeightName(int64_t layer, Projection projection);
+std::string ProjectionBiasName(int64_t layer, Projection projection);
+
+// Every tensor of `config`'s weights, in a fixed order, named and shaped as
+// the model holds them. Checkpoints store them so, except the experts'
+// stacked weights, which may also be stored transposed
+// (MoeConfig::experts_transposed) or one linear layer per expert
+// (mlp.experts.{e}.gate_proj/up_proj/down_proj.weight, as the Hub's Qwen3-MoE
+// checkpoints and transformers' save_pretrained write them).
 std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config);
 
 // Builds ModelWeights from tensors named as in ModelTensorSpecs. `fetch`

@@ -82,7 +82,8 @@ INSTANTIATE_TEST_SUITE_P(
                       "qwen3_tied", "qwen3_bias", "olmo2_post_norm",
                       "olmo3_window", "gemma3_text_window", "qwen3_bf16",
                       "gemma3_text_bf16", "phi3_longrope", "phi3_tied",
-                      "gemma3_mm", "gemma3_mm_v4"));
+                      "gemma3_mm", "gemma3_mm_v4", "qwen3_moe",
+                      "qwen3_moe_fused", "qwen3_moe_bf16"));
 
 class GoldenBf16Test : public ::testing::TestWithParam<std::string> {};
 
@@ -118,7 +119,8 @@ TEST_P(GoldenBf16Test, Bf16ComputeStaysNearTransformersBf16OnCuda) {
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, GoldenBf16Test,
                          ::testing::Values("llama_bf16", "qwen3_bf16",
-                                           "gemma3_text_bf16"));
+                                           "gemma3_text_bf16",
+                                           "qwen3_moe_bf16"));
 
 // Most checkpoints in the wild carry the 4.x keys (rope_theta, rope_scaling,
 // torch_dtype); the fixtures were written with the 5.x rope_parameters key.

@@ -42,14 +42,139 @@ TEST(ModelFamilyConfigTest, EveryFamilyIsRegisteredOnceAndFoundByName) {
     EXPECT_FALSE(family->architectures.empty());
   }
   for (const char* type : {"llama", "qwen2", "mistral", "qwen3", "olmo2",
-                           "olmo3", "gemma3_text", "phi3", "gemma3"}) {
+                           "olmo3", "gemma3_text", "phi3", "gemma3",
+                           "qwen3_moe"}) {
     EXPECT_NE(FindModelFamily(type), nullptr) << type;
   }
   EXPECT_EQ(FindModelFamily("gpt2"), nullptr);
   EXPECT_THAT(ConfigJsonError(Base("gpt2", "GPT2LMHeadModel")),
               HasSubstr("model_type \"gpt2\" is not supported (supported: "
                         "llama, qwen2, mistral, qwen3, olmo2, olmo3, "
-                        "gemma3_text, phi3, gemma3)"));
+                        "gemma3_text, phi3, gemma3, qwen3_moe)"));
+}
+
+json Qwen3Moe() {
+  json raw = Base("qwen3_moe", "Qwen3MoeForCausalLM");
+  raw["num_experts"] = 8;
+  raw["num_experts_per_tok"] = 2;
+  raw["moe_intermediate_size"] = 16;
+  return raw;
+}
+
+std::vector<int64_t> SparseLayers(const ModelConfig& config) {
+  std::vector<int64_t> layers;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    if (LayerIsSparse(config, i)) layers.push_back(i);
+  }
+  return layers;
+}
+
+TEST(ModelFamilyConfigTest, Qwen3MoeReadsItsExpertsAndSparseLayers) {
+  auto config = ParseConfigJson(Qwen3Moe());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->qk_norm, QkNorm::kPerHead);  // Qwen3's attention.
+  EXPECT_EQ(config->moe.num_experts, 8);
+  EXPECT_EQ(config->moe.top_k, 2);
+  EXPECT_EQ(config->moe.intermediate_size, 16);
+  EXPECT_FALSE(config->moe.norm_topk_prob);  // Qwen3MoeConfig's default.
+  EXPECT_EQ(config->moe.router, RouterStyle::kSoftmaxThenTopK);
+  EXPECT_EQ(SparseLayers(*config), std::vector<int64_t>({0, 1, 2, 3, 4, 5}));
+  EXPECT_FALSE(HasDenseLayers(*config));
+
+  // transformers 5 writes num_local_experts; decoder_sparse_step k makes
+  // layers k-1, 2k-1, ... sparse; mlp_only_layers are dense.
+  json raw = Qwen3Moe();
+  raw.erase("num_experts");
+  raw["num_local_experts"] = 4;
+  raw["decoder_sparse_step"] = 2;
+  raw["mlp_only_layers"] = {3};
+  raw["norm_topk_prob"] = true;
+  config = ParseConfigJson(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->moe.num_experts, 4);
+  EXPECT_TRUE(config->moe.norm_topk_prob);
+  EXPECT_EQ(SparseLayers(*config), std::vector<int64_t>({1, 5}));
+  EXPECT_EQ(LayerProjections(*config, 1),
+            std::vector<Projection>({Projection::kQ, Projection::kK,
+                                     Projection::kV, Projection::kO,
+                                     Projection::kExpertGateUp,
+                                     Projection::kExpertDown}));
+  EXPECT_EQ(LayerProjections(*config, 3), LayerProjections(*config));
+
+  auto again = ParseModelConfig(ModelConfigToJson(*config), "written");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(SparseLayers(*again), SparseLayers(*config));
+  EXPECT_EQ(again->moe.num_experts, 4);
+  EXPECT_EQ(again->moe.top_k, 2);
+  EXPECT_EQ(again->moe.intermediate_size, 16);
+  EXPECT_TRUE(again->moe.norm_topk_prob);
+}
+
+TEST(ModelFamilyConfigTest, Qwen3MoeErrorsNameTheKey) {
+  json raw = Qwen3Moe();
+  raw["num_experts_per_tok"] = 9;
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("num_experts_per_tok must be at most num_experts "
+                        "(8), got 9"));
+  raw = Qwen3Moe();
+  raw["mlp_only_layers"] = {6};
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("mlp_only_layers[0] must be a layer index in [0, 6), "
+                        "got 6"));
+  raw = Qwen3Moe();
+  raw.erase("moe_intermediate_size");
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("moe_intermediate_size is required"));
+  raw = Qwen3Moe();
+  raw["output_router_logits"] = true;
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("output_router_logits true is not supported: the "
+                        "router's auxiliary loss is not supported"));
+  raw = Qwen3Moe();
+  raw["shared_expert_intermediate_size"] = 64;
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("shared_expert_intermediate_size 64 is not "
+                        "supported: shared experts are not supported"));
+}
+
+TEST(ModelFamilyConfigTest, LoraTargetsFitTheExperts) {
+  json raw = Qwen3Moe();
+  raw["mlp_only_layers"] = {0};
+  const ModelConfig mixed = *ParseConfigJson(raw);
+  const ModelConfig sparse = *ParseConfigJson(Qwen3Moe());
+  const ModelConfig llama = *ParseConfigJson(Base("llama", "LlamaForCausalLM"));
+  const std::vector<Projection> seven(kAllProjections.begin(),
+                                      kAllProjections.end());
+  // The default targets adapt every MLP: the dense layers' projections
+  // where there are dense layers, and the experts.
+  auto fitted = FitLoraTargets(mixed, seven);
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  std::vector<Projection> expected = seven;
+  expected.push_back(Projection::kExpertGateUp);
+  expected.push_back(Projection::kExpertDown);
+  EXPECT_EQ(*fitted, expected);
+  fitted = FitLoraTargets(sparse, seven);
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  EXPECT_EQ(*fitted, std::vector<Projection>(
+                         {Projection::kQ, Projection::kK, Projection::kV,
+                          Projection::kO, Projection::kExpertGateUp,
+                          Projection::kExpertDown}));
+  fitted = FitLoraTargets(sparse, {Projection::kQ, Projection::kExpertDown});
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  EXPECT_EQ(*fitted,
+            std::vector<Projection>({Projection::kQ, Projection::kExpertDown}));
+  EXPECT_THAT(
+      FitLoraTargets(sparse, {Projection::kGate}).status().message(),
+      HasSubstr("stores each expert's gate_proj and up_proj as one matrix, "
+                "experts.gate_up_proj"));
+  EXPECT_THAT(
+      FitLoraTargets(sparse, seven, /*dropout=*/0.1).status().message(),
+      HasSubstr("lora.dropout must be 0 when the experts are adapted"));
+  EXPECT_TRUE(FitLoraTargets(sparse, {Projection::kQ}, 0.1).ok());
+  EXPECT_THAT(
+      FitLoraTargets(llama, {Projection::kExpertDown}).status().message(),
+      HasSubstr("names experts.down_proj, but model_type llama has no "
+                "mixture-of-experts layers"));
 }
 
 TEST(ModelFamilyConfigTest, LlamaLayoutKeepsItsDefaults) {
@@ -411,7 +536,8 @@ TEST(ModelFamilyConfigTest, WrittenJsonParsesBackForEveryFamily) {
                                Base("olmo3", "Olmo3ForCausalLM"),
                                Base("gemma3_text", "Gemma3ForCausalLM"),
                                Phi3LongRope(),
-                               Gemma3Multimodal()};
+                               Gemma3Multimodal(),
+                               Qwen3Moe()};
   configs[0]["sliding_window"] = 16;
   configs[1]["use_sliding_window"] = true;
   configs[1]["sliding_window"] = 8;
