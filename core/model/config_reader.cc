@@ -152,6 +152,95 @@ absl::StatusOr<RopeConfig> ParseLongRope(const ConfigReader& reader,
   return rope;
 }
 
+// Whether the root's rope_parameters holds one settings object per layer
+// type (transformers 5), as ParsePerLayerTypeRope reads it.
+bool PerLayerTypeRope(const ConfigReader& reader) {
+  if (!reader.Has("rope_parameters")) return false;
+  const json& params = reader.root()["rope_parameters"];
+  return params.is_object() && params.contains("full_attention");
+}
+
+// transformers' get_mscale: 0.1 · mscale · ln(factor) + 1, or 1 for factors
+// up to 1.
+double YarnMscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+// YaRN's settings with transformers' (5.24) defaults: the original context
+// from the top-level original_max_position_embeddings (one settings object
+// only: standardize_rope_params moves it in over the settings' own), else
+// the settings', else max_position_embeddings; beta_fast 32, beta_slow 1,
+// truncate true; without attention_factor, get_mscale(factor, mscale) /
+// get_mscale(factor, mscale_all_dim) when both are given, else
+// get_mscale(factor).
+absl::StatusOr<RopeConfig> ParseYarn(const ConfigReader& reader,
+                                     const json& settings,
+                                     const std::string& where,
+                                     RopeConfig rope) {
+  rope.type = RopeType::kYarn;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.factor, reader.PositiveNumber(settings, "factor", 0, where));
+  if (rope.factor <= 0) {
+    return reader.Error(where + "factor", "is required for rope_type yarn");
+  }
+  const bool per_layer_type = PerLayerTypeRope(reader);
+  const std::string original_key = "original_max_position_embeddings";
+  if (!per_layer_type && reader.Has(original_key.c_str())) {
+    LORAPLEX_ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
+                              reader.PositiveInt(original_key.c_str()));
+  } else if (settings.contains(original_key) &&
+             !settings[original_key].is_null()) {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        rope.original_max_position_embeddings,
+        reader.PositiveIntValue(settings[original_key], where + original_key));
+  } else if (reader.Has("max_position_embeddings")) {
+    LORAPLEX_ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
+                              reader.PositiveInt("max_position_embeddings"));
+  } else {
+    return reader.Error(where + original_key,
+                        "is required for rope_type yarn (or a top-level "
+                        "max_position_embeddings)");
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.beta_fast, reader.PositiveNumber(settings, "beta_fast", 32, where));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.beta_slow, reader.PositiveNumber(settings, "beta_slow", 1, where));
+  if (rope.beta_fast < rope.beta_slow) {
+    return reader.Error(
+        where + "beta_fast",
+        absl::StrCat("(", rope.beta_fast, ") must be at least beta_slow (",
+                     rope.beta_slow, ")"));
+  }
+  if (settings.contains("truncate") && !settings["truncate"].is_null()) {
+    if (!settings["truncate"].is_boolean()) {
+      return reader.Error(where + "truncate",
+                          absl::StrCat("must be true or false, got ",
+                                       DescribeJson(settings["truncate"])));
+    }
+    rope.truncate = settings["truncate"].get<bool>();
+  }
+  if (per_layer_type && !rope.truncate) {
+    // transformers 5.24 looks truncate up in rope_parameters itself, not in
+    // the layer type's entry, so there it always truncates.
+    return reader.Error(where + "truncate",
+                        "false is not supported in per-layer-type "
+                        "rope_parameters (transformers ignores it there)");
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      const double mscale, reader.PositiveNumber(settings, "mscale", 0, where));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      const double mscale_all_dim,
+      reader.PositiveNumber(settings, "mscale_all_dim", 0, where));
+  const double fallback = mscale > 0 && mscale_all_dim > 0
+                              ? YarnMscale(rope.factor, mscale) /
+                                    YarnMscale(rope.factor, mscale_all_dim)
+                              : YarnMscale(rope.factor, 1.0);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      rope.attention_factor,
+      reader.PositiveNumber(settings, "attention_factor", fallback, where));
+  return rope;
+}
+
 }  // namespace
 
 absl::StatusOr<RopeConfig> ParseRopeSettings(const ConfigReader& reader,
@@ -192,12 +281,13 @@ absl::StatusOr<RopeConfig> ParseRopeSettings(const ConfigReader& reader,
   if (type == "longrope") {
     return ParseLongRope(reader, settings, where, head_dim, rope);
   }
+  if (type == "yarn") return ParseYarn(reader, settings, where, rope);
   if (type != "linear" && type != "llama3") {
     return reader.Error(
         where + "rope_type",
         absl::StrCat("\"", type,
                      "\" is not supported (supported: default, linear, "
-                     "llama3, longrope)"));
+                     "llama3, longrope, yarn)"));
   }
   LORAPLEX_ASSIGN_OR_RETURN(
       rope.factor, reader.PositiveNumber(settings, "factor", 0, where));

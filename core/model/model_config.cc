@@ -422,6 +422,16 @@ json RopeToJson(const RopeConfig& rope) {
               {"attention_factor", rope.attention_factor},
               {"original_max_position_embeddings",
                rope.original_max_position_embeddings}};
+    case RopeType::kYarn:
+      return {{"rope_type", "yarn"},
+              {"rope_theta", rope.theta},
+              {"factor", rope.factor},
+              {"original_max_position_embeddings",
+               rope.original_max_position_embeddings},
+              {"beta_fast", rope.beta_fast},
+              {"beta_slow", rope.beta_slow},
+              {"truncate", rope.truncate},
+              {"attention_factor", rope.attention_factor}};
   }
   return {{"rope_type", "default"}, {"rope_theta", rope.theta}};
 }

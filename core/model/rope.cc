@@ -2,9 +2,51 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace loraplex {
+namespace {
+
+// transformers' find_correction_dim: the (fractional) rotary dimension
+// whose wavelength turns `rotations` times in the original context, in
+// double as Python computes it.
+double YarnCorrectionDim(double rotations, int64_t dim, double theta,
+                         int64_t original_context) {
+  return (static_cast<double>(dim) *
+          std::log(static_cast<double>(original_context) /
+                   (rotations * 2 * M_PI))) /
+         (2 * std::log(theta));
+}
+
+// YaRN: frequencies faster than beta_fast turns in the original context are
+// kept, those slower than beta_slow interpolated (÷ factor), a linear ramp
+// over the dimensions between. The same operators on the same fp32 tensors
+// as transformers' _compute_yarn_parameters, so the result matches bit for
+// bit.
+torch::Tensor YarnInverseFrequencies(const RopeConfig& rope, int64_t dim,
+                                     const torch::Tensor& powers) {
+  const torch::Tensor extrapolation = powers.reciprocal();
+  const torch::Tensor interpolation = (rope.factor * powers).reciprocal();
+  double low = YarnCorrectionDim(rope.beta_fast, dim, rope.theta,
+                                 rope.original_max_position_embeddings);
+  double high = YarnCorrectionDim(rope.beta_slow, dim, rope.theta,
+                                  rope.original_max_position_embeddings);
+  if (rope.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // transformers' guard against 0 / 0.
+  const torch::Tensor ramp = torch::clamp(
+      (torch::arange(dim / 2, torch::kFloat32) - low) / (high - low), 0, 1);
+  const torch::Tensor extrapolation_share = 1 - ramp;
+  return interpolation * (1 - extrapolation_share) +
+         extrapolation * extrapolation_share;
+}
+
+}  // namespace
 
 torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim,
                                      bool long_context) {
@@ -20,10 +62,14 @@ torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim,
     return 1.0 / (torch::tensor(factors, torch::kFloat64).to(torch::kFloat32) *
                   powers);
   }
+  if (rope.type == RopeType::kYarn) {
+    return YarnInverseFrequencies(rope, dim, powers);
+  }
   torch::Tensor inv_freq = 1.0 / powers;
   switch (rope.type) {
     case RopeType::kDefault:
     case RopeType::kLongRope:
+    case RopeType::kYarn:
       return inv_freq;
     case RopeType::kLinear:
       return inv_freq / rope.factor;
@@ -76,8 +122,10 @@ torch::Tensor LongRows(const torch::Tensor& reach, int64_t original) {
 
 RotaryEmbedding::RotaryEmbedding(const RopeConfig& rope, int64_t head_dim)
     : inv_freq_(RopeInverseFrequencies(rope, head_dim)),
-      attention_factor_(rope.type == RopeType::kLongRope ? rope.attention_factor
-                                                         : 1.0),
+      attention_factor_(rope.type == RopeType::kLongRope ||
+                                rope.type == RopeType::kYarn
+                            ? rope.attention_factor
+                            : 1.0),
       original_context_(rope.original_max_position_embeddings) {
   if (rope.type == RopeType::kLongRope) {
     long_inv_freq_ = RopeInverseFrequencies(rope, head_dim, true);

@@ -1,8 +1,10 @@
 // Rotary position embeddings in the Hugging Face "rotate_half" convention.
 //
 // Frequencies follow the checkpoint's rope settings (plain, linear position
-// interpolation, or Llama 3.1 band-wise scaling) and are computed in fp32
-// like the reference implementation, then cast to the compute dtype.
+// interpolation, Llama 3.1 band-wise scaling, LongRoPE or YaRN) and are
+// computed in fp32 like the reference implementation, then cast to the
+// compute dtype; LongRoPE and YaRN also scale cos and sin by the attention
+// factor.
 #ifndef LORAPLEX_CORE_MODEL_ROPE_H_
 #define LORAPLEX_CORE_MODEL_ROPE_H_
 
