@@ -46,7 +46,7 @@ struct SlotJob {
 };
 
 // What the trainer remembers about the training session in a slot
-// (trainer_sessions.cc).
+// (commands/open_session_job.h, session_slots.h).
 struct SlotSession {
   std::string session_id;
   std::string tenant;

@@ -79,6 +79,7 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
       sessions_(pool_, owners_, SessionOptions(options),
                 [this] { SlotsChanged(); }),
       sampling_(*model_, options.tokenizer, options.sample_share),
+      parts_{pool_, ranks_, jobs_, sessions_, sampling_},
       slots_(pool_.capacity()) {
   if (ranks_.distributed()) {
     sync_ = ranks_.data_parallel()->Sync(pool_);
@@ -121,7 +122,8 @@ void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
   // batch is on its way follow it, so commands keep their order. Every
   // other command comes straight to the inbox: a forward/backward, a
   // sample or an export never waits for a checkpoint being written.
-  const bool reads = std::any_of(commands.begin(), commands.end(), ReadsFiles);
+  const bool reads =
+      std::any_of(commands.begin(), commands.end(), CommandReadsFiles);
   bool stopped = false;
   bool direct = false;
   {
@@ -150,7 +152,7 @@ void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
       std::make_shared<std::vector<TrainerCommand>>(std::move(commands));
   jobs_.checkpoints().Post([this, queued] {
     for (TrainerCommand& command : *queued) {
-      std::visit([this](auto& c) { ReadFiles(c); }, command);
+      ReadCommandFiles(command, parts_);
     }
     bool stopped = false;
     {
@@ -171,6 +173,12 @@ void Trainer::Enqueue(std::vector<TrainerCommand> commands) {
   });
 }
 
+void Trainer::Post(TrainerCommand command) {
+  std::vector<TrainerCommand> one;
+  one.push_back(std::move(command));
+  Enqueue(std::move(one));
+}
+
 void Trainer::Attach(AttachCommand command) {
   std::vector<AttachCommand> one;
   one.push_back(std::move(command));
@@ -188,24 +196,26 @@ void Trainer::AttachAll(std::vector<AttachCommand> commands) {
   Enqueue(std::move(entries));
 }
 
-void Trainer::Retire(const std::string& job_id) {
-  std::vector<TrainerCommand> entry;
-  entry.push_back(RetireJob{job_id});
-  Enqueue(std::move(entry));
-}
+void Trainer::Retire(const std::string& job_id) { Post(RetireJob{job_id}); }
 
-void Trainer::Pause(const std::string& job_id) {
-  std::vector<TrainerCommand> entry;
-  entry.push_back(PauseJob{job_id});
-  Enqueue(std::move(entry));
-}
+void Trainer::Pause(const std::string& job_id) { Post(PauseJob{job_id}); }
 
 void Trainer::Export(const std::string& job_id, const std::string& dir,
                      std::function<void(absl::Status)> done) {
-  std::vector<TrainerCommand> entry;
-  entry.push_back(ExportJob{job_id, dir, std::move(done)});
-  Enqueue(std::move(entry));
+  Post(ExportJob{job_id, dir, std::move(done)});
 }
+
+void Trainer::Sample(SampleCommand command) {
+  SampleJob job;
+  job.command = std::move(command);
+  Post(std::move(job));
+}
+
+void Trainer::OpenSession(SessionOpenCommand command) {
+  Post(OpenSessionJob{std::move(command)});
+}
+
+void Trainer::RunSessionOp(SessionOp op) { Post(SessionWork{std::move(op)}); }
 
 std::vector<SlotInfo> Trainer::Slots() const {
   absl::MutexLock lock(&mu_);
@@ -222,17 +232,6 @@ TrainerStats Trainer::Stats() const {
   return stats;
 }
 
-bool Trainer::ReadsFiles(const TrainerCommand& command) {
-  return std::holds_alternative<AttachJob>(command);
-}
-
-void Trainer::ReadFiles(AttachJob& command) { jobs_.ReadFiles(command); }
-void Trainer::Prepare(AttachJob& command) { jobs_.Prepare(command); }
-void Trainer::Apply(AttachJob& command) { jobs_.Attach(command); }
-void Trainer::Apply(RetireJob& command) { jobs_.Retire(command); }
-void Trainer::Apply(PauseJob& command) { jobs_.Pause(command); }
-void Trainer::Apply(ExportJob& command) { jobs_.Export(command); }
-
 void Trainer::ReportWritten() { reports_.Flush(ranks_.leader()); }
 
 void Trainer::SlotsChanged() {
@@ -245,9 +244,7 @@ void Trainer::Run() {
     std::deque<TrainerCommand> batch;
     const bool stopping = !NextBatch(batch);
     jobs_.OrderAttaches(batch);
-    for (TrainerCommand& command : batch) {
-      std::visit([this](auto& c) { Prepare(c); }, command);
-    }
+    for (TrainerCommand& command : batch) PrepareCommand(command, parts_);
     if (ranks_.distributed()) ranks_.SendPlan(PlanOf(batch, stopping));
     if (ranks_.Broken() || !Iterate(batch, stopping, pending_checkpoint_)) {
       for (TrainerCommand& command : batch) {
@@ -319,7 +316,9 @@ absl::Status Trainer::Follow() {
     jobs_.FollowActive(plan.active);
     std::deque<TrainerCommand> batch;
     for (StepPlan::Entry& entry : plan.entries) {
-      batch.push_back(CommandOf(std::move(entry)));
+      if (std::optional<TrainerCommand> command = CommandOf(std::move(entry))) {
+        batch.push_back(*std::move(command));
+      }
     }
     if (ranks_.Broken() || !Iterate(batch, plan.stop, plan.checkpoint)) break;
   }
@@ -336,7 +335,7 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
   if (stopping || ranks_.Broken()) return false;
   // A rank that broke stops at once: its pool may differ from the others'.
   for (TrainerCommand& command : batch) {
-    std::visit([this](auto& c) { Apply(c); }, command);
+    ApplyCommand(command, parts_);
     if (ranks_.Broken()) return false;
   }
   jobs_.RetryRetires();

@@ -9,9 +9,12 @@
 //   ... kStep reports, then kFinished when the job's last step is done ...
 //   trainer.Stop();
 //
-// Commands never block the caller: they reach the trainer through the
-// checkpoint writer's queue, which reads their files (an attach's
-// checkpoint) on its thread. The sink runs on the trainer thread and
+// Commands never block the caller and go straight to the trainer's inbox;
+// only an attach that resumes from a checkpoint goes through the checkpoint
+// writer's queue first, which reads its files on its thread (commands sent
+// while it is on its way follow it, keeping their order), so no other
+// command waits behind a checkpoint being written. The sink runs on the
+// trainer thread and
 // must return quickly (queue the report elsewhere). When a job trains its
 // last step the trainer evaluates it, exports its adapter (PEFT files in
 // final_adapter_dir, written to a temporary directory and renamed into
@@ -39,8 +42,9 @@
 // The loop (trainer.cc): collect the commands, plan the iteration, apply
 // each command by handing it to its part, run the co-batched pass of the
 // jobs' step and the sessions' calls, sample, publish the slots. The
-// commands are trainer_commands.h (a new command is one type there, one
-// Apply overload here and the file that implements it). The parts, each
+// commands are trainer_commands.h: a new command is one header in
+// commands/ (its struct, its planning, its Apply) and its name in the
+// TrainerCommand variant there; Post() sends it. The parts, each
 // with its own header and state: who holds each slot (slot_owners.h), the
 // jobs' slots with their checkpoint writer (job_slots.h), the sessions'
 // slots with theirs (session_slots.h), the sampling runner
@@ -81,6 +85,7 @@
 #include "server/trainer/slot_owners.h"
 #include "server/trainer/step_plan.h"
 #include "server/trainer/trainer_commands.h"
+#include "server/trainer/trainer_parts.h"
 
 namespace loraplex {
 
@@ -168,6 +173,9 @@ class Trainer : public JobTrainer {
   TrainerStats Stats() const override;
 
   void Attach(AttachCommand command);
+  // Sends any command (trainer_commands.h) to the trainer; never blocks.
+  // A command that will not be applied (stopping) is Abandon()ed.
+  void Post(TrainerCommand command);
   const ModelConfig& model_config() const { return model_->config(); }
 
  private:
@@ -180,27 +188,9 @@ class Trainer : public JobTrainer {
   // The iteration every rank runs alike; false when the loop ends.
   bool Iterate(std::deque<TrainerCommand>& batch, bool stopping,
                bool checkpoint);
+  // Posts `commands` in order (a batch of attaches, which OrderAttaches
+  // may reorder among themselves).
   void Enqueue(std::vector<TrainerCommand> commands);
-  // One overload per command (trainer_commands.h), each handing it to the
-  // part it concerns. ReadFiles runs on the checkpoint writer's thread,
-  // before the command is queued for this one; Prepare runs on rank 0
-  // before the plan. Most commands need neither.
-  template <typename Command>
-  void ReadFiles(Command&) {}
-  void ReadFiles(AttachJob& command);
-  // Whether the command's ReadFiles reads anything.
-  static bool ReadsFiles(const TrainerCommand& command);
-  template <typename Command>
-  void Prepare(Command&) {}
-  void Prepare(AttachJob& command);
-  void Prepare(SampleJob& command);
-  void Apply(AttachJob& command);
-  void Apply(RetireJob& command);
-  void Apply(PauseJob& command);
-  void Apply(ExportJob& command);
-  void Apply(SampleJob& command);
-  void Apply(OpenSessionJob& command);
-  void Apply(SessionWork& command);
 
   // Trains the jobs' step together with the sessions' `calls` (answered
   // here); returns the slots that trained a step and are still attached.
@@ -234,6 +224,8 @@ class Trainer : public JobTrainer {
   JobSlots jobs_;
   SessionSlots sessions_;
   SamplingRunner sampling_;
+  // The parts as the commands' hooks get them (trainer_commands.h).
+  TrainerParts parts_;
   // Slots kRetiring (read by other threads through capacity()).
   std::atomic<int> retiring_{0};
 

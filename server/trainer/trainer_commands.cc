@@ -1,88 +1,124 @@
+// The dispatch of trainer_commands.h: each hook a command has, or the
+// default where it has none.
 #include "server/trainer/trainer_commands.h"
 
+#include <type_traits>
 #include <utility>
+
+#include "server/trainer/trainer_parts.h"
 
 namespace loraplex {
 namespace {
 
-using Entry = StepPlan::Entry;
+template <typename C, typename = void>
+struct HasReadFiles : std::false_type {};
+template <typename C>
+struct HasReadFiles<C, std::void_t<decltype(std::declval<C&>().ReadFiles(
+                           std::declval<TrainerParts&>()))>> : std::true_type {
+};
 
-std::optional<Entry> PlanEntry(const AttachJob& command) {
-  if (!command.prepared.ok()) return std::nullopt;  // Failed on rank 0.
-  Entry entry;
-  entry.kind = Entry::Kind::kAttach;
-  entry.job_id = command.request.job_id;
-  entry.request = command.request;
-  entry.request.initial_weights.reset();  // Broadcast after the attach.
-  entry.restore = command.restore;
-  entry.training_state = command.training_state;
-  return entry;
+template <typename C, typename = void>
+struct HasPrepare : std::false_type {};
+template <typename C>
+struct HasPrepare<C, std::void_t<decltype(std::declval<C&>().Prepare(
+                         std::declval<TrainerParts&>()))>> : std::true_type {};
+
+template <typename C, typename = void>
+struct HasPlanEntry : std::false_type {};
+template <typename C>
+struct HasPlanEntry<
+    C, std::void_t<decltype(C::kPlanKind),
+                   decltype(std::declval<const C&>().PlanEntry()),
+                   decltype(C::FromPlanEntry(std::declval<StepPlan::Entry>()))>>
+    : std::true_type {};
+
+template <typename C, typename = void>
+struct HasAbandon : std::false_type {};
+template <typename C>
+struct HasAbandon<C, std::void_t<decltype(std::declval<C&>().Abandon(
+                         std::declval<const absl::Status&>()))>>
+    : std::true_type {};
+
+// Makes `command` the command of type C when the entry names C.
+template <typename C>
+bool FromEntry(StepPlan::Entry& entry, std::optional<TrainerCommand>& command) {
+  if constexpr (HasPlanEntry<C>::value) {
+    if (entry.kind == C::kPlanKind) {
+      command.emplace(C::FromPlanEntry(std::move(entry)));
+      return true;
+    }
+  }
+  return false;
 }
 
-std::optional<Entry> PlanEntry(const RetireJob& command) {
-  Entry entry;
-  entry.kind = Entry::Kind::kRetire;
-  entry.job_id = command.job_id;
-  return entry;
+template <size_t... I>
+std::optional<TrainerCommand> CommandOfKind(StepPlan::Entry& entry,
+                                            std::index_sequence<I...>) {
+  std::optional<TrainerCommand> command;
+  (FromEntry<std::variant_alternative_t<I, TrainerCommand>>(entry, command) ||
+   ...);
+  return command;
 }
-
-std::optional<Entry> PlanEntry(const PauseJob& command) {
-  Entry entry;
-  entry.kind = Entry::Kind::kPause;
-  entry.job_id = command.job_id;
-  return entry;
-}
-
-std::optional<Entry> PlanEntry(const ExportJob&) { return std::nullopt; }
-
-std::optional<Entry> PlanEntry(const SampleJob&) { return std::nullopt; }
-
-std::optional<Entry> PlanEntry(const OpenSessionJob&) { return std::nullopt; }
-
-std::optional<Entry> PlanEntry(const SessionWork&) { return std::nullopt; }
-
-void AbandonOne(ExportJob& command, const absl::Status& status) {
-  if (command.done) std::exchange(command.done, nullptr)(status);
-}
-void AbandonOne(SampleJob& job, const absl::Status& status) {
-  if (job.command.done) std::exchange(job.command.done, nullptr)(status, 0);
-}
-void AbandonOne(OpenSessionJob& open, const absl::Status& status) {
-  if (open.command.done) std::exchange(open.command.done, nullptr)(status);
-}
-void AbandonOne(SessionWork& work, const absl::Status& status) {
-  if (work.op.done) std::exchange(work.op.done, nullptr)(status);
-}
-template <typename Command>
-void AbandonOne(Command&, const absl::Status&) {}
 
 }  // namespace
 
-std::optional<Entry> PlanEntryOf(const TrainerCommand& command) {
-  return std::visit([](const auto& c) { return PlanEntry(c); }, command);
+bool CommandReadsFiles(const TrainerCommand& command) {
+  return std::visit(
+      [](const auto& c) {
+        return HasReadFiles<std::decay_t<decltype(c)>>::value;
+      },
+      command);
 }
 
-TrainerCommand CommandOf(Entry entry) {
-  switch (entry.kind) {
-    case Entry::Kind::kAttach: {
-      AttachJob attach;
-      attach.attach.job_id = entry.job_id;
-      attach.request = std::move(entry.request);
-      attach.request.job_id = entry.job_id;
-      attach.restore = std::move(entry.restore);
-      attach.training_state = std::move(entry.training_state);
-      return attach;
-    }
-    case Entry::Kind::kRetire:
-      return RetireJob{entry.job_id};
-    case Entry::Kind::kPause:
-      break;
-  }
-  return PauseJob{entry.job_id};
+void ReadCommandFiles(TrainerCommand& command, TrainerParts& parts) {
+  std::visit(
+      [&parts](auto& c) {
+        if constexpr (HasReadFiles<std::decay_t<decltype(c)>>::value) {
+          c.ReadFiles(parts);
+        }
+      },
+      command);
+}
+
+void PrepareCommand(TrainerCommand& command, TrainerParts& parts) {
+  std::visit(
+      [&parts](auto& c) {
+        if constexpr (HasPrepare<std::decay_t<decltype(c)>>::value) {
+          c.Prepare(parts);
+        }
+      },
+      command);
+}
+
+void ApplyCommand(TrainerCommand& command, TrainerParts& parts) {
+  std::visit([&parts](auto& c) { c.Apply(parts); }, command);
+}
+
+std::optional<StepPlan::Entry> PlanEntryOf(const TrainerCommand& command) {
+  return std::visit(
+      [](const auto& c) -> std::optional<StepPlan::Entry> {
+        if constexpr (HasPlanEntry<std::decay_t<decltype(c)>>::value) {
+          return c.PlanEntry();
+        } else {
+          return std::nullopt;
+        }
+      },
+      command);
+}
+
+std::optional<TrainerCommand> CommandOf(StepPlan::Entry entry) {
+  return CommandOfKind(
+      entry, std::make_index_sequence<std::variant_size_v<TrainerCommand>>());
 }
 
 void Abandon(TrainerCommand& command, const absl::Status& status) {
-  std::visit([&](auto& c) { AbandonOne(c, status); }, command);
+  std::visit(
+      [&status](auto& c) {
+        if constexpr (HasAbandon<std::decay_t<decltype(c)>>::value) {
+          c.Abandon(status);
+        }
+      },
+      command);
 }
 
 }  // namespace loraplex

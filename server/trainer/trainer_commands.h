@@ -1,94 +1,66 @@
-// The commands the trainer thread applies between two steps (trainer.h).
-// Each command is one type in TrainerCommand, applied by one
-// Trainer::Apply overload. When it must read files first, one
-// Trainer::ReadFiles overload does that on the checkpoint writer's thread
-// before the command reaches the trainer; what it must do with tensors
-// before the plan, one Trainer::Prepare overload (rank 0). A command the
-// other ranks of a data-parallel run apply too has a plan entry
-// (step_plan.h) and says so in PlanEntry and CommandOf; any other command
-// is rank 0's alone. Nothing else in the trainer knows the types.
+// The commands the trainer thread applies between two steps (trainer.h),
+// and the dispatch that hands each to its own code.
+//
+// A command is one header in commands/: its struct with what it carries and
+// its hooks, each a member the dispatch calls when the command has it:
+//   template <typename Parts> void Apply(Parts& parts);  // required
+//     Between two steps, on every rank that applies it: hands the command
+//     to the part it concerns (parts.jobs, .sessions, .sampling, .pool,
+//     .ranks; TrainerParts, trainer_parts.h).
+//   template <typename Parts> void ReadFiles(Parts& parts);
+//     Files to read first, on the checkpoint writer's thread, before the
+//     command reaches the trainer's inbox (commands sent after it follow
+//     it there, so they keep their order). Only an attach has one.
+//   template <typename Parts> void Prepare(Parts& parts);
+//     Tensor work on rank 0 before the plan.
+//   std::optional<StepPlan::Entry> PlanEntry() const;
+//   static constexpr StepPlan::Entry::Kind kPlanKind;
+//   static Command FromPlanEntry(StepPlan::Entry entry);
+//     A command the other ranks of a data-parallel run apply too: its entry
+//     in rank 0's plan (step_plan.h, whose Entry::Kind names it) and the
+//     command the other ranks make of it. Without them it is rank 0's alone.
+//   void Abandon(const absl::Status& status);
+//     Answers whoever waits for it when it will not be applied (the
+//     trainer stops); without it nobody waits.
+// The hooks that take the parts are member templates so that a command's
+// header needs no part's header (the parts' headers name the commands).
+//
+// Adding a command: its header in commands/ and its name in TrainerCommand
+// below (with the #include); then send it with Trainer::Post.
 #ifndef LORAPLEX_SERVER_TRAINER_TRAINER_COMMANDS_H_
 #define LORAPLEX_SERVER_TRAINER_TRAINER_COMMANDS_H_
 
-#include <functional>
 #include <optional>
-#include <string>
 #include <variant>
-#include <vector>
 
 #include "absl/status/status.h"
-#include "adapters/slot_pool.h"
-#include "server/jobs/job_trainer.h"
-#include "server/trainer/checkpoint.h"
+#include "server/trainer/commands/attach_job.h"
+#include "server/trainer/commands/export_job.h"
+#include "server/trainer/commands/open_session_job.h"
+#include "server/trainer/commands/pause_job.h"
+#include "server/trainer/commands/retire_job.h"
+#include "server/trainer/commands/sample_job.h"
+#include "server/trainer/commands/session_work.h"
 #include "server/trainer/step_plan.h"
 
 namespace loraplex {
 
-// Puts a job into a free slot (reported as kAttached).
-struct AttachJob {
-  // As the scheduler gave it (rank 0; other ranks know only `request`).
-  AttachCommand attach;
-  // What the slot pool attaches: from `attach`, or from rank 0's plan.
-  SlotAttachRequest request;
-  // Read by rank 0 before the plan (Trainer::ReadFiles, Prepare): an
-  // error fails the attach; the newer checkpoints that did not verify; the
-  // directory of the weights to start from (a checkpoint's or an initial
-  // adapter's; empty: fresh ones); the checkpoint to resume (its
-  // directory, counters and training state).
-  absl::Status prepared;
-  std::vector<std::string> rejected;
-  std::string weights_dir;
-  std::string restore_dir;
-  std::optional<CheckpointInfo> restore;
-  std::string training_state;
-};
-
-// Checkpoints the job's slot, unless it is done, and frees it (kRetired).
-struct RetireJob {
-  std::string job_id;
-};
-
-// Checkpoints the job's slot and frees it (kPaused).
-struct PauseJob {
-  std::string job_id;
-};
-
-// Writes the job's adapter as PEFT files into `dir`, then calls `done`.
-// Rank 0's alone.
-struct ExportJob {
-  std::string job_id;
-  std::string dir;
-  std::function<void(absl::Status)> done;
-};
-
-// Samples from a running job's current weights, adapter files or the base
-// (trainer_sampling.cc), decoding between training steps. Rank 0's alone.
-struct SampleJob {
-  SampleCommand command;
-  // Prepare: the adapter files' weights, or why they cannot be used.
-  std::shared_ptr<LoraWeights> weights;
-  absl::Status prepared;
-};
-
-// Opens a training session in a free slot (trainer_sessions.cc). Rank 0's
-// alone: sessions do not run data parallel.
-struct OpenSessionJob {
-  SessionOpenCommand command;
-};
-
-// Queues one operation of an open session. Rank 0's alone.
-struct SessionWork {
-  SessionOp op;
-};
-
+// Every command the trainer takes: the one list the dispatch reads.
 using TrainerCommand = std::variant<AttachJob, RetireJob, PauseJob, ExportJob,
                                     SampleJob, OpenSessionJob, SessionWork>;
 
+struct TrainerParts;  // trainer_parts.h
+
+// The command's hooks, or nothing where it has none.
+bool CommandReadsFiles(const TrainerCommand& command);
+void ReadCommandFiles(TrainerCommand& command, TrainerParts& parts);
+void PrepareCommand(TrainerCommand& command, TrainerParts& parts);
+void ApplyCommand(TrainerCommand& command, TrainerParts& parts);
 // What the other ranks apply of `command`: none for rank 0's commands and
 // for an attach that failed on rank 0 before the plan.
 std::optional<StepPlan::Entry> PlanEntryOf(const TrainerCommand& command);
 // The command a plan entry stands for, as the other ranks apply it.
-TrainerCommand CommandOf(StepPlan::Entry entry);
+std::optional<TrainerCommand> CommandOf(StepPlan::Entry entry);
 // Answers a command that will not be applied (the trainer stops), when
 // someone waits for its answer.
 void Abandon(TrainerCommand& command, const absl::Status& status);
