@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -34,11 +35,27 @@ std::string ModuleName(const WrappedTextModel::Layout* layout, int layer,
   return layout == nullptr ? name : WrappedName(*layout, name);
 }
 
+// PEFT wraps each targeted parameter of a module in turn, in the module's
+// parameter order, so with both of the experts' parameters targeted
+// gate_up_proj's wrapper is inside down_proj's: its tensors are named
+// mlp.experts.base_layer.lora_A..., down_proj's mlp.experts.lora_A...
 std::string TensorName(const WrappedTextModel::Layout* layout, int layer,
-                       Projection projection, bool lora_a) {
-  return absl::StrCat("base_model.model.",
-                      ModuleName(layout, layer, projection),
+                       Projection projection, bool lora_a,
+                       bool both_experts = false) {
+  std::string module = ModuleName(layout, layer, projection);
+  if (IsExpertProjection(projection)) {
+    module = module.substr(0, module.rfind('.'));  // The experts' module.
+    if (projection == Projection::kExpertGateUp && both_experts) {
+      module += ".base_layer";
+    }
+  }
+  return absl::StrCat("base_model.model.", module,
                       lora_a ? ".lora_A.weight" : ".lora_B.weight");
+}
+
+bool TargetsBothExperts(const LoraConfig& config) {
+  return config.Targets(Projection::kExpertGateUp) &&
+         config.Targets(Projection::kExpertDown);
 }
 
 // The layout an adapter's tensors use: the one naming its first module
@@ -81,10 +98,11 @@ std::string PeftTensorName(int layer, Projection projection, bool lora_a) {
 }
 
 std::string PeftTensorName(const ModelConfig& model, int layer,
-                           Projection projection, bool lora_a) {
+                           Projection projection, bool lora_a,
+                           bool both_experts) {
   const WrappedTextModel* wrapped = WrappedTextModelOf(model);
   return TensorName(wrapped == nullptr ? nullptr : &wrapped->layouts.front(),
-                    layer, projection, lora_a);
+                    layer, projection, lora_a, both_experts);
 }
 
 absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
@@ -93,12 +111,15 @@ absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
     return absl::FailedPreconditionError("no adapter to export");
   }
   const ModelConfig& model = weights.model_config();
+  const bool both_experts = TargetsBothExperts(weights.config());
   std::vector<NamedTensor> tensors;
   for (const LoraModule& m : weights.modules()) {
-    tensors.push_back({PeftTensorName(model, m.layer, m.projection, true),
-                       m.a.detach().to(torch::kCPU).contiguous()});
-    tensors.push_back({PeftTensorName(model, m.layer, m.projection, false),
-                       m.b.detach().to(torch::kCPU).contiguous()});
+    tensors.push_back(
+        {PeftTensorName(model, m.layer, m.projection, true, both_experts),
+         m.a.detach().to(torch::kCPU).contiguous()});
+    tensors.push_back(
+        {PeftTensorName(model, m.layer, m.projection, false, both_experts),
+         m.b.detach().to(torch::kCPU).contiguous()});
   }
   PeftAdapterFiles files;
   LORAPLEX_ASSIGN_OR_RETURN(files.weights,
@@ -106,8 +127,13 @@ absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
 
   const LoraConfig& lora = weights.config();
   nlohmann::json targets = nlohmann::json::array();
+  nlohmann::json parameters = nlohmann::json::array();
   const WrappedTextModel* wrapped = WrappedTextModelOf(model);
   for (Projection p : lora.targets) {
+    if (IsExpertProjection(p)) {
+      parameters.push_back(std::string(ProjectionModule(p)));
+      continue;
+    }
     if (wrapped == nullptr || p == Projection::kLmHead) {
       targets.push_back(std::string(ProjectionName(p)));
       continue;
@@ -131,6 +157,9 @@ absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
       {"lora_alpha", alpha},
       {"lora_dropout", lora.dropout},
       {"target_modules", targets},
+      // PEFT writes null when no parameter is targeted.
+      {"target_parameters",
+       parameters.empty() ? nlohmann::json(nullptr) : parameters},
       {"bias", "none"},
       {"use_rslora", lora.use_rslora},
       {"use_dora", false},
@@ -174,10 +203,9 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json json,
                             ReadUntrustedJsonFile(config_path));
   const WrappedTextModel* wrapped = WrappedTextModelOf(model);
-  LORAPLEX_ASSIGN_OR_RETURN(
-      adapter.config,
-      ParsePeftConfig(json, model.num_hidden_layers, config_path,
-                      &adapter.base_model_name_or_path, wrapped));
+  LORAPLEX_ASSIGN_OR_RETURN(adapter.config,
+                            ParsePeftConfig(json, model, config_path,
+                                            &adapter.base_model_name_or_path));
   if (!std::filesystem::exists(weights_path)) {
     return absl::InvalidArgumentError(
         absl::StrCat(dir, ": no ", kPeftWeightsFile,
@@ -196,14 +224,20 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
                                : adapter.config.targets.front();
   const WrappedTextModel::Layout* layout = AdapterLayout(
       wrapped, *file, first == Projection::kLmHead ? kLmHeadLayer : 0, first);
+  const bool both_experts = TargetsBothExperts(adapter.config);
   auto load_module = [&](int layer, Projection p) -> absl::Status {
     const auto [out, in] = ProjectionShape(model, p);
+    // The experts' A and B nest one per expert (LoraModule).
+    const int64_t rows =
+        r * (IsExpertProjection(p) ? model.moe.num_experts : 1);
     PeftModuleTensors module{layer, p, {}, {}};
     for (bool lora_a : {true, false}) {
-      const std::string name = TensorName(layout, layer, p, lora_a);
+      const std::string name =
+          TensorName(layout, layer, p, lora_a, both_experts);
       expected.insert(name);
-      const std::vector<int64_t> shape =
-          lora_a ? std::vector<int64_t>{r, in} : std::vector<int64_t>{out, r};
+      const std::vector<int64_t> shape = lora_a
+                                             ? std::vector<int64_t>{rows, in}
+                                             : std::vector<int64_t>{out, rows};
       const SafetensorsTensorInfo* info = file->Find(name);
       if (info == nullptr) {
         problems.push_back(absl::StrCat("missing tensor ", name));
@@ -236,8 +270,9 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir,
     return absl::OkStatus();
   };
   for (int layer = 0; layer < model.num_hidden_layers; ++layer) {
+    const std::vector<Projection> present = LayerProjections(model, layer);
     for (Projection p : adapter.config.targets) {
-      if (p != Projection::kLmHead) {
+      if (std::find(present.begin(), present.end(), p) != present.end()) {
         LORAPLEX_RETURN_IF_ERROR(load_module(layer, p));
       }
     }

@@ -47,8 +47,13 @@ std::string PeftTensorName(int layer, Projection projection, bool lora_a);
 // The same for a base model of `model`'s family: under the text model's
 // module path for a multimodal wrapper (model_family.h), as PEFT names it
 // in transformers 5 ("base_model.model.model.language_model.layers...").
+// The experts' stacked parameters are named as PEFT nests their wrappers:
+// "...mlp.experts.lora_A.weight", and for gate_up_proj
+// "...mlp.experts.base_layer.lora_A.weight" when the adapter also adapts
+// down_proj (`both_experts`).
 std::string PeftTensorName(const ModelConfig& model, int layer,
-                           Projection projection, bool lora_a);
+                           Projection projection, bool lora_a,
+                           bool both_experts = false);
 
 // The files of `weights` as a PEFT adapter, in memory, to be written
 // later (by another thread): the weights, then the config.

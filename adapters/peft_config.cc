@@ -1,5 +1,6 @@
 #include "adapters/peft_config.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
@@ -52,29 +53,46 @@ bool EntryNamesModule(const std::string& module, absl::string_view entry,
   return false;
 }
 
-// The (layer, projection) modules a list of entries names; `key` is the
-// field read. Each entry must name at least one of them.
+// The (layer, projection) modules of `model` a list of entries names; `key`
+// is the field read: target_modules and exclude_modules name linear
+// modules (and the LM head), target_parameters the experts' stacked
+// parameters. Each entry must name at least one of them.
 absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
-    const nlohmann::json& entries, const char* key, int num_layers,
-    const std::string& label, const WrappedTextModel* wrapped) {
+    const nlohmann::json& entries, const char* key, const ModelConfig& model,
+    const std::string& label) {
+  const WrappedTextModel* wrapped = WrappedTextModelOf(model);
+  const bool parameters = std::string(key) == "target_parameters";
+  const int num_layers = static_cast<int>(model.num_hidden_layers);
   std::set<std::pair<Projection, int>> named;
   for (const nlohmann::json& entry : entries) {
     bool any = false;
     if (entry.is_string()) {
       const std::string& text = entry.get_ref<const std::string&>();
-      for (Projection p : kLayerProjections) {
-        for (int layer = 0; layer < num_layers; ++layer) {
-          if (EntryNamesModule(PeftModuleName(layer, p), text, wrapped)) {
+      for (int layer = 0; layer < num_layers; ++layer) {
+        for (Projection p : LayerProjections(model, layer)) {
+          if (IsExpertProjection(p) == parameters &&
+              EntryNamesModule(PeftModuleName(layer, p), text, wrapped)) {
             named.insert({p, layer});
             any = true;
           }
         }
       }
-      if (EntryNamesModule(PeftModuleName(kLmHeadLayer, Projection::kLmHead),
+      if (!parameters &&
+          EntryNamesModule(PeftModuleName(kLmHeadLayer, Projection::kLmHead),
                            text, wrapped)) {
         named.insert({Projection::kLmHead, kLmHeadLayer});
         any = true;
       }
+    }
+    if (!any && parameters) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": target_parameters names an unsupported parameter ",
+          DescribeJson(entry), "; supported: ",
+          HasSparseLayers(model)
+              ? "mlp.experts.gate_up_proj and mlp.experts.down_proj of the "
+                "mixture-of-experts layers"
+              : absl::StrCat("none (model_type ", model.model_type,
+                             " has no mixture-of-experts layers)")));
     }
     if (!any) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -93,8 +111,9 @@ absl::StatusOr<std::set<std::pair<Projection, int>>> NamedModules(
 // layer. An adapter on some layers only cannot be held by a slot, so it is
 // refused rather than imported as something else.
 absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
-    const nlohmann::json& json, int num_layers, const std::string& label,
-    const WrappedTextModel* wrapped) {
+    const nlohmann::json& json, const ModelConfig& model,
+    const std::string& label) {
+  const int num_layers = static_cast<int>(model.num_hidden_layers);
   auto targets = json.find("target_modules");
   if (targets != json.end() && *targets == "all-linear") {
     return std::vector<Projection>(kAllProjections.begin(),
@@ -108,8 +127,19 @@ absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
             : "must be a list of module names"));
   }
   LORAPLEX_ASSIGN_OR_RETURN(
-      auto named,
-      NamedModules(*targets, "target_modules", num_layers, label, wrapped));
+      auto named, NamedModules(*targets, "target_modules", model, label));
+  if (auto parameters = json.find("target_parameters");
+      parameters != json.end() && !parameters->is_null() &&
+      !(parameters->is_array() && parameters->empty())) {
+    if (!parameters->is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": target_parameters must be a list of parameter names"));
+    }
+    LORAPLEX_ASSIGN_OR_RETURN(
+        auto experts,
+        NamedModules(*parameters, "target_parameters", model, label));
+    named.insert(experts.begin(), experts.end());
+  }
   if (auto exclude = json.find("exclude_modules");
       exclude != json.end() && !exclude->is_null()) {
     if (!exclude->is_array()) {
@@ -119,22 +149,31 @@ absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
                        "regular expression is not supported)"));
     }
     LORAPLEX_ASSIGN_OR_RETURN(
-        auto excluded,
-        NamedModules(*exclude, "exclude_modules", num_layers, label, wrapped));
+        auto excluded, NamedModules(*exclude, "exclude_modules", model, label));
     for (const auto& module : excluded) named.erase(module);
   }
   std::vector<Projection> projections;
   for (Projection p : kLayerProjections) {
-    std::vector<int> layers;
+    std::vector<int> layers, having;  // Named, and those that have p.
     for (int layer = 0; layer < num_layers; ++layer) {
       if (named.count({p, layer}) > 0) layers.push_back(layer);
+      const std::vector<Projection> present = LayerProjections(model, layer);
+      if (std::find(present.begin(), present.end(), p) != present.end()) {
+        having.push_back(layer);
+      }
     }
     if (layers.empty()) continue;
-    if (static_cast<int>(layers.size()) != num_layers) {
+    if (layers != having) {
+      const std::string of =
+          static_cast<int>(having.size()) == num_layers
+              ? absl::StrCat("the base model's ", num_layers, " layers")
+              : absl::StrCat("the ", having.size(),
+                             " layers of the base model that have it");
       return absl::InvalidArgumentError(absl::StrCat(
-          label, ": target_modules covers ", ProjectionName(p), " on ",
-          layers.size(), " of the base model's ", num_layers, " layers (",
-          absl::StrJoin(layers, ", "),
+          label, ": ",
+          IsExpertProjection(p) ? "target_parameters" : "target_modules",
+          " covers ", ProjectionName(p), " on ", layers.size(), " of ", of,
+          " (", absl::StrJoin(layers, ", "),
           "); adapters on some layers only are not supported: cover every "
           "layer"));
     }
@@ -155,10 +194,9 @@ std::string PeftModuleName(int layer, Projection projection) {
 }
 
 absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
-                                           int num_layers,
+                                           const ModelConfig& model,
                                            const std::string& label,
-                                           std::string* base_model,
-                                           const WrappedTextModel* wrapped) {
+                                           std::string* base_model) {
   if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": not an object"));
   }
@@ -182,7 +220,7 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
        {"bias", "use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern",
         "modules_to_save", "layers_to_transform", "layers_pattern", "lora_bias",
         "trainable_token_indices", "layer_replication",
-        "alora_invocation_tokens", "target_parameters"}) {
+        "alora_invocation_tokens"}) {
     LORAPLEX_RETURN_IF_ERROR(CheckNeutral(json, key, label));
   }
   // Initialisations that rewrite the base weights (PiSSA, OLoRA, CorDA,
@@ -211,8 +249,13 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
   LORAPLEX_RETURN_IF_ERROR(fields.Number("lora_dropout", &config.dropout));
   LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_rslora", &config.use_rslora));
   LORAPLEX_ASSIGN_OR_RETURN(config.targets,
-                            ParsePeftTargets(json, num_layers, label, wrapped));
+                            ParsePeftTargets(json, model, label));
   if (absl::Status s = ValidateLoraConfig(config); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": ", s.message()));
+  }
+  if (absl::Status s =
+          FitLoraTargets(model, config.targets, config.dropout).status();
+      !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": ", s.message()));
   }
   if (auto base = json.find("base_model_name_or_path");
@@ -223,12 +266,12 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
 }
 
 absl::StatusOr<LoraConfig> ParsePeftConfigText(absl::string_view text,
-                                               int num_layers,
+                                               const ModelConfig& model,
                                                const std::string& label) {
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::json json,
                             ParseUntrustedJson(text, label));
   std::string base_model;
-  return ParsePeftConfig(json, num_layers, label, &base_model);
+  return ParsePeftConfig(json, model, label, &base_model);
 }
 
 }  // namespace loraplex

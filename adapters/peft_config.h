@@ -18,19 +18,22 @@ namespace loraplex {
 // "model.layers.3.self_attn.q_proj", or "lm_head".
 std::string PeftModuleName(int layer, Projection projection);
 
-// The LoRA settings of a parsed adapter_config.json for a base model of
-// `num_layers` layers; its base_model_name_or_path goes to *base_model.
-// Unsupported settings (DoRA, bias, rank or alpha patterns, modules to
-// save, target modules other than the seven projections of every layer
-// and lm_head) are refused. For a multimodal wrapper (`wrapped`), module
-// paths may also name the text model under any of its layouts.
-absl::StatusOr<LoraConfig> ParsePeftConfig(
-    const nlohmann::json& json, int num_layers, const std::string& label,
-    std::string* base_model, const WrappedTextModel* wrapped = nullptr);
+// The LoRA settings of a parsed adapter_config.json for the base model
+// `model`; its base_model_name_or_path goes to *base_model. Unsupported
+// settings (DoRA, bias, rank or alpha patterns, modules to save, target
+// modules other than the projections of every layer that has them and
+// lm_head) are refused. target_parameters name the experts' stacked
+// parameters of a mixture-of-experts model (mlp.experts.gate_up_proj,
+// mlp.experts.down_proj). For a multimodal wrapper, module paths may also
+// name the text model under any of its layouts.
+absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
+                                           const ModelConfig& model,
+                                           const std::string& label,
+                                           std::string* base_model);
 
 // ParsePeftConfig of the text of an adapter_config.json (untrusted JSON).
 absl::StatusOr<LoraConfig> ParsePeftConfigText(absl::string_view text,
-                                               int num_layers,
+                                               const ModelConfig& model,
                                                const std::string& label);
 
 }  // namespace loraplex

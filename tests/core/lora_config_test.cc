@@ -78,7 +78,8 @@ TEST(LoraConfigTest, ErrorsNameTheField) {
       HasSubstr("lora.target_modules names an unsupported module "
                 "\"embed_tokens\"; supported: q_proj, k_proj, v_proj, "
                 "qkv_proj, o_proj, gate_proj, up_proj, gate_up_proj, "
-                "down_proj, lm_head"));
+                "down_proj, experts.gate_up_proj, experts.down_proj, "
+                "lm_head"));
   EXPECT_THAT(
       Error(LoraConfigFromJson({{"target_modules", {"q_proj", "q_proj"}}})
                 .status()),

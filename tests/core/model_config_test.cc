@@ -158,9 +158,9 @@ TEST(ModelConfigTest, RejectsInconsistentHeads) {
 
 TEST(ModelConfigTest, RejectsUnsupportedRopeAndActivation) {
   json raw = BaseLlama();
-  raw["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  raw["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
   EXPECT_THAT(ConfigJsonError(raw),
-              HasSubstr("rope_scaling.rope_type \"yarn\" is not supported"));
+              HasSubstr("rope_scaling.rope_type \"dynamic\" is not supported"));
   raw = BaseLlama();
   raw["rope_scaling"] = {{"rope_type", "linear"}};
   EXPECT_THAT(ConfigJsonError(raw), HasSubstr("factor is required"));

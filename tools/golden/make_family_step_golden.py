@@ -63,6 +63,14 @@ DEFAULT_OUT = GOLDEN_ROOT / "family_steps"
 FAMILIES = ["qwen3_tied", "olmo2_post_norm", "olmo3_window", "gemma3_text_window", "phi3_tied", "qwen3_moe"]
 # Mixture-of-experts bases run their experts in transformers' plain loop.
 MOE = {"qwen3_moe"}
+# The adapter each base trains (peft/<name>): <base>_all_r4 unless named
+# here. Qwen3-MoE's all_r4 carries PEFT's rank_pattern for gate_up_proj,
+# which loraplex refuses; its experts_r4 is rank 4 everywhere.
+ADAPTERS = {"qwen3_moe": "qwen3_moe_experts_r4"}
+
+
+def adapter_name(base: str) -> str:
+    return ADAPTERS.get(base, f"{base}_all_r4")
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
 LENGTHS = [5, 8, 11]
 ADAMW = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
@@ -91,7 +99,7 @@ def load_policy(base: str):
     model = AutoModelForCausalLM.from_pretrained(
         str(GOLDEN_ROOT / base), attn_implementation=ATTENTION, **{DTYPE_KW: torch.float64}, **experts
     )
-    model = PeftModel.from_pretrained(model, str(GOLDEN_ROOT / "peft" / f"{base}_all_r4"), is_trainable=True)
+    model = PeftModel.from_pretrained(model, str(GOLDEN_ROOT / "peft" / adapter_name(base)), is_trainable=True)
     model = model.double()
     model.train()  # lora_dropout is 0: train mode only enables gradients.
     return model
@@ -118,7 +126,7 @@ def peft_name(param_name: str) -> str:
 def check_against_peft_golden(base: str, model) -> None:
     """The patched float64 model reproduces PEFT's float32 logits of
     make_peft_golden.py (unpatched transformers) on each unpadded row."""
-    golden = load_file(str(GOLDEN_ROOT / "peft" / f"{base}_all_r4" / "golden.safetensors"))
+    golden = load_file(str(GOLDEN_ROOT / "peft" / adapter_name(base) / "golden.safetensors"))
     worst = 0.0
     for row, n in enumerate(golden["lengths"].tolist()):
         ids = golden["input_ids"][row : row + 1, :n]

@@ -7,6 +7,7 @@
 // make_family_step_golden.py) and one AdamW step torch.optim.AdamW's
 // weights; co-batched with another adapter, each call's gradients are those
 // it gets alone.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -21,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "adapters/peft_adapter.h"
+#include "adapters/peft_config.h"
 #include "core/common/json_parse.h"
 #include "core/lora/multi_lora.h"
 #include "core/model/llama_model.h"
@@ -54,7 +56,10 @@ std::unique_ptr<LlamaModel> LoadBase(const std::string& base,
   return model.ok() ? std::move(model).value() : nullptr;
 }
 
+// The adapter each base trains (as tools/golden/make_family_step_golden.py
+// names it): Qwen3-MoE's adapts attention and the experts at rank 4.
 std::string AdapterDir(const std::string& base) {
+  if (base == "qwen3_moe") return GoldenPath("peft/qwen3_moe_experts_r4");
   return GoldenPath(absl::StrCat("peft/", base, "_all_r4"));
 }
 
@@ -110,10 +115,14 @@ double WorstRelativeDiff(const std::string& base, const LoraWeights& weights,
   EXPECT_TRUE(file.ok()) << file.status();
   if (!file.ok()) return 1e9;
   double worst = 0;
+  const bool both_experts =
+      weights.config().Targets(Projection::kExpertGateUp) &&
+      weights.config().Targets(Projection::kExpertDown);
   for (const LoraModule& m : weights.modules()) {
     for (bool is_a : {true, false}) {
       const std::string name =
-          prefix + PeftTensorName(m.layer, m.projection, is_a);
+          prefix + PeftTensorName(weights.model_config(), m.layer, m.projection,
+                                  is_a, both_experts);
       auto expected = (*file)->Load(name);
       EXPECT_TRUE(expected.ok()) << name;
       if (!expected.ok()) return 1e9;
@@ -316,6 +325,59 @@ TEST_P(ModelFamilyGoldenTest, PeftAdapterGivesPeftLogitsOnCuda) {
   ExpectPeftLogits(GetParam(), torch::Device(torch::kCUDA, 0));
 }
 
+// What PEFT 0.21 writes for Qwen3-MoE from LoRA on q/k/v/o and
+// gate/up/down_proj: the experts' gate_up_proj at twice the rank through
+// rank_pattern. One rank per adapter here: refused, naming the setting.
+TEST(Qwen3MoeGoldenTest, RankPatternAdapterIsRefusedByName) {
+  auto model = LoadBase("qwen3_moe", torch::kFloat32);
+  ASSERT_NE(model, nullptr);
+  auto adapter =
+      LoadPeftAdapter(GoldenPath("peft/qwen3_moe_all_r4"), model->config());
+  ASSERT_FALSE(adapter.ok());
+  EXPECT_THAT(std::string(adapter.status().message()),
+              ::testing::HasSubstr("rank_pattern"));
+}
+
+// target_parameters name the experts' stacked parameters, of every
+// mixture-of-experts layer, with no dropout; anything else is refused.
+TEST(Qwen3MoeGoldenTest, TargetParametersAreCheckedByName) {
+  auto model = LoadBase("qwen3_moe", torch::kFloat32);
+  ASSERT_NE(model, nullptr);
+  auto config = ReadUntrustedJsonFile(
+      GoldenPath("peft/qwen3_moe_experts_r4/adapter_config.json"));
+  ASSERT_TRUE(config.ok());
+  auto error = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json json = *config;
+    change(json);
+    std::string base;
+    auto parsed = ParsePeftConfig(json, model->config(), "cfg", &base);
+    return parsed.ok() ? std::string("ok")
+                       : std::string(parsed.status().message());
+  };
+  EXPECT_EQ(error([](nlohmann::json&) {}), "ok");
+  EXPECT_THAT(error([](nlohmann::json& j) {
+                j["target_parameters"] = {"mlp.experts.up_proj"};
+              }),
+              ::testing::HasSubstr(
+                  "target_parameters names an unsupported parameter "
+                  "\"mlp.experts.up_proj\"; supported: "
+                  "mlp.experts.gate_up_proj and mlp.experts.down_proj"));
+  EXPECT_THAT(
+      error([](nlohmann::json& j) {
+        j["target_parameters"] = {"model.layers.0.mlp.experts.down_proj"};
+      }),
+      ::testing::HasSubstr(
+          "target_parameters covers experts.down_proj on 1 of the 2 "
+          "layers of the base model that have it (0)"));
+  EXPECT_THAT(error([](nlohmann::json& j) { j["lora_dropout"] = 0.1; }),
+              ::testing::HasSubstr("lora.dropout must be 0 when the experts "
+                                   "are adapted"));
+  EXPECT_THAT(error([](nlohmann::json& j) {
+                j["target_parameters"] = "mlp.experts.down_proj";
+              }),
+              ::testing::HasSubstr("target_parameters must be a list"));
+}
+
 // A multimodal gemma3 base trains its text model: PEFT's adapter on it
 // (the text model's modules, named by PEFT in transformers 5) gives PEFT's
 // logits, exports under PEFT's names, and imports under 4.x's names too.
@@ -410,7 +472,7 @@ TEST(Gemma3MultimodalGoldenTest, VisionTowerLoraIsRefusedByName) {
 INSTANTIATE_TEST_SUITE_P(Families, ModelFamilyGoldenTest,
                          ::testing::Values("qwen3_tied", "olmo2_post_norm",
                                            "olmo3_window", "gemma3_text_window",
-                                           "phi3_tied"));
+                                           "phi3_tied", "qwen3_moe"));
 
 }  // namespace
 }  // namespace loraplex
