@@ -117,9 +117,10 @@ absl::StatusOr<std::vector<Projection>> FitExpertTargets(
   if (!sparse) {
     for (Projection p : {Projection::kExpertGateUp, Projection::kExpertDown}) {
       if (has(p)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "lora.target_modules names ", ProjectionName(p), ", but model_type ",
-            model.model_type, " has no mixture-of-experts layers"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("lora.target_modules names ", ProjectionName(p),
+                         ", but model_type ", model.model_type,
+                         " has no mixture-of-experts layers"));
       }
     }
     return targets;
@@ -134,18 +135,18 @@ absl::StatusOr<std::vector<Projection>> FitExpertTargets(
   const bool dense = HasDenseLayers(model);
   std::vector<Projection> fitted;
   for (Projection target : targets) {
-    const bool mlp = target == Projection::kGate ||
-                     target == Projection::kUp || target == Projection::kDown;
+    const bool mlp = target == Projection::kGate || target == Projection::kUp ||
+                     target == Projection::kDown;
     if (!mlp || dense) fitted.push_back(target);
-    if (target == Projection::kGate) fitted.push_back(Projection::kExpertGateUp);
+    if (target == Projection::kGate)
+      fitted.push_back(Projection::kExpertGateUp);
     if (target == Projection::kDown) fitted.push_back(Projection::kExpertDown);
   }
   std::sort(fitted.begin(), fitted.end(), ProjectionLess);
   fitted.erase(std::unique(fitted.begin(), fitted.end()), fitted.end());
-  const bool experts = std::any_of(fitted.begin(), fitted.end(),
-                                   [](Projection p) {
-                                     return IsExpertProjection(p);
-                                   });
+  const bool experts =
+      std::any_of(fitted.begin(), fitted.end(),
+                  [](Projection p) { return IsExpertProjection(p); });
   if (experts && dropout > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lora.dropout must be 0 when the experts are adapted (model_type ",

@@ -75,8 +75,7 @@ absl::StatusOr<int> LoraWeights::Bind(const LoraConfig& requested) {
   } catch (const c10::Error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate LoRA weights of rank ", config.rank,
-                     " on ",
-                     device_.str(), ": ", e.what_without_backtrace()));
+                     " on ", device_.str(), ": ", e.what_without_backtrace()));
   }
   storage_ = std::move(storage);
   modules_ = std::move(modules);

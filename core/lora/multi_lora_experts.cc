@@ -33,10 +33,9 @@ void MultiLoraDelta::AddToExperts(int layer, Projection projection,
     row_segment.insert(row_segment.end(), segments_[s].rows,
                        static_cast<int64_t>(s));
   }
-  const torch::Tensor pair_segment =
-      torch::tensor(row_segment, torch::kInt64)
-          .to(x.device())
-          .index_select(0, rows);
+  const torch::Tensor pair_segment = torch::tensor(row_segment, torch::kInt64)
+                                         .to(x.device())
+                                         .index_select(0, rows);
   const torch::Tensor pair_expert = torch::repeat_interleave(
       torch::arange(experts, index_options),
       torch::tensor(counts, torch::kInt64).to(x.device()));
@@ -51,9 +50,9 @@ void MultiLoraDelta::AddToExperts(int layer, Projection projection,
       const LoraModule* module = weights.Find(layer, projection);
       a.push_back(module->ExpertA());
       b.push_back(module->ExpertB());
-      scales.push_back(torch::full({experts}, weights.scale(),
-                                   torch::TensorOptions().dtype(dtype).device(
-                                       x.device())));
+      scales.push_back(
+          torch::full({experts}, weights.scale(),
+                      torch::TensorOptions().dtype(dtype).device(x.device())));
     }
     const int64_t groups = static_cast<int64_t>(members.size()) * experts;
     torch::Tensor pair_local = torch::tensor(local, torch::kInt64)
@@ -69,23 +68,19 @@ void MultiLoraDelta::AddToExperts(int layer, Projection projection,
     const int64_t longest = group_counts.max().item<int64_t>();
     torch::Tensor starts = group_counts.cumsum(0) - group_counts;
     torch::Tensor place =
-        sorted_group * longest +
-        (torch::arange(pairs.numel(), index_options) -
-         starts.index_select(0, sorted_group));
+        sorted_group * longest + (torch::arange(pairs.numel(), index_options) -
+                                  starts.index_select(0, sorted_group));
     torch::Tensor padded =
-        torch::zeros({groups * longest, inputs.size(1)},
-                     inputs.options())
+        torch::zeros({groups * longest, inputs.size(1)}, inputs.options())
             .index_copy(0, place, inputs.index_select(0, pairs))
             .view({groups, longest, inputs.size(1)});
-    torch::Tensor low =
-        torch::bmm(padded, torch::cat(a).transpose(1, 2)) *
-        torch::cat(scales).view({groups, 1, 1});
+    torch::Tensor low = torch::bmm(padded, torch::cat(a).transpose(1, 2)) *
+                        torch::cat(scales).view({groups, 1, 1});
     torch::Tensor terms = torch::bmm(low, torch::cat(b).transpose(1, 2));
-    output = output.index_add(
-        0, pairs,
-        terms.view({groups * longest, -1})
-            .index_select(0, place)
-            .to(output.scalar_type()));
+    output = output.index_add(0, pairs,
+                              terms.view({groups * longest, -1})
+                                  .index_select(0, place)
+                                  .to(output.scalar_type()));
   }
 }
 

@@ -19,8 +19,8 @@ torch::Tensor ExpertActivationOf(const MoeConfig& moe,
   }
   using torch::indexing::None;
   using torch::indexing::Slice;
-  torch::Tensor gate = gate_up.index({"...", Slice(None, None, 2)})
-                           .clamp_max(moe.swiglu_limit);
+  torch::Tensor gate =
+      gate_up.index({"...", Slice(None, None, 2)}).clamp_max(moe.swiglu_limit);
   torch::Tensor up = gate_up.index({"...", Slice(1, None, 2)})
                          .clamp(-moe.swiglu_limit, moe.swiglu_limit);
   return (up + 1) * (gate * torch::sigmoid(gate * moe.swiglu_alpha));

@@ -83,9 +83,9 @@ StoredTensor StoredExperts(const ModelConfig& config,
   }
   const std::string prefix = absl::StrCat(LayerPrefix(layer), "mlp.experts.");
   const bool gate_up = projection == Projection::kExpertGateUp;
-  if (checkpoint.Find(absl::StrCat(prefix, "0.",
-                                   gate_up ? "gate_proj" : "down_proj",
-                                   ".weight")) == nullptr) {
+  if (checkpoint.Find(absl::StrCat(
+          prefix, "0.", gate_up ? "gate_proj" : "down_proj", ".weight")) ==
+      nullptr) {
     return {{spec}, nullptr};  // Reported missing under its own name.
   }
   StoredTensor stored;
@@ -254,7 +254,8 @@ std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config) {
     if (LayerIsSparse(config, layer)) {
       const std::string router = prefix + config.moe.router_module;
       specs.push_back({router + ".weight", {experts, hidden}});
-      if (config.moe.router_bias) specs.push_back({router + ".bias", {experts}});
+      if (config.moe.router_bias)
+        specs.push_back({router + ".bias", {experts}});
     }
     for (Projection p : LayerProjections(config, layer)) {
       const auto [out, in] = ProjectionShape(config, p);

@@ -41,9 +41,9 @@ TEST(ModelFamilyConfigTest, EveryFamilyIsRegisteredOnceAndFoundByName) {
     EXPECT_EQ(FindModelFamily(family->model_type), family);
     EXPECT_FALSE(family->architectures.empty());
   }
-  for (const char* type : {"llama", "qwen2", "mistral", "qwen3", "olmo2",
-                           "olmo3", "gemma3_text", "phi3", "gemma3",
-                           "qwen3_moe"}) {
+  for (const char* type :
+       {"llama", "qwen2", "mistral", "qwen3", "olmo2", "olmo3", "gemma3_text",
+        "phi3", "gemma3", "qwen3_moe"}) {
     EXPECT_NE(FindModelFamily(type), nullptr) << type;
   }
   EXPECT_EQ(FindModelFamily("gpt2"), nullptr);
@@ -95,10 +95,9 @@ TEST(ModelFamilyConfigTest, Qwen3MoeReadsItsExpertsAndSparseLayers) {
   EXPECT_TRUE(config->moe.norm_topk_prob);
   EXPECT_EQ(SparseLayers(*config), std::vector<int64_t>({1, 5}));
   EXPECT_EQ(LayerProjections(*config, 1),
-            std::vector<Projection>({Projection::kQ, Projection::kK,
-                                     Projection::kV, Projection::kO,
-                                     Projection::kExpertGateUp,
-                                     Projection::kExpertDown}));
+            std::vector<Projection>(
+                {Projection::kQ, Projection::kK, Projection::kV, Projection::kO,
+                 Projection::kExpertGateUp, Projection::kExpertDown}));
   EXPECT_EQ(LayerProjections(*config, 3), LayerProjections(*config));
 
   auto again = ParseModelConfig(ModelConfigToJson(*config), "written");
@@ -155,10 +154,10 @@ TEST(ModelFamilyConfigTest, LoraTargetsFitTheExperts) {
   EXPECT_EQ(*fitted, expected);
   fitted = FitLoraTargets(sparse, seven);
   ASSERT_TRUE(fitted.ok()) << fitted.status();
-  EXPECT_EQ(*fitted, std::vector<Projection>(
-                         {Projection::kQ, Projection::kK, Projection::kV,
-                          Projection::kO, Projection::kExpertGateUp,
-                          Projection::kExpertDown}));
+  EXPECT_EQ(*fitted,
+            std::vector<Projection>(
+                {Projection::kQ, Projection::kK, Projection::kV, Projection::kO,
+                 Projection::kExpertGateUp, Projection::kExpertDown}));
   fitted = FitLoraTargets(sparse, {Projection::kQ, Projection::kExpertDown});
   ASSERT_TRUE(fitted.ok()) << fitted.status();
   EXPECT_EQ(*fitted,
@@ -167,9 +166,8 @@ TEST(ModelFamilyConfigTest, LoraTargetsFitTheExperts) {
       FitLoraTargets(sparse, {Projection::kGate}).status().message(),
       HasSubstr("stores each expert's gate_proj and up_proj as one matrix, "
                 "experts.gate_up_proj"));
-  EXPECT_THAT(
-      FitLoraTargets(sparse, seven, /*dropout=*/0.1).status().message(),
-      HasSubstr("lora.dropout must be 0 when the experts are adapted"));
+  EXPECT_THAT(FitLoraTargets(sparse, seven, /*dropout=*/0.1).status().message(),
+              HasSubstr("lora.dropout must be 0 when the experts are adapted"));
   EXPECT_TRUE(FitLoraTargets(sparse, {Projection::kQ}, 0.1).ok());
   EXPECT_THAT(
       FitLoraTargets(llama, {Projection::kExpertDown}).status().message(),
