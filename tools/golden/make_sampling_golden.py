@@ -26,7 +26,15 @@ Under ``tests/fixtures/golden/sampling/`` (or ``--out``):
     forward pass over the prompt;
   - ``min_margin``: the smallest gap between the best and second-best logit
     over the generated steps (the script insists on >= 1e-3, so rounding
-    differences between implementations cannot flip a greedy choice).
+    differences between implementations cannot flip a greedy choice);
+  - ``min_router_margin`` (mixture-of-experts bases): the smallest gap
+    between a token's k-th and (k+1)-th router probability over the sparse
+    layers of prompt + generation (>= 1e-4: no token is routed on a tie).
+
+  On a mixture-of-experts base (``qwen3_moe``, transformers' eager experts)
+  ``adapter_b`` adapts attention and the experts: PEFT ``target_parameters``
+  ``mlp.experts.gate_up_proj`` and ``mlp.experts.down_proj`` in place of the
+  MLP modules.
 
 * ``stop_strings/``: a tiny Llama whose vocabulary is the byte-level BPE
   tokenizer ``tokenizers/qwen2_like`` (``tokenizer.json`` copied in), and
@@ -89,6 +97,10 @@ BASES = [
     "olmo3_window",
     "gemma3_text_window",
     "phi3_tied",
+    # Mixture of experts: the adapters' targets include the experts'
+    # stacked parameters (PEFT target_parameters), decoded through the
+    # KV cache and the routed experts.
+    "qwen3_moe",
 ]
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
 
@@ -104,12 +116,28 @@ LM_HEAD_ADAPTER = dict(
     name="adapter_c", r=4, lora_alpha=8, targets=["q_proj", "v_proj", "lm_head"], use_rslora=False, seed=7003, std=0.3
 )
 MAX_NEW_TOKENS = 10
+MOE_TYPES = {"qwen3_moe"}
+# On a mixture-of-experts base an adapter that names the MLP projections
+# adapts the experts' stacked parameters instead (PEFT target_parameters).
+EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+# The smallest gap between a token's k-th and (k+1)-th router probability
+# over every sparse layer of every generation: rounding cannot reroute a
+# token.
+MIN_ROUTER_MARGIN = 1e-4
 TOP = 5
 MIN_MARGIN = 1e-3
 
 
+def is_moe(base_dir: Path) -> bool:
+    return json.loads((base_dir / "config.json").read_text())["model_type"] in MOE_TYPES
+
+
 def load(path: Path):
-    m = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="eager", **{DTYPE_KW: torch.float32})
+    # Mixture-of-experts bases run transformers' plain loop over experts.
+    experts = {"experts_implementation": "eager"} if is_moe(path) else {}
+    m = AutoModelForCausalLM.from_pretrained(
+        str(path), attn_implementation="eager", **{DTYPE_KW: torch.float32}, **experts
+    )
     m.eval()
     return m
 
@@ -127,14 +155,21 @@ def targets_for(base_dir: Path, targets: list[str]) -> list[str]:
 
 def make_adapter(base_dir: Path, spec: dict, out: Path) -> None:
     model = load(base_dir)
+    targets, experts = targets_for(base_dir, spec["targets"]), {}
+    if is_moe(base_dir) and "gate_proj" in targets:
+        # Named as modules, PEFT would turn the MLP projections into expert
+        # parameters of its own ranks (rank_pattern): name the experts'.
+        targets = [t for t in targets if t not in ("gate_proj", "up_proj", "down_proj")]
+        experts = dict(target_parameters=list(EXPERT_PARAMETERS))
     config = LoraConfig(
         task_type="CAUSAL_LM",
         r=spec["r"],
         lora_alpha=spec["lora_alpha"],
-        target_modules=targets_for(base_dir, spec["targets"]),
+        target_modules=targets,
         use_rslora=spec["use_rslora"],
         lora_dropout=0.0,
         bias="none",
+        **experts,
     )
     peft_model = get_peft_model(model, config)
     generator = torch.Generator().manual_seed(spec["seed"])
@@ -186,6 +221,9 @@ def greedy(model, prompt: list[int], eos) -> dict:
     for step, token in enumerate(tokens):
         assert abs(plain[len(prompt) + step - 1, token].item() - logprobs[step]) < 1e-5
     stop = "eos" if eos is not None and tokens and tokens[-1] == eos else "length"
+    router_margin = None
+    if getattr(model.config, "num_experts_per_tok", None):
+        router_margin = min_router_margin(model, seq, model.config.num_experts_per_tok)
     return dict(
         prompt=prompt,
         tokens=tokens,
@@ -195,7 +233,25 @@ def greedy(model, prompt: list[int], eos) -> dict:
         top_logprobs=top_logprobs,
         prompt_logprobs=prompt_logprobs,
         min_margin=min(margins),
+        **({} if router_margin is None else dict(min_router_margin=router_margin)),
     )
+
+
+def min_router_margin(model, seq, top_k: int) -> float:
+    """Smallest gap between the k-th and (k+1)-th router probability."""
+    with torch.no_grad():
+        out = model(seq, attention_mask=torch.ones_like(seq), output_router_logits=True)
+    margin = float("inf")
+    for logits in out.router_logits:
+        if logits is None:
+            continue
+        probs = torch.softmax(logits.float(), -1).topk(top_k + 1, -1).values
+        margin = min(margin, (probs[:, top_k - 1] - probs[:, top_k]).min().item())
+    return margin
+
+
+def no_near_ties(cases: list[dict]) -> bool:
+    return all(c["min_margin"] >= MIN_MARGIN and c.get("min_router_margin", 1.0) >= MIN_ROUTER_MARGIN for c in cases)
 
 
 def make_prompts(vocab: int, seed: int) -> list[list[int]]:
@@ -223,7 +279,7 @@ def run_base(base: str, out: Path) -> None:
                 case = greedy(model, prompt, eos)
                 case["weights"] = name
                 cases.append(case)
-        if min(c["min_margin"] for c in cases) >= MIN_MARGIN:
+        if no_near_ties(cases):
             break
     else:
         raise SystemExit(f"{base}: no prompt set without near-ties")
@@ -232,7 +288,7 @@ def run_base(base: str, out: Path) -> None:
         make_adapter(base_dir, spec, case_dir / spec["name"])
         model = PeftModel.from_pretrained(load(base_dir), str(case_dir / spec["name"])).eval()
         lm_head_cases = [dict(greedy(model, prompt, eos), weights=spec["name"]) for prompt in prompts]
-        if min(c["min_margin"] for c in lm_head_cases) >= MIN_MARGIN:
+        if no_near_ties(lm_head_cases):
             break
     else:
         raise SystemExit(f"{base}: no {LM_HEAD_ADAPTER['name']} seed without near-ties")

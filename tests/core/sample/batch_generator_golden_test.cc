@@ -1,8 +1,10 @@
 // The sampler against transformers + PEFT (tools/golden/
 // make_sampling_golden.py): greedy tokens identical to `generate`, logprobs,
 // top alternatives and prompt logprobs within 1e-4, for three base layouts
-// (GQA, Qwen2 biases, Mistral's sliding window), adapters on attention, on
-// every projection and on the LM head, rows of different adapters in one
+// (GQA, Qwen2 biases, Mistral's sliding window) and the later families
+// (Qwen3-MoE's routed experts among them), adapters on attention, on every
+// projection (the experts' stacked parameters on Qwen3-MoE) and on the LM
+// head, rows of different adapters in one
 // batch, and stop strings that end generation where transformers'
 // stop_strings does.
 #include <gtest/gtest.h>
@@ -150,7 +152,8 @@ INSTANTIATE_TEST_SUITE_P(Bases, SamplingGoldenTest,
                          ::testing::Values("llama_gqa", "qwen2_bias_sharded",
                                            "mistral_window", "qwen3_tied",
                                            "olmo2_post_norm", "olmo3_window",
-                                           "gemma3_text_window", "phi3_tied"));
+                                           "gemma3_text_window", "phi3_tied",
+                                           "qwen3_moe"));
 
 TEST(StopStringGoldenTest, StopsAtTheTokenTransformersStopsAt) {
   const std::string dir = GoldenPath("sampling/stop_strings");
