@@ -105,15 +105,59 @@ std::string PeftTensorName(const ModelConfig& model, int layer,
                     layer, projection, lora_a, both_experts);
 }
 
+namespace {
+
+// Expert e's (A, B) of module `m` as one linear layer per expert's
+// projection: gate_proj and up_proj share A and split B's rows (gate then
+// up), down_proj is the expert's own.
+void AppendPerExpertTensors(const LoraModule& m,
+                            std::vector<NamedTensor>& tensors) {
+  const torch::Tensor a = m.ExpertA().detach().to(torch::kCPU);
+  const torch::Tensor b = m.ExpertB().detach().to(torch::kCPU);
+  const int64_t out = b.size(1);
+  for (int64_t e = 0; e < m.experts; ++e) {
+    const std::string prefix = absl::StrCat("base_model.model.model.layers.",
+                                            m.layer, ".mlp.experts.", e, ".");
+    auto add = [&](const char* projection, const torch::Tensor& b_part) {
+      tensors.push_back({absl::StrCat(prefix, projection, ".lora_A.weight"),
+                         a[e].contiguous()});
+      tensors.push_back({absl::StrCat(prefix, projection, ".lora_B.weight"),
+                         b_part.contiguous()});
+    };
+    if (m.projection == Projection::kExpertDown) {
+      add("down_proj", b[e]);
+    } else {
+      add("gate_proj", b[e].narrow(0, 0, out / 2));
+      add("up_proj", b[e].narrow(0, out / 2, out / 2));
+    }
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
-    const LoraWeights& weights, const std::string& base_model_name_or_path) {
+    const LoraWeights& weights, const std::string& base_model_name_or_path,
+    PeftExpertLayout layout) {
   if (!weights.bound()) {
     return absl::FailedPreconditionError("no adapter to export");
   }
   const ModelConfig& model = weights.model_config();
+  const bool per_expert = layout == PeftExpertLayout::kPerExpert;
+  if (per_expert && (!HasSparseLayers(model) ||
+                     model.moe.activation != ExpertActivation::kSiluHalves ||
+                     WrappedTextModelOf(model) != nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the per-expert adapter layout is for mixture-of-experts bases whose "
+        "experts' gate_up output is gate then up (qwen3_moe); model_type ",
+        model.model_type, " exports its experts stacked only"));
+  }
   const bool both_experts = TargetsBothExperts(weights.config());
   std::vector<NamedTensor> tensors;
   for (const LoraModule& m : weights.modules()) {
+    if (per_expert && IsExpertProjection(m.projection)) {
+      AppendPerExpertTensors(m, tensors);
+      continue;
+    }
     tensors.push_back(
         {PeftTensorName(model, m.layer, m.projection, true, both_experts),
          m.a.detach().to(torch::kCPU).contiguous()});
@@ -130,6 +174,17 @@ absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
   nlohmann::json parameters = nlohmann::json::array();
   const WrappedTextModel* wrapped = WrappedTextModelOf(model);
   for (Projection p : lora.targets) {
+    if (IsExpertProjection(p) && per_expert) {
+      for (const char* name :
+           p == Projection::kExpertDown
+               ? std::vector<const char*>{"down_proj"}
+               : std::vector<const char*>{"gate_proj", "up_proj"}) {
+        if (std::find(targets.begin(), targets.end(), name) == targets.end()) {
+          targets.push_back(name);
+        }
+      }
+      continue;
+    }
     if (IsExpertProjection(p)) {
       parameters.push_back(std::string(ProjectionModule(p)));
       continue;
@@ -179,10 +234,11 @@ absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
 
 absl::Status ExportPeftAdapter(const LoraWeights& weights,
                                const std::string& base_model_name_or_path,
-                               const std::string& dir) {
+                               const std::string& dir,
+                               PeftExpertLayout layout) {
   LORAPLEX_ASSIGN_OR_RETURN(
       PeftAdapterFiles files,
-      EncodePeftAdapter(weights, base_model_name_or_path));
+      EncodePeftAdapter(weights, base_model_name_or_path, layout));
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {

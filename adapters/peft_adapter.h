@@ -61,14 +61,32 @@ struct PeftAdapterFiles {
   std::string weights;  // adapter_model.safetensors
   std::string config;   // adapter_config.json
 };
+// How an adapter of a mixture-of-experts base writes its experts' LoRA.
+enum class PeftExpertLayout {
+  // As PEFT on transformers 5 writes and loads it: target_parameters
+  // mlp.experts.gate_up_proj / down_proj, one stacked A and B each
+  // (vLLM loads this layout for gpt-oss, and for other models only with
+  // --enable-mixed-moe-lora-format).
+  kStacked,
+  // One LoRA per expert's gate_proj, up_proj and down_proj
+  // (mlp.experts.{e}.gate_proj.lora_A.weight [r, hidden], ...), as PEFT
+  // on transformers 4.x wrote it and vLLM loads it for Qwen3-MoE: gate_proj
+  // and up_proj each get a copy of the expert's A and their half of its
+  // B, which is the same update exactly. Only for experts whose gate_up
+  // output is gate then up (Qwen3-MoE), not interleaved (gpt-oss).
+  kPerExpert,
+};
+
 absl::StatusOr<PeftAdapterFiles> EncodePeftAdapter(
-    const LoraWeights& weights, const std::string& base_model_name_or_path);
+    const LoraWeights& weights, const std::string& base_model_name_or_path,
+    PeftExpertLayout layout = PeftExpertLayout::kStacked);
 
 // Writes `weights` into `dir` (created if missing; files replaced
 // atomically, config last).
-absl::Status ExportPeftAdapter(const LoraWeights& weights,
-                               const std::string& base_model_name_or_path,
-                               const std::string& dir);
+absl::Status ExportPeftAdapter(
+    const LoraWeights& weights, const std::string& base_model_name_or_path,
+    const std::string& dir,
+    PeftExpertLayout layout = PeftExpertLayout::kStacked);
 
 // Reads and validates an adapter directory against `model`. Errors are
 // INVALID_ARGUMENT naming the file and the problem: unsupported settings

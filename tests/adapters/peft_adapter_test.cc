@@ -19,6 +19,7 @@
 #include "core/lora/multi_lora.h"
 #include "core/model/llama_model.h"
 #include "core/safetensors/safetensors.h"
+#include "tests/common/golden_files.h"
 #include "tests/common/test_dir.h"
 #include "tests/common/tiny_model.h"
 #include "tests/common/train_fixture.h"
@@ -429,6 +430,94 @@ TEST_F(BadPeftAdapterTest, MissingConfigFile) {
   ASSERT_FALSE(adapter.ok());
   EXPECT_THAT(std::string(adapter.status().message()),
               HasSubstr("adapter_config.json"));
+}
+
+}  // namespace
+}  // namespace loraplex
+
+namespace loraplex {
+namespace {
+
+// A Qwen3-MoE adapter (PEFT's, attention and both expert parameters)
+// exported in the per-expert layout vLLM loads: one LoRA per expert's
+// gate_proj, up_proj and down_proj that is the same update exactly.
+TEST(PeftExpertLayoutTest, PerExpertExportIsTheSameUpdate) {
+  auto model = LlamaModel::Load(GoldenPath("qwen3_moe"), {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& config = (*model)->config();
+  auto adapter =
+      LoadPeftAdapter(GoldenPath("peft/qwen3_moe_experts_r4"), config);
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  LoraWeights weights(config, torch::kCPU);
+  ASSERT_TRUE(weights.Bind(adapter->config).ok());
+  ASSERT_TRUE(CopyPeftAdapter(*adapter, weights).ok());
+  const std::string dir = FreshTestDir();
+  ASSERT_TRUE(
+      ExportPeftAdapter(weights, "base", dir, PeftExpertLayout::kPerExpert)
+          .ok());
+
+  auto file = SafetensorsFile::Open(dir + "/adapter_model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const int64_t r = adapter->config.rank;
+  const int64_t hidden = config.hidden_size;
+  const int64_t width = config.moe.intermediate_size;
+  size_t expected_tensors = 0;
+  for (const LoraModule& m : weights.modules()) {
+    if (!IsExpertProjection(m.projection)) {
+      ++expected_tensors;
+      ++expected_tensors;
+      EXPECT_NE((*file)->Find(PeftTensorName(m.layer, m.projection, true)),
+                nullptr);
+      continue;
+    }
+    for (int64_t e = 0; e < config.moe.num_experts; ++e) {
+      const std::string prefix = absl::StrCat("base_model.model.model.layers.",
+                                              m.layer, ".mlp.experts.", e, ".");
+      auto load = [&](const std::string& name,
+                      std::vector<int64_t> shape) -> torch::Tensor {
+        auto tensor = (*file)->Load(prefix + name);
+        EXPECT_TRUE(tensor.ok()) << prefix + name;
+        if (!tensor.ok()) return torch::zeros(shape);
+        EXPECT_EQ(tensor->sizes().vec(), shape) << prefix + name;
+        ++expected_tensors;
+        return *tensor;
+      };
+      const torch::Tensor delta =
+          torch::matmul(m.ExpertB()[e], m.ExpertA()[e]).detach();
+      if (m.projection == Projection::kExpertDown) {
+        const torch::Tensor a = load("down_proj.lora_A.weight", {r, width});
+        const torch::Tensor b = load("down_proj.lora_B.weight", {hidden, r});
+        EXPECT_TRUE(torch::equal(torch::matmul(b, a), delta));
+        continue;
+      }
+      const torch::Tensor gate_a = load("gate_proj.lora_A.weight", {r, hidden});
+      const torch::Tensor gate_b = load("gate_proj.lora_B.weight", {width, r});
+      const torch::Tensor up_a = load("up_proj.lora_A.weight", {r, hidden});
+      const torch::Tensor up_b = load("up_proj.lora_B.weight", {width, r});
+      EXPECT_TRUE(torch::equal(gate_a, up_a));
+      EXPECT_TRUE(torch::equal(torch::cat({torch::matmul(gate_b, gate_a),
+                                           torch::matmul(up_b, up_a)}),
+                               delta));
+    }
+  }
+  EXPECT_EQ((*file)->tensors().size(), expected_tensors);
+  auto json = ReadUntrustedJsonFile(dir + "/adapter_config.json");
+  ASSERT_TRUE(json.ok());
+  EXPECT_TRUE((*json)["target_parameters"].is_null());
+  const auto targets = (*json)["target_modules"].get<std::set<std::string>>();
+  EXPECT_EQ(targets,
+            (std::set<std::string>{"q_proj", "k_proj", "v_proj", "o_proj",
+                                   "gate_proj", "up_proj", "down_proj"}));
+
+  // gpt-oss interleaves gate and up: its experts export stacked only.
+  ModelConfig interleaved = config;
+  interleaved.moe.activation = ExpertActivation::kClampedSwigluInterleaved;
+  LoraWeights other(interleaved, torch::kCPU);
+  ASSERT_TRUE(other.Bind(adapter->config).ok());
+  auto refused = EncodePeftAdapter(other, "base", PeftExpertLayout::kPerExpert);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("exports its experts stacked only"));
 }
 
 }  // namespace
