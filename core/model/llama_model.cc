@@ -54,6 +54,45 @@ std::pair<torch::Tensor, torch::Tensor> PackedPositions(
   return {index - first, last - first + 1};
 }
 
+// softmax over [q kᵀ · scale + mask, sink] per query, the sink column
+// dropped, times v (transformers' gpt-oss eager attention): a learned logit
+// per head (`sinks` [heads]) that takes a share of every query's weight and
+// adds no value. SDPA has no such column, so this runs unfused, the softmax
+// in fp32 (fp64 for fp64). q, k, v [B, H, Tq|Tk, D] with k and v repeated
+// to H heads; `mask` as ScaledDotProductAttention's, undefined for causal
+// (query i sees keys up to i + Tk - Tq).
+torch::Tensor AttentionWithSinks(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v,
+                                 const torch::Tensor& mask,
+                                 const torch::Tensor& sinks,
+                                 std::optional<double> scale) {
+  const torch::ScalarType wide_type = Fp32OrFp64(q.scalar_type());
+  const double logit_scale =
+      scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  torch::Tensor logits =
+      (torch::matmul(q, k.transpose(2, 3)) * logit_scale).to(wide_type);
+  const int64_t queries = q.size(2);
+  const int64_t keys = k.size(2);
+  if (mask.defined()) {
+    logits = logits + mask.to(wide_type);
+  } else {
+    auto index_options =
+        torch::TensorOptions().dtype(torch::kInt64).device(q.device());
+    torch::Tensor hidden =
+        torch::arange(keys, index_options).view({1, keys}) >
+        torch::arange(keys - queries, keys, index_options).view({queries, 1});
+    logits =
+        logits.masked_fill(hidden, -std::numeric_limits<double>::infinity());
+  }
+  torch::Tensor sink_column = sinks.to(wide_type)
+                                  .view({1, -1, 1, 1})
+                                  .expand({q.size(0), -1, queries, 1});
+  torch::Tensor combined = torch::cat({logits, sink_column}, -1);
+  combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
+  torch::Tensor probs = torch::softmax(combined, -1).narrow(-1, 0, keys);
+  return torch::matmul(probs.to(v.scalar_type()), v);
+}
+
 }  // namespace
 
 KvCache::KvCache(const ModelConfig& config, int64_t rows, int64_t capacity,
@@ -345,7 +384,10 @@ torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
     v = v.repeat_interleave(groups, /*dim=*/1);
   }
   torch::Tensor attended =
-      ScaledDotProductAttention(q, k, v, mask, config_.attention_scale);
+      weights.sinks.defined()
+          ? AttentionWithSinks(q, k, v, mask, weights.sinks,
+                               config_.attention_scale)
+          : ScaledDotProductAttention(q, k, v, mask, config_.attention_scale);
   attended = attended.transpose(1, 2).reshape(
       {batch, seq, config_.num_attention_heads * head_dim});
   return Project(layer, attended, kOut, delta)[0];

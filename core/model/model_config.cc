@@ -171,14 +171,43 @@ absl::Status ParseActivation(const ConfigReader& reader, ModelConfig& config) {
   return absl::OkStatus();
 }
 
+// A quantized checkpoint is read only where the loader dequantizes it:
+// gpt-oss's MXFP4 experts (model_weights.cc); any other method is refused
+// by name.
+absl::Status RefuseQuantization(const ConfigReader& reader) {
+  if (!reader.Has("quantization_config")) return absl::OkStatus();
+  const json& quantization = reader.root()["quantization_config"];
+  const json method =
+      quantization.is_object() && quantization.contains("quant_method")
+          ? quantization["quant_method"]
+          : json(nullptr);
+  const json model_type =
+      reader.Has("model_type") ? reader.root()["model_type"] : json(nullptr);
+  if (method == "mxfp4" && model_type == "gpt_oss") return absl::OkStatus();
+  if (method == "mxfp4") {
+    return reader.Error("quantization_config.quant_method",
+                        absl::StrCat("\"mxfp4\" is supported for model_type "
+                                     "gpt_oss only, got model_type ",
+                                     DescribeJson(model_type)));
+  }
+  if (method.is_string()) {
+    return reader.Error(
+        "quantization_config.quant_method",
+        absl::StrCat(DescribeJson(method),
+                     " is not supported (only gpt_oss's \"mxfp4\", "
+                     "dequantized at load): load an unquantized (bf16, fp16 "
+                     "or fp32) checkpoint"));
+  }
+  return reader.Error("quantization_config",
+                      "is not supported without a quant_method (only "
+                      "gpt_oss's \"mxfp4\"): load an unquantized (bf16, "
+                      "fp16 or fp32) checkpoint");
+}
+
 // Keys that change the model in ways no family here implements: refused
 // by name rather than ignored.
 absl::Status RefuseUnsupportedFeatures(const ConfigReader& reader) {
-  if (reader.Has("quantization_config")) {
-    return reader.Error("quantization_config",
-                        "is not supported: load an unquantized (bf16, fp16 "
-                        "or fp32) checkpoint");
-  }
+  LORAPLEX_RETURN_IF_ERROR(RefuseQuantization(reader));
   LORAPLEX_RETURN_IF_ERROR(reader.RefuseUnlessNeutral(
       "attn_logit_softcapping", json(nullptr),
       "attention logit soft-capping is not implemented"));

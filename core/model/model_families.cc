@@ -1,9 +1,9 @@
 // The one list of supported model families: a new family is a file under
 // families/ and a line here.
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "core/model/model_family.h"
 
 namespace loraplex {
@@ -18,13 +18,13 @@ const ModelFamilySpec& Gemma3TextFamily();
 const ModelFamilySpec& Phi3Family();
 const ModelFamilySpec& Gemma3Family();
 const ModelFamilySpec& Qwen3MoeFamily();
+const ModelFamilySpec& GptOssFamily();
 
 const std::vector<const ModelFamilySpec*>& ModelFamilies() {
   static const std::vector<const ModelFamilySpec*> families = {
-      &LlamaFamily(),      &Qwen2Family(), &MistralFamily(),
-      &Qwen3Family(),      &Olmo2Family(), &Olmo3Family(),
-      &Gemma3TextFamily(), &Phi3Family(),  &Gemma3Family(),
-      &Qwen3MoeFamily()};
+      &LlamaFamily(),  &Qwen2Family(),    &MistralFamily(),    &Qwen3Family(),
+      &Olmo2Family(),  &Olmo3Family(),    &Gemma3TextFamily(), &Phi3Family(),
+      &Gemma3Family(), &Qwen3MoeFamily(), &GptOssFamily()};
   return families;
 }
 

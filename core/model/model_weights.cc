@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/status_macros.h"
 #include "core/model/model_family.h"
+#include "core/model/mxfp4.h"
 #include "core/safetensors/safetensors.h"
 
 namespace loraplex {
@@ -62,18 +63,36 @@ std::function<std::string(const std::string&)> CheckpointNames(
 struct StoredTensor {
   std::vector<TensorSpec> parts;
   std::function<torch::Tensor(std::vector<torch::Tensor>)> assemble;
+  // The parts are MXFP4 blocks and scales: uint8, passed to `assemble` as
+  // stored instead of in the compute dtype.
+  bool mxfp4 = false;
 };
 
 // The experts' stacked weight `spec` ([experts, out, in]) of layer `layer`
 // as `checkpoint` stores it: under its own name (transposed when the family
-// stores [in, out]), or as one linear layer per expert.
+// stores [in, out]), in MXFP4 (`<name>_blocks` [experts, out, in / 32, 16]
+// and `<name>_scales` [experts, out, in / 32], released gpt-oss
+// checkpoints: dequantized into `dtype` as transformers does, which gives
+// the [in, out] layout), or as one linear layer per expert.
 StoredTensor StoredExperts(const ModelConfig& config,
                            const SafetensorsCheckpoint& checkpoint,
                            int64_t layer, Projection projection,
-                           const TensorSpec& spec) {
+                           const TensorSpec& spec, torch::ScalarType dtype) {
   const int64_t experts = spec.shape[0];
   const int64_t out = spec.shape[1];
   const int64_t in = spec.shape[2];
+  if (config.moe.experts_transposed &&
+      checkpoint.Find(spec.name + "_blocks") != nullptr) {
+    const int64_t groups = in / (2 * kMxfp4BlockBytes);
+    StoredTensor stored{
+        {{spec.name + "_blocks", {experts, out, groups, kMxfp4BlockBytes}},
+         {spec.name + "_scales", {experts, out, groups}}},
+        [dtype](std::vector<torch::Tensor> parts) {
+          return DequantizeMxfp4(parts[0], parts[1], dtype).transpose(1, 2);
+        }};
+    stored.mxfp4 = true;
+    return stored;
+  }
   if (checkpoint.Find(spec.name) != nullptr || config.moe.experts_transposed) {
     if (!config.moe.experts_transposed) return {{spec}, nullptr};
     return {{{spec.name, {experts, in, out}}},
@@ -326,12 +345,14 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
     if (!LayerIsSparse(config, layer)) continue;
     for (Projection p : {Projection::kExpertGateUp, Projection::kExpertDown}) {
       StoredTensor& tensor = stored[ProjectionWeightName(layer, p)];
-      tensor = StoredExperts(config, checkpoint, layer, p, tensor.parts[0]);
+      tensor =
+          StoredExperts(config, checkpoint, layer, p, tensor.parts[0], dtype);
     }
   }
   std::vector<std::string> missing, misshapen, unexpected, bad_dtype;
   std::set<std::string> expected;
   for (const std::string& name : order) {
+    const bool mxfp4 = stored[name].mxfp4;
     for (const TensorSpec& spec : stored[name].parts) {
       expected.insert(spec.name);
       const SafetensorsTensorInfo* info = checkpoint.Find(spec.name);
@@ -341,9 +362,11 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
         misshapen.push_back(absl::StrCat(spec.name, " is ",
                                          ShapeText(info->shape), ", expected ",
                                          ShapeText(spec.shape)));
-      } else if (!torch::isFloatingType(ToScalarType(info->dtype))) {
-        bad_dtype.push_back(
-            absl::StrCat(spec.name, " is ", SafetensorsDtypeName(info->dtype)));
+      } else if (mxfp4 ? ToScalarType(info->dtype) != torch::kUInt8
+                       : !torch::isFloatingType(ToScalarType(info->dtype))) {
+        bad_dtype.push_back(absl::StrCat(spec.name, " is ",
+                                         SafetensorsDtypeName(info->dtype),
+                                         mxfp4 ? " (MXFP4 needs U8)" : ""));
       }
     }
   }
@@ -391,7 +414,8 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
             if (load_status.ok()) load_status = loaded.status();
             return torch::Tensor();
           }
-          parts.push_back(loaded->to(device, dtype));
+          parts.push_back(tensor.mxfp4 ? loaded->to(device)
+                                       : loaded->to(device, dtype));
         }
         torch::Tensor whole = tensor.assemble
                                   ? tensor.assemble(std::move(parts))

@@ -83,7 +83,8 @@ INSTANTIATE_TEST_SUITE_P(
                       "olmo3_window", "gemma3_text_window", "qwen3_bf16",
                       "gemma3_text_bf16", "phi3_longrope", "phi3_tied",
                       "gemma3_mm", "gemma3_mm_v4", "qwen3_moe",
-                      "qwen3_moe_fused", "qwen3_moe_bf16"));
+                      "qwen3_moe_fused", "qwen3_moe_bf16", "gpt_oss",
+                      "gpt_oss_mxfp4"));
 
 class GoldenBf16Test : public ::testing::TestWithParam<std::string> {};
 

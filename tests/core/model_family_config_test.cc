@@ -43,14 +43,136 @@ TEST(ModelFamilyConfigTest, EveryFamilyIsRegisteredOnceAndFoundByName) {
   }
   for (const char* type :
        {"llama", "qwen2", "mistral", "qwen3", "olmo2", "olmo3", "gemma3_text",
-        "phi3", "gemma3", "qwen3_moe"}) {
+        "phi3", "gemma3", "qwen3_moe", "gpt_oss"}) {
     EXPECT_NE(FindModelFamily(type), nullptr) << type;
   }
   EXPECT_EQ(FindModelFamily("gpt2"), nullptr);
   EXPECT_THAT(ConfigJsonError(Base("gpt2", "GPT2LMHeadModel")),
               HasSubstr("model_type \"gpt2\" is not supported (supported: "
                         "llama, qwen2, mistral, qwen3, olmo2, olmo3, "
-                        "gemma3_text, phi3, gemma3, qwen3_moe)"));
+                        "gemma3_text, phi3, gemma3, qwen3_moe, gpt_oss)"));
+}
+
+json GptOss() {
+  json raw = Base("gpt_oss", "GptOssForCausalLM");
+  raw["num_local_experts"] = 8;
+  raw["num_experts_per_tok"] = 2;
+  return raw;
+}
+
+TEST(ModelFamilyConfigTest, GptOssTakesTransformersDefaults) {
+  auto config = ParseConfigJson(GptOss());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->attention_sinks);
+  EXPECT_TRUE(config->qkv_bias && config->o_bias);
+  EXPECT_EQ(config->norm_style, NormStyle::kScaleThenCast);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->rms_norm_eps, 1e-5);
+  EXPECT_EQ(config->max_position_embeddings, 131072);
+  EXPECT_EQ(config->sliding_window, 128);
+  EXPECT_EQ(SlidingLayers(*config), std::vector<int64_t>({0, 2, 4}));
+  EXPECT_EQ(config->rope.type, RopeType::kYarn);
+  EXPECT_EQ(config->rope.theta, 150000.0);
+  EXPECT_EQ(config->rope.factor, 32.0);
+  EXPECT_EQ(config->rope.original_max_position_embeddings, 4096);
+  EXPECT_FALSE(config->rope.truncate);
+  EXPECT_DOUBLE_EQ(config->rope.attention_factor, 0.1 * std::log(32.0) + 1);
+  const MoeConfig& moe = config->moe;
+  EXPECT_EQ(moe.num_experts, 8);
+  EXPECT_EQ(moe.top_k, 2);
+  EXPECT_EQ(moe.intermediate_size, 64);  // intermediate_size is the experts'.
+  EXPECT_EQ(moe.router, RouterStyle::kTopKThenSoftmax);
+  EXPECT_TRUE(moe.router_bias && moe.expert_bias && moe.experts_transposed);
+  EXPECT_EQ(moe.activation, ExpertActivation::kClampedSwigluInterleaved);
+  EXPECT_EQ(moe.swiglu_alpha, 1.702);
+  EXPECT_EQ(moe.swiglu_limit, 7.0);
+  EXPECT_EQ(moe.router_module, "mlp.router");
+  EXPECT_FALSE(HasDenseLayers(*config));
+}
+
+TEST(ModelFamilyConfigTest, GptOssReadsItsKeysAndRoundTrips) {
+  // gpt-oss-20b's config.json spelling: 4.x rope keys, MXFP4 experts.
+  json raw = GptOss();
+  raw["head_dim"] = 8;
+  raw["rms_norm_eps"] = 1e-6;
+  raw["sliding_window"] = 4;
+  raw["layer_types"] = {"full_attention",    "sliding_attention",
+                        "full_attention",    "full_attention",
+                        "sliding_attention", "full_attention"};
+  raw["attention_bias"] = false;
+  raw["swiglu_alpha"] = 1.5;
+  raw["swiglu_limit"] = 3.0;
+  raw["rope_theta"] = 50000.0;
+  raw["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 8.0},
+      {"beta_fast", 16.0},   {"beta_slow", 2.0},
+      {"truncate", false},   {"original_max_position_embeddings", 256}};
+  raw["quantization_config"] = {
+      {"quant_method", "mxfp4"},
+      {"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head"}}};
+  auto config = ParseConfigJson(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->head_dim, 8);
+  EXPECT_FALSE(config->qkv_bias || config->o_bias);
+  EXPECT_EQ(SlidingLayers(*config), std::vector<int64_t>({1, 4}));
+  EXPECT_EQ(config->rope.theta, 50000.0);
+  EXPECT_EQ(config->rope.factor, 8.0);
+  EXPECT_EQ(config->rope.beta_fast, 16.0);
+  EXPECT_EQ(config->rope.original_max_position_embeddings, 256);
+  EXPECT_EQ(config->moe.swiglu_limit, 3.0);
+
+  auto again = ParseModelConfig(ModelConfigToJson(*config), "written");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(json::parse(ModelConfigToJson(*again)),
+            json::parse(ModelConfigToJson(*config)));
+  EXPECT_EQ(again->head_dim, 8);
+  EXPECT_EQ(again->rms_norm_eps, 1e-6);
+  EXPECT_EQ(again->sliding_window, 4);
+  EXPECT_EQ(SlidingLayers(*again), std::vector<int64_t>({1, 4}));
+  EXPECT_FALSE(again->qkv_bias || again->o_bias);
+  EXPECT_TRUE(again->attention_sinks);
+  EXPECT_EQ(again->rope.type, RopeType::kYarn);
+  EXPECT_EQ(again->rope.theta, 50000.0);
+  EXPECT_EQ(again->rope.beta_slow, 2.0);
+  EXPECT_FALSE(again->rope.truncate);
+  EXPECT_EQ(again->moe.num_experts, 8);
+  EXPECT_EQ(again->moe.top_k, 2);
+  EXPECT_EQ(again->moe.intermediate_size, 64);
+  EXPECT_EQ(again->moe.swiglu_alpha, 1.5);
+  EXPECT_EQ(again->moe.swiglu_limit, 3.0);
+
+  // 5.x rope_parameters without a rope_theta take GptOssConfig's 150000.
+  raw = GptOss();
+  raw["max_position_embeddings"] = 64;
+  raw["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  config = ParseConfigJson(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope.theta, 150000.0);
+  EXPECT_EQ(config->rope.factor, 4.0);
+}
+
+TEST(ModelFamilyConfigTest, GptOssRefusesOtherQuantizations) {
+  json raw = GptOss();
+  raw["quantization_config"] = {{"quant_method", "fp8"}};
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("quantization_config.quant_method \"fp8\" is not "
+                        "supported (only gpt_oss's \"mxfp4\""));
+  raw["quantization_config"] = {{"bits", 4}};
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("quantization_config is not supported without a "
+                        "quant_method"));
+  raw = Base("qwen3", "Qwen3ForCausalLM");
+  raw["quantization_config"] = {{"quant_method", "mxfp4"}};
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("quantization_config.quant_method \"mxfp4\" is "
+                        "supported for model_type gpt_oss only"));
+  raw = GptOss();
+  raw["output_router_logits"] = true;
+  EXPECT_THAT(ConfigJsonError(raw),
+              HasSubstr("output_router_logits true is not supported"));
+  raw = GptOss();
+  raw.erase("num_local_experts");
+  EXPECT_THAT(ConfigJsonError(raw), HasSubstr("num_experts is required"));
 }
 
 json Qwen3Moe() {
@@ -323,7 +445,8 @@ TEST(ModelFamilyConfigTest, UnimplementedFeaturesAreRefusedByName) {
   raw = Base("qwen3", "Qwen3ForCausalLM");
   raw["quantization_config"] = {{"quant_method", "fp8"}};
   EXPECT_THAT(ConfigJsonError(raw),
-              HasSubstr("quantization_config is not supported"));
+              HasSubstr("quantization_config.quant_method \"fp8\" is not "
+                        "supported"));
   raw = Base("qwen3", "Qwen3ForCausalLM");
   raw["hidden_act"] = "relu";
   EXPECT_THAT(ConfigJsonError(raw),
@@ -435,7 +558,8 @@ TEST(ModelFamilyConfigTest, Gemma3MultimodalErrorsNameTextConfig) {
   raw = Gemma3Multimodal();
   raw["quantization_config"] = {{"quant_method", "bitsandbytes"}};
   EXPECT_THAT(ConfigJsonError(raw),
-              HasSubstr("quantization_config is not supported"));
+              HasSubstr("quantization_config.quant_method \"bitsandbytes\" "
+                        "is not supported"));
   raw = Gemma3Multimodal();
   raw["architectures"] = {"Gemma3ForCausalLM"};
   EXPECT_THAT(ConfigJsonError(raw),

@@ -642,7 +642,74 @@ def gpt_oss_cases() -> list[dict]:
             check_layer_types=True,
             check_clamp=True,
         ),
+        dict(
+            # A released checkpoint's layout: the experts in MXFP4
+            # (gate_up_proj_blocks [E, 2I, H/32, 16] and _scales [E, 2I,
+            # H/32], down_proj likewise), quantization_config
+            # {"quant_method": "mxfp4"}; the weights are exactly
+            # representable, so the fp32 logits are those of the dense model.
+            name="gpt_oss_mxfp4",
+            model_cls=c["GptOssForCausalLM"],
+            config=c["GptOssConfig"](**dict(config, hidden_size=64, intermediate_size=64, swiglu_limit=7.0)),
+            seed=1147,
+            moe=True,
+            sinks_std=0.5,
+            mxfp4=True,
+        ),
     ]
+
+
+# The e8m0 exponents of the MXFP4 golden's blocks: 2^-6 .. 2^-3 times FP4
+# values up to 6, weights of the scale build_model draws.
+MXFP4_EXPONENTS = (121, 122, 123, 124)
+# transformers' Mxfp4Config for the released gpt-oss checkpoints.
+MXFP4_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+@torch.no_grad()
+def set_mxfp4_experts(model, seed: int) -> dict[str, torch.Tensor]:
+    """Draws random MXFP4 blocks and scales for every expert weight, sets the
+    model's dense weights to their dequantization (transformers' own
+    convert_moe_packed_tensors) and returns the packed tensors by checkpoint
+    name."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    g = torch.Generator().manual_seed(seed)
+    packed = {}
+    for name, p in model.named_parameters():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            continue
+        e, fan_in, fan_out = p.shape  # transformers holds [E, in, out].
+        assert fan_in % 32 == 0, (name, p.shape)
+        blocks = torch.randint(0, 256, (e, fan_out, fan_in // 32, 16), generator=g, dtype=torch.uint8)
+        exponents = torch.tensor(MXFP4_EXPONENTS, dtype=torch.uint8)
+        scales = exponents[torch.randint(0, len(MXFP4_EXPONENTS), (e, fan_out, fan_in // 32), generator=g)]
+        dense = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+        assert dense.shape == p.shape, (dense.shape, p.shape)
+        p.copy_(dense)
+        packed[f"{name}_blocks"] = blocks
+        packed[f"{name}_scales"] = scales
+    assert packed
+    return packed
+
+
+def save_mxfp4_checkpoint(model, packed: dict[str, torch.Tensor], case_dir: Path) -> None:
+    """save_pretrained's checkpoint with the dense expert weights replaced by
+    their MXFP4 blocks and scales, and the released checkpoints'
+    quantization_config."""
+    model.save_pretrained(str(case_dir), safe_serialization=True)
+    path = case_dir / "model.safetensors"
+    with safe_open(str(path), framework="pt") as fh:
+        state = {k: fh.get_tensor(k) for k in fh.keys()}
+    for name in packed:
+        dense = name.removesuffix("_blocks").removesuffix("_scales")
+        state.pop(dense, None)
+    state.update(packed)
+    save_file(dict(sorted(state.items())), str(path), metadata={"format": "pt"})
+    config_path = case_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"] = {"modules_to_not_convert": MXFP4_NOT_CONVERTED, "quant_method": "mxfp4"}
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 @torch.no_grad()
@@ -700,6 +767,11 @@ def check_expert_names(case: dict, cfg, names: list[str]) -> None:
     if cfg.model_type == "gpt_oss":
         e, h, i = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
         want = {"gate_up_proj": [e, h, 2 * i], "gate_up_proj_bias": [e, 2 * i], "down_proj": [e, i, h], "down_proj_bias": [e, h]}
+        if case.get("mxfp4"):
+            for p in ("gate_up_proj", "down_proj"):
+                del want[p]
+                want[p + "_blocks"] = want[p + "_scales"] = None
+            assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in names)
         for layer in range(cfg.num_hidden_layers):
             for p in want:
                 assert f"model.layers.{layer}.mlp.experts.{p}" in names, p
@@ -821,6 +893,7 @@ def run_case(case: dict, out_dir: Path) -> None:
     case_dir.mkdir(parents=True)
 
     model = build_model(case)
+    packed = set_mxfp4_experts(model, case["seed"] + 3) if case.get("mxfp4") else None
     cfg = model.config
     mm = "mm_layout" in case
     if mm:
@@ -948,6 +1021,8 @@ def run_case(case: dict, out_dir: Path) -> None:
         save_multimodal(case, model, case_dir)
     elif case.get("expert_layout") == "fused":
         save_fused_experts(model, case_dir)
+    elif packed is not None:
+        save_mxfp4_checkpoint(model, packed, case_dir)
     else:
         model.save_pretrained(str(case_dir), safe_serialization=True, **save_kwargs)
     gen_cfg = case_dir / "generation_config.json"
@@ -987,8 +1062,8 @@ def run_case(case: dict, out_dir: Path) -> None:
         assert not (case_dir / "model.safetensors.index.json").exists()
 
     dtypes = saved_tensor_dtypes(case_dir)
-    want = "BF16" if case.get("bf16") else "F32"
-    assert dtypes == {want}, f"stored dtypes {dtypes}, expected {want}"
+    want = {"BF16" if case.get("bf16") else "F32"} | ({"U8"} if packed is not None else set())
+    assert dtypes == want, f"stored dtypes {dtypes}, expected {want}"
 
     # Reload the saved checkpoint and reproduce the stored logits.
     if mm:
@@ -1000,6 +1075,21 @@ def run_case(case: dict, out_dir: Path) -> None:
         assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
         re_cfg = re32.config.text_config
         assert re_cfg.layer_types == cfg.layer_types and re_cfg.rope_parameters == cfg.rope_parameters, re_cfg
+    elif packed is not None:
+        # transformers' own MXFP4 loading, dequantized on the CPU.
+        re32, info = reload(
+            case_dir,
+            torch.float32,
+            experts_implementation="eager",
+            output_loading_info=True,
+            quantization_config=transformers.Mxfp4Config(dequantize=True),
+        )
+        assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+        for name, blocks in packed.items():
+            if name.endswith("_blocks"):
+                dense = re32.get_parameter(name.removesuffix("_blocks"))
+                assert dense.dtype == torch.float32 and torch.equal(dense, model.get_parameter(name.removesuffix("_blocks")))
+        print(f"  {len(packed) // 2} expert weights stored in MXFP4; reloaded with Mxfp4Config(dequantize=True)")
     elif case.get("moe"):
         re32, info = reload(case_dir, torch.float32, experts_implementation="eager", output_loading_info=True)
         assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
