@@ -20,7 +20,7 @@
 #include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
 #include "server/common/clock.h"
-#include "server/grpc/checkpoint_access.h"
+#include "server/edges/checkpoint_access.h"
 #include "server/grpc/job_creation.h"
 #include "server/grpc/proto_convert.h"
 #include "server/grpc/request_ids.h"

@@ -5,7 +5,7 @@
 #define LORAPLEX_SERVER_GRPC_ADAPTER_SERVICE_H_
 
 #include "loraplex/v1/adapters.grpc.pb.h"
-#include "server/grpc/service_context.h"
+#include "server/grpc/unary_calls.h"
 
 namespace loraplex {
 

@@ -4,7 +4,7 @@
 #define LORAPLEX_SERVER_GRPC_DATASET_SERVICE_H_
 
 #include "loraplex/v1/datasets.grpc.pb.h"
-#include "server/grpc/service_context.h"
+#include "server/grpc/unary_calls.h"
 
 namespace loraplex {
 

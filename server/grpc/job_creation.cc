@@ -8,7 +8,7 @@
 #include "core/common/status_macros.h"
 #include "core/common/test_faults.h"
 #include "server/checkpoints/checkpoint_files.h"
-#include "server/grpc/checkpoint_access.h"
+#include "server/edges/checkpoint_access.h"
 #include "server/grpc/proto_convert.h"
 #include "server/grpc/request_ids.h"
 #include "server/grpc/staged_adapter.h"
@@ -132,9 +132,12 @@ absl::StatusOr<PendingJob> ValidateCreateJob(
         "lora.rank must be at most ", context.limits.max_rank,
         " on this server (--max-rank), got ", pending.spec.lora.rank));
   }
-  // A fused layout (Phi-3) adapts q/k/v or gate/up only together.
-  LORAPLEX_RETURN_IF_ERROR(
-      FitLoraTargets(context.model, pending.spec.lora.targets).status());
+  // A fused layout (Phi-3) adapts q/k/v or gate/up only together; adapted
+  // experts (mixture-of-experts bases) take no dropout.
+  LORAPLEX_RETURN_IF_ERROR(FitLoraTargets(context.model,
+                                          pending.spec.lora.targets,
+                                          pending.spec.lora.dropout)
+                               .status());
   // The default seq_len is a default for any model: on one with fewer
   // positions it is the model's (a seq_len asked for is never changed).
   if (!request.training().has_seq_len()) {

@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "loraplex/v1/jobs.pb.h"
-#include "server/grpc/service_context.h"
 #include "server/grpc/staged_adapter.h"
+#include "server/grpc/unary_calls.h"
 #include "server/jobs/job_spec.h"
 #include "server/store/job_store.h"
 #include "server/store/records.h"

@@ -4,7 +4,7 @@
 #define LORAPLEX_SERVER_GRPC_JOB_SERVICE_H_
 
 #include "loraplex/v1/jobs.grpc.pb.h"
-#include "server/grpc/service_context.h"
+#include "server/grpc/unary_calls.h"
 #include "server/jobs/job_event_hub.h"
 
 namespace loraplex {

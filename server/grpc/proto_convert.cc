@@ -455,4 +455,27 @@ absl::Status AdapterToProto(const AdapterRecord& record, v1::Adapter* adapter) {
   return absl::OkStatus();
 }
 
+v1::Runtime RuntimeProto(const RuntimeInfo& info) {
+  v1::Runtime proto;
+  proto.set_torch_version(info.torch_version);
+  proto.set_blas(info.blas);
+  proto.set_cpu_capability(info.cpu_capability);
+  proto.set_intra_op_threads(info.intra_op_threads);
+  proto.set_inter_op_threads(info.inter_op_threads);
+  proto.set_openmp_wait_policy(info.openmp_wait_policy);
+  proto.set_cuda_compiled(info.cuda_compiled);
+  proto.set_cuda_runtime_version(info.cuda_runtime_version);
+  proto.set_cuda_driver_version(info.cuda_driver_version);
+  for (const CudaDeviceInfo& device : info.cuda_devices) {
+    v1::CudaDevice* out = proto.add_cuda_devices();
+    out->set_index(device.index);
+    out->set_name(device.name);
+    out->set_compute_capability_major(device.compute_capability_major);
+    out->set_compute_capability_minor(device.compute_capability_minor);
+    out->set_total_memory_bytes(device.total_memory_bytes);
+  }
+  proto.set_cuda_note(info.cuda_note);
+  return proto;
+}
+
 }  // namespace loraplex

@@ -30,10 +30,12 @@
 #include "absl/strings/string_view.h"
 #include "core/common/resource_names.h"
 #include "core/lora/lora_config.h"
+#include "core/runtime/runtime_info.h"
 #include "loraplex/v1/adapters.pb.h"
 #include "loraplex/v1/configs.pb.h"
 #include "loraplex/v1/datasets.pb.h"
 #include "loraplex/v1/jobs.pb.h"
+#include "loraplex/v1/server.pb.h"
 #include "server/jobs/job_spec.h"
 #include "server/store/records.h"
 
@@ -69,6 +71,9 @@ void JobMetricsToProto(const JobMetricsRecord& record, v1::JobMetrics* metrics);
 void JobEventToProto(const JobEventRecord& record, v1::JobEvent* event);
 // INTERNAL when the stored LoRA settings no longer validate.
 absl::Status AdapterToProto(const AdapterRecord& record, v1::Adapter* adapter);
+
+// The runtime as GetServerInfo sends it.
+v1::Runtime RuntimeProto(const RuntimeInfo& info);
 
 }  // namespace loraplex
 

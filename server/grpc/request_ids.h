@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/grpc/service_context.h"
+#include "server/grpc/unary_calls.h"
 #include "server/store/job_store.h"
 
 namespace loraplex {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/tokenizer/unicode_text.h"
-#include "server/grpc/stream_text.h"
+#include "server/edges/stream_text.h"
 
 namespace loraplex {
 namespace {

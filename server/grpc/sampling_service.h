@@ -15,9 +15,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "loraplex/v1/sampling.grpc.pb.h"
-#include "server/grpc/sample_admissions.h"
-#include "server/grpc/sampling_request.h"
-#include "server/grpc/service_context.h"
+#include "server/edges/sample_admissions.h"
+#include "server/edges/sampling_request.h"
+#include "server/grpc/unary_calls.h"
 #include "server/jobs/job_trainer.h"
 
 namespace loraplex {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/common/status_macros.h"
+#include "server/grpc/proto_convert.h"
 
 namespace loraplex {
 grpc::ServerUnaryReactor* ServerInfoServiceImpl::GetServerInfo(
@@ -30,7 +31,7 @@ grpc::ServerUnaryReactor* ServerInfoServiceImpl::GetServerInfo(
     response->set_device(context_->device);
     response->set_max_dataset_bytes(context_->limits.max_dataset_bytes);
     response->set_tenant(tenant);
-    *response->mutable_runtime() = context_->runtime;
+    *response->mutable_runtime() = RuntimeProto(context_->runtime);
     return absl::OkStatus();
   });
 }

@@ -3,7 +3,7 @@
 #define LORAPLEX_SERVER_GRPC_SERVER_INFO_SERVICE_H_
 
 #include "loraplex/v1/server.grpc.pb.h"
-#include "server/grpc/service_context.h"
+#include "server/grpc/unary_calls.h"
 
 namespace loraplex {
 

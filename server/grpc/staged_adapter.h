@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/grpc/service_context.h"
+#include "server/grpc/unary_calls.h"
 #include "server/store/records.h"
 
 namespace loraplex {

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/grpc/service_context.h"
+#include "server/edges/service_context.h"
 
 namespace httplib {
 class Server;

@@ -15,6 +15,7 @@
 #include "core/runtime/device.h"
 #include "core/runtime/runtime_text.h"
 #include "core/tokenizer/load_tokenizer.h"
+#include "server/grpc/proto_convert.h"
 
 namespace loraplex {
 namespace {
@@ -126,6 +127,7 @@ absl::Status LoadBase(const ServerFlags& flags, const DistEnv& env,
   LORAPLEX_RETURN_IF_ERROR(ConfigureThreads(flags.threads).status());
   const RuntimeInfo runtime_info = InspectRuntime();
   for (const std::string& line : RuntimeLines(runtime_info)) logger.Info(line);
+  base.runtime_info = runtime_info;
   base.runtime = RuntimeProto(runtime_info);
   LORAPLEX_RETURN_IF_ERROR(LoadTokenizerAndModel(flags, base));
   LORAPLEX_ASSIGN_OR_RETURN(
@@ -157,29 +159,6 @@ std::optional<torch::ScalarType> ComputeDtype(const std::string& flag) {
   if (flag == "bfloat16") return torch::kBFloat16;
   if (flag == "float64") return torch::kFloat64;
   return std::nullopt;
-}
-
-v1::Runtime RuntimeProto(const RuntimeInfo& info) {
-  v1::Runtime proto;
-  proto.set_torch_version(info.torch_version);
-  proto.set_blas(info.blas);
-  proto.set_cpu_capability(info.cpu_capability);
-  proto.set_intra_op_threads(info.intra_op_threads);
-  proto.set_inter_op_threads(info.inter_op_threads);
-  proto.set_openmp_wait_policy(info.openmp_wait_policy);
-  proto.set_cuda_compiled(info.cuda_compiled);
-  proto.set_cuda_runtime_version(info.cuda_runtime_version);
-  proto.set_cuda_driver_version(info.cuda_driver_version);
-  for (const CudaDeviceInfo& device : info.cuda_devices) {
-    v1::CudaDevice* out = proto.add_cuda_devices();
-    out->set_index(device.index);
-    out->set_name(device.name);
-    out->set_compute_capability_major(device.compute_capability_major);
-    out->set_compute_capability_minor(device.compute_capability_minor);
-    out->set_total_memory_bytes(device.total_memory_bytes);
-  }
-  proto.set_cuda_note(info.cuda_note);
-  return proto;
 }
 
 absl::StatusOr<CheckpointPolicy> ResolveCheckpointing(

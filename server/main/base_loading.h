@@ -40,7 +40,9 @@ struct LoadedBase {
   std::string model_dir;
   // --device (a CUDA device of no index: the rank's LOCAL_RANK).
   torch::Device device = torch::kCPU;
-  // What the server runs on (logged, and sent by GetServerInfo).
+  // What the server runs on (logged, and sent by GetServerInfo), and as
+  // the proto.
+  RuntimeInfo runtime_info;
   v1::Runtime runtime;
   // Must outlive the datasets and the trainer, which point to it.
   std::unique_ptr<Tokenizer> tokenizer;
@@ -68,9 +70,6 @@ absl::Status LoadBase(const ServerFlags& flags, const DistEnv& env,
 
 // --dtype: the base's compute dtype (unset: the checkpoint's).
 std::optional<torch::ScalarType> ComputeDtype(const std::string& flag);
-
-// The runtime as GetServerInfo sends it.
-v1::Runtime RuntimeProto(const RuntimeInfo& info);
 
 // --device, with a CUDA device of no index taken as the rank's LOCAL_RANK.
 absl::StatusOr<torch::Device> RankDevice(const std::string& flag,

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/model/model_presets.h"
 #include "core/runtime/device.h"
+#include "server/grpc/proto_convert.h"
 #include "server/main/base_loading.h"
 #include "server/trainer/trainer.h"
 

@@ -298,7 +298,7 @@ void Server::BuildServiceContext() {
   context_.state_dir = flags_.state_dir;
   context_.device = flags_.device;
   context_.version = LORAPLEX_VERSION;
-  context_.runtime = base_.runtime;
+  context_.runtime = base_.runtime_info;
   context_.limits.max_dataset_bytes = flags_.max_dataset_mb << 20;
   context_.limits.max_rank = flags_.max_rank;
   context_.limits.max_row_tokens =

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "server/grpc/auth.h"
+#include "server/edges/tenant_auth.h"
 
 namespace loraplex {
 

@@ -18,9 +18,9 @@
 #include "absl/strings/str_format.h"
 #include "core/common/resource_names.h"
 #include "core/common/status_macros.h"
-#include "server/grpc/auth.h"
-#include "server/grpc/checkpoint_access.h"
-#include "server/grpc/stream_text.h"
+#include "server/edges/checkpoint_access.h"
+#include "server/edges/stream_text.h"
+#include "server/edges/tenant_auth.h"
 
 namespace loraplex {
 namespace {

@@ -34,8 +34,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/grpc/sample_admissions.h"
-#include "server/grpc/service_context.h"
+#include "server/edges/sample_admissions.h"
+#include "server/edges/service_context.h"
 #include "server/openai/openai_convert.h"
 
 namespace httplib {

@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "core/sample/sample_output.h"
 #include "nlohmann/json.hpp"
-#include "server/grpc/sampling_request.h"
+#include "server/edges/sampling_request.h"
 
 namespace loraplex {
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
-#include "server/grpc/service_context.h"
+#include "server/edges/service_context.h"
 
 namespace loraplex {
 

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "loraplex/v1/sessions.grpc.pb.h"
-#include "server/grpc/service_context.h"
+#include "server/grpc/unary_calls.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_requests.h"
 

@@ -16,7 +16,7 @@
 #include "core/common/status_macros.h"
 #include "core/optim/config_json.h"
 #include "core/runtime/exception_message.h"
-#include "server/grpc/sampling_request.h"
+#include "server/edges/sampling_request.h"
 #include "server/http/http_listener.h"
 #include "server/jobs/resource_id.h"
 #include "server/sessions/session_requests.h"

@@ -45,7 +45,7 @@
 #include "core/optim/optimizer_config.h"
 #include "nlohmann/json.hpp"
 #include "server/common/work_queue.h"
-#include "server/grpc/service_context.h"
+#include "server/edges/service_context.h"
 #include "server/results/result_hub.h"
 
 namespace httplib {

@@ -22,7 +22,7 @@
 #include "core/sample/sample_output.h"
 #include "core/train/loss_fn.h"
 #include "nlohmann/json.hpp"
-#include "server/grpc/sampling_request.h"
+#include "server/edges/sampling_request.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_requests.h"
 #include "tinker/tinker_public.pb.h"

@@ -2,6 +2,7 @@
 // work queue, and the bearer-token authenticator.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <map>
@@ -11,8 +12,8 @@
 
 #include "absl/synchronization/notification.h"
 #include "server/common/work_queue.h"
-#include "server/grpc/auth.h"
-#include "server/grpc/sample_admissions.h"
+#include "server/edges/sample_admissions.h"
+#include "server/edges/tenant_auth.h"
 #include "server/jobs/job_event_hub.h"
 
 namespace loraplex {

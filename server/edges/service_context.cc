@@ -1,12 +1,8 @@
-#include "server/grpc/service_context.h"
+#include "server/edges/service_context.h"
+
+#include "absl/strings/str_cat.h"
 
 namespace loraplex {
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
 
 absl::StatusOr<int> PageSize(int requested) {
   if (requested < 0 || requested > 1000) {

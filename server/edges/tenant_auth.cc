@@ -1,4 +1,4 @@
-#include "server/grpc/auth.h"
+#include "server/edges/tenant_auth.h"
 
 #include <fstream>
 #include <sstream>
@@ -61,17 +61,15 @@ absl::StatusOr<TenantAuthenticator> TenantAuthenticator::FromTokensText(
   return auth;
 }
 
-absl::StatusOr<std::string> TenantAuthenticator::Authenticate(
-    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
+absl::StatusOr<std::string> TenantAuthenticator::AuthenticateMetadata(
+    const std::optional<std::string>& authorization) const {
   if (tenants_by_token_.empty()) return std::string(kDefaultTenant);
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
+  if (!authorization.has_value()) {
     return absl::UnauthenticatedError(
         "this server requires a token: send the metadata "
         "\"authorization: Bearer <token>\"");
   }
-  return TenantOfBearer(absl::string_view(it->second.data(), it->second.size()),
-                        "authorization metadata");
+  return TenantOfBearer(*authorization, "authorization metadata");
 }
 
 absl::StatusOr<std::string> TenantAuthenticator::AuthenticateApiKey(

@@ -1,33 +1,28 @@
-// What the gRPC services share: the store, the scheduler, the dataset
-// loader, the authenticator, the server's limits, and helpers that turn
-// absl::Status into gRPC statuses and finish unary calls.
+// What the API edges share (the v1 gRPC services, the Tinker and the OpenAI
+// HTTP APIs, /metrics): the store, the scheduler, the session manager, the
+// dataset loader, the authenticator, the model, the server's limits. Plain
+// C++: no gRPC, no protobuf, no LibTorch.
 //
-//   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* call,
-//                                    const v1::GetJobRequest* request,
-//                                    v1::Job* response) override {
-//     return FinishUnary(call, [&]() -> absl::Status { ... });
-//   }
-#ifndef LORAPLEX_SERVER_GRPC_SERVICE_CONTEXT_H_
-#define LORAPLEX_SERVER_GRPC_SERVICE_CONTEXT_H_
+//   LORAPLEX_ASSIGN_OR_RETURN(int page_size, PageSize(request.page_size));
+//   context.store->ListJobs(tenant, page_size, ...);
+#ifndef LORAPLEX_SERVER_EDGES_SERVICE_CONTEXT_H_
+#define LORAPLEX_SERVER_EDGES_SERVICE_CONTEXT_H_
 
-#include <grpcpp/grpcpp.h>
-
-#include <exception>
+#include <cstdint>
 #include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "core/chat/chat_template.h"
 #include "core/lora/lora_config.h"
 #include "core/model/model_config.h"
-#include "core/runtime/exception_message.h"
-#include "loraplex/v1/server.pb.h"
+#include "core/runtime/runtime_info.h"
 #include "server/common/logger.h"
 #include "server/common/request_counters.h"
 #include "server/common/work_queue.h"
-#include "server/grpc/auth.h"
+#include "server/edges/tenant_auth.h"
 #include "server/jobs/job_data.h"
 #include "server/jobs/job_scheduler.h"
 #include "server/sessions/session_manager.h"
@@ -82,32 +77,9 @@ struct ServiceContext {
   std::string state_dir;
   std::string device;
   std::string version;
-  v1::Runtime runtime;  // What the server runs on (GetServerInfo).
+  RuntimeInfo runtime;  // What the server runs on (GetServerInfo).
   ServiceLimits limits;
 };
-
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
-// Runs `handler` and finishes the call with its status; exceptions end as
-// INTERNAL so none reaches gRPC.
-template <typename Handler>
-grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* call,
-                                      Handler&& handler) {
-  absl::Status status;
-  try {
-    status = handler();
-  } catch (const std::exception& error) {
-    status = absl::InternalError(ExceptionMessage(error));
-  }
-  grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-inline absl::StatusOr<std::string> Authenticate(
-    const ServiceContext& context, grpc::CallbackServerContext* call) {
-  return context.auth->Authenticate(call->client_metadata());
-}
 
 // page_size 0 means 100; INVALID_ARGUMENT outside [0, 1000].
 absl::StatusOr<int> PageSize(int requested);
@@ -118,4 +90,4 @@ absl::Status CheckDisplayName(const std::string& value,
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_SERVER_GRPC_SERVICE_CONTEXT_H_
+#endif  // LORAPLEX_SERVER_EDGES_SERVICE_CONTEXT_H_

@@ -8,11 +8,10 @@
 // The tokens file has one `<tenant> <token>` pair per line; blank lines
 // and lines starting with '#' are ignored. Without a tokens file the
 // server has one tenant, "default", and every caller is it (local use).
-#ifndef LORAPLEX_SERVER_GRPC_AUTH_H_
-#define LORAPLEX_SERVER_GRPC_AUTH_H_
+#ifndef LORAPLEX_SERVER_EDGES_TENANT_AUTH_H_
+#define LORAPLEX_SERVER_EDGES_TENANT_AUTH_H_
 
-#include <grpcpp/grpcpp.h>
-
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -37,9 +36,22 @@ class TenantAuthenticator {
 
   bool requires_tokens() const { return !tenants_by_token_.empty(); }
   // UNAUTHENTICATED when tokens are required and the call has no
-  // `authorization: Bearer <token>` metadata or an unknown token.
-  absl::StatusOr<std::string> Authenticate(
-      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+  // `authorization: Bearer <token>` metadata or an unknown token. A gRPC
+  // call's client_metadata(): a template only so that no gRPC header is
+  // needed here (the HTTP edges include this).
+  template <typename Metadata>
+  absl::StatusOr<std::string> Authenticate(const Metadata& metadata) const {
+    std::optional<std::string> value;
+    auto it = metadata.find("authorization");
+    if (it != metadata.end()) {
+      value = std::string(it->second.data(), it->second.size());
+    }
+    return AuthenticateMetadata(value);
+  }
+  // The same for the `authorization` metadata's value (std::nullopt: none
+  // sent).
+  absl::StatusOr<std::string> AuthenticateMetadata(
+      const std::optional<std::string>& authorization) const;
   // The same for an HTTP call's `X-API-Key` header (std::nullopt: none
   // sent), as the Tinker SDK sends it.
   absl::StatusOr<std::string> AuthenticateApiKey(
@@ -60,4 +72,4 @@ class TenantAuthenticator {
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_SERVER_GRPC_AUTH_H_
+#endif  // LORAPLEX_SERVER_EDGES_TENANT_AUTH_H_

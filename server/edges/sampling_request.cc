@@ -1,4 +1,4 @@
-#include "server/grpc/sampling_request.h"
+#include "server/edges/sampling_request.h"
 
 #include <algorithm>
 #include <random>
@@ -9,8 +9,8 @@
 #include "core/common/resource_names.h"
 #include "core/common/status_macros.h"
 #include "core/runtime/exception_message.h"
-#include "server/grpc/checkpoint_access.h"
-#include "server/grpc/service_context.h"
+#include "server/edges/checkpoint_access.h"
+#include "server/edges/service_context.h"
 
 namespace loraplex {
 namespace {

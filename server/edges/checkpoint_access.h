@@ -1,21 +1,20 @@
 // Finding a tenant's checkpoint by resource name for the service's
-// ListCheckpoints, ExportAdapter, Sample and CreateJob(initial_checkpoint),
+// ExportAdapter, Sample and CreateJob(initial_checkpoint) at every edge,
 // and the adapter weights of a stored adapter or a job for ExportAdapter and
 // Sample.
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(std::string dir,
 //       FindCheckpoint(context, tenant, request.checkpoint(), "checkpoint"));
 //   LORAPLEX_RETURN_IF_ERROR(CheckCheckpoint(dir, "checkpoint"));  // worker
-#ifndef LORAPLEX_SERVER_GRPC_CHECKPOINT_ACCESS_H_
-#define LORAPLEX_SERVER_GRPC_CHECKPOINT_ACCESS_H_
+#ifndef LORAPLEX_SERVER_EDGES_CHECKPOINT_ACCESS_H_
+#define LORAPLEX_SERVER_EDGES_CHECKPOINT_ACCESS_H_
 
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "loraplex/v1/jobs.pb.h"
-#include "server/grpc/service_context.h"
+#include "server/edges/service_context.h"
 
 namespace loraplex {
 
@@ -52,12 +51,6 @@ absl::StatusOr<JobWeights> FindJobWeights(const ServiceContext& context,
                                           absl::string_view name,
                                           absl::string_view what);
 
-// The tenant's job's checkpoints, oldest first.
-absl::Status ListJobCheckpoints(const ServiceContext& context,
-                                const std::string& tenant,
-                                const std::string& job_id,
-                                v1::ListCheckpointsResponse* response);
-
 }  // namespace loraplex
 
-#endif  // LORAPLEX_SERVER_GRPC_CHECKPOINT_ACCESS_H_
+#endif  // LORAPLEX_SERVER_EDGES_CHECKPOINT_ACCESS_H_

@@ -5,8 +5,8 @@
 //   LORAPLEX_RETURN_IF_ERROR(admissions->Enter(tenant));
 //   ... when the request is answered:
 //   admissions->Leave(tenant);
-#ifndef LORAPLEX_SERVER_GRPC_SAMPLE_ADMISSIONS_H_
-#define LORAPLEX_SERVER_GRPC_SAMPLE_ADMISSIONS_H_
+#ifndef LORAPLEX_SERVER_EDGES_SAMPLE_ADMISSIONS_H_
+#define LORAPLEX_SERVER_EDGES_SAMPLE_ADMISSIONS_H_
 
 #include <cstdint>
 #include <map>
@@ -33,4 +33,4 @@ class SampleAdmissions {
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_SERVER_GRPC_SAMPLE_ADMISSIONS_H_
+#endif  // LORAPLEX_SERVER_EDGES_SAMPLE_ADMISSIONS_H_

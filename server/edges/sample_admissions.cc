@@ -1,4 +1,4 @@
-#include "server/grpc/sample_admissions.h"
+#include "server/edges/sample_admissions.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -8,8 +8,8 @@
 //   request.tokens = {5, 17, 33};
 //   LORAPLEX_ASSIGN_OR_RETURN(SampleCommand command,
 //                             SampleCommandOf(context, tenant, request));
-#ifndef LORAPLEX_SERVER_GRPC_SAMPLING_REQUEST_H_
-#define LORAPLEX_SERVER_GRPC_SAMPLING_REQUEST_H_
+#ifndef LORAPLEX_SERVER_EDGES_SAMPLING_REQUEST_H_
+#define LORAPLEX_SERVER_EDGES_SAMPLING_REQUEST_H_
 
 #include <cstdint>
 #include <optional>
@@ -98,4 +98,4 @@ absl::StatusOr<SampleCommand> SampleCommandOf(const ServiceContext& context,
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_SERVER_GRPC_SAMPLING_REQUEST_H_
+#endif  // LORAPLEX_SERVER_EDGES_SAMPLING_REQUEST_H_

@@ -7,8 +7,8 @@
 //   StreamText text(&tokenizer, request.stop);
 //   for (int64_t token : drawn) send(text.Append(token));
 //   send(text.Finish(final_text));  // What the stream has not shown yet.
-#ifndef LORAPLEX_SERVER_GRPC_STREAM_TEXT_H_
-#define LORAPLEX_SERVER_GRPC_STREAM_TEXT_H_
+#ifndef LORAPLEX_SERVER_EDGES_STREAM_TEXT_H_
+#define LORAPLEX_SERVER_EDGES_STREAM_TEXT_H_
 
 #include <cstdint>
 #include <string>
@@ -43,4 +43,4 @@ class StreamText {
 
 }  // namespace loraplex
 
-#endif  // LORAPLEX_SERVER_GRPC_STREAM_TEXT_H_
+#endif  // LORAPLEX_SERVER_EDGES_STREAM_TEXT_H_

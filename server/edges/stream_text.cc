@@ -1,4 +1,4 @@
-#include "server/grpc/stream_text.h"
+#include "server/edges/stream_text.h"
 
 #include <algorithm>
 #include <utility>
