@@ -18,12 +18,14 @@ DataParallelSlots::DataParallelSlots(DistContext* dist, int64_t bucket_bytes)
 
 std::vector<bool> DataParallelSlots::Claim(
     int slot, const std::vector<torch::Tensor>& params,
-    OptimizerFamily family) {
+    const std::vector<ParamLayout>& layouts, OptimizerFamily family) {
   Release(slot);
   Claimed& claimed = slots_[slot];
   const bool muon = family == OptimizerFamily::kMuon;
-  for (const torch::Tensor& param : params) {
-    claimed.cost.push_back(ParamCost(param.sizes(), muon));
+  for (size_t i = 0; i < params.size(); ++i) {
+    claimed.cost.push_back(
+        ParamCost(params[i].sizes(), muon,
+                  i < layouts.size() ? layouts[i] : ParamLayout{}));
   }
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), 0);
@@ -104,7 +106,8 @@ absl::Status DataParallelSlots::SaveOptimizerState(
   // The whole state, zero where another rank owns the parameter, then
   // summed over the ranks.
   LORAPLEX_ASSIGN_OR_RETURN(
-      SlotOptimizer full, BuildSlotOptimizer(slot.optimizer->config(), params));
+      SlotOptimizer full, BuildSlotOptimizer(slot.optimizer->config(), params,
+                                             slot.weights.parameter_layouts()));
   const auto mine = StatesByParam(*slot.optimizer);
   const auto all = StatesByParam(full);
   std::vector<torch::Tensor> buffers;
@@ -137,7 +140,8 @@ absl::Status DataParallelSlots::LoadOptimizerState(
   }
   const std::vector<torch::Tensor> params = slot.weights.parameters();
   LORAPLEX_ASSIGN_OR_RETURN(
-      SlotOptimizer full, BuildSlotOptimizer(slot.optimizer->config(), params));
+      SlotOptimizer full, BuildSlotOptimizer(slot.optimizer->config(), params,
+                                             slot.weights.parameter_layouts()));
   LORAPLEX_RETURN_IF_ERROR(full.Load(archive));
   const auto mine = StatesByParam(*slot.optimizer);
   const auto all = StatesByParam(full);

@@ -46,6 +46,7 @@ class DataParallelSlots : public ParamClaims {
                              int64_t bucket_bytes = kDefaultBucketBytes);
 
   std::vector<bool> Claim(int slot, const std::vector<torch::Tensor>& params,
+                          const std::vector<ParamLayout>& layouts,
                           OptimizerFamily family) override;
   void Release(int slot) override;
 

@@ -148,21 +148,26 @@ absl::Status SlotPool::Prepare(const SlotAttachRequest& request, int index) {
   if (request.data == nullptr && !request.session) return absl::OkStatus();
 
   std::vector<torch::Tensor> owned = slot.weights.parameters();
+  std::vector<ParamLayout> owned_layouts = slot.weights.parameter_layouts();
   if (options_.claims != nullptr) {
-    const std::vector<bool> mine =
-        options_.claims->Claim(index, owned, request.optimizer.family);
+    const std::vector<bool> mine = options_.claims->Claim(
+        index, owned, owned_layouts, request.optimizer.family);
     slots_[index].claimed = true;
     std::vector<torch::Tensor> all = std::move(owned);
+    std::vector<ParamLayout> all_layouts = std::move(owned_layouts);
     owned.clear();
+    owned_layouts.clear();
     for (size_t i = 0; i < all.size() && i < mine.size(); ++i) {
-      if (mine[i]) owned.push_back(all[i]);
+      if (!mine[i]) continue;
+      owned.push_back(all[i]);
+      owned_layouts.push_back(all_layouts[i]);
     }
   }
   // A data-parallel rank may own none of the slot's parameters.
   absl::StatusOr<SlotOptimizer> built =
       owned.empty() && options_.claims != nullptr
           ? EmptySlotOptimizer(request.optimizer)
-          : BuildSlotOptimizer(request.optimizer, owned);
+          : BuildSlotOptimizer(request.optimizer, owned, owned_layouts);
   LORAPLEX_RETURN_IF_ERROR(built.status());
   SlotOptimizer optimizer = *std::move(built);
   if (request.session) {

@@ -28,12 +28,21 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
 
 }  // namespace
 
-int64_t ParamCost(c10::IntArrayRef shape, bool muon) {
+int64_t ParamCost(c10::IntArrayRef shape, bool muon,
+                  const ParamLayout& layout) {
   if (muon && shape.size() == 2) {
-    const int64_t m = std::max<int64_t>(shape[0], 0);
-    const int64_t n = std::max<int64_t>(shape[1], 0);
-    const int64_t small = std::min(m, n);
-    return SaturatingMul(SaturatingMul(std::max(m, n), small), small);
+    int64_t m = std::max<int64_t>(shape[0], 0);
+    int64_t n = std::max<int64_t>(shape[1], 0);
+    // One expert's matrix, as MatrixShapeOf would give it (core/dist does
+    // not link the optimizers).
+    const int64_t experts = layout.matrices();
+    int64_t& stacked = layout.stacking == ExpertStacking::kRows ? m : n;
+    if (experts >= 1 && stacked % experts == 0) {
+      stacked /= experts;
+      const int64_t small = std::min(m, n);
+      return SaturatingMul(
+          experts, SaturatingMul(SaturatingMul(std::max(m, n), small), small));
+    }
   }
   int64_t numel = 1;
   for (int64_t d : shape) numel = SaturatingMul(numel, std::max<int64_t>(d, 0));

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/optim/param_layout.h"
 
 namespace loraplex {
 
@@ -31,9 +32,12 @@ struct OwnedParam {
 
 // The relative cost of one optimizer step of a parameter shaped `shape`:
 // its element count for the Adam family, and max(m, n)·min(m, n)² — the
-// Newton–Schulz matmuls — for a Muon m×n matrix. A Muon parameter that is
-// not 2-D costs its element count. Saturates at INT64_MAX.
-int64_t ParamCost(c10::IntArrayRef shape, bool muon);
+// Newton–Schulz matmuls — for a Muon m×n matrix; a Muon parameter that
+// stacks E experts' m×n matrices (`layout`) costs E times that, not the
+// cost of the concatenation. A Muon parameter that is not 2-D, or whose
+// layout does not fit it, costs its element count. Saturates at INT64_MAX.
+int64_t ParamCost(c10::IntArrayRef shape, bool muon,
+                  const ParamLayout& layout = {});
 
 // Deals the parameters out to `world_size` ranks and returns owner[i] for
 // params[i]. Longest-processing-time first: parameters sorted by cost

@@ -141,4 +141,19 @@ std::vector<torch::Tensor> LoraWeights::parameters() const {
   return params;
 }
 
+std::vector<ParamLayout> LoraWeights::parameter_layouts() const {
+  std::vector<ParamLayout> layouts;
+  layouts.reserve(2 * modules_.size());
+  for (const LoraModule& m : modules_) {
+    if (m.experts > 1) {
+      layouts.push_back({ExpertStacking::kRows, m.experts});
+      layouts.push_back({ExpertStacking::kColumns, m.experts});
+    } else {
+      layouts.push_back({});
+      layouts.push_back({});
+    }
+  }
+  return layouts;
+}
+
 }  // namespace loraplex

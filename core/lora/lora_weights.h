@@ -12,7 +12,8 @@
 //   LoraWeights weights(model_config, torch::kCPU);
 //   LORAPLEX_RETURN_IF_ERROR(weights.Bind(lora_config));
 //   weights.InitPeft(seed);   // A kaiming-uniform(a=√5), B zeros
-//   optimizer = BuildSlotOptimizer(opt_config, weights.parameters());
+//   optimizer = BuildSlotOptimizer(opt_config, weights.parameters(),
+//                                  weights.parameter_layouts());
 #ifndef LORAPLEX_CORE_LORA_LORA_WEIGHTS_H_
 #define LORAPLEX_CORE_LORA_LORA_WEIGHTS_H_
 
@@ -27,6 +28,7 @@
 #include "core/lora/lora_config.h"
 #include "core/model/model_config.h"
 #include "core/model/model_weights.h"
+#include "core/optim/param_layout.h"
 
 namespace loraplex {
 
@@ -88,6 +90,9 @@ class LoraWeights {
   const LoraModule* lm_head() const;
   // A and B of every module, in modules() order (A before B).
   std::vector<torch::Tensor> parameters() const;
+  // Parallel to parameters(): one matrix each, except the experts' A
+  // (ExpertStacking::kRows) and B (kColumns), which hold one per expert.
+  std::vector<ParamLayout> parameter_layouts() const;
 
  private:
   struct Storage {

@@ -147,6 +147,26 @@ Muon::Muon(std::vector<torch::Tensor> params, MuonOptions defaults)
     : Muon({torch::optim::OptimizerParamGroup(std::move(params))},
            std::move(defaults)) {}
 
+Muon::Muon(std::vector<torch::Tensor> params, std::vector<ParamLayout> layouts,
+           MuonOptions defaults)
+    : Muon(params, std::move(defaults)) {
+  TORCH_CHECK(layouts.empty() || layouts.size() == params.size(),
+              "Muon: ", layouts.size(), " layouts for ", params.size(),
+              " parameters");
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const std::string error = ParamLayoutError(layouts[i], params[i].sizes());
+    TORCH_CHECK(error.empty(), "Muon: parameter ", i, " ", error);
+    if (layouts[i].matrices() > 1) {
+      layouts_[params[i].unsafeGetTensorImpl()] = layouts[i];
+    }
+  }
+}
+
+ParamLayout Muon::LayoutOf(const torch::Tensor& param) const {
+  auto it = layouts_.find(param.unsafeGetTensorImpl());
+  return it == layouts_.end() ? ParamLayout{} : it->second;
+}
+
 MuonParamState* Muon::StateOf(const torch::Tensor& param) {
   return FindOptimizerState<MuonParamState>(*this, param);
 }
@@ -237,16 +257,33 @@ void Muon::PrepareGroup(torch::optim::OptimizerParamGroup& group,
     updates = at::_foreach_mul(grads, 1.0 - beta);
     at::_foreach_add_(updates, buffers, beta);
   }
+  auto add_pending = [&](const torch::Tensor& param,
+                         const torch::Tensor& update) {
+    MuonPendingUpdate entry;
+    entry.param = param;
+    entry.update = update;
+    entry.newton_schulz = ns;
+    entry.step_scale =
+        lr *
+        MuonScaleFactor(param.size(0), param.size(1), options.scale_mode()) *
+        options.extra_scale_factor();
+    pending.push_back(std::move(entry));
+  };
   for (size_t i = 0; i < params.size(); ++i) {
-    MuonPendingUpdate update;
-    update.param = params[i];
-    update.update = updates[i];
-    update.newton_schulz = ns;
-    update.step_scale = lr *
-                        MuonScaleFactor(params[i].size(0), params[i].size(1),
-                                        options.scale_mode()) *
-                        options.extra_scale_factor();
-    pending.push_back(std::move(update));
+    const ParamLayout layout = LayoutOf(params[i]);
+    if (layout.matrices() == 1) {
+      add_pending(params[i], updates[i]);
+    } else {
+      // Each expert's matrix on its own (never the concatenation), written
+      // back through views into the stacked parameter.
+      const std::vector<torch::Tensor> param_matrices =
+          MatricesOf(params[i], layout).unbind(0);
+      const std::vector<torch::Tensor> update_matrices =
+          MatricesOf(updates[i], layout).unbind(0);
+      for (size_t e = 0; e < param_matrices.size(); ++e) {
+        add_pending(param_matrices[e], update_matrices[e]);
+      }
+    }
     // Counted after the momentum update, as the per-parameter step did.
     states[i]->step(states[i]->step() + 1);
   }

@@ -10,9 +10,12 @@
 //   5. p -= lr·O
 // All parameters with equal shape and Newton–Schulz settings are
 // orthogonalized in one batched Newton–Schulz call, which is what keeps many
-// small LoRA matrices cheap. Many optimizers (one per adapter slot) can share
-// those calls: PrepareStep runs steps 1–3 of each, and one
-// ApplyMuonUpdates over all their pending updates runs steps 4–5.
+// small LoRA matrices cheap. A parameter that stacks one matrix per expert
+// (ParamLayout, a mixture-of-experts LoRA) is E matrices to steps 4–5, each
+// with its own scale(m, n), batched with every other matrix of its shape;
+// steps 1–3 stay elementwise on the whole parameter. Many optimizers (one per
+// adapter slot) can share those calls: PrepareStep runs steps 1–3 of each, and
+// one ApplyMuonUpdates over all their pending updates runs steps 4–5.
 //
 //   Muon muon(params, MuonOptions(0.02).extra_scale_factor(0.2));
 //   loss.backward();
@@ -32,6 +35,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -39,6 +43,7 @@
 #include "core/optim/muon_config.h"
 #include "core/optim/newton_schulz.h"
 #include "core/optim/optimizer_config.h"
+#include "core/optim/param_layout.h"
 
 namespace loraplex {
 
@@ -88,10 +93,13 @@ struct MuonParamState
 
 // One parameter after steps 1–3 of a Muon step, waiting for steps 4–5.
 struct MuonPendingUpdate {
+  // The matrix to update: the parameter, or a view of one expert's matrix
+  // in it (strided for ParamLayout's kColumns).
   torch::Tensor param;
   torch::Tensor update;  // u, the Newton–Schulz input, shaped as param.
   NewtonSchulzOptions newton_schulz;
-  // lr · scale(m, n) · extra_scale_factor of the parameter's group.
+  // lr · scale(m, n) · extra_scale_factor of the parameter's group, m×n the
+  // matrix's shape.
   double step_scale = 0.0;
   // Whose update this is (e.g. the index of a slot), for failure reports.
   size_t owner = 0;
@@ -119,6 +127,10 @@ class Muon : public torch::optim::Optimizer {
   explicit Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                 MuonOptions defaults = {});
   explicit Muon(std::vector<torch::Tensor> params, MuonOptions defaults = {});
+  // `layouts[i]` says which matrices params[i] holds (empty: every parameter
+  // is one matrix); a layout that does not fit its parameter throws.
+  Muon(std::vector<torch::Tensor> params, std::vector<ParamLayout> layouts,
+       MuonOptions defaults = {});
 
   // PrepareStep followed by ApplyMuonUpdates.
   torch::Tensor step(LossClosure closure = nullptr) override;
@@ -143,11 +155,16 @@ class Muon : public torch::optim::Optimizer {
   // The state of `param`, which must belong to this optimizer; nullptr
   // before InitState or its first step.
   MuonParamState* StateOf(const torch::Tensor& param);
+  // The layout `param` was given (one matrix when none was).
+  ParamLayout LayoutOf(const torch::Tensor& param) const;
 
  private:
   MuonParamState& EnsureState(const torch::Tensor& param);
   void PrepareGroup(torch::optim::OptimizerParamGroup& group,
                     std::vector<MuonPendingUpdate>& pending);
+
+  // The parameters that stack several matrices, by TensorImpl.
+  std::map<const void*, ParamLayout> layouts_;
 };
 
 }  // namespace loraplex

@@ -162,9 +162,10 @@ OptimizerChild MakeAdamWChild(std::vector<torch::Tensor> params,
 }
 
 OptimizerChild MakeMuonChild(std::vector<torch::Tensor> params,
+                             std::vector<ParamLayout> layouts,
                              const OptimizerConfig& config) {
-  auto optimizer =
-      std::make_unique<Muon>(std::move(params), MuonOptionsFromConfig(config));
+  auto optimizer = std::make_unique<Muon>(std::move(params), std::move(layouts),
+                                          MuonOptionsFromConfig(config));
   Muon* raw = optimizer.get();
   OptimizerChild child;
   child.kind = OptimizerChildKind::kMuon;
@@ -204,9 +205,15 @@ OptimizerChild MakeScalarChild(std::vector<torch::Tensor> params,
   return MakeAdamWChild(std::move(params), config);
 }
 
-// The first problem with `parameters` as one slot's parameter list.
-std::string ParametersError(const std::vector<torch::Tensor>& parameters) {
+// The first problem with `parameters` (and their `layouts`, one each) as
+// one slot's parameter list.
+std::string ParametersError(const std::vector<torch::Tensor>& parameters,
+                            const std::vector<ParamLayout>& layouts) {
   if (parameters.empty()) return "optimizer needs at least one parameter";
+  if (layouts.size() != parameters.size()) {
+    return absl::StrCat("optimizer has ", layouts.size(), " layouts for ",
+                        parameters.size(), " parameters");
+  }
   std::set<const void*> seen;
   for (size_t i = 0; i < parameters.size(); ++i) {
     const torch::Tensor& param = parameters[i];
@@ -226,6 +233,8 @@ std::string ParametersError(const std::vector<torch::Tensor>& parameters) {
                           ", parameter 0 on ",
                           parameters.front().device().str());
     }
+    const std::string layout = ParamLayoutError(layouts[i], param.sizes());
+    if (!layout.empty()) return absl::StrCat(name, " ", layout);
   }
   return "";
 }
@@ -262,22 +271,33 @@ std::string OptimizerChildStateError(const OptimizerChild& child) {
 }
 
 absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
-    const OptimizerConfig& config, std::vector<torch::Tensor> parameters) {
+    const OptimizerConfig& config, std::vector<torch::Tensor> parameters,
+    std::vector<ParamLayout> layouts) {
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
-  const std::string error = ParametersError(parameters);
+  if (layouts.empty()) layouts.resize(parameters.size());
+  const std::string error = ParametersError(parameters, layouts);
   if (!error.empty()) return absl::InvalidArgumentError(error);
 
   std::vector<OptimizerChild> children;
   try {
     switch (config.family) {
       case OptimizerFamily::kMuon: {
+        // Expert-stacked parameters are 2-D (ParametersError), so they
+        // stay on Muon.
         std::vector<torch::Tensor> matrices;
+        std::vector<ParamLayout> matrix_layouts;
         std::vector<torch::Tensor> others;
-        for (const torch::Tensor& param : parameters) {
-          (param.dim() == 2 ? matrices : others).push_back(param);
+        for (size_t i = 0; i < parameters.size(); ++i) {
+          if (parameters[i].dim() == 2) {
+            matrices.push_back(parameters[i]);
+            matrix_layouts.push_back(layouts[i]);
+          } else {
+            others.push_back(parameters[i]);
+          }
         }
         if (!matrices.empty()) {
-          children.push_back(MakeMuonChild(std::move(matrices), config));
+          children.push_back(MakeMuonChild(std::move(matrices),
+                                           std::move(matrix_layouts), config));
         }
         if (!others.empty()) {
           children.push_back(MakeScalarChild(std::move(others), config));
@@ -302,14 +322,17 @@ absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer: ", e.what_without_backtrace()));
   }
-  return SlotOptimizer(config, std::move(parameters), std::move(children));
+  return SlotOptimizer(config, std::move(parameters), std::move(layouts),
+                       std::move(children));
 }
 
 SlotOptimizer::SlotOptimizer(OptimizerConfig config,
                              std::vector<torch::Tensor> parameters,
+                             std::vector<ParamLayout> layouts,
                              std::vector<OptimizerChild> children)
     : config_(std::move(config)),
       parameters_(std::move(parameters)),
+      layouts_(std::move(layouts)),
       children_(std::move(children)) {}
 
 void SlotOptimizer::Step() {
@@ -421,7 +444,7 @@ double SlotOptimizer::lr() const {
 }
 
 SlotOptimizer EmptySlotOptimizer(const OptimizerConfig& config) {
-  SlotOptimizer optimizer(config, {}, {});
+  SlotOptimizer optimizer(config, {}, {}, {});
   optimizer.empty_lr_ = config.lr;
   return optimizer;
 }

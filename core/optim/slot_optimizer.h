@@ -2,8 +2,10 @@
 // parameters to family-matched children, and the operations the slot
 // lifecycle needs (eager state, in-place reset on retire, save/load).
 //
-//   LORAPLEX_ASSIGN_OR_RETURN(SlotOptimizer optimizer,
-//                             BuildSlotOptimizer(config, slot_params));
+//   LORAPLEX_ASSIGN_OR_RETURN(
+//       SlotOptimizer optimizer,
+//       BuildSlotOptimizer(config, weights.parameters(),
+//                          weights.parameter_layouts()));
 //   ... backward ...
 //   optimizer.Step();
 //   optimizer.ZeroGrad();
@@ -26,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/optim/optimizer_config.h"
+#include "core/optim/param_layout.h"
 
 namespace loraplex {
 
@@ -92,6 +95,8 @@ class SlotOptimizer {
   const std::vector<OptimizerChild>& children() const { return children_; }
   // All parameters, in the order given to BuildSlotOptimizer.
   const std::vector<torch::Tensor>& parameters() const { return parameters_; }
+  // Each parameter's layout, parallel to parameters().
+  const std::vector<ParamLayout>& layouts() const { return layouts_; }
 
   // The state of every parameter, by position, in a LibTorch archive that
   // does not depend on the LibTorch version. Load accepts only an archive
@@ -105,15 +110,18 @@ class SlotOptimizer {
 
  private:
   friend absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
-      const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
+      const OptimizerConfig& config, std::vector<torch::Tensor> parameters,
+      std::vector<ParamLayout> layouts);
   friend SlotOptimizer EmptySlotOptimizer(const OptimizerConfig& config);
   friend std::vector<absl::Status> StepSlotOptimizers(
       const std::vector<SlotOptimizer*>& optimizers);
   SlotOptimizer(OptimizerConfig config, std::vector<torch::Tensor> parameters,
+                std::vector<ParamLayout> layouts,
                 std::vector<OptimizerChild> children);
 
   OptimizerConfig config_;
   std::vector<torch::Tensor> parameters_;
+  std::vector<ParamLayout> layouts_;
   std::vector<OptimizerChild> children_;
   double empty_lr_ = 0.0;  // lr() when there are no children.
 };
@@ -121,11 +129,15 @@ class SlotOptimizer {
 // The factory. Family muon: Muon for 2-D parameters, AdamW (with the
 // config's betas/eps/weight_decay) for the rest; adamw/adam: one child for
 // all. Children with no parameters are not created. Every child's state is
-// created eagerly. INVALID_ARGUMENT for a bad config, no parameters, a
-// parameter that is not a float leaf tensor requiring grad, the same tensor
-// twice, or parameters on different devices.
+// created eagerly. `layouts[i]` says which matrices parameters[i] holds
+// (Muon orthogonalizes each expert's matrix of a mixture-of-experts LoRA on
+// its own); empty means each parameter is one. INVALID_ARGUMENT for a bad
+// config, no parameters, a parameter that is not a float leaf tensor
+// requiring grad, the same tensor twice, parameters on different devices,
+// or layouts that are not one per parameter or do not fit it.
 absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
-    const OptimizerConfig& config, std::vector<torch::Tensor> parameters);
+    const OptimizerConfig& config, std::vector<torch::Tensor> parameters,
+    std::vector<ParamLayout> layouts = {});
 
 // Steps every optimizer as its Step() would, with the Newton–Schulz calls of
 // all their Muon children shared (ApplyMuonUpdates): same-shape LoRA

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "core/optim/optimizer_config.h"
+#include "core/optim/param_layout.h"
 
 namespace loraplex {
 
@@ -26,11 +27,12 @@ struct TrainingSlot;
 class ParamClaims {
  public:
   virtual ~ParamClaims() = default;
-  // owned[i]: this process steps params[i] of the slot being attached. The
-  // same calls in the same order on every rank give every rank the same
-  // (complementary) answer.
+  // owned[i]: this process steps params[i] (holding the matrices
+  // layouts[i] says) of the slot being attached. The same calls in the same
+  // order on every rank give every rank the same (complementary) answer.
   virtual std::vector<bool> Claim(int slot,
                                   const std::vector<torch::Tensor>& params,
+                                  const std::vector<ParamLayout>& layouts,
                                   OptimizerFamily family) = 0;
   // The slot is free again (retired, or its attach failed).
   virtual void Release(int slot) = 0;

@@ -1,6 +1,7 @@
 // The Muon optimizer against the independent golden script
 // (tools/golden/make_optim_golden.py), plus its closed-form parts, option
-// validation, batching and serialization.
+// validation, batching, serialization and mixture-of-experts parameters
+// that stack one matrix per expert.
 #include "core/optim/muon.h"
 
 #include <gtest/gtest.h>
@@ -304,6 +305,133 @@ TEST(MuonTest, OptionsSurviveSerialization) {
   EXPECT_EQ(loaded.precision(), NsPrecision::kBf16);
   EXPECT_EQ(loaded.scale_mode(), MuonScaleMode::kShapeScaling);
   EXPECT_EQ(loaded.extra_scale_factor(), 0.3);
+}
+
+// [E, m, n] expert matrices as one parameter stacked as `stacking` says
+// (PEFT's target_parameters: A [E*m, n], B [m, n*E] with expert e in
+// columns e, e+E, ...).
+torch::Tensor Stacked(const torch::Tensor& experts, ExpertStacking stacking) {
+  const int64_t e = experts.size(0);
+  const int64_t m = experts.size(1);
+  const int64_t n = experts.size(2);
+  return stacking == ExpertStacking::kRows
+             ? experts.reshape({e * m, n})
+             : experts.permute({1, 2, 0}).reshape({m, n * e});
+}
+
+class MuonExpertTest : public ::testing::TestWithParam<ExpertStacking> {};
+
+// Steps 1–3 are elementwise and each expert's matrix is orthogonalized in
+// the same batched call as the same matrices given as plain parameters, so
+// the results are equal bit for bit (fp64); orthogonalizing the
+// concatenation instead is a different update.
+TEST_P(MuonExpertTest, StepEqualsOneMatrixPerExpertNotTheConcatenation) {
+  const ExpertStacking stacking = GetParam();
+  constexpr int64_t kExperts = 3;
+  // LoRA A experts [4, 16] stacked in rows, B experts [12, 4] in columns.
+  const int64_t m = stacking == ExpertStacking::kRows ? 4 : 12;
+  const int64_t n = stacking == ExpertStacking::kRows ? 16 : 4;
+  const ParamLayout layout{stacking, kExperts};
+  const MuonOptions options =
+      MuonOptions(0.05).nesterov(true).weight_decay(0.1).extra_scale_factor(
+          0.2);
+  torch::manual_seed(31);
+  const torch::Tensor init = torch::randn({kExperts, m, n}, torch::kFloat64);
+  torch::Tensor stacked = Leaf(Stacked(init, stacking));
+  torch::Tensor concatenated = Leaf(stacked);
+  std::vector<torch::Tensor> singles;
+  for (int64_t e = 0; e < kExperts; ++e) singles.push_back(Leaf(init[e]));
+  Muon experts({stacked}, {layout}, options);
+  Muon concatenation({concatenated}, options);
+  Muon single(singles, options);
+  EXPECT_EQ(experts.LayoutOf(stacked).matrices(), kExperts);
+  EXPECT_EQ(concatenation.LayoutOf(concatenated).matrices(), 1);
+  for (int step = 0; step < 3; ++step) {
+    const torch::Tensor grads = torch::randn({kExperts, m, n}, torch::kFloat64);
+    stacked.mutable_grad() = Stacked(grads, stacking).clone();
+    concatenated.mutable_grad() = Stacked(grads, stacking).clone();
+    for (int64_t e = 0; e < kExperts; ++e) {
+      singles[e].mutable_grad() = grads[e].clone();
+    }
+    experts.step();
+    concatenation.step();
+    single.step();
+  }
+  const torch::Tensor values = MatricesOf(stacked.detach(), layout);
+  MuonParamState* state = experts.StateOf(stacked);
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->step(), 3);
+  EXPECT_EQ(state->momentum_buffer().sizes(), stacked.sizes());
+  const torch::Tensor momenta = MatricesOf(state->momentum_buffer(), layout);
+  for (int64_t e = 0; e < kExperts; ++e) {
+    EXPECT_TRUE(torch::equal(values[e], singles[e])) << "expert " << e;
+    EXPECT_TRUE(
+        torch::equal(momenta[e], single.StateOf(singles[e])->momentum_buffer()))
+        << "expert " << e;
+  }
+  const torch::Tensor start = Stacked(init, stacking);
+  EXPECT_GT(
+      MaxRelativeDiff(stacked.detach() - start, concatenated.detach() - start),
+      0.1);
+}
+
+// Each expert of a stacked parameter against the independent reference:
+// the fixture case and its negation (Muon is odd in (p, g), exactly, since
+// every Newton–Schulz step is) as two experts.
+void ExpectExpertsMatchTheReference(ExpertStacking stacking,
+                                    const torch::Device& device) {
+  const OptimFixture& fixture = OptimFixture::Get();
+  const ParamLayout layout{stacking, 2};
+  auto pair = [](const torch::Tensor& t) { return torch::stack({t, -t}); };
+  for (const std::string& name : OptimCaseNames("muon")) {
+    const torch::Tensor initial = fixture.Tensor(name, "param");
+    const torch::Tensor grads = fixture.Tensor(name, "grads");
+    const torch::Tensor expected = fixture.Tensor(name, "expected");
+    torch::Tensor param = Leaf(Stacked(pair(initial), stacking).to(device));
+    Muon muon({param}, {layout}, MuonOptionsOfCase(OptimCase("muon", name)));
+    for (int64_t step = 0; step < grads.size(0); ++step) {
+      param.mutable_grad() = Stacked(pair(grads[step]), stacking).to(device);
+      muon.step();
+      const torch::Tensor experts = MatricesOf(param.detach().cpu(), layout);
+      for (int64_t e = 0; e < 2; ++e) {
+        const double sign = e == 0 ? 1.0 : -1.0;
+        EXPECT_LE(MaxRelativeDiff(experts[e] - sign * initial,
+                                  sign * (expected[step] - initial)),
+                  2e-4)
+            << name << " expert " << e << " step " << step + 1;
+      }
+    }
+  }
+}
+
+TEST_P(MuonExpertTest, EachExpertMatchesTheIndependentReference) {
+  ExpectExpertsMatchTheReference(GetParam(), torch::kCPU);
+}
+
+TEST_P(MuonExpertTest, EachExpertMatchesTheIndependentReferenceOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ExpectExpertsMatchTheReference(GetParam(), torch::Device(torch::kCUDA, 0));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stacking, MuonExpertTest,
+    ::testing::Values(ExpertStacking::kRows, ExpertStacking::kColumns),
+    [](const ::testing::TestParamInfo<ExpertStacking>& info) {
+      return info.param == ExpertStacking::kRows ? "Rows" : "Columns";
+    });
+
+TEST(MuonTest, RejectsALayoutThatDoesNotFitItsParameter) {
+  try {
+    Muon muon({Leaf(torch::zeros({4, 8})), Leaf(torch::zeros({10, 8}))},
+              {ParamLayout{}, ParamLayout{ExpertStacking::kRows, 3}});
+    FAIL() << "3 experts in 10 rows were accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "parameter 1 holds 3 experts stacked in rows, but its shape "
+                  "[10, 8] has 10 rows"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

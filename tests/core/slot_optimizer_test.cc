@@ -1,5 +1,6 @@
 // The per-slot optimizer factory: Adam/AdamW against PyTorch's own results,
-// routing, eager state, in-place reset, save/load and config validation.
+// routing, eager state, in-place reset, save/load, config validation and
+// the layouts of mixture-of-experts parameters.
 #include "core/optim/slot_optimizer.h"
 
 #include <gtest/gtest.h>
@@ -744,6 +745,140 @@ TEST(SlotOptimizerTest, ASlotWhoseStepFailsFailsAloneWhenSteppedTogether) {
   }
   EXPECT_NE(statuses[4].message().find("ns_steps"), std::string::npos)
       << statuses[4];
+}
+
+// A mixture-of-experts slot: a plain A/B pair, 3 experts' A [3*4, 24]
+// (stacked in rows) and B [16, 4*3] (in columns), and a vector.
+std::vector<torch::Tensor> ExpertSlotParameters(uint64_t seed) {
+  torch::manual_seed(seed);
+  return {Leaf(torch::randn({4, 24})), Leaf(torch::randn({24, 4})),
+          Leaf(torch::randn({12, 24})), Leaf(torch::randn({16, 12})),
+          Leaf(torch::randn({24}))};
+}
+
+std::vector<ParamLayout> ExpertSlotLayouts() {
+  return {
+      {}, {}, {ExpertStacking::kRows, 3}, {ExpertStacking::kColumns, 3}, {}};
+}
+
+SlotOptimizer BuildExperts(const OptimizerConfig& config,
+                           const std::vector<torch::Tensor>& params) {
+  auto optimizer = BuildSlotOptimizer(config, params, ExpertSlotLayouts());
+  EXPECT_TRUE(optimizer.ok()) << optimizer.status();
+  return std::move(optimizer).value();
+}
+
+TEST(SlotOptimizerTest, ExpertLayoutsReachMuonAndLeaveElementwiseChildren) {
+  for (const OptimizerConfig& config : EveryChildKindConfigs()) {
+    SCOPED_TRACE(DescribeConfig(config));
+    const std::vector<torch::Tensor> initial = ExpertSlotParameters(11);
+    std::vector<torch::Tensor> with = Clones(initial);
+    std::vector<torch::Tensor> without = Clones(initial);
+    SlotOptimizer experts = BuildExperts(config, with);
+    SlotOptimizer plain = Build(config, without);
+    ASSERT_EQ(experts.layouts().size(), with.size());
+    EXPECT_EQ(experts.layouts()[3].matrices(), 3);
+    EXPECT_EQ(plain.layouts()[3].matrices(), 1);
+    for (const OptimizerChild& child : experts.children()) {
+      EXPECT_EQ(OptimizerChildStateError(child), "");
+    }
+    TrainSteps(experts, with, 0, 3);
+    TrainSteps(plain, without, 0, 3);
+    if (config.family != OptimizerFamily::kMuon) {
+      ExpectSameValues(with, without);  // Elementwise: layouts do not matter.
+      continue;
+    }
+    ASSERT_EQ(experts.children().front().kind, OptimizerChildKind::kMuon);
+    auto& muon = static_cast<Muon&>(*experts.children().front().optimizer);
+    EXPECT_EQ(muon.param_groups()[0].params().size(), 4u);
+    EXPECT_EQ(muon.LayoutOf(with[2]).stacking, ExpertStacking::kRows);
+    EXPECT_EQ(muon.LayoutOf(with[3]).stacking, ExpertStacking::kColumns);
+    EXPECT_FALSE(torch::equal(with[2], without[2]));
+    EXPECT_FALSE(torch::equal(with[3], without[3]));
+  }
+}
+
+// fp64: the experts' matrices share batches with the other slot's A
+// [4, 24] and B [16, 4].
+TEST(SlotOptimizerTest, ExpertSlotSteppedTogetherEqualsEachAlone) {
+  const OptimizerConfig config = MuonConfig();
+  std::vector<std::vector<torch::Tensor>> together = {
+      Fp64(ExpertSlotParameters(12)), Fp64(SlotParameters(13))};
+  std::vector<std::vector<torch::Tensor>> alone = {Clones(together[0]),
+                                                   Clones(together[1])};
+  std::vector<SlotOptimizer> together_optimizers;
+  together_optimizers.push_back(BuildExperts(config, together[0]));
+  together_optimizers.push_back(Build(config, together[1]));
+  SlotOptimizer alone_experts = BuildExperts(config, alone[0]);
+  SlotOptimizer alone_plain = Build(config, alone[1]);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t s = 0; s < 2; ++s) {
+      SetGrads(together[s], step * 10 + s);
+      SetGrads(alone[s], step * 10 + s);
+    }
+    for (const absl::Status& status : StepSlotOptimizers(
+             {&together_optimizers[0], &together_optimizers[1]})) {
+      EXPECT_TRUE(status.ok()) << status;
+    }
+    alone_experts.Step();
+    alone_plain.Step();
+  }
+  for (size_t s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < together[s].size(); ++i) {
+      const torch::Tensor& a = together[s][i];
+      const torch::Tensor& b = alone[s][i];
+      EXPECT_LE((a - b).abs().max().item<double>(),
+                1e-12 * b.abs().max().item<double>())
+          << "slot " << s << " parameter " << i;
+    }
+  }
+}
+
+TEST(SlotOptimizerTest, ExpertSlotSaveLoadAndZeroStateKeepWorking) {
+  const OptimizerConfig config = MuonConfig();
+  const std::vector<torch::Tensor> initial = ExpertSlotParameters(14);
+  std::vector<torch::Tensor> straight = Clones(initial);
+  SlotOptimizer uninterrupted = BuildExperts(config, straight);
+  TrainSteps(uninterrupted, straight, 0, 5);
+
+  std::vector<torch::Tensor> first = Clones(initial);
+  SlotOptimizer before = BuildExperts(config, first);
+  TrainSteps(before, first, 0, 3);
+  const std::string bytes = SaveToBytes(before);
+  std::vector<torch::Tensor> resumed = Clones(first);
+  SlotOptimizer after = BuildExperts(config, resumed);
+  ASSERT_TRUE(LoadFromBytes(after, bytes).ok());
+  TrainSteps(after, resumed, 3, 5);
+  ExpectSameValues(resumed, straight);
+
+  // Reset in place, it steps as a fresh optimizer from the same values.
+  std::vector<torch::Tensor> fresh_params = Clones(resumed);
+  SlotOptimizer fresh = BuildExperts(config, fresh_params);
+  after.ZeroState();
+  TrainSteps(after, resumed, 0, 2);
+  TrainSteps(fresh, fresh_params, 0, 2);
+  ExpectSameValues(resumed, fresh_params);
+}
+
+TEST(SlotOptimizerTest, RejectsLayoutsThatDoNotFitTheParameters) {
+  const std::vector<torch::Tensor> params = ExpertSlotParameters(15);
+  auto message_of = [&](const std::vector<ParamLayout>& layouts) {
+    auto built = BuildSlotOptimizer(MuonConfig(), params, layouts);
+    EXPECT_EQ(built.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(built.status().message());
+  };
+  EXPECT_EQ(message_of({ParamLayout{}}),
+            "optimizer has 1 layouts for 5 parameters");
+  std::vector<ParamLayout> layouts = ExpertSlotLayouts();
+  layouts[3].experts = 5;
+  EXPECT_EQ(message_of(layouts),
+            "parameter 3 holds 5 experts stacked in columns, but its shape "
+            "[16, 12] has 12 columns");
+  layouts = ExpertSlotLayouts();
+  layouts[4] = {ExpertStacking::kRows, 2};
+  EXPECT_EQ(message_of(layouts),
+            "parameter 4 holds 2 experts stacked in rows, but its shape [24] "
+            "is not a matrix");
 }
 
 }  // namespace

@@ -70,6 +70,49 @@ TEST(ParamCostTest, MuonIsNewtonSchulzCost) {
   EXPECT_EQ(ParamCost({10}, true), 10);  // Not a matrix.
 }
 
+// A mixture-of-experts LoRA's A [E*r, in] and B [out, r*E] are E r×in
+// and out×r matrices to Muon: E times one expert's Newton–Schulz cost, not
+// the cost of the concatenation (here 8 times less).
+TEST(ParamCostTest, MuonExpertsCostEachExpertsMatrix) {
+  constexpr int64_t kExperts = 8;
+  const ParamLayout rows{ExpertStacking::kRows, kExperts};
+  const ParamLayout columns{ExpertStacking::kColumns, kExperts};
+  const int64_t one_expert = 2048 * 16 * 16;
+  EXPECT_EQ(ParamCost({kExperts * 16, 2048}, true, rows),
+            kExperts * one_expert);
+  EXPECT_EQ(ParamCost({2048, 16 * kExperts}, true, columns),
+            kExperts * one_expert);
+  EXPECT_EQ(ParamCost({kExperts * 16, 2048}, true), 2048 * 128 * 128);
+  // A wide expert stack: [3*4, 6] holds three 4×6 matrices.
+  EXPECT_EQ(ParamCost({12, 6}, true, {ExpertStacking::kRows, 3}), 3 * 6 * 16);
+  // Elementwise optimizers and layouts that do not fit: the element count.
+  EXPECT_EQ(ParamCost({kExperts * 16, 2048}, false, rows),
+            kExperts * 16 * 2048);
+  EXPECT_EQ(ParamCost({10, 6}, true, {ExpertStacking::kRows, 3}), 60);
+  EXPECT_EQ(ParamCost({10}, true, rows), 10);
+  // One expert is a plain matrix.
+  EXPECT_EQ(ParamCost({16, 64}, true, {ExpertStacking::kColumns, 1}),
+            64 * 16 * 16);
+}
+
+// Ownership follows the expert cost: an expert stack weighs what its
+// experts do, so it balances against plain matrices of that total.
+TEST(AssignOwnersTest, ExpertStacksWeighTheirExperts) {
+  const ParamLayout rows{ExpertStacking::kRows, 4};
+  const std::vector<OwnedParam> params = {
+      {0, 0, ParamCost({4 * 8, 64}, true, rows)},  // 4 × 64·8·8
+      {0, 1, ParamCost({8, 64}, true)},            // 64·8·8
+      {1, 0, ParamCost({8, 64}, true)},
+      {1, 1, ParamCost({8, 64}, true)},
+      {1, 2, ParamCost({8, 64}, true)}};
+  EXPECT_EQ(params[0].cost, 4 * params[1].cost);
+  absl::StatusOr<std::vector<int>> owner = AssignOwners(params, 2);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_EQ(*owner, (std::vector<int>{0, 1, 1, 1, 1}));
+  EXPECT_EQ(OwnerLoads(params, *owner, 2),
+            (std::vector<int64_t>{params[0].cost, params[0].cost}));
+}
+
 TEST(ParamCostTest, Saturates) {
   EXPECT_EQ(ParamCost({int64_t{1} << 40, int64_t{1} << 40}, true),
             std::numeric_limits<int64_t>::max());
