@@ -18,20 +18,71 @@ int64_t HeadDim(const ModelConfig& config) {
 
 }  // namespace
 
-int64_t BaseParameterCount(const ModelConfig& config) {
+namespace {
+
+// Elements of one layer's weights other than its MLP's.
+int64_t AttentionParameterCount(const ModelConfig& config) {
   const int64_t hidden = config.hidden_size;
   const int64_t q = config.num_attention_heads * HeadDim(config);
   const int64_t kv = config.num_key_value_heads * HeadDim(config);
-  const int64_t intermediate = config.intermediate_size;
-  int64_t per_layer = hidden * (q + 2 * kv) + q * hidden +
-                      3 * hidden * intermediate +
-                      2 * hidden;  // The two RMSNorm weights.
-  if (config.qkv_bias) per_layer += q + 2 * kv;
-  if (config.o_bias) per_layer += hidden;
-  if (config.mlp_bias) per_layer += 2 * intermediate + hidden;
-  const int64_t embeddings =
-      config.vocab_size * hidden * (config.tie_word_embeddings ? 1 : 2);
-  return config.num_hidden_layers * per_layer + embeddings + hidden;
+  int64_t count = hidden * (q + 2 * kv) + q * hidden + 2 * hidden;
+  if (config.qkv_bias) count += q + 2 * kv;
+  if (config.o_bias) count += hidden;
+  switch (config.qk_norm) {
+    case QkNorm::kNone:
+      break;
+    case QkNorm::kPerHead:
+      count += 2 * HeadDim(config);
+      break;
+    case QkNorm::kWholeProjection:
+      count += q + kv;
+      break;
+  }
+  if (config.norm_placement == NormPlacement::kSandwich) count += 2 * hidden;
+  if (config.attention_sinks) count += config.num_attention_heads;
+  return count;
+}
+
+// Elements of layer `layer`'s MLP, counting `experts` of a mixture's
+// experts (and its whole router).
+int64_t MlpParameterCount(const ModelConfig& config, int64_t layer,
+                          int64_t experts) {
+  const int64_t hidden = config.hidden_size;
+  if (!LayerIsSparse(config, layer)) {
+    const int64_t intermediate = config.intermediate_size;
+    int64_t count = 3 * hidden * intermediate;
+    if (config.mlp_bias) count += 2 * intermediate + hidden;
+    return count;
+  }
+  const MoeConfig& moe = config.moe;
+  int64_t expert = 3 * hidden * moe.intermediate_size;
+  if (moe.expert_bias) expert += 2 * moe.intermediate_size + hidden;
+  int64_t router = moe.num_experts * hidden;
+  if (moe.router_bias) router += moe.num_experts;
+  return experts * expert + router;
+}
+
+int64_t ParameterCount(const ModelConfig& config, bool active) {
+  int64_t count = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    count += AttentionParameterCount(config) +
+             MlpParameterCount(config, layer,
+                               active ? config.moe.top_k
+                                      : config.moe.num_experts);
+  }
+  const int64_t embeddings = config.vocab_size * config.hidden_size *
+                             (config.tie_word_embeddings ? 1 : 2);
+  return count + embeddings + config.hidden_size;
+}
+
+}  // namespace
+
+int64_t BaseParameterCount(const ModelConfig& config) {
+  return ParameterCount(config, /*active=*/false);
+}
+
+int64_t ActiveParameterCount(const ModelConfig& config) {
+  return ParameterCount(config, /*active=*/true);
 }
 
 int64_t SavedActivationsPerTokenPerLayer(const ModelConfig& config) {
@@ -40,7 +91,17 @@ int64_t SavedActivationsPerTokenPerLayer(const ModelConfig& config) {
   const int64_t kv = config.num_key_value_heads * HeadDim(config);
   const int64_t keys_values =
       config.num_key_value_heads < config.num_attention_heads ? 2 * q : 2 * kv;
-  return 4 * hidden + q + keys_values + 2 * q + 4 * config.intermediate_size;
+  // A mixture's experts keep, per routed copy of a token, its input, the
+  // gate_up output, the activation's two halves and output, the down
+  // output and its weighted copy; the router its logits and
+  // probabilities. The larger of a dense and an experts layer counts.
+  int64_t mlp = HasDenseLayers(config) ? 4 * config.intermediate_size : 0;
+  if (HasSparseLayers(config)) {
+    const MoeConfig& moe = config.moe;
+    mlp = std::max(mlp, moe.top_k * (3 * hidden + 4 * moe.intermediate_size) +
+                            2 * moe.num_experts);
+  }
+  return 4 * hidden + q + keys_values + 2 * q + mlp;
 }
 
 int64_t DefaultTokenBudget(const ModelConfig& config, bool on_gpu,

@@ -17,15 +17,20 @@ namespace loraplex {
 inline constexpr int64_t kCpuTokenBudget = 2048;
 inline constexpr int64_t kMaxDefaultTokenBudget = 65536;
 
-// The base's weights, in elements.
+// The base's weights, in elements (every expert of a mixture's).
 int64_t BaseParameterCount(const ModelConfig& config);
+// The weights one token runs through: a mixture's top_k experts of each
+// experts layer (and its whole router) instead of all of them. For a dense
+// model BaseParameterCount.
+int64_t ActiveParameterCount(const ModelConfig& config);
 
 // Elements one token's activations keep per layer for the backward pass,
 // as autograd saves them: the inputs and outputs of the two norms, the
 // rotated queries, keys and values as attention takes them (repeated to
 // every query head under grouped-query attention), the attention's output
 // and its copy into o_proj, the MLP's gate, up, activated gate and their
-// product. Measured with loraplex-bench-long-rows: this and
+// product (a mixture's experts: see the .cc; estimated, not measured).
+// Measured with loraplex-bench-long-rows on dense models: this and
 // SavedActivationElements are within 5% above what a step allocates.
 int64_t SavedActivationsPerTokenPerLayer(const ModelConfig& config);
 

@@ -41,6 +41,39 @@ TEST(TokenBudgetTest, CountsTheBaseParameters) {
   EXPECT_EQ(BaseParameterCount(Qwen2_5_0_5B()), 494032768);
 }
 
+// Qwen3-30B-A3B's published config; its counts are what transformers'
+// Qwen3MoeForCausalLM built from that config holds (30.5B in all, 3.3B
+// active as its model card says).
+ModelConfig Qwen3_30B_A3B() {
+  ModelConfig config;
+  config.model_type = "qwen3_moe";
+  config.vocab_size = 151936;
+  config.hidden_size = 2048;
+  config.intermediate_size = 6144;
+  config.num_hidden_layers = 48;
+  config.num_attention_heads = 32;
+  config.num_key_value_heads = 4;
+  config.head_dim = 128;
+  config.qk_norm = QkNorm::kPerHead;
+  config.moe.num_experts = 128;
+  config.moe.top_k = 8;
+  config.moe.intermediate_size = 768;
+  return config;
+}
+
+TEST(TokenBudgetTest, CountsEveryExpertAndTheActiveOnes) {
+  EXPECT_EQ(BaseParameterCount(Qwen3_30B_A3B()), 30532122624);
+  EXPECT_EQ(ActiveParameterCount(Qwen3_30B_A3B()), 3353032704);
+  EXPECT_EQ(ActiveParameterCount(Llama3_8B()), BaseParameterCount(Llama3_8B()));
+  // Per routed copy of a token: input, gate_up (2·768), the activation's
+  // halves and output (2·768), down output and its weighted copy (2·2048),
+  // less what the formula folds: 8·(3·2048 + 4·768) + 2·128 router values.
+  const ModelConfig moe = Qwen3_30B_A3B();
+  EXPECT_EQ(SavedActivationsPerTokenPerLayer(moe),
+            4 * 2048 + 4096 + 2 * 4096 + 2 * 4096 +
+                8 * (3 * 2048 + 4 * 768) + 2 * 128);
+}
+
 TEST(TokenBudgetTest, CpuKeepsItsBudget) {
   EXPECT_EQ(
       DefaultTokenBudget(Llama3_8B(), /*on_gpu=*/false, int64_t{1} << 40, 2),
