@@ -5,7 +5,8 @@ transformers rounds to float32 in two places even in a float64 model: its
 eager attention's softmax and the RMSNorm upcast. ``use_fp64_reference``
 replaces both by the same math in the input dtype: an attention registered
 as ``"eager_fp64"`` (causal, for unpadded rows, plus the layer's sliding
-window where it has one) and the ``forward`` of the given RMSNorm classes.
+window where it has one, and gpt-oss's attention sinks where the layer
+passes them) and the ``forward`` of the given RMSNorm classes.
 Only the rotary tables stay float32, as in loraplex.
 """
 
@@ -33,7 +34,16 @@ def attention_in_input_dtype(module, query, key, value, attention_mask, scaling,
     if window is not None:
         hidden = hidden | (q_pos - k_pos >= window)
     weights = weights.masked_fill(hidden, float("-inf"))
-    weights = torch.softmax(weights, dim=-1)
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        weights = torch.softmax(weights, dim=-1)
+    else:
+        # gpt-oss: each head's sink logit joins the softmax as one more
+        # column, which is then dropped (its eager_attention_forward).
+        column = sinks.reshape(1, -1, 1, 1).expand(weights.shape[0], -1, q_len, 1)
+        combined = torch.cat([weights, column], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        weights = torch.softmax(combined, dim=-1)[..., :-1]
     out = (weights @ value).transpose(1, 2).contiguous()
     return out, weights
 

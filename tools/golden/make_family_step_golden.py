@@ -48,6 +48,7 @@ from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 from transformers.models.olmo3.modeling_olmo3 import Olmo3RMSNorm
 from transformers.models.phi3.modeling_phi3 import Phi3RMSNorm
@@ -60,9 +61,9 @@ from make_model_golden import ROUTER_MARGIN, router_choices
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO_ROOT / "tests" / "fixtures" / "golden"
 DEFAULT_OUT = GOLDEN_ROOT / "family_steps"
-FAMILIES = ["qwen3_tied", "olmo2_post_norm", "olmo3_window", "gemma3_text_window", "phi3_tied", "qwen3_moe"]
+FAMILIES = ["qwen3_tied", "olmo2_post_norm", "olmo3_window", "gemma3_text_window", "phi3_tied", "qwen3_moe", "gpt_oss"]
 # Mixture-of-experts bases run their experts in transformers' plain loop.
-MOE = {"qwen3_moe"}
+MOE = {"qwen3_moe", "gpt_oss"}
 # The adapter each base trains (peft/<name>): <base>_all_r4 unless named
 # here. Qwen3-MoE's all_r4 carries PEFT's rank_pattern for gate_up_proj,
 # which loraplex refuses; its experts_r4 is rank 4 everywhere.
@@ -77,7 +78,8 @@ ADAMW = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
 
 
 use_fp64_reference(
-    weight_norms=(Qwen3RMSNorm, Olmo2RMSNorm, Olmo3RMSNorm, Phi3RMSNorm, Qwen3MoeRMSNorm),
+    # GptOssRMSNorm's (w · x̂).to(dtype) is w · x̂ without the upcast too.
+    weight_norms=(Qwen3RMSNorm, Olmo2RMSNorm, Olmo3RMSNorm, Phi3RMSNorm, Qwen3MoeRMSNorm, GptOssRMSNorm),
     one_plus_weight_norms=(Gemma3RMSNorm,),
 )
 

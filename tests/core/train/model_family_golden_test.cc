@@ -472,7 +472,8 @@ TEST(Gemma3MultimodalGoldenTest, VisionTowerLoraIsRefusedByName) {
 INSTANTIATE_TEST_SUITE_P(Families, ModelFamilyGoldenTest,
                          ::testing::Values("qwen3_tied", "olmo2_post_norm",
                                            "olmo3_window", "gemma3_text_window",
-                                           "phi3_tied", "qwen3_moe"));
+                                           "phi3_tied", "qwen3_moe",
+                                           "gpt_oss"));
 
 }  // namespace
 }  // namespace loraplex
