@@ -4,13 +4,17 @@
 // tokenizer_config.json, as a downloaded instruct model has them):
 // GetServerInfo names the family, a chat job trains to SUCCEEDED, its
 // adapter exports in PEFT's layout and the job's weights sample greedily
-// as a forward pass of the base plus that adapter does.
+// as a forward pass of the base plus that adapter does. On a
+// mixture-of-experts base (qwen3_moe) the default targets adapt attention
+// and the experts (exported as PEFT's target_parameters), dropout with them
+// is refused at CreateJob, and a session trains too.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/lora/multi_lora.h"
 #include "core/model/model_config.h"
@@ -20,6 +24,7 @@
 #include "tests/common/test_dir.h"
 #include "tests/server/chat_model_dir.h"
 #include "tests/server/service_fixture.h"
+#include "tests/server/session_requests.h"
 
 namespace loraplex {
 namespace {
@@ -58,6 +63,26 @@ std::string ChatLines() {
   return jsonl;
 }
 
+// A session with the default targets (on a mixture-of-experts base:
+// attention and the experts) takes forward_backward and optim_step calls,
+// and its loss falls.
+void ExpectSessionTrains(LoraplexClient& client) {
+  auto session = client.CreateSession(
+      SessionRequest(v1::OPTIMIZER_FAMILY_ADAMW, 1e-2, /*seed=*/5));
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::vector<double> losses;
+  int64_t seq = 0;
+  for (int step = 0; step < 4; ++step) {
+    auto fb = client.ForwardBackward(CrossEntropy(session->name(), ++seq));
+    ASSERT_TRUE(fb.ok()) << fb.status();
+    ASSERT_EQ(fb->forward_backward().outputs_size(), 2);
+    losses.push_back(fb->forward_backward().loss());
+    auto stepped = client.OptimStep(Step(session->name(), ++seq, 1e-2));
+    ASSERT_TRUE(stepped.ok()) << stepped.status();
+  }
+  EXPECT_LT(losses.back(), losses.front());
+}
+
 class ServiceFamiliesTest : public ::testing::TestWithParam<FamilyCase> {};
 
 TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
@@ -93,6 +118,19 @@ TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
                 ::testing::HasSubstr("stores q_proj, k_proj, v_proj as one "
                                      "matrix, qkv_proj"));
   }
+  if (model_config->moe.num_experts > 0) {
+    // The default targets adapt the experts, which take no dropout.
+    v1::CreateJobRequest dropout =
+        JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_ADAMW, 4, 4, 7);
+    dropout.mutable_lora()->set_dropout(0.1);
+    auto refused = client->CreateJob(dropout);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(refused.status().message(),
+                ::testing::HasSubstr("lora.dropout must be 0 when the "
+                                     "experts are adapted"));
+    ExpectSessionTrains(*client);
+  }
   v1::CreateJobRequest request =
       JobRequest(dataset->name(), v1::OPTIMIZER_FAMILY_MUON, 4, 4, 7);
   request.mutable_training()->set_seq_len(64);
@@ -107,9 +145,24 @@ TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
   auto adapter = LoadPeftAdapter(exported, *model_config);
   ASSERT_TRUE(adapter.ok()) << adapter.status();
   EXPECT_EQ(adapter->base_model_name_or_path, "acme/family-tiny");
-  // Every projection of the family's layers (Phi-3's fused ones included).
-  EXPECT_EQ(adapter->config.targets.size(),
-            LayerProjections(*model_config).size());
+  // Every projection of the family's layers (Phi-3's fused ones, the
+  // experts' and the dense layers' MLP of a mixture-of-experts base
+  // included).
+  std::set<Projection> projections;
+  for (int64_t layer = 0; layer < model_config->num_hidden_layers; ++layer) {
+    for (Projection p : LayerProjections(*model_config, layer)) {
+      projections.insert(p);
+    }
+  }
+  EXPECT_EQ(adapter->config.targets.size(), projections.size());
+  if (model_config->moe.num_experts > 0) {
+    nlohmann::json config;
+    std::ifstream(exported + "/adapter_config.json") >> config;
+    EXPECT_THAT(config["target_parameters"],
+                ::testing::UnorderedElementsAre("mlp.experts.gate_up_proj",
+                                                "mlp.experts.down_proj"))
+        << config.dump();
+  }
 
   // Greedy samples from the job equal a forward pass of the base plus the
   // exported adapter, token by token.
@@ -232,7 +285,8 @@ INSTANTIATE_TEST_SUITE_P(
                       FamilyCase{"olmo3_window", "chatml"},
                       FamilyCase{"gemma3_text_window", "gemma"},
                       FamilyCase{"phi3_tied", "chatml"},
-                      FamilyCase{"gemma3_mm", "gemma"}),
+                      FamilyCase{"gemma3_mm", "gemma"},
+                      FamilyCase{"qwen3_moe", "qwen3"}),
     [](const ::testing::TestParamInfo<FamilyCase>& info) {
       return std::string(info.param.golden_base);
     });
