@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/atomic_file.h"
@@ -82,13 +83,30 @@ ModelConfig SmallConfig() {
   return config;
 }
 
+// tiny's attention (with Qwen3's per-head q/k norms) over a mixture of 8
+// experts, 2 per token, in every layer.
+ModelConfig TinyMoeConfig() {
+  ModelConfig config = TinyConfig();
+  config.model_type = "qwen3_moe";
+  config.qk_norm = QkNorm::kPerHead;
+  config.moe.num_experts = 8;
+  config.moe.top_k = 2;
+  config.moe.intermediate_size = 64;
+  config.moe.norm_topk_prob = true;
+  config.moe.sparse_layers.assign(config.num_hidden_layers, true);
+  return config;
+}
+
 }  // namespace
 
-std::vector<std::string> PresetNames() { return {"tiny", "small"}; }
+std::vector<std::string> PresetNames() {
+  return {"tiny", "small", "tiny-moe"};
+}
 
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view preset) {
   if (preset == "tiny") return TinyConfig();
   if (preset == "small") return SmallConfig();
+  if (preset == "tiny-moe") return TinyMoeConfig();
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown preset \"", preset,
       "\" (choose one of: ", absl::StrJoin(PresetNames(), ", "), ")"));
@@ -106,18 +124,21 @@ absl::Status WriteRandomModel(const ModelConfig& config, uint64_t seed,
   std::vector<NamedTensor> tensors;
   for (const TensorSpec& spec : ModelTensorSpecs(config)) {
     torch::Tensor tensor;
+    const bool bias = spec.shape.size() == 1 ||
+                      absl::EndsWith(spec.name, "bias");  // Experts': 2-D.
     if (spec.shape.size() == 1 && spec.name.find("norm") != std::string::npos) {
       // The identity norm: weight 1, or 0 where it is applied as (1 + w).
       tensor = config.norm_style == NormStyle::kOnePlusWeight
                    ? torch::zeros(spec.shape, torch::kFloat32)
                    : torch::ones(spec.shape, torch::kFloat32);
-    } else if (spec.shape.size() == 1) {  // Biases.
+    } else if (bias) {
       tensor = PortableNormal(spec.shape, 0.02, seed, spec.name);
     } else if (spec.name == "model.embed_tokens.weight") {
       tensor = PortableNormal(spec.shape, 1.0, seed, spec.name);
     } else {
-      // Fan-in scaling keeps activations O(1) through the stack.
-      const double fan_in = static_cast<double>(spec.shape[1]);
+      // Fan-in scaling keeps activations O(1) through the stack (an
+      // expert stack's matrices are [experts, out, in]).
+      const double fan_in = static_cast<double>(spec.shape.back());
       tensor =
           PortableNormal(spec.shape, 1.0 / std::sqrt(fan_in), seed, spec.name);
     }

@@ -21,8 +21,9 @@
 
 namespace loraplex {
 
-// Names accepted by PresetConfig: "tiny" (tests, default server model) and
-// "small" (benchmarks: hidden 512, 4 layers).
+// Names accepted by PresetConfig: "tiny" (tests, default server model),
+// "small" (benchmarks: hidden 512, 4 layers) and "tiny-moe" (tiny's
+// attention over 8 experts, 2 per token: qwen3_moe).
 std::vector<std::string> PresetNames();
 
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view preset);

@@ -110,7 +110,37 @@ TEST(ModelPresetsTest, UnknownPresetIsAnError) {
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(std::string(config.status().message()),
               ::testing::HasSubstr("unknown preset \"huge\" (choose one of: "
-                                   "tiny, small)"));
+                                   "tiny, small, tiny-moe)"));
+}
+
+// The written tiny-moe parses back as the preset (every layer an experts
+// layer, 8 experts, 2 per token) and runs with weights of every expert.
+TEST(ModelPresetsTest, TinyMoeIsAMixtureOfExperts) {
+  const std::string dir = TempModelDir("moe");
+  ASSERT_TRUE(WritePresetModel("tiny-moe", 0, dir).ok());
+  auto model = LlamaModel::Load(dir, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& config = (*model)->config();
+  EXPECT_EQ(config.model_type, "qwen3_moe");
+  EXPECT_EQ(config.qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(config.moe.num_experts, 8);
+  EXPECT_EQ(config.moe.top_k, 2);
+  EXPECT_TRUE(config.moe.norm_topk_prob);
+  EXPECT_TRUE(LayerIsSparse(config, 0) && LayerIsSparse(config, 1));
+  const torch::Tensor experts = (*model)
+                                    ->weights()
+                                    .layers[0]
+                                    .at(Projection::kExpertGateUp)
+                                    .weight;
+  EXPECT_EQ(experts.sizes(), (std::vector<int64_t>{8, 128, 64}));
+  // Fan-in scaling over each expert's input (64), not its output.
+  EXPECT_NEAR(experts.std().item<double>(), 1.0 / 8.0, 0.01);
+  torch::NoGradGuard no_grad;
+  auto logits = (*model)->Forward(torch::randint(0, 256, {2, 16}),
+                                  torch::tensor({16, 9}, torch::kInt64));
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_TRUE(torch::isfinite(*logits).all().item<bool>());
+  EXPECT_GT(logits->std().item<double>(), 0.1);
 }
 
 }  // namespace
