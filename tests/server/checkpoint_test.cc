@@ -1,7 +1,8 @@
 // Slot checkpoints on disk (server/trainer/checkpoint.h): a restored slot
 // equals the saved one in every tensor and counter and trains on exactly as
 // the uninterrupted slot; damaged checkpoints are rejected with a reason;
-// failed writes leave the previous checkpoints alone.
+// failed writes leave the previous checkpoints alone. A slot on a
+// mixture-of-experts base (experts adapted) resumes bit for bit too.
 #include "server/trainer/checkpoint.h"
 
 #include <gmock/gmock.h>
@@ -21,7 +22,9 @@
 #include "adapters/peft_adapter.h"
 #include "adapters/slot_pool.h"
 #include "core/common/status_macros.h"
+#include "core/model/model_presets.h"
 #include "core/train/co_batch_step.h"
+#include "tests/common/golden_files.h"
 #include "tests/common/test_dir.h"
 #include "tests/common/tiny_model.h"
 #include "tests/common/train_fixture.h"
@@ -235,6 +238,74 @@ TEST_P(CheckpointRoundTripTest, GpuCheckpointRestoresOnCudaAndOnTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CheckpointRoundTripTest,
+                         ::testing::ValuesIn(kAllOptimizerFamilies));
+
+// qwen3_moe's architecture (routed experts, a dense layer) with random
+// weights at the byte tokenizer's vocabulary.
+const LlamaModel& MoeModel() {
+  static const LlamaModel* model = [] {
+    auto config = LoadModelConfig(GoldenPath("qwen3_moe"));
+    EXPECT_TRUE(config.ok()) << config.status();
+    config->vocab_size = 320;
+    const std::string dir = FreshTestDir("moe-model");
+    EXPECT_TRUE(WriteRandomModel(*config, /*seed=*/5, dir).ok());
+    auto loaded = LlamaModel::Load(dir, {});
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    return loaded->release();
+  }();
+  return *model;
+}
+
+class MoeCheckpointRoundTripTest
+    : public ::testing::TestWithParam<OptimizerFamily> {};
+
+// A slot on a mixture-of-experts base whose default targets adapt attention,
+// the experts' stacked parameters and the dense layer's MLP: its checkpoint
+// restores every tensor (each expert's optimizer state included) and it
+// trains on bit for bit as the uninterrupted slot.
+TEST_P(MoeCheckpointRoundTripTest, RestoredSlotTrainsOnIdentically) {
+  const LlamaModel& model = MoeModel();
+  const std::string job_dir = FreshTestDir("ckpt-moe") + "/job-a";
+  auto request = [&] {
+    SlotAttachRequest r = Request(GetParam(), 4);
+    r.lora.dropout = 0.0;  // The experts take none.
+    return r;
+  };
+  SlotPool original(model.config(), {.capacity = 1});
+  ASSERT_TRUE(original.Attach(request()).ok());
+  const TrainingSlot& saved = original.slot(0);
+  ASSERT_TRUE(saved.weights.Find(0, Projection::kExpertGateUp) != nullptr);
+  Train(original, 5, model);
+  ASSERT_TRUE(
+      WriteSlotCheckpoint(job_dir, saved, InfoOf(saved, 0), "qwen3-moe", 3)
+          .ok());
+  const std::string dir = CheckpointDir(job_dir, 5);
+  auto info = ReadCheckpointInfo(dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto adapter = LoadPeftAdapter(dir, model.config());
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  auto state = ReadCheckpointFile(dir, kCheckpointStateFile);
+  ASSERT_TRUE(state.ok()) << state.status();
+
+  SlotPool restored(model.config(), {.capacity = 1});
+  SlotAttachRequest resume = request();
+  resume.initial_weights = std::make_shared<const PeftAdapter>(*adapter);
+  ASSERT_TRUE(restored.Attach(resume).ok());
+  TrainingSlot& slot = restored.slot(0);
+  ASSERT_TRUE(RestoreCheckpoint(dir, *info, *state, slot).ok());
+  ExpectAllEqual(Snapshot(slot.weights), Snapshot(saved.weights));
+  ExpectAllEqual(OptimizerStateTensors(*slot.optimizer),
+                 OptimizerStateTensors(*saved.optimizer));
+
+  Train(original, 15, model);
+  Train(restored, 15, model);
+  ExpectAllEqual(Snapshot(slot.weights), Snapshot(original.slot(0).weights));
+  ExpectAllEqual(OptimizerStateTensors(*slot.optimizer),
+                 OptimizerStateTensors(*original.slot(0).optimizer));
+  EXPECT_TRUE(slot.done());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, MoeCheckpointRoundTripTest,
                          ::testing::ValuesIn(kAllOptimizerFamilies));
 
 TEST(CheckpointTest, ManifestHoldsSizeAndSha256OfEveryFile) {
