@@ -314,5 +314,115 @@ TEST(GoldenTest, BadBatchesAreRejected) {
   EXPECT_EQ(wrong_dtype.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// gpt-oss's attention sinks (an explicit attention path, not SDPA) on the
+// other ways attention runs: decoding through the KV cache (past the
+// sliding window, left-padded prefill), packed rows, and the unmasked
+// causal path of long unpadded rows.
+std::unique_ptr<LlamaModel> LoadGptOssFp64() {
+  auto model =
+      LlamaModel::Load(FixtureDir("gpt_oss"), {torch::kCPU, torch::kFloat64});
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+TEST(GoldenTest, GptOssCachedDecodingMatchesTransformers) {
+  std::unique_ptr<LlamaModel> model = LoadGptOssFp64();
+  ASSERT_NE(model, nullptr);
+  torch::NoGradGuard no_grad;
+  const GoldenLogits golden = ReadGoldenLogits(FixtureDir("gpt_oss"));
+  const torch::Tensor& want = golden.logits.at("logits");
+  const int64_t rows = golden.input_ids.size(0);
+  const int64_t prefill = 2;
+  // Prefill each row's first two tokens, left-padded where it has fewer.
+  torch::Tensor ids = torch::zeros({rows, prefill}, torch::kInt64);
+  torch::Tensor valid = torch::zeros({rows, prefill}, torch::kBool);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = std::min(prefill, golden.lengths[r].item<int64_t>());
+    ids[r].narrow(0, prefill - n, n).copy_(golden.input_ids[r].narrow(0, 0, n));
+    valid[r].narrow(0, prefill - n, n).fill_(true);
+  }
+  KvCache cache(model->config(), rows, /*capacity=*/3, torch::kFloat64,
+                torch::kCPU);
+  auto hidden = model->ForwardCached(ids, valid, cache);
+  ASSERT_TRUE(hidden.ok()) << hidden.status();
+  torch::Tensor logits = model->Logits(*hidden);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = std::min(prefill, golden.lengths[r].item<int64_t>());
+    EXPECT_LE((logits[r].narrow(0, prefill - n, n) - want[r].narrow(0, 0, n))
+                  .abs()
+                  .max()
+                  .item<double>(),
+              1e-4)
+        << "row " << r << " prefill";
+  }
+  for (int64_t t = prefill; t < golden.input_ids.size(1); ++t) {
+    hidden = model->ForwardCached(golden.input_ids.narrow(1, t, 1).contiguous(),
+                                  torch::Tensor(), cache);
+    ASSERT_TRUE(hidden.ok()) << hidden.status();
+    logits = model->Logits(*hidden);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t >= golden.lengths[r].item<int64_t>()) continue;
+      EXPECT_LE((logits[r][0] - want[r][t]).abs().max().item<double>(), 1e-4)
+          << "row " << r << " position " << t;
+    }
+  }
+}
+
+TEST(GoldenTest, GptOssPackedRowEqualsEachExampleAlone) {
+  std::unique_ptr<LlamaModel> model = LoadGptOssFp64();
+  ASSERT_NE(model, nullptr);
+  torch::NoGradGuard no_grad;
+  const GoldenLogits golden = ReadGoldenLogits(FixtureDir("gpt_oss"));
+  const int64_t rows = golden.input_ids.size(0);
+  std::vector<torch::Tensor> ids, segments;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = golden.lengths[r].item<int64_t>();
+    ids.push_back(golden.input_ids[r].narrow(0, 0, n));
+    segments.push_back(torch::full({n}, r, torch::kInt64));
+  }
+  const torch::Tensor packed = torch::cat(ids).unsqueeze(0);
+  const int64_t total = packed.size(1);
+  ForwardOptions options;
+  options.segment_ids = torch::cat(segments).unsqueeze(0);
+  auto hidden =
+      model->ForwardHidden(packed, torch::tensor({total}), nullptr, options);
+  ASSERT_TRUE(hidden.ok()) << hidden.status();
+  const torch::Tensor logits = model->Logits(*hidden)[0];
+  int64_t at = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = golden.lengths[r].item<int64_t>();
+    EXPECT_LE((logits.narrow(0, at, n) -
+               golden.logits.at("logits")[r].narrow(0, 0, n))
+                  .abs()
+                  .max()
+                  .item<double>(),
+              1e-4)
+        << "example " << r;
+    at += n;
+  }
+}
+
+TEST(GoldenTest, GptOssLongRowsWithoutMaskEqualMaskedOnes) {
+  std::unique_ptr<LlamaModel> loaded = LoadGptOssFp64();
+  ASSERT_NE(loaded, nullptr);
+  torch::NoGradGuard no_grad;
+  // Room for a row long enough that its full layers attend without a mask
+  // (kCpuCausalKernelTokens) and one more padded column that needs one.
+  ModelConfig config = loaded->config();
+  config.max_position_embeddings = kCpuCausalKernelTokens + 1;
+  LlamaModel model(config, loaded->weights(), torch::kFloat64, torch::kCPU);
+  const int64_t n = kCpuCausalKernelTokens;
+  torch::Tensor ids = torch::randint(
+      config.vocab_size, {1, n}, torch::TensorOptions().dtype(torch::kInt64));
+  auto unmasked = model.Forward(ids, torch::tensor({n}));
+  ASSERT_TRUE(unmasked.ok()) << unmasked.status();
+  auto masked =
+      model.Forward(torch::cat({ids, torch::zeros({1, 1}, torch::kInt64)}, 1),
+                    torch::tensor({n}));
+  ASSERT_TRUE(masked.ok()) << masked.status();
+  EXPECT_LE((*unmasked - masked->narrow(1, 0, n)).abs().max().item<double>(),
+            1e-10);
+}
+
 }  // namespace
 }  // namespace loraplex
