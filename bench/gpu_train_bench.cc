@@ -231,7 +231,9 @@ int main(int argc, char** argv) {
   std::string profile_dir;
   app.add_option("--device", device_flag, "cpu, cuda or cuda:N")
       ->capture_default_str();
-  app.add_option("--shapes", shapes, "0.5b, 1.5b, 8b, or a preset (tiny)")
+  app.add_option("--shapes", shapes,
+                 "0.5b, 1.5b, 8b, 30b-a3b (Qwen3-30B-A3B, MFU on active "
+                 "parameters), or a preset (tiny, tiny-moe)")
       ->delimiter(',');
   app.add_option("--slots", slot_counts, "Slot counts")->delimiter(',');
   app.add_option("--seq", seqs, "Tokens per sequence")->delimiter(',');
@@ -300,8 +302,10 @@ int main(int argc, char** argv) {
     options.token_budget = budget_for(*config);
     std::cout << "\n"
               << shape << ": " << BaseParameterCount(*config) / 1e6
-              << "M parameters, token "
-              << "budget " << options.token_budget << "\n";
+              << "M parameters (" << ActiveParameterCount(*config) / 1e6
+              << "M active per token), weights "
+              << BaseParameterCount(*config) * torch::elementSize(dtype) / 1e9
+              << " GB, token budget " << options.token_budget << "\n";
     std::vector<Run> runs;
     double one_slot = 0;
     double sixteen_slots = 0;

@@ -1,6 +1,7 @@
 // The model shapes the device benchmarks run: the published configs of
-// Qwen2.5-0.5B ("0.5b"), Qwen2.5-1.5B ("1.5b") and Meta-Llama-3-8B ("8b"),
-// or a built-in preset ("tiny", "small"), with random weights generated
+// Qwen2.5-0.5B ("0.5b"), Qwen2.5-1.5B ("1.5b"), Meta-Llama-3-8B ("8b") and
+// Qwen3-30B-A3B ("30b-a3b"), or a built-in preset ("tiny", "small",
+// "tiny-moe"), with random weights generated
 // where the model runs (no files).
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(ModelConfig config, ShapeConfig("8b"));
@@ -27,7 +28,7 @@
 namespace loraplex {
 
 // The shapes' config.json files as published (Qwen/Qwen2.5-0.5B,
-// Qwen/Qwen2.5-1.5B, meta-llama/Meta-Llama-3-8B).
+// Qwen/Qwen2.5-1.5B, meta-llama/Meta-Llama-3-8B, Qwen/Qwen3-30B-A3B).
 inline const std::map<std::string, std::string>& PublishedShapeConfigs() {
   static const auto* configs = new std::map<std::string, std::string>{
       {"0.5b",
@@ -51,6 +52,17 @@ inline const std::map<std::string, std::string>& PublishedShapeConfigs() {
            "num_attention_heads": 32, "num_key_value_heads": 8,
            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
            "rope_theta": 500000.0, "tie_word_embeddings": false})"},
+      {"30b-a3b",
+       R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+           "vocab_size": 151936, "hidden_size": 2048,
+           "intermediate_size": 6144, "moe_intermediate_size": 768,
+           "num_hidden_layers": 48, "num_attention_heads": 32,
+           "num_key_value_heads": 4, "head_dim": 128,
+           "num_experts": 128, "num_experts_per_tok": 8,
+           "norm_topk_prob": true, "decoder_sparse_step": 1,
+           "mlp_only_layers": [], "max_position_embeddings": 40960,
+           "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+           "tie_word_embeddings": false})"},
   };
   return *configs;
 }
@@ -79,7 +91,7 @@ inline std::unique_ptr<LlamaModel> RandomModel(const ModelConfig& config,
   ModelWeights weights =
       AssembleModelWeights(config, [&](const std::string& name) {
         const std::vector<int64_t>& shape = shapes.at(name);
-        if (name.find("norm") != std::string::npos) {
+        if (name.find("norm") != std::string::npos && shape.size() == 1) {
           return torch::ones(shape, options);
         }
         return torch::randn(shape, options).mul_(0.02);

@@ -68,14 +68,29 @@ inline double GemmGflops(int64_t n, int repeats) {
   return 2.0 * n * n * n / best / 1e9;
 }
 
-// Matmul FLOPs of the seven projections for one token, all layers.
+// Matmul FLOPs of one projection for one token: a mixture's experts run
+// top_k times, and its router once (with the experts' gate_up).
+inline double ProjectionFlops(const ModelConfig& c, Projection p) {
+  const auto shape = ProjectionShape(c, p);
+  double flops = 2.0 * shape[0] * shape[1];
+  if (!IsExpertProjection(p)) return flops;
+  flops *= static_cast<double>(c.moe.top_k);
+  if (p == Projection::kExpertGateUp) {
+    flops += 2.0 * c.hidden_size * c.moe.num_experts;
+  }
+  return flops;
+}
+
+// Matmul FLOPs of the layers' projections for one token, all layers (the
+// active ones of a mixture of experts).
 inline double ProjectionFlopsPerToken(const ModelConfig& c) {
   double flops = 0;
-  for (Projection p : kAllProjections) {
-    const auto shape = ProjectionShape(c, p);
-    flops += 2.0 * shape[0] * shape[1];
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    for (Projection p : LayerProjections(c, layer)) {
+      flops += ProjectionFlops(c, p);
+    }
   }
-  return flops * c.num_hidden_layers;
+  return flops;
 }
 
 // Attention matmul FLOPs (scores and weighted values) for one token of a
@@ -93,7 +108,8 @@ inline double ForwardFlops(const ModelConfig& c, int64_t tokens, int64_t seq) {
 }
 
 // Matmul FLOPs of one training step over `rows` full sequences of
-// `seq_len` tokens, rank-`rank` LoRA on all seven projections.
+// `seq_len` tokens, rank-`rank` LoRA on every projection of every layer
+// (a mixture's active experts only: MFU counted on active parameters).
 inline double TrainStepFlops(const ModelConfig& c, int64_t rows,
                              int64_t seq_len, int64_t rank) {
   const double tokens = static_cast<double>(rows * seq_len);
@@ -102,11 +118,14 @@ inline double TrainStepFlops(const ModelConfig& c, int64_t rows,
   const double linear = ProjectionFlopsPerToken(c) * tokens;
   const double attention = AttentionFlopsPerToken(c, seq_len) * tokens;
   double lora_per_token = 0;
-  for (Projection p : kAllProjections) {
-    const auto shape = ProjectionShape(c, p);
-    lora_per_token += 2.0 * rank * (shape[0] + shape[1]);
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    for (Projection p : LayerProjections(c, layer)) {
+      const auto shape = ProjectionShape(c, p);
+      lora_per_token += 2.0 * rank * (shape[0] + shape[1]) *
+                        (IsExpertProjection(p) ? c.moe.top_k : 1);
+    }
   }
-  const double lora = lora_per_token * c.num_hidden_layers * tokens;
+  const double lora = lora_per_token * tokens;
   // Backward: input gradients of the frozen linears and LM head (as much
   // as their forward), twice the attention forward, and twice the LoRA
   // forward (gradients of A, B and their inputs).
