@@ -151,6 +151,43 @@ TEST(ModelFamilyConfigTest, GptOssReadsItsKeysAndRoundTrips) {
   EXPECT_EQ(config->rope.factor, 4.0);
 }
 
+TEST(ModelFamilyConfigTest, GptOss20bReleasedConfigParses) {
+  // openai/gpt-oss-20b's config.json (transformers 4.55), layer_types cut.
+  json raw = json::parse(R"({
+    "architectures": ["GptOssForCausalLM"], "attention_bias": true,
+    "attention_dropout": 0.0, "eos_token_id": 200002,
+    "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2880, "initial_context_length": 4096,
+    "initializer_range": 0.02, "intermediate_size": 2880,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss",
+    "num_attention_heads": 64, "num_experts_per_tok": 4,
+    "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "num_local_experts": 32, "output_router_logits": false,
+    "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router",
+        "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+        "original_max_position_embeddings": 4096, "rope_type": "yarn",
+        "truncate": false},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9,
+    "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 201088})");
+  auto config = ParseConfigJson(raw);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->moe.num_experts, 32);
+  EXPECT_EQ(config->moe.top_k, 4);
+  EXPECT_EQ(config->moe.intermediate_size, 2880);
+  EXPECT_EQ(config->rope.type, RopeType::kYarn);
+  EXPECT_EQ(config->rope.theta, 150000.0);
+  EXPECT_EQ(config->rope.original_max_position_embeddings, 4096);
+  EXPECT_EQ(SlidingLayers(*config).size(), 12u);  // Even layers.
+  EXPECT_EQ(config->dtype, StoredDtype::kBFloat16);
+}
+
 TEST(ModelFamilyConfigTest, GptOssRefusesOtherQuantizations) {
   json raw = GptOss();
   raw["quantization_config"] = {{"quant_method", "fp8"}};
