@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "core/lora/lora_weights.h"
+#include "core/model/experts.h"
 #include "core/model/llama_model.h"
 
 namespace loraplex {
@@ -82,6 +83,14 @@ class MultiLoraDelta : public ProjectionDelta {
                     const torch::Tensor& rows,
                     torch::Tensor& output) const override;
 
+  // Hands each mixture-of-experts layer's routing to `observer` (nullptr:
+  // to none), which must outlive the backward pass (checkpointed layers
+  // route again there).
+  void set_routing_observer(RoutingObserver* observer) {
+    routing_observer_ = observer;
+  }
+  void ObserveRouting(int layer, const ExpertRouting& routing) const override;
+
   const std::vector<LoraSegment>& segments() const { return segments_; }
 
   // Segment s's LM-head module, or nullptr when it has none.
@@ -112,6 +121,7 @@ class MultiLoraDelta : public ProjectionDelta {
   std::vector<LoraSegment> segments_;
   std::vector<int64_t> sizes_;
   LoraKernel kernel_;
+  RoutingObserver* routing_observer_ = nullptr;
 };
 
 }  // namespace loraplex

@@ -8,6 +8,11 @@
 
 namespace loraplex {
 
+void MultiLoraDelta::ObserveRouting(int layer,
+                                    const ExpertRouting& routing) const {
+  if (routing_observer_ != nullptr) routing_observer_->Observe(layer, routing);
+}
+
 void MultiLoraDelta::AddToExperts(int layer, Projection projection,
                                   const torch::Tensor& x,
                                   const std::vector<int64_t>& counts,

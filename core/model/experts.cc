@@ -78,6 +78,7 @@ torch::Tensor RunExperts(const ModelConfig& config, int layer,
                          const torch::Tensor& rows,
                          const ProjectionDelta* delta) {
   const std::vector<int64_t>& counts = routing.counts;
+  if (delta != nullptr) delta->ObserveRouting(layer, routing);
   torch::Tensor inputs = x.index_select(0, routing.tokens);
   torch::Tensor pair_rows = rows.index_select(0, routing.tokens);
   torch::Tensor gate_up =

@@ -31,6 +31,15 @@ struct ExpertRouting {
   std::vector<int64_t> counts;  // Pairs per expert, on the CPU.
 };
 
+// Sees each mixture-of-experts layer's routing during a forward pass, as
+// ProjectionDelta::ObserveRouting hands it on (e.g. to count the tokens each
+// expert receives: core/train/expert_token_counter.h).
+class RoutingObserver {
+ public:
+  virtual ~RoutingObserver() = default;
+  virtual void Observe(int layer, const ExpertRouting& routing) = 0;
+};
+
 // Routes the tokens x [tokens, hidden] as config.moe.router says: softmax
 // (in fp32, fp64 for an fp64 model) then the top k, renormalised when
 // norm_topk_prob (Qwen3-MoE); or the top k logits then their softmax
@@ -40,7 +49,9 @@ ExpertRouting RouteTokens(const ModelConfig& config,
 
 // The experts' weighted outputs [tokens, hidden] for x [tokens, hidden]
 // routed by `routing`. rows: int64 [tokens], each token's row in the batch
-// (for the adapters' segments); `delta` may be null.
+// (for the adapters' segments); `delta` may be null, else it sees the
+// routing (ProjectionDelta::ObserveRouting) and adds the experts' adapter
+// terms.
 torch::Tensor RunExperts(const ModelConfig& config, int layer,
                          const LayerWeights& weights, const torch::Tensor& x,
                          const ExpertRouting& routing,

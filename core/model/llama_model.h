@@ -31,6 +31,8 @@
 
 namespace loraplex {
 
+struct ExpertRouting;
+
 // Adds adapter terms to the outputs of the frozen projections. The model
 // calls it once per group of projections that share an input (q/k/v,
 // o, gate/up, down), right after computing their base outputs.
@@ -52,6 +54,12 @@ class ProjectionDelta {
                             const std::vector<int64_t>& /*counts*/,
                             const torch::Tensor& /*rows*/,
                             torch::Tensor& /*output*/) const {}
+  // A mixture-of-experts layer's routing of the batch's tokens (experts.h:
+  // routing.tokens index the [rows, seq] positions row-major, padding
+  // included), seen once per forward pass of the layer, and again when a
+  // checkpointed layer recomputes it in the backward pass.
+  virtual void ObserveRouting(int /*layer*/,
+                              const ExpertRouting& /*routing*/) const {}
   // Returns `logits` [rows, ..., vocab], the base LM head's output on
   // `hidden` [rows, ..., hidden], plus the adapters' LM-head terms. Those
   // rows are the batch's rows first_row, first_row + 1, ...

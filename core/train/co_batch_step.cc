@@ -230,11 +230,14 @@ void ZeroMissingGrads(TrainingSlot& slot) {
 }
 
 // Sums every slot's gradients (zeros where this rank had no rows of it),
-// the loss sums and the ranks' failure flags over the ranks.
+// the loss sums, the router statistics and the ranks' failure flags over
+// the ranks.
 // FAILED_PRECONDITION when any rank's part of the step failed.
 absl::Status SumOverRanks(const StepSync& sync,
                           const std::vector<TrainingSlot*>& slots,
-                          std::vector<double>& losses, bool failed_here) {
+                          std::vector<double>& losses,
+                          std::vector<std::vector<int64_t>>& expert_tokens,
+                          bool failed_here) {
   std::vector<torch::Tensor> tensors;
   torch::Device device = torch::kCPU;
   for (TrainingSlot* slot : slots) {
@@ -246,15 +249,25 @@ absl::Status SumOverRanks(const StepSync& sync,
   }
   std::vector<double> values = losses;
   values.push_back(failed_here ? 1.0 : 0.0);
+  // The slots' router statistics (exact as doubles up to 2^53 tokens).
+  for (size_t i = 0; i < slots.size() && i < expert_tokens.size(); ++i) {
+    values.insert(values.end(), expert_tokens[i].begin(),
+                  expert_tokens[i].end());
+  }
   tensors.push_back(torch::tensor(values, torch::kDouble).to(device));
   LORAPLEX_RETURN_IF_ERROR(sync.sum(tensors));
-  const torch::Tensor summed = tensors.back().cpu();
-  if (summed[static_cast<int64_t>(losses.size())].item<double>() > 0) {
+  const torch::Tensor summed = tensors.back().cpu().contiguous();
+  const double* sums = summed.data_ptr<double>();
+  if (sums[losses.size()] > 0) {
     return absl::FailedPreconditionError(
         "the step failed on another rank; no slot changed");
   }
-  for (size_t i = 0; i < losses.size(); ++i) {
-    losses[i] = summed[static_cast<int64_t>(i)].item<double>();
+  for (size_t i = 0; i < losses.size(); ++i) losses[i] = sums[i];
+  size_t at = losses.size() + 1;
+  for (size_t i = 0; i < slots.size() && i < expert_tokens.size(); ++i) {
+    for (int64_t& count : expert_tokens[i]) {
+      count = static_cast<int64_t>(sums[at++]);
+    }
   }
   return absl::OkStatus();
 }
@@ -352,10 +365,11 @@ void KeepThisRanksRows(const std::vector<std::vector<const Sequence*>>& batches,
 
 // Phase 1. Takes each slot's next batch (its cursor moves on; `pass` keeps
 // the old one) and each call's data; gives `pass` its owners, the rows
-// this rank runs and zeroed sums.
+// this rank runs and zeroed sums (router statistics of `experts` experts
+// when the base has them).
 void GatherRows(const std::vector<TrainingSlot*>& slots,
                 const std::vector<ForwardBackwardCall>& calls,
-                const StepSync* sync, PassRows& pass) {
+                const StepSync* sync, int64_t experts, PassRows& pass) {
   std::vector<std::vector<const Sequence*>> batches;
   PassOwners& owners = pass.owners;
   for (TrainingSlot* slot : slots) {
@@ -386,6 +400,11 @@ void GatherRows(const std::vector<TrainingSlot*>& slots,
   pass.logprobs.resize(owners.adapters.size());
   pass.sums = PassSums{std::vector<double>(owners.adapters.size(), 0.0),
                        calls.empty() ? nullptr : &pass.logprobs};
+  if (experts > 0) {
+    // Zeros for every owner, so that the ranks sum lists of one length.
+    pass.sums.expert_tokens.assign(owners.adapters.size(),
+                                   std::vector<int64_t>(experts, 0));
+  }
   pass.losses.assign(slots.size(), 0.0);
 }
 
@@ -433,7 +452,8 @@ absl::Status RunForwardBackward(const LlamaModel& model,
 absl::Status AddUpGradients(const StepSync* sync,
                             const std::vector<TrainingSlot*>& slots,
                             absl::Status local, GradStash& stash,
-                            std::vector<double>& losses) {
+                            std::vector<double>& losses,
+                            std::vector<std::vector<int64_t>>& expert_tokens) {
   if (sync != nullptr) {
     // Every rank takes part in the sum even when its own part failed, and
     // then all of them fail together: none is left waiting.
@@ -442,7 +462,7 @@ absl::Status AddUpGradients(const StepSync* sync,
       if (!local.ok()) {
         for (TrainingSlot* slot : slots) DropGrads(*slot);
       }
-      summed = SumOverRanks(*sync, slots, losses, !local.ok());
+      summed = SumOverRanks(*sync, slots, losses, expert_tokens, !local.ok());
     } catch (const c10::Error& e) {
       summed = TorchError("summing over the ranks failed", e);
     }
@@ -501,6 +521,9 @@ absl::StatusOr<std::vector<SlotStepMetrics>> ClipSlots(
       m.lr = slot.scheduler->lr();
       m.target_tokens = pass.targets[i];
       m.tokens = pass.tokens[i];
+      if (i < pass.sums.expert_tokens.size()) {
+        m.expert_tokens = pass.sums.expert_tokens[i];
+      }
       if (pass.targets[i] == 0) {
         m.skipped = true;
         m.skip_reason = "no target tokens in the batch";
@@ -639,12 +662,13 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
     return Unchanged(std::move(checked));
   }
   PassRows pass;
-  GatherRows(slots, calls, sync, pass);
+  GatherRows(slots, calls, sync, model.config().moe.num_experts, pass);
   // The calls' gradients of earlier calls wait aside while this pass adds
   // its own, so a failure can put them back untouched.
   GradStash stash(calls);
   absl::Status local = RunForwardBackward(model, slots, options, pass);
-  local = AddUpGradients(sync, slots, std::move(local), stash, pass.losses);
+  local = AddUpGradients(sync, slots, std::move(local), stash, pass.losses,
+                         pass.sums.expert_tokens);
   if (!local.ok()) {
     RestoreSlots(slots, pass.cursors);
     stash.PutBack();

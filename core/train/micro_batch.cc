@@ -1,10 +1,12 @@
 #include "core/train/micro_batch.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "core/common/status_macros.h"
 #include "core/lora/multi_lora.h"
+#include "core/train/expert_token_counter.h"
 
 namespace loraplex {
 namespace {
@@ -301,8 +303,20 @@ absl::Status RunMicroBatch(const LlamaModel& model,
       pieces, owners, /*pad_id=*/0, model.device(), model.logits_dtype());
   if (batch.ranges.empty()) return absl::OkStatus();  // No target tokens.
   // Lives until the backward pass below, which checkpointed layers rerun.
-  const MultiLoraDelta delta(Segments(pieces, owners, /*training=*/backward),
-                             options.kernel);
+  MultiLoraDelta delta(Segments(pieces, owners, /*training=*/backward),
+                       options.kernel);
+  // Router statistics; lives as long as the delta.
+  std::optional<ExpertTokenCounter> counter;
+  if (model.config().moe.num_experts > 0) {
+    std::vector<int64_t> row_owner;
+    for (const Piece& p : pieces) {
+      row_owner.insert(row_owner.end(), p.rows.size(),
+                       static_cast<int64_t>(p.owner));
+    }
+    counter.emplace(model.config(), batch.lengths, batch.input_ids.size(1),
+                    row_owner, static_cast<int64_t>(owners.adapters.size()));
+    delta.set_routing_observer(&*counter);
+  }
   ForwardOptions forward;
   forward.segment_ids = batch.segment_ids;
   if (backward) {
@@ -384,6 +398,7 @@ absl::Status RunMicroBatch(const LlamaModel& model,
     }
     torch::autograd::backward(outputs, output_grads);
   }
+  if (counter) counter->AddTo(sums.expert_tokens);
   auto values_of = [](const std::vector<torch::Tensor>& parts) {
     return torch::cat(parts, 0).to(torch::kCPU, torch::kFloat64).contiguous();
   };

@@ -73,6 +73,10 @@ struct PassOwners {
 struct PassSums {
   std::vector<double> losses;
   std::vector<std::vector<double>>* logprobs = nullptr;
+  // On a mixture-of-experts base, the tokens each expert received from each
+  // owner's real tokens, summed over the sparse layers (ExpertTokenCounter);
+  // left empty on a dense base.
+  std::vector<std::vector<int64_t>> expert_tokens = {};
 };
 
 // How every micro-batch of a pass runs.

@@ -2,7 +2,8 @@
 // mixture-of-experts base (the qwen3_moe golden checkpoint, float64): each
 // call's loss and gradients are those it has alone, whatever micro-batches
 // mix its rows with the others', and an adapter whose experts hold NaN
-// leaves its neighbours' results untouched.
+// leaves its neighbours' results untouched. A job step's router statistics
+// count each slot's own real tokens per expert.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,10 +12,16 @@
 #include <memory>
 #include <vector>
 
+#include "adapters/slot_pool.h"
 #include "core/lora/lora_weights.h"
+#include "core/model/experts.h"
 #include "core/model/llama_model.h"
+#include "core/model/model_presets.h"
 #include "core/train/co_batch_step.h"
 #include "tests/common/golden_files.h"
+#include "tests/common/test_dir.h"
+#include "tests/common/tiny_model.h"
+#include "tests/common/train_fixture.h"
 
 namespace loraplex {
 namespace {
@@ -174,6 +181,116 @@ TEST(MoeCoBatchTest, NanExpertsStayInTheirOwnSlot) {
   EXPECT_TRUE(std::isnan(both->calls[0].loss));
   EXPECT_NEAR(both->calls[1].loss, result->calls[0].loss, 1e-10);
   ExpectSameGradients(*alone, *healthy);
+}
+
+// The qwen3_moe architecture (a dense layer among routed ones) with random
+// weights at the byte tokenizer's vocabulary, float64.
+std::unique_ptr<LlamaModel> ByteVocabularyMoe() {
+  auto config = LoadModelConfig(GoldenPath("qwen3_moe"));
+  EXPECT_TRUE(config.ok()) << config.status();
+  config->vocab_size = 320;
+  const std::string dir = FreshTestDir("moe-bytes");
+  EXPECT_TRUE(WriteRandomModel(*config, /*seed=*/9, dir).ok());
+  auto model = LlamaModel::Load(dir, {torch::kCPU, torch::kFloat64});
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+// Sums the experts' pair counts of every layer it sees.
+class PairCounts : public RoutingObserver {
+ public:
+  explicit PairCounts(int64_t experts) : counts(experts, 0) {}
+  void Observe(int /*layer*/, const ExpertRouting& routing) override {
+    for (size_t e = 0; e < counts.size(); ++e) counts[e] += routing.counts[e];
+  }
+  std::vector<int64_t> counts;
+};
+
+// Router statistics of a job step: each slot's tokens per expert, summed
+// over the sparse layers, count its real tokens only (rows of different
+// lengths are padded; micro-batches mix slots; checkpointed layers route
+// again in the backward pass), add up to top_k × tokens × sparse layers,
+// and equal the routing of each of its sequences run alone, unpadded.
+TEST(MoeCoBatchTest, StepMetricsCountEachSlotsTokensPerExpert) {
+  auto model = ByteVocabularyMoe();
+  ASSERT_NE(model, nullptr);
+  const ModelConfig& config = model->config();
+  int64_t sparse_layers = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    sparse_layers += LayerIsSparse(config, layer) ? 1 : 0;
+  }
+  ASSERT_EQ(sparse_layers, 2);
+  const std::vector<Projection> all(kAllProjections.begin(),
+                                    kAllProjections.end());
+  // Each slot's batch is its whole dataset, so its first step sees every
+  // sequence.
+  std::vector<SlotAttachRequest> requests;
+  requests.push_back(TrainRequest("a", OptimizerFamily::kAdamW, 4, all,
+                                  Sequences(ReversalJsonl(3, 1), 16), 101));
+  requests.push_back(
+      TrainRequest("b", OptimizerFamily::kMuon, 8,
+                   {Projection::kQ, Projection::kV, Projection::kExpertDown},
+                   Sequences(ReversalJsonl(3, 2), 12), 102));
+  for (SlotAttachRequest& request : requests) {
+    request.training.batch_size = 3;
+  }
+  // What each slot's sequences route to alone, with its initial weights.
+  std::vector<std::vector<int64_t>> expected;
+  std::vector<int64_t> tokens;
+  for (const SlotAttachRequest& request : requests) {
+    SlotPool pool(config, {.capacity = 1});
+    ASSERT_TRUE(pool.Attach(request).ok());
+    PairCounts direct(config.moe.num_experts);
+    MultiLoraDelta delta({{&pool.slot(0).weights, 1}});
+    delta.set_routing_observer(&direct);
+    int64_t total = 0;
+    torch::NoGradGuard no_grad;
+    for (const Sequence& seq : request.data->sequences) {
+      const int64_t n = static_cast<int64_t>(seq.input_ids.size());
+      ASSERT_TRUE(model
+                      ->ForwardHidden(torch::tensor(seq.input_ids).unsqueeze(0),
+                                      torch::tensor(std::vector<int64_t>{n}),
+                                      &delta)
+                      .ok());
+      total += n;
+    }
+    expected.push_back(direct.counts);
+    tokens.push_back(total);
+  }
+  ASSERT_NE(tokens[0], tokens[1]);
+  for (const char* mode : {"one micro-batch", "mixed", "checkpointed"}) {
+    SCOPED_TRACE(mode);
+    SlotPool pool(config, {.capacity = 2});
+    for (const SlotAttachRequest& request : requests) {
+      ASSERT_TRUE(pool.Attach(request).ok());
+    }
+    CoBatchOptions options;
+    options.token_budget = std::string(mode) == "mixed" ? 40 : 0;
+    if (std::string(mode) == "checkpointed") {
+      options.checkpointing.mode = CheckpointMode::kEvery;
+      options.checkpointing.every = 1;
+    }
+    auto metrics = TrainCoBatchStep(*model, pool.ActiveSlots(), options);
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    for (size_t s = 0; s < requests.size(); ++s) {
+      const SlotStepMetrics& m = (*metrics)[s];
+      EXPECT_EQ(m.tokens, tokens[s]);
+      EXPECT_EQ(m.expert_tokens, expected[s]) << "slot " << s;
+      int64_t sum = 0;
+      for (int64_t count : m.expert_tokens) sum += count;
+      EXPECT_EQ(sum, config.moe.top_k * m.tokens * sparse_layers);
+    }
+  }
+  // A dense base reports none.
+  SlotPool dense(TinyModel().config(), {.capacity = 1});
+  ASSERT_TRUE(dense
+                  .Attach(TrainRequest("d", OptimizerFamily::kAdamW, 4,
+                                       {Projection::kQ},
+                                       Sequences(ReversalJsonl(3, 1), 16), 7))
+                  .ok());
+  auto metrics = TrainCoBatchStep(TinyModel(), dense.ActiveSlots(), {});
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_TRUE((*metrics)[0].expert_tokens.empty());
 }
 
 }  // namespace
