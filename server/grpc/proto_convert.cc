@@ -417,6 +417,8 @@ void JobMetricsToProto(const JobMetricsRecord& record,
   if (record.validation_loss.has_value()) {
     metrics->set_validation_loss(*record.validation_loss);
   }
+  metrics->mutable_expert_tokens()->Add(record.expert_tokens.begin(),
+                                        record.expert_tokens.end());
 }
 
 void JobEventToProto(const JobEventRecord& record, v1::JobEvent* event) {

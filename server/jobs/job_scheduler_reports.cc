@@ -46,6 +46,7 @@ void JobScheduler::HandleReports(std::deque<TrainerReport> reports) {
       metrics.tokens_per_second = report.tokens_per_second;
       metrics.tokens = report.tokens;
       metrics.skipped_steps = report.skipped_steps;
+      metrics.expert_tokens = report.metrics.expert_tokens;
       if (report.validation_loss) {
         metrics.validation_loss = report.validation_loss;
       }

@@ -46,9 +46,11 @@ using store_internal::Transaction;
 
 // Stored in PRAGMA user_version; a database with a higher one was written by
 // a newer loraplex whose tables this one may misread.
-// 2: requests. 3: sessions, tinker_names, results.
-constexpr int kSchemaVersion = 3;
+// 2: requests. 3: sessions, tinker_names, results. 4: expert_tokens in
+// jobs and job_events.
+constexpr int kSchemaVersion = 4;
 constexpr int kMaxPageSize = 1000;
+
 constexpr int kBusyTimeoutMs = 5000;
 
 // row_id orders every listing: AUTOINCREMENT never reuses the id of a
@@ -86,6 +88,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   tokens INTEGER NOT NULL,
   skipped_steps INTEGER NOT NULL,
   validation_loss REAL,
+  expert_tokens TEXT NOT NULL DEFAULT '',
   error_code TEXT NOT NULL,
   error_message TEXT NOT NULL,
   adapter_id TEXT NOT NULL,
@@ -112,6 +115,7 @@ CREATE TABLE IF NOT EXISTS job_events (
   tokens INTEGER NOT NULL,
   skipped_steps INTEGER NOT NULL,
   validation_loss REAL,
+  expert_tokens TEXT NOT NULL DEFAULT '',
   UNIQUE (job_id, sequence));
 
 CREATE TABLE IF NOT EXISTS adapters (
@@ -481,6 +485,20 @@ absl::Status InitializeDatabase(sqlite3* db, const std::string& path) {
   Transaction transaction(db);
   LORAPLEX_RETURN_IF_ERROR(transaction.Begin());
   LORAPLEX_RETURN_IF_ERROR(Exec(db, kSchema));
+  // Tables of versions before 4 gain the columns they lack.
+  for (const char* table : {"jobs", "job_events"}) {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::string has,
+        QueryText(db, absl::StrCat("SELECT COUNT(*) FROM pragma_table_info('",
+                                   table, "') WHERE name = 'expert_tokens'")
+                          .c_str()));
+    if (has == "0") {
+      LORAPLEX_RETURN_IF_ERROR(Exec(
+          db, absl::StrCat("ALTER TABLE ", table,
+                           " ADD COLUMN expert_tokens TEXT NOT NULL DEFAULT ''")
+                  .c_str()));
+    }
+  }
   LORAPLEX_RETURN_IF_ERROR(
       Exec(db, absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str()));
   return transaction.Commit();

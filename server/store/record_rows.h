@@ -11,7 +11,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "core/common/enum_names.h"
 #include "core/common/status_macros.h"
@@ -29,7 +32,7 @@ inline constexpr char kDatasetColumns[] =
 inline constexpr int kNumDatasetColumns = 7;
 inline constexpr char kMetricsColumns[] =
     "step, loss, lr, grad_norm, tokens_per_second, tokens, skipped_steps, "
-    "validation_loss";
+    "validation_loss, expert_tokens";
 inline constexpr char kJobColumnsBeforeMetrics[] =
     "id, tenant, display_name, base_model, training_dataset_id, "
     "validation_dataset_id, initial_adapter_id, spec, status, slot, "
@@ -37,10 +40,10 @@ inline constexpr char kJobColumnsBeforeMetrics[] =
 inline constexpr char kJobColumnsAfterMetrics[] =
     "error_code, error_message, adapter_id, create_time_ms, start_time_ms, "
     "end_time_ms";
-inline constexpr int kNumJobColumns = 25;
+inline constexpr int kNumJobColumns = 26;
 inline constexpr char kEventColumnsBeforeMetrics[] =
     "job_id, sequence, time_ms, status, message, error_code, error_message";
-inline constexpr int kNumEventColumns = 15;
+inline constexpr int kNumEventColumns = 16;
 inline constexpr char kAdapterColumns[] =
     "id, tenant, display_name, job_id, base_model, lora, create_time_ms";
 inline constexpr int kNumAdapterColumns = 7;
@@ -119,6 +122,7 @@ inline void BindMetrics(Statement& stmt, const JobMetricsRecord& metrics) {
   stmt.BindInt(metrics.tokens);
   stmt.BindInt(metrics.skipped_steps);
   stmt.BindOptionalDouble(metrics.validation_loss);
+  stmt.BindText(absl::StrJoin(metrics.expert_tokens, ","));
 }
 
 inline JobMetricsRecord ReadMetrics(const Statement& stmt, int first_column) {
@@ -132,6 +136,12 @@ inline JobMetricsRecord ReadMetrics(const Statement& stmt, int first_column) {
   metrics.tokens = stmt.Int(column++);
   metrics.skipped_steps = stmt.Int(column++);
   metrics.validation_loss = stmt.OptionalDouble(column++);
+  // Written by BindMetrics: comma-separated counts, empty for none.
+  for (absl::string_view count :
+       absl::StrSplit(stmt.Text(column++), ',', absl::SkipEmpty())) {
+    int64_t value = 0;
+    if (absl::SimpleAtoi(count, &value)) metrics.expert_tokens.push_back(value);
+  }
   return metrics;
 }
 
@@ -174,12 +184,12 @@ inline absl::StatusOr<JobRecord> ReadJob(const Statement& stmt) {
   job.slot = static_cast<int>(stmt.Int(9));
   job.total_steps = stmt.Int(10);
   job.metrics = ReadMetrics(stmt, 11);
-  job.error_code = stmt.Text(19);
-  job.error_message = stmt.Text(20);
-  job.adapter_id = stmt.Text(21);
-  job.create_time_ms = stmt.Int(22);
-  job.start_time_ms = stmt.Int(23);
-  job.end_time_ms = stmt.Int(24);
+  job.error_code = stmt.Text(20);
+  job.error_message = stmt.Text(21);
+  job.adapter_id = stmt.Text(22);
+  job.create_time_ms = stmt.Int(23);
+  job.start_time_ms = stmt.Int(24);
+  job.end_time_ms = stmt.Int(25);
   return job;
 }
 

@@ -57,6 +57,9 @@ struct JobMetricsRecord {
   int64_t tokens = 0;
   int64_t skipped_steps = 0;
   std::optional<double> validation_loss;
+  // Mixture-of-experts bases: the step's tokens per expert, summed over the
+  // sparse layers (SlotStepMetrics::expert_tokens); empty otherwise.
+  std::vector<int64_t> expert_tokens;
 };
 
 struct JobRecord {

@@ -83,6 +83,7 @@ JobRecord MakeFullJob(const std::string& id, const std::string& tenant) {
   job.metrics.tokens = 9876543210;
   job.metrics.skipped_steps = 2;
   job.metrics.validation_loss = 0.1 + 0.2;
+  job.metrics.expert_tokens = {7, 0, 41};
   job.error_code = "RESOURCE_EXHAUSTED";
   job.error_message = "out of memory at step 517";
   job.adapter_id = "adapter-7";
@@ -139,6 +140,7 @@ void ExpectSameMetrics(const JobMetricsRecord& a, const JobMetricsRecord& b) {
     EXPECT_TRUE(SameDouble(x, y)) << x << " vs " << y;
   }
   EXPECT_EQ(a.validation_loss.has_value(), b.validation_loss.has_value());
+  EXPECT_EQ(a.expert_tokens, b.expert_tokens);
 }
 
 // The fields other than doubles (NaN != NaN), for one EXPECT_EQ.
@@ -598,7 +600,7 @@ TEST_F(JobStoreTest, NewerSchemaVersionIsRefused) {
     std::fstream file(path_, std::ios::in | std::ios::out | std::ios::binary);
     ASSERT_TRUE(file.is_open());
     file.seekp(60);
-    const char version[4] = {0, 0, 0, 4};  // The current one is 3.
+    const char version[4] = {0, 0, 0, 5};  // The current one is 4.
     file.write(version, sizeof(version));
   }
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path_);
@@ -645,6 +647,38 @@ TEST_F(JobStoreTest, VersionTwoDatabaseIsUpgraded) {
   session.id = "session-1";
   session.tenant = "t";
   EXPECT_TRUE(store_->PutSession(session).ok());
+}
+
+// A database of schema version 3 (before router statistics) gains the
+// expert_tokens columns of jobs and job_events on open; its rows read back
+// with none, and new metrics keep theirs.
+TEST_F(JobStoreTest, VersionThreeDatabaseGainsExpertTokens) {
+  ASSERT_TRUE(store_->InsertJob(MakeJob("job-1", "t"), {}).ok());
+  store_.reset();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "ALTER TABLE jobs DROP COLUMN expert_tokens; "
+                         "ALTER TABLE job_events DROP COLUMN expert_tokens; "
+                         "PRAGMA user_version = 3;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  Reopen();
+  JobRecord job = ValueOf(store_->GetJob("t", "job-1"));
+  EXPECT_THAT(job.metrics.expert_tokens, IsEmpty());
+  job.metrics.expert_tokens = {3, 0, 12, 5};
+  JobEventRecord event;
+  event.job_id = "job-1";
+  event.metrics = job.metrics;
+  ASSERT_TRUE(store_->UpdateJob(job, {event}).ok());
+  EXPECT_THAT(ValueOf(store_->GetJob("t", "job-1")).metrics.expert_tokens,
+              ::testing::ElementsAre(3, 0, 12, 5));
+  const std::vector<JobEventRecord> events =
+      ValueOf(store_->ListJobEvents("job-1", 0, 10));
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events.back().metrics.expert_tokens,
+              ::testing::ElementsAre(3, 0, 12, 5));
 }
 
 // A session's record is inserted, then each change replaces it (its

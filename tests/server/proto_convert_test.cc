@@ -553,7 +553,8 @@ JobRecord FinishedJobRecord(const JobSpec& spec) {
                     .tokens_per_second = 900.0,
                     .tokens = 12345,
                     .skipped_steps = 1,
-                    .validation_loss = 1.75};
+                    .validation_loss = 1.75,
+                    .expert_tokens = {5, 0, 9}};
   record.error_code = "INTERNAL";
   record.error_message = "out of memory";
   record.adapter_id = "ad1";
@@ -587,6 +588,7 @@ TEST(RecordProtoTest, JobWithEverything) {
   EXPECT_EQ(job.metrics().skipped_steps(), 1);
   ASSERT_TRUE(job.metrics().has_validation_loss());
   EXPECT_DOUBLE_EQ(job.metrics().validation_loss(), 1.75);
+  EXPECT_THAT(job.metrics().expert_tokens(), ::testing::ElementsAre(5, 0, 9));
   ASSERT_TRUE(job.has_error());
   EXPECT_EQ(job.error().code(), "INTERNAL");
   EXPECT_EQ(job.error().message(), "out of memory");

@@ -7,7 +7,8 @@
 // as a forward pass of the base plus that adapter does. On a
 // mixture-of-experts base (qwen3_moe) the default targets adapt attention
 // and the experts (exported as PEFT's target_parameters), dropout with them
-// is refused at CreateJob, and a session trains too.
+// is refused at CreateJob, a session trains too, and the job's step
+// metrics carry its router statistics (tokens per expert).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -83,6 +84,45 @@ void ExpectSessionTrains(LoraplexClient& client) {
   EXPECT_LT(losses.back(), losses.front());
 }
 
+// Each step event of the job (and the job's latest metrics) carries its
+// router statistics on a mixture-of-experts base: tokens per expert, adding
+// up to top_k × the step's tokens × the sparse layers; none on a dense one.
+void ExpectRouterStatistics(LoraplexClient& client, const v1::Job& job,
+                            const ModelConfig& config) {
+  int64_t sparse_layers = 0;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    if (config.moe.num_experts > 0 && LayerIsSparse(config, layer)) {
+      ++sparse_layers;
+    }
+  }
+  auto events = client.ListAllJobEvents(job.name());
+  ASSERT_TRUE(events.ok()) << events.status();
+  int64_t tokens = 0;
+  int steps = 0;
+  for (const v1::JobEvent& event : *events) {
+    if (!event.has_metrics()) continue;
+    const v1::JobMetrics& m = event.metrics();
+    const int64_t step_tokens = m.tokens() - tokens;
+    tokens = m.tokens();
+    ++steps;
+    if (sparse_layers == 0) {
+      EXPECT_EQ(m.expert_tokens_size(), 0);
+      continue;
+    }
+    ASSERT_EQ(m.expert_tokens_size(), config.moe.num_experts);
+    int64_t sum = 0;
+    for (int64_t count : m.expert_tokens()) sum += count;
+    EXPECT_EQ(sum, config.moe.top_k * step_tokens * sparse_layers)
+        << "step " << m.step();
+  }
+  EXPECT_GT(steps, 0);
+  if (sparse_layers > 0) {
+    auto latest = client.GetJob(job.name());
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    EXPECT_EQ(latest->metrics().expert_tokens_size(), config.moe.num_experts);
+  }
+}
+
 class ServiceFamiliesTest : public ::testing::TestWithParam<FamilyCase> {};
 
 TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
@@ -136,6 +176,7 @@ TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
   request.mutable_training()->set_seq_len(64);
   auto done = TrainToSuccess(*client, request, *server);
   ASSERT_TRUE(done.ok()) << done.status();
+  ExpectRouterStatistics(*client, *done, *model_config);
 
   const std::string exported = FreshTestDir("export");
   v1::ExportAdapterRequest export_request;
