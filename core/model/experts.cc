@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <tuple>
 
 #include "core/model/llama_model.h"
@@ -56,9 +57,11 @@ ExpertRouting RouteTokens(const ModelConfig& config,
   return routing;
 }
 
-torch::Tensor GroupedLinear(const torch::Tensor& x,
-                            const std::vector<int64_t>& counts,
-                            const LinearWeights& experts) {
+namespace {
+
+torch::Tensor LoopLinear(const torch::Tensor& x,
+                         const std::vector<int64_t>& counts,
+                         const LinearWeights& experts) {
   std::vector<torch::Tensor> groups = x.split_with_sizes(counts);
   std::vector<torch::Tensor> outputs;
   outputs.reserve(groups.size());
@@ -70,6 +73,55 @@ torch::Tensor GroupedLinear(const torch::Tensor& x,
         experts.bias.defined() ? experts.bias[i] : torch::Tensor()));
   }
   return torch::cat(outputs);
+}
+
+torch::Tensor GroupedMmLinear(const torch::Tensor& x,
+                              const std::vector<int64_t>& counts,
+                              const LinearWeights& experts) {
+  std::vector<int64_t> ends(counts.size());
+  int64_t end = 0;
+  for (size_t e = 0; e < counts.size(); ++e) ends[e] = end += counts[e];
+  const torch::Tensor offsets =
+      torch::tensor(ends, torch::kInt64).to(torch::kInt32).to(x.device());
+  torch::Tensor y = at::_grouped_mm(x, experts.weight.transpose(1, 2), offsets);
+  if (!experts.bias.defined()) return y;
+  const torch::Tensor expert_of_pair = torch::repeat_interleave(
+      torch::arange(
+          static_cast<int64_t>(counts.size()),
+          torch::TensorOptions().dtype(torch::kInt64).device(x.device())),
+      torch::tensor(counts, torch::kInt64).to(x.device()));
+  return y + experts.bias.index_select(0, expert_of_pair);
+}
+
+// Whether kAuto tries the grouped GEMM: on CUDA, until it has refused once
+// (a device or dtype without it), for the dtypes it has.
+std::atomic<bool> grouped_mm_refused{false};
+
+}  // namespace
+
+torch::Tensor GroupedLinear(const torch::Tensor& x,
+                            const std::vector<int64_t>& counts,
+                            const LinearWeights& experts, ExpertGemm gemm) {
+  switch (gemm) {
+    case ExpertGemm::kLoop:
+      return LoopLinear(x, counts, experts);
+    case ExpertGemm::kGroupedMm:
+      return GroupedMmLinear(x, counts, experts);
+    case ExpertGemm::kAuto:
+      break;
+  }
+  const torch::ScalarType dtype = x.scalar_type();
+  if (!x.is_cuda() || grouped_mm_refused.load() ||
+      (dtype != torch::kBFloat16 && dtype != torch::kFloat16 &&
+       dtype != torch::kFloat32)) {
+    return LoopLinear(x, counts, experts);
+  }
+  try {
+    return GroupedMmLinear(x, counts, experts);
+  } catch (const c10::Error&) {
+    grouped_mm_refused.store(true);  // This GPU has no grouped GEMM.
+    return LoopLinear(x, counts, experts);
+  }
 }
 
 torch::Tensor RunExperts(const ModelConfig& config, int layer,

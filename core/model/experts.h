@@ -58,12 +58,25 @@ torch::Tensor RunExperts(const ModelConfig& config, int layer,
                          const torch::Tensor& rows,
                          const ProjectionDelta* delta);
 
+// How GroupedLinear runs its per-expert GEMMs.
+enum class ExpertGemm {
+  // LibTorch's grouped GEMM (at::_grouped_mm) on CUDA where the device and
+  // dtype have it (sm90+; bf16, fp16, fp32), else the loop.
+  kAuto,
+  // One GEMM per expert with tokens.
+  kLoop,
+  // at::_grouped_mm (fp32, bf16, fp16; on the CPU too, where it is no
+  // faster): for tests of the path kAuto takes on a GPU.
+  kGroupedMm,
+};
+
 // The experts' weight [experts, out, in] applied to the pairs grouped by
 // `counts`: x [pairs, in] -> [pairs, out], each group by its own expert's
 // matrix (and bias [experts, out] when defined).
 torch::Tensor GroupedLinear(const torch::Tensor& x,
                             const std::vector<int64_t>& counts,
-                            const LinearWeights& experts);
+                            const LinearWeights& experts,
+                            ExpertGemm gemm = ExpertGemm::kAuto);
 
 }  // namespace loraplex
 
