@@ -364,9 +364,9 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
                                          ShapeText(spec.shape)));
       } else if (mxfp4 ? ToScalarType(info->dtype) != torch::kUInt8
                        : !torch::isFloatingType(ToScalarType(info->dtype))) {
-        bad_dtype.push_back(absl::StrCat(spec.name, " is ",
-                                         SafetensorsDtypeName(info->dtype),
-                                         mxfp4 ? " (MXFP4 needs U8)" : ""));
+        bad_dtype.push_back(absl::StrCat(
+            spec.name, " is ", SafetensorsDtypeName(info->dtype),
+            mxfp4 ? ", MXFP4 needs U8" : ", expected floating point"));
       }
     }
   }
@@ -387,9 +387,9 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
         " tensor(s) with the wrong shape: ", absl::StrJoin(misshapen, ", ")));
   }
   if (!bad_dtype.empty()) {
-    problems.push_back(absl::StrCat(bad_dtype.size(),
-                                    " tensor(s) that are not floating point: ",
-                                    absl::StrJoin(bad_dtype, ", ")));
+    problems.push_back(absl::StrCat(
+        bad_dtype.size(),
+        " tensor(s) of the wrong dtype: ", absl::StrJoin(bad_dtype, ", ")));
   }
   if (!unexpected.empty()) {
     problems.push_back(absl::StrCat(

@@ -424,5 +424,37 @@ TEST(GoldenTest, GptOssLongRowsWithoutMaskEqualMaskedOnes) {
             1e-10);
 }
 
+// MXFP4 experts that do not fit the config are named, with what was found.
+TEST(GoldenTest, GptOssMxfp4MismatchesAreNamed) {
+  const std::string source = FixtureDir("gpt_oss_mxfp4");
+  const fs::path copy = FreshTestDir();
+  auto original = SafetensorsFile::Open(source + "/model.safetensors");
+  ASSERT_TRUE(original.ok());
+  const std::string experts = "model.layers.0.mlp.experts.";
+  std::vector<NamedTensor> tensors;
+  for (const auto& info : (*original)->tensors()) {
+    torch::Tensor value = (*original)->Load(info.name).value();
+    if (info.name == experts + "gate_up_proj_scales") {
+      value = value.to(torch::kFloat32);
+    } else if (info.name == experts + "down_proj_blocks") {
+      value = value.narrow(2, 0, 1).contiguous();
+    }
+    tensors.push_back({info.name, value});
+  }
+  ASSERT_TRUE(
+      WriteSafetensors((copy / "model.safetensors").string(), tensors).ok());
+  fs::copy(source + "/config.json", copy / "config.json");
+  auto model = LlamaModel::Load(copy.string(), ModelLoadOptions{});
+  ASSERT_FALSE(model.ok());
+  const std::string message(model.status().message());
+  EXPECT_NE(
+      message.find("1 tensor(s) with the wrong shape: " + experts +
+                   "down_proj_blocks is [8, 64, 1, 16], expected [8, "
+                   "64, 2, 16]; 1 tensor(s) of the wrong dtype: " +
+                   experts + "gate_up_proj_scales is F32, MXFP4 needs U8"),
+      std::string::npos)
+      << message;
+}
+
 }  // namespace
 }  // namespace loraplex
