@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/resource_names.h"
 #include "core/common/status_macros.h"
+#include "core/lora/lora_config.h"
 #include "server/grpc/proto_convert.h"
 
 namespace loraplex {
@@ -204,6 +205,11 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(
           absl::StrCat("lora.rank must be at most this server's max_rank ",
                        context_->limits.max_rank, ", got ", job.lora.rank));
     }
+    // As at CreateJob: a fused layout adapts its parts together, adapted
+    // experts take no dropout.
+    LORAPLEX_RETURN_IF_ERROR(
+        FitLoraTargets(context_->model, job.lora.targets, job.lora.dropout)
+            .status());
     SessionSpec spec;
     spec.display_name = request->display_name();
     spec.lora = job.lora;

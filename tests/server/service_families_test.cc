@@ -7,8 +7,8 @@
 // as a forward pass of the base plus that adapter does. On a
 // mixture-of-experts base (qwen3_moe) the default targets adapt attention
 // and the experts (exported as PEFT's target_parameters), dropout with them
-// is refused at CreateJob, a session trains too, and the job's step
-// metrics carry its router statistics (tokens per expert).
+// is refused at CreateJob and CreateSession, a session trains too, and the
+// job's step metrics carry its router statistics (tokens per expert).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -169,6 +169,15 @@ TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
     EXPECT_THAT(refused.status().message(),
                 ::testing::HasSubstr("lora.dropout must be 0 when the "
                                      "experts are adapted"));
+    v1::CreateSessionRequest session =
+        SessionRequest(v1::OPTIMIZER_FAMILY_ADAMW, 1e-2, /*seed=*/5);
+    session.mutable_lora()->set_dropout(0.1);
+    auto refused_session = client->CreateSession(session);
+    ASSERT_FALSE(refused_session.ok());
+    EXPECT_EQ(refused_session.status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(refused_session.status().message(),
+                ::testing::HasSubstr("lora.dropout must be 0"));
     ExpectSessionTrains(*client);
   }
   v1::CreateJobRequest request =
