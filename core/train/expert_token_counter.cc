@@ -24,14 +24,20 @@ ExpertTokenCounter::ExpertTokenCounter(const ModelConfig& config,
 void ExpertTokenCounter::Observe(int layer, const ExpertRouting& routing) {
   torch::NoGradGuard no_grad;
   const torch::Tensor tokens = routing.tokens;
-  const torch::Tensor pair_expert = torch::repeat_interleave(
-      torch::arange(experts_, tokens.options()),
-      torch::tensor(routing.counts, torch::kInt64).to(tokens.device()));
+  // Built on the CPU from the counts it already holds, then copied: no
+  // device sync. Padding goes to one extra bin, dropped below.
+  const torch::Tensor pair_expert =
+      torch::repeat_interleave(torch::arange(experts_, torch::kInt64),
+                               torch::tensor(routing.counts, torch::kInt64))
+          .to(tokens.device());
   const torch::Tensor owner = token_owner_.index_select(0, tokens);
-  const torch::Tensor real = owner >= 0;
-  const torch::Tensor bins =
-      (owner * experts_ + pair_expert).masked_select(real);
-  layers_[layer] = torch::bincount(bins, {}, owners_ * experts_);
+  const int64_t bins = owners_ * experts_;
+  const torch::Tensor bin =
+      torch::where(owner >= 0, owner * experts_ + pair_expert,
+                   torch::full({}, bins, owner.options()));
+  layers_[layer] = torch::zeros({bins + 1}, owner.options())
+                       .index_add_(0, bin, torch::ones_like(bin))
+                       .narrow(0, 0, bins);
 }
 
 void ExpertTokenCounter::AddTo(
