@@ -31,7 +31,8 @@ Under ``tests/fixtures/golden/sampling/`` (or ``--out``):
     between a token's k-th and (k+1)-th router probability over the sparse
     layers of prompt + generation (>= 1e-4: no token is routed on a tie).
 
-  On a mixture-of-experts base (``qwen3_moe``, transformers' eager experts)
+  On a mixture-of-experts base (``qwen3_moe``, ``gpt_oss``; transformers'
+  eager experts)
   ``adapter_b`` adapts attention and the experts: PEFT ``target_parameters``
   ``mlp.experts.gate_up_proj`` and ``mlp.experts.down_proj`` in place of the
   MLP modules.
@@ -101,6 +102,9 @@ BASES = [
     # stacked parameters (PEFT target_parameters), decoded through the
     # KV cache and the routed experts.
     "qwen3_moe",
+    # Attention sinks, YaRN, a router with a bias that softmaxes its top k,
+    # and clamped SwiGLU experts with biases.
+    "gpt_oss",
 ]
 DTYPE_KW = "dtype" if Version(transformers.__version__) >= Version("4.56.0") else "torch_dtype"
 
@@ -116,7 +120,7 @@ LM_HEAD_ADAPTER = dict(
     name="adapter_c", r=4, lora_alpha=8, targets=["q_proj", "v_proj", "lm_head"], use_rslora=False, seed=7003, std=0.3
 )
 MAX_NEW_TOKENS = 10
-MOE_TYPES = {"qwen3_moe"}
+MOE_TYPES = {"qwen3_moe", "gpt_oss"}
 # On a mixture-of-experts base an adapter that names the MLP projections
 # adapts the experts' stacked parameters instead (PEFT target_parameters).
 EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
@@ -254,9 +258,12 @@ def no_near_ties(cases: list[dict]) -> bool:
     return all(c["min_margin"] >= MIN_MARGIN and c.get("min_router_margin", 1.0) >= MIN_ROUTER_MARGIN for c in cases)
 
 
-def make_prompts(vocab: int, seed: int) -> list[list[int]]:
+def make_prompts(vocab: int, seed: int, max_positions: int) -> list[list[int]]:
+    # Prompt + generation stays within max_position_embeddings (gpt_oss's
+    # fixture has 16), which the sampler enforces.
+    longest = max_positions - MAX_NEW_TOKENS
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in (3, 6, 9)]
+    return [torch.randint(3, vocab, (min(n, longest),), generator=generator).tolist() for n in (3, 6, 9)]
 
 
 def run_base(base: str, out: Path) -> None:
@@ -272,7 +279,7 @@ def run_base(base: str, out: Path) -> None:
         weights[spec["name"]] = PeftModel.from_pretrained(load(base_dir), str(case_dir / spec["name"])).eval()
     # Prompts whose greedy choices are never near-ties under any weights.
     for seed in range(100, 200):
-        prompts = make_prompts(config["vocab_size"], seed)
+        prompts = make_prompts(config["vocab_size"], seed, config["max_position_embeddings"])
         cases = []
         for name, model in weights.items():
             for prompt in prompts:

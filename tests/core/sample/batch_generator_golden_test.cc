@@ -153,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(Bases, SamplingGoldenTest,
                                            "mistral_window", "qwen3_tied",
                                            "olmo2_post_norm", "olmo3_window",
                                            "gemma3_text_window", "phi3_tied",
-                                           "qwen3_moe"));
+                                           "qwen3_moe", "gpt_oss"));
 
 TEST(StopStringGoldenTest, StopsAtTheTokenTransformersStopsAt) {
   const std::string dir = GoldenPath("sampling/stop_strings");
