@@ -115,19 +115,31 @@ absl::StatusOr<std::vector<Projection>> ParsePeftTargets(
     const std::string& label) {
   const int num_layers = static_cast<int>(model.num_hidden_layers);
   auto targets = json.find("target_modules");
-  if (targets != json.end() && *targets == "all-linear") {
+  const bool all_linear = targets != json.end() && *targets == "all-linear";
+  if (all_linear && !HasSparseLayers(model)) {
     return std::vector<Projection>(kAllProjections.begin(),
                                    kAllProjections.end());
   }
-  if (targets == json.end() || !targets->is_array()) {
+  if (!all_linear && (targets == json.end() || !targets->is_array())) {
     return absl::InvalidArgumentError(absl::StrCat(
         label, ": target_modules ",
         targets != json.end() && targets->is_string()
             ? "as a regular expression is not supported; list the modules"
             : "must be a list of module names"));
   }
-  LORAPLEX_ASSIGN_OR_RETURN(
-      auto named, NamedModules(*targets, "target_modules", model, label));
+  std::set<std::pair<Projection, int>> named;
+  if (all_linear) {
+    // PEFT's all-linear adapts the linear layers; a mixture's experts are
+    // stacked parameters, adapted only through target_parameters.
+    for (int layer = 0; layer < num_layers; ++layer) {
+      for (Projection p : LayerProjections(model, layer)) {
+        if (!IsExpertProjection(p)) named.insert({p, layer});
+      }
+    }
+  } else {
+    LORAPLEX_ASSIGN_OR_RETURN(
+        named, NamedModules(*targets, "target_modules", model, label));
+  }
   if (auto parameters = json.find("target_parameters");
       parameters != json.end() && !parameters->is_null() &&
       !(parameters->is_array() && parameters->empty())) {
@@ -253,10 +265,23 @@ absl::StatusOr<LoraConfig> ParsePeftConfig(const nlohmann::json& json,
   if (absl::Status s = ValidateLoraConfig(config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": ", s.message()));
   }
-  if (absl::Status s =
-          FitLoraTargets(model, config.targets, config.dropout).status();
-      !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(label, ": ", s.message()));
+  auto fitted = FitLoraTargets(model, config.targets, config.dropout);
+  if (!fitted.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": ", fitted.status().message()));
+  }
+  // Here gate_proj with up_proj (down_proj) adapt the experts too; an
+  // adapter on the dense layers' MLP alone cannot be held.
+  for (Projection p : *fitted) {
+    if (IsExpertProjection(p) && !config.Targets(p)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": adapts the dense layers' ",
+          p == Projection::kExpertDown ? "down_proj" : "gate_proj and up_proj",
+          " but not the experts' ", ProjectionModule(p), "; model_type ",
+          model.model_type,
+          " adapts them together here: add it to target_parameters or drop "
+          "the dense layers' MLP from target_modules"));
+    }
   }
   if (auto base = json.find("base_model_name_or_path");
       base != json.end() && base->is_string()) {

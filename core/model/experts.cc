@@ -72,6 +72,9 @@ torch::Tensor LoopLinear(const torch::Tensor& x,
         groups[e], experts.weight[i],
         experts.bias.defined() ? experts.bias[i] : torch::Tensor()));
   }
+  if (outputs.empty()) {  // No pairs at all.
+    return x.new_zeros({0, experts.weight.size(1)});
+  }
   return torch::cat(outputs);
 }
 
@@ -118,6 +121,8 @@ torch::Tensor GroupedLinear(const torch::Tensor& x,
   }
   try {
     return GroupedMmLinear(x, counts, experts);
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // Memory, not the device: the caller handles it as any OOM.
   } catch (const c10::Error&) {
     grouped_mm_refused.store(true);  // This GPU has no grouped GEMM.
     return LoopLinear(x, counts, experts);

@@ -99,9 +99,7 @@ ModelConfig TinyMoeConfig() {
 
 }  // namespace
 
-std::vector<std::string> PresetNames() {
-  return {"tiny", "small", "tiny-moe"};
-}
+std::vector<std::string> PresetNames() { return {"tiny", "small", "tiny-moe"}; }
 
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view preset) {
   if (preset == "tiny") return TinyConfig();
@@ -141,6 +139,10 @@ absl::Status WriteRandomModel(const ModelConfig& config, uint64_t seed,
       const double fan_in = static_cast<double>(spec.shape.back());
       tensor =
           PortableNormal(spec.shape, 1.0 / std::sqrt(fan_in), seed, spec.name);
+      // Checkpoints of such a family store each expert as [in, out].
+      if (spec.shape.size() == 3 && config.moe.experts_transposed) {
+        tensor = tensor.transpose(1, 2).contiguous();
+      }
     }
     // A multimodal wrapper's text model, under transformers 5's paths.
     const WrappedTextModel* wrapped = WrappedTextModelOf(config);

@@ -66,6 +66,8 @@ struct StoredTensor {
   // The parts are MXFP4 blocks and scales: uint8, passed to `assemble` as
   // stored instead of in the compute dtype.
   bool mxfp4 = false;
+  // Why the tensor cannot be read as stored, when it cannot.
+  std::string problem;
 };
 
 // The experts' stacked weight `spec` ([experts, out, in]) of layer `layer`
@@ -84,6 +86,13 @@ StoredTensor StoredExperts(const ModelConfig& config,
   if (config.moe.experts_transposed &&
       checkpoint.Find(spec.name + "_blocks") != nullptr) {
     const int64_t groups = in / (2 * kMxfp4BlockBytes);
+    if (in % (2 * kMxfp4BlockBytes) != 0) {
+      StoredTensor stored{{}, nullptr};
+      stored.problem = absl::StrCat(
+          spec.name, "_blocks is MXFP4, whose blocks hold 32 values, but the ",
+          "config makes its rows ", in, " wide, not a multiple of 32");
+      return stored;
+    }
     StoredTensor stored{
         {{spec.name + "_blocks", {experts, out, groups, kMxfp4BlockBytes}},
          {spec.name + "_scales", {experts, out, groups}}},
@@ -351,7 +360,13 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
   }
   std::vector<std::string> missing, misshapen, unexpected, bad_dtype;
   std::set<std::string> expected;
+  std::vector<std::string> unreadable;
   for (const std::string& name : order) {
+    if (!stored[name].problem.empty()) {
+      unreadable.push_back(stored[name].problem);
+      expected.insert(name + "_blocks");
+      expected.insert(name + "_scales");
+    }
     const bool mxfp4 = stored[name].mxfp4;
     for (const TensorSpec& spec : stored[name].parts) {
       expected.insert(spec.name);
@@ -376,7 +391,7 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& dir,
       unexpected.push_back(name);
     }
   }
-  std::vector<std::string> problems;
+  std::vector<std::string> problems = unreadable;
   if (!missing.empty()) {
     problems.push_back(absl::StrCat(
         missing.size(), " missing tensor(s): ", absl::StrJoin(missing, ", ")));

@@ -65,10 +65,10 @@ int64_t MlpParameterCount(const ModelConfig& config, int64_t layer,
 int64_t ParameterCount(const ModelConfig& config, bool active) {
   int64_t count = 0;
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    count += AttentionParameterCount(config) +
-             MlpParameterCount(config, layer,
-                               active ? config.moe.top_k
-                                      : config.moe.num_experts);
+    count +=
+        AttentionParameterCount(config) +
+        MlpParameterCount(config, layer,
+                          active ? config.moe.top_k : config.moe.num_experts);
   }
   const int64_t embeddings = config.vocab_size * config.hidden_size *
                              (config.tie_word_embeddings ? 1 : 2);
@@ -98,8 +98,11 @@ int64_t SavedActivationsPerTokenPerLayer(const ModelConfig& config) {
   int64_t mlp = HasDenseLayers(config) ? 4 * config.intermediate_size : 0;
   if (HasSparseLayers(config)) {
     const MoeConfig& moe = config.moe;
+    // Adapted experts keep their inputs once more, in fp32 (twice a bf16
+    // element), padded per (adapter, expert) group: counted at no padding.
     mlp = std::max(mlp, moe.top_k * (3 * hidden + 4 * moe.intermediate_size) +
-                            2 * moe.num_experts);
+                            2 * moe.num_experts +
+                            2 * moe.top_k * (hidden + moe.intermediate_size));
   }
   return 4 * hidden + q + keys_values + 2 * q + mlp;
 }

@@ -138,7 +138,9 @@ void SessionManager::RestoreOne(const SessionRecord& record,
     info.tenant = record.tenant;
     info.state = record.state;
     info.reason = record.reason;
-    if (!SetState(info, SessionState::kClosed,
+    // A session closed before keeps the reason it closed for.
+    if (record.state != SessionState::kClosed &&
+        !SetState(info, SessionState::kClosed,
                   absl::StrCat("not restored after a restart: ",
                                read.status().message()))
              .ok()) {

@@ -336,7 +336,8 @@ INSTANTIATE_TEST_SUITE_P(
                       FamilyCase{"gemma3_text_window", "gemma"},
                       FamilyCase{"phi3_tied", "chatml"},
                       FamilyCase{"gemma3_mm", "gemma"},
-                      FamilyCase{"qwen3_moe", "qwen3"}),
+                      FamilyCase{"qwen3_moe", "qwen3"},
+                      FamilyCase{"gpt_oss", "chatml"}),
     [](const ::testing::TestParamInfo<FamilyCase>& info) {
       return std::string(info.param.golden_base);
     });

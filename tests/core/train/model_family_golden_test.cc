@@ -376,6 +376,25 @@ TEST(Qwen3MoeGoldenTest, TargetParametersAreCheckedByName) {
                 j["target_parameters"] = "mlp.experts.down_proj";
               }),
               ::testing::HasSubstr("target_parameters must be a list"));
+  // PEFT's all-linear adapts linear layers: attention and the dense layer's
+  // MLP, with the experts only through target_parameters. Here the dense
+  // MLP and the experts are adapted together.
+  EXPECT_EQ(
+      error([](nlohmann::json& j) { j["target_modules"] = "all-linear"; }),
+      "ok");
+  EXPECT_THAT(error([](nlohmann::json& j) {
+                j["target_modules"] = "all-linear";
+                j["target_parameters"] = nullptr;
+              }),
+              ::testing::HasSubstr(
+                  "adapts the dense layers' gate_proj and up_proj but not "
+                  "the experts' mlp.experts.gate_up_proj"));
+  EXPECT_THAT(error([](nlohmann::json& j) {
+                j["target_modules"] = {"q_proj", "down_proj"};
+                j["target_parameters"] = nullptr;
+              }),
+              ::testing::HasSubstr("adapts the dense layers' down_proj but "
+                                   "not the experts' mlp.experts.down_proj"));
 }
 
 // A multimodal gemma3 base trains its text model: PEFT's adapter on it

@@ -67,11 +67,12 @@ TEST(TokenBudgetTest, CountsEveryExpertAndTheActiveOnes) {
   EXPECT_EQ(ActiveParameterCount(Llama3_8B()), BaseParameterCount(Llama3_8B()));
   // Per routed copy of a token: input, gate_up (2·768), the activation's
   // halves and output (2·768), down output and its weighted copy (2·2048),
-  // less what the formula folds: 8·(3·2048 + 4·768) + 2·128 router values.
+  // less what the formula folds: 8·(3·2048 + 4·768) + 2·128 router values;
+  // and the adapted experts' fp32 inputs, 2·8·(2048 + 768).
   const ModelConfig moe = Qwen3_30B_A3B();
   EXPECT_EQ(SavedActivationsPerTokenPerLayer(moe),
-            4 * 2048 + 4096 + 2 * 4096 + 2 * 4096 +
-                8 * (3 * 2048 + 4 * 768) + 2 * 128);
+            4 * 2048 + 4096 + 2 * 4096 + 2 * 4096 + 8 * (3 * 2048 + 4 * 768) +
+                2 * 128 + 2 * 8 * (2048 + 768));
 }
 
 TEST(TokenBudgetTest, CpuKeepsItsBudget) {
