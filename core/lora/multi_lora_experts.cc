@@ -41,9 +41,7 @@ void MultiLoraDelta::AddToExperts(int layer, Projection projection,
   const torch::Tensor pair_segment = torch::tensor(row_segment, torch::kInt64)
                                          .to(x.device())
                                          .index_select(0, rows);
-  const torch::Tensor pair_expert = torch::repeat_interleave(
-      torch::arange(experts, index_options),
-      torch::tensor(counts, torch::kInt64).to(x.device()));
+  const torch::Tensor pair_expert = PairExperts(counts, x.device());
   const torch::Tensor inputs = x.to(dtype);
   for (const auto& [rank, members] : buckets) {
     // The bucket's groups: (member i, expert e) is group i * experts + e.

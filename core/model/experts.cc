@@ -88,12 +88,7 @@ torch::Tensor GroupedMmLinear(const torch::Tensor& x,
       torch::tensor(ends, torch::kInt64).to(torch::kInt32).to(x.device());
   torch::Tensor y = at::_grouped_mm(x, experts.weight.transpose(1, 2), offsets);
   if (!experts.bias.defined()) return y;
-  const torch::Tensor expert_of_pair = torch::repeat_interleave(
-      torch::arange(
-          static_cast<int64_t>(counts.size()),
-          torch::TensorOptions().dtype(torch::kInt64).device(x.device())),
-      torch::tensor(counts, torch::kInt64).to(x.device()));
-  return y + experts.bias.index_select(0, expert_of_pair);
+  return y + experts.bias.index_select(0, PairExperts(counts, x.device()));
 }
 
 // Whether kAuto tries the grouped GEMM: on CUDA, until it has refused once
@@ -101,6 +96,14 @@ torch::Tensor GroupedMmLinear(const torch::Tensor& x,
 std::atomic<bool> grouped_mm_refused{false};
 
 }  // namespace
+
+torch::Tensor PairExperts(const std::vector<int64_t>& counts,
+                          const torch::Device& device) {
+  return torch::repeat_interleave(
+             torch::arange(static_cast<int64_t>(counts.size()), torch::kInt64),
+             torch::tensor(counts, torch::kInt64))
+      .to(device);
+}
 
 torch::Tensor GroupedLinear(const torch::Tensor& x,
                             const std::vector<int64_t>& counts,

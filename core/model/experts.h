@@ -58,6 +58,12 @@ torch::Tensor RunExperts(const ModelConfig& config, int layer,
                          const torch::Tensor& rows,
                          const ProjectionDelta* delta);
 
+// Each pair's expert, int64 [pairs] on `device`, for pairs grouped by
+// `counts` (counts[e] pairs of expert e, in expert order). Built on the CPU
+// from the counts and copied: no device sync.
+torch::Tensor PairExperts(const std::vector<int64_t>& counts,
+                          const torch::Device& device);
+
 // How GroupedLinear runs its per-expert GEMMs.
 enum class ExpertGemm {
   // LibTorch's grouped GEMM (at::_grouped_mm) on CUDA where the device and

@@ -24,12 +24,9 @@ ExpertTokenCounter::ExpertTokenCounter(const ModelConfig& config,
 void ExpertTokenCounter::Observe(int layer, const ExpertRouting& routing) {
   torch::NoGradGuard no_grad;
   const torch::Tensor tokens = routing.tokens;
-  // Built on the CPU from the counts it already holds, then copied: no
-  // device sync. Padding goes to one extra bin, dropped below.
+  // Padding goes to one extra bin, dropped below.
   const torch::Tensor pair_expert =
-      torch::repeat_interleave(torch::arange(experts_, torch::kInt64),
-                               torch::tensor(routing.counts, torch::kInt64))
-          .to(tokens.device());
+      PairExperts(routing.counts, tokens.device());
   const torch::Tensor owner = token_owner_.index_select(0, tokens);
   const int64_t bins = owners_ * experts_;
   const torch::Tensor bin =
