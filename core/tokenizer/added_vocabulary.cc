@@ -109,6 +109,12 @@ void AddedVocabulary::Build(MatchingSet* set, bool normalized,
 
 bool AddedVocabulary::IsWordAt(std::string_view text, size_t start,
                                size_t end) const {
+  if (start < end) {
+    size_t pos = start;
+    const char32_t c = NextCodePoint(text, &pos);
+    if (IsHfWordCharacterOverride(c)) return true;
+    if (IsHfNonWordCharacterOverride(c)) return false;
+  }
   absl::StatusOr<std::vector<PatternPiece>> pieces =
       word_character_->FindMatches(text.substr(start, end - start));
   return pieces.ok() && !pieces->empty() && (*pieces)[0].is_match;

@@ -4,13 +4,63 @@
 #include <pcre2.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/tokenizer/hf_unicode_tables.h"
 #include "core/tokenizer/unicode_text.h"
 
 namespace loraplex {
 namespace {
 
+void AppendRange(char32_t first, char32_t last, std::string* out) {
+  absl::StrAppend(out, "\\x{", absl::Hex(first), "}");
+  if (last != first) absl::StrAppend(out, "-\\x{", absl::Hex(last), "}");
+}
+
+// The members of general category `name` (one letter: its group; two
+// letters: itself) as HF's Oniguruma has them, written as the inside of a
+// PCRE2 character class: PCRE2's \p{..} plus the code points its older
+// tables leave out, or HF's whole set where a code point changed category
+// (hf_unicode_tables.h). Empty for a name that is no general category.
+std::string CategoryClassBody(std::string_view name) {
+  static constexpr std::string_view kCategories[] = {
+      "Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl",
+      "No", "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc",
+      "Sk", "So", "Zs", "Zl", "Zp", "Cc", "Cf", "Co", "Cn", "Cs"};
+  if (name.empty() || name.size() > 2) return "";
+  std::string body;
+  bool known = false;
+  bool exact_member = false;
+  for (std::string_view category : kCategories) {
+    if (category.substr(0, name.size()) != name) continue;
+    known = true;
+    for (const hf_unicode::CategoryRange& r : hf_unicode::kCategoryExact) {
+      exact_member = exact_member || category == r.category;
+    }
+  }
+  if (!known) return "";
+  if (!exact_member) body = absl::StrCat("\\p{", std::string(name), "}");
+  for (std::string_view category : kCategories) {
+    if (category.substr(0, name.size()) != name) continue;
+    bool exact = false;
+    for (const hf_unicode::CategoryRange& r : hf_unicode::kCategoryExact) {
+      if (category != r.category) continue;
+      exact = true;
+      AppendRange(r.first, r.last, &body);
+    }
+    if (exact_member && !exact) {
+      absl::StrAppend(&body, "\\p{", std::string(category), "}");
+    }
+    for (const hf_unicode::CategoryRange& r : hf_unicode::kCategoryAdded) {
+      if (category == r.category) AppendRange(r.first, r.last, &body);
+    }
+  }
+  return body;
+}
+
 // Oniguruma's \w: letters, marks, decimal digits, connector punctuation.
-constexpr std::string_view kWordClassBody = "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
+std::string WordClassBody() {
+  return absl::StrCat(CategoryClassBody("L"), CategoryClassBody("M"),
+                      CategoryClassBody("Nd"), CategoryClassBody("Pc"));
+}
 
 std::string Pcre2Error(int code) {
   PCRE2_UCHAR buffer[256];
@@ -46,9 +96,43 @@ absl::StatusOr<std::string> OnigurumaToPcre2(std::string_view pattern) {
           out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
           break;
         case 'w':
-          out += in_class ? std::string(kWordClassBody)
-                          : absl::StrCat("[", std::string(kWordClassBody), "]");
+          out += in_class ? WordClassBody()
+                          : absl::StrCat("[", WordClassBody(), "]");
           break;
+        case 'd':
+          out += in_class ? CategoryClassBody("Nd")
+                          : absl::StrCat("[", CategoryClassBody("Nd"), "]");
+          break;
+        case 'p':
+        case 'P': {
+          // \p{Xx}, \P{Xx}, \p{^Xx} with a general category: HF's members.
+          const size_t close = pattern.find('}', i);
+          if (i + 1 >= pattern.size() || pattern[i + 1] != '{' ||
+              close == std::string_view::npos) {
+            out.push_back('\\');
+            out.push_back(escape);
+            break;
+          }
+          std::string_view name = pattern.substr(i + 2, close - i - 2);
+          bool negated = escape == 'P';
+          if (!name.empty() && name[0] == '^') {
+            negated = !negated;
+            name.remove_prefix(1);
+          }
+          const std::string body = CategoryClassBody(name);
+          if (body.empty() || (negated && in_class)) {
+            // Not a general category, or a complement inside a class (which
+            // a class cannot spell): PCRE2's own tables.
+            out.push_back('\\');
+            out.append(pattern.substr(i, close - i + 1));
+          } else if (in_class) {
+            out += body;
+          } else {
+            absl::StrAppend(&out, negated ? "[^" : "[", body, "]");
+          }
+          i = close;
+          break;
+        }
         case 'H':
         case 'W':
           if (in_class) {
@@ -56,9 +140,8 @@ absl::StatusOr<std::string> OnigurumaToPcre2(std::string_view pattern) {
                 absl::StrCat("regex \\", std::string(1, escape),
                              " inside a character class is not supported"));
           }
-          out += escape == 'H'
-                     ? "[^0-9a-fA-F]"
-                     : absl::StrCat("[^", std::string(kWordClassBody), "]");
+          out += escape == 'H' ? "[^0-9a-fA-F]"
+                               : absl::StrCat("[^", WordClassBody(), "]");
           break;
         default:
           out.push_back('\\');

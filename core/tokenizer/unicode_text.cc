@@ -4,12 +4,32 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "core/tokenizer/hf_unicode_tables.h"
 
 namespace loraplex {
 namespace {
+
+// Whether `c` lies in one of `ranges` (sorted, disjoint; an empty range has
+// first > last).
+template <size_t N>
+bool InRanges(const hf_unicode::Range (&ranges)[N], char32_t c) {
+  const hf_unicode::Range* end = ranges + N;
+  const hf_unicode::Range* it = std::upper_bound(
+      ranges, end, c, [](char32_t value, const hf_unicode::Range& r) {
+        return value < r.first;
+      });
+  return it != ranges && c <= (it - 1)->last && (it - 1)->first <= c;
+}
+
+// HF's normalizers know Unicode 9.0: later combining marks and
+// decompositions are unassigned to them (hf_unicode_tables.h).
+bool UnknownToNormalization(char32_t c) {
+  return InRanges(hf_unicode::kNormalizationUnassigned, c);
+}
 
 // Length of the valid UTF-8 prefix of bytes[pos..] that starts a code point:
 // the whole sequence when valid, else how many bytes form the maximal
@@ -120,12 +140,24 @@ bool IsValidUtf8(std::string_view bytes) {
 bool IsWhitespace(char32_t c) {
   if ((c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85) return true;
   if (c < 0xA0) return false;
+  if (InRanges(hf_unicode::kWhitespaceAdded, c)) return true;
+  if (InRanges(hf_unicode::kWhitespaceRemoved, c)) return false;
   const utf8proc_category_t category = Category(c);
   return category == UTF8PROC_CATEGORY_ZS || category == UTF8PROC_CATEGORY_ZL ||
          category == UTF8PROC_CATEGORY_ZP;
 }
 
+bool IsHfWordCharacterOverride(char32_t c) {
+  return InRanges(hf_unicode::kWordAdded, c);
+}
+
+bool IsHfNonWordCharacterOverride(char32_t c) {
+  return InRanges(hf_unicode::kWordRemoved, c);
+}
+
 bool IsNumeric(char32_t c) {
+  if (InRanges(hf_unicode::kNumericAdded, c)) return true;
+  if (InRanges(hf_unicode::kNumericRemoved, c)) return false;
   const utf8proc_category_t category = Category(c);
   return category == UTF8PROC_CATEGORY_ND || category == UTF8PROC_CATEGORY_NL ||
          category == UTF8PROC_CATEGORY_NO;
@@ -136,6 +168,9 @@ bool IsPunctuation(char32_t c) {
     return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) ||
            (c >= 0x5B && c <= 0x60) || (c >= 0x7B && c <= 0x7E);
   }
+  // HF's table (crate unicode_categories) is older than utf8proc's.
+  if (InRanges(hf_unicode::kPunctuationAdded, c)) return true;
+  if (InRanges(hf_unicode::kPunctuationRemoved, c)) return false;
   switch (Category(c)) {
     case UTF8PROC_CATEGORY_PC:
     case UTF8PROC_CATEGORY_PD:
@@ -153,6 +188,20 @@ bool IsPunctuation(char32_t c) {
 absl::StatusOr<std::string> NormalizeUnicode(std::string_view text,
                                              UnicodeForm form) {
   if (text.empty()) return std::string();
+  std::u32string chars;
+  bool unknown = false;
+  for (size_t pos = 0; pos < text.size();) {
+    chars.push_back(NextCodePoint(text, &pos));
+    unknown = unknown || UnknownToNormalization(chars.back());
+  }
+  if (unknown) {  // utf8proc would use its newer data for these
+    std::vector<size_t> origin;
+    std::string out;
+    for (char32_t c : NormalizeCodePoints(chars, form, &origin)) {
+      AppendUtf8(c, &out);
+    }
+    return out;
+  }
   int options = UTF8PROC_STABLE;
   switch (form) {
     case UnicodeForm::kNfc:
@@ -186,12 +235,16 @@ absl::StatusOr<std::string> NormalizeUnicode(std::string_view text,
 namespace {
 
 int CombiningClass(char32_t c) {
+  if (UnknownToNormalization(c)) return 0;
   return utf8proc_get_property(static_cast<utf8proc_int32_t>(c))
       ->combining_class;
 }
 
 // The primary composite of `starter` followed by `mark`, or 0.
 char32_t Compose(char32_t starter, char32_t mark) {
+  if (UnknownToNormalization(starter) || UnknownToNormalization(mark)) {
+    return 0;
+  }
   std::string pair;
   AppendUtf8(starter, &pair);
   AppendUtf8(mark, &pair);
@@ -200,7 +253,7 @@ char32_t Compose(char32_t starter, char32_t mark) {
   if (!composed.ok() || composed->empty()) return 0;
   size_t pos = 0;
   const char32_t c = NextCodePoint(*composed, &pos);
-  return pos == composed->size() ? c : 0;
+  return pos == composed->size() && !UnknownToNormalization(c) ? c : 0;
 }
 
 }  // namespace
@@ -216,6 +269,11 @@ std::u32string NormalizeCodePoints(const std::u32string& text, UnicodeForm form,
   const auto options = static_cast<utf8proc_option_t>(
       UTF8PROC_DECOMPOSE | (compat ? UTF8PROC_COMPAT : 0));
   for (size_t i = 0; i < text.size(); ++i) {
+    if (UnknownToNormalization(text[i])) {
+      decomposed.push_back(text[i]);
+      from.push_back(i);
+      continue;
+    }
     int boundclass = 0;
     const utf8proc_ssize_t count =
         utf8proc_decompose_char(static_cast<utf8proc_int32_t>(text[i]), buffer,
@@ -280,6 +338,16 @@ std::u32string NormalizeCodePoints(const std::u32string& text, UnicodeForm form,
 }
 
 void AppendLowercase(char32_t c, std::u32string* out) {
+  const hf_unicode::Lowercase* end = std::end(hf_unicode::kLowercase);
+  const hf_unicode::Lowercase* it =
+      std::lower_bound(std::begin(hf_unicode::kLowercase), end, c,
+                       [](const hf_unicode::Lowercase& l, char32_t value) {
+                         return l.from < value;
+                       });
+  if (it != end && it->from == c) {  // Rust's tables are newer than utf8proc's
+    out->push_back(it->to);
+    return;
+  }
   if (c == 0x130) {  // LATIN CAPITAL LETTER I WITH DOT ABOVE
     out->push_back(U'i');
     out->push_back(0x307);

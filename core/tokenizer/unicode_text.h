@@ -42,6 +42,12 @@ bool IsNumeric(char32_t c);
 // tokenizers' Punctuation pre-tokenizer defines it.
 bool IsPunctuation(char32_t c);
 
+// Code points where the Rust regex crate's \w (HF's test for single_word
+// added tokens) differs from PCRE2's [\p{Alphabetic}\p{M}\p{Nd}\p{Pc}
+// \p{Join_Control}]: a word character it lacks, or one it has in excess.
+bool IsHfWordCharacterOverride(char32_t c);
+bool IsHfNonWordCharacterOverride(char32_t c);
+
 enum class UnicodeForm { kNfc, kNfd, kNfkc, kNfkd };
 
 // `text` (valid UTF-8) in normalization form `form`.

@@ -9,7 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
 
+#include "absl/strings/str_cat.h"
+#include "core/tokenizer/hf_unicode_tables.h"
 #include "core/tokenizer/load_tokenizer.h"
 #include "core/tokenizer/normalized_text.h"
 #include "core/tokenizer/text_pattern.h"
@@ -126,8 +131,10 @@ TEST(UnicodeTextTest, LossyDecodingReplacesMaximalSubparts) {
 TEST(TextPatternTest, OnigurumaEscapesKeepTheirMeaning) {
   EXPECT_EQ(OnigurumaToPcre2("\\s+(?!\\S)").value(),
             "\\p{White_Space}+(?!\\P{White_Space})");
-  EXPECT_EQ(OnigurumaToPcre2("[^\\s\\p{L}]").value(),
-            "[^\\p{White_Space}\\p{L}]");
+  EXPECT_THAT(OnigurumaToPcre2("[^\\s\\p{L}]").value(),
+              ::testing::StartsWith("[^\\p{White_Space}\\p{L}\\x{1c89}"));
+  EXPECT_EQ(OnigurumaToPcre2("\\p{Han}\\P{Greek}").value(),
+            "\\p{Han}\\P{Greek}");
   EXPECT_EQ(OnigurumaToPcre2("\\h[\\h]").value(), "[0-9a-fA-F][0-9a-fA-F]");
   // U+180E is not White_Space (PCRE2's own \s would take it); U+3000 is.
   const TextPattern space = TextPattern::Regex("\\s").value();
@@ -135,6 +142,81 @@ TEST(TextPatternTest, OnigurumaEscapesKeepTheirMeaning) {
   EXPECT_TRUE(space.FindMatches("\xe3\x80\x80").value()[0].is_match);
   EXPECT_EQ(TextPattern::Regex("(").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// HF's regexes (Oniguruma) know Unicode 16.0's categories, PCRE2 10.42 only
+// 14.0's: U+1C89 (Lu, 16.0) is a letter, U+10D40 (Nd, 16.0) a digit, and
+// U+1171E moved from Mn to Mc; U+11DE0 (Nd, 17.0) is unassigned to both.
+TEST(TextPatternTest, CategoriesAreOnigurumas) {
+  const auto matches = [](std::string_view pattern, std::string_view text) {
+    return TextPattern::Regex(pattern)
+        .value()
+        .FindMatches(text)
+        .value()[0]
+        .is_match;
+  };
+  EXPECT_TRUE(matches("\\p{L}", "\u1c89"));
+  EXPECT_TRUE(matches("\\p{Lu}", "\u1c89"));
+  EXPECT_FALSE(matches("\\P{L}", "\u1c89"));
+  EXPECT_FALSE(matches("[^\\p{L}\\p{N}]", "\u1c89"));
+  EXPECT_TRUE(matches("\\p{^L}", "1"));
+  EXPECT_TRUE(matches("\\p{N}", "\U00010D40"));
+  EXPECT_TRUE(matches("\\d", "\U00010D40"));
+  EXPECT_TRUE(matches("\\w", "\U00010D40"));
+  EXPECT_FALSE(matches("\\p{N}", "\U00011DE0"));
+  EXPECT_FALSE(matches("\\p{Mn}", "\U0001171E"));
+  EXPECT_TRUE(matches("\\p{Mc}", "\U0001171E"));
+  EXPECT_TRUE(matches("\\p{M}", "\U0001171E"));
+  EXPECT_TRUE(matches("\\p{Mn}", "\u0301"));
+}
+
+// The tables were measured against these library versions; another version
+// of either needs tools/golden/make_hf_unicode_tables.py run again.
+TEST(UnicodeTextTest, HfTablesMatchTheLinkedLibraries) {
+  EXPECT_EQ(std::string(utf8proc_version()),
+            absl::StrCat(hf_unicode::kUtf8procMajor, ".",
+                         hf_unicode::kUtf8procMinor, ".0"));
+  char pcre2[64] = {};
+  pcre2_config(PCRE2_CONFIG_VERSION, pcre2);
+  EXPECT_THAT(std::string(pcre2),
+              ::testing::StartsWith(absl::StrCat(hf_unicode::kPcre2Major, ".",
+                                                 hf_unicode::kPcre2Minor)));
+}
+
+// HF's normalizers know Unicode 9.0: U+1DF6 (class 232, Unicode 10) is not
+// reordered before U+0316 (220), U+07FD (Unicode 11) blocks nothing and
+// composes nothing, U+11935 U+11930 do not compose (Unicode 13), U+32FF
+// (12.1) has no compatibility decomposition; older marks behave as ever.
+TEST(UnicodeTextTest, NormalizationUsesHfsUnicodeVersion) {
+  std::vector<size_t> origin;
+  EXPECT_EQ(NormalizeCodePoints(U"a\u1df6\u0316", UnicodeForm::kNfd, &origin),
+            U"a\u1df6\u0316");
+  EXPECT_EQ(NormalizeCodePoints(U"e\u07fd\u0301", UnicodeForm::kNfc, &origin),
+            U"e\u07fd\u0301");
+  EXPECT_EQ(
+      NormalizeCodePoints(U"\U00011935\U00011930", UnicodeForm::kNfc, &origin),
+      U"\U00011935\U00011930");
+  EXPECT_EQ(NormalizeUnicode("\u32ff", UnicodeForm::kNfkc).value(), "\u32ff");
+  EXPECT_EQ(NormalizeUnicode("e\u07fd\u0301", UnicodeForm::kNfc).value(),
+            "e\u07fd\u0301");
+  EXPECT_EQ(NormalizeUnicode("a\u0316\u0301", UnicodeForm::kNfd).value(),
+            "a\u0316\u0301");
+  EXPECT_EQ(NormalizeUnicode("a\u0301\u0316", UnicodeForm::kNfd).value(),
+            "a\u0316\u0301");
+}
+
+// Rust's char methods (Unicode 16 and later) and the older table of HF's
+// Punctuation pre-tokenizer.
+TEST(UnicodeTextTest, CharacterClassesAreHfs) {
+  EXPECT_TRUE(IsNumeric(0x10D40));  // GARAY DIGIT ZERO, Unicode 16
+  EXPECT_TRUE(IsNumeric(0x0661));
+  EXPECT_TRUE(IsPunctuation(0x166D));   // Po before Unicode 12, now So
+  EXPECT_FALSE(IsPunctuation(0x2E43));  // Po since Unicode 10
+  EXPECT_TRUE(IsPunctuation(0x2E3A));
+  std::u32string lower;
+  AppendLowercase(0x1C89, &lower);  // CYRILLIC CAPITAL LETTER TJE, Unicode 16
+  AppendLowercase(0x0041, &lower);
+  EXPECT_EQ(lower, U"\u1c8aa");
 }
 
 TEST(TextPatternTest, LiteralsAreNotRegexes) {
