@@ -18,14 +18,19 @@ DataParallelSlots::DataParallelSlots(DistContext* dist, int64_t bucket_bytes)
 
 std::vector<bool> DataParallelSlots::Claim(
     int slot, const std::vector<torch::Tensor>& params,
-    const std::vector<ParamLayout>& layouts, OptimizerFamily family) {
+    const std::vector<ParamLayout>& layouts, const OptimizerConfig& optimizer) {
   Release(slot);
   Claimed& claimed = slots_[slot];
-  const bool muon = family == OptimizerFamily::kMuon;
+  const bool muon = optimizer.family == OptimizerFamily::kMuon;
+  const SoapCostModel soap{optimizer.precondition_frequency,
+                           optimizer.max_precond_dim,
+                           // eigh costs about five rounds of iteration.
+                           optimizer.use_eigh ? 5 : optimizer.power_iter_steps};
   for (size_t i = 0; i < params.size(); ++i) {
-    claimed.cost.push_back(
-        ParamCost(params[i].sizes(), muon,
-                  i < layouts.size() ? layouts[i] : ParamLayout{}));
+    const ParamLayout layout = i < layouts.size() ? layouts[i] : ParamLayout{};
+    claimed.cost.push_back(optimizer.family == OptimizerFamily::kSoap
+                               ? SoapParamCost(params[i].sizes(), soap, layout)
+                               : ParamCost(params[i].sizes(), muon, layout));
   }
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), 0);
@@ -117,6 +122,10 @@ absl::Status DataParallelSlots::SaveOptimizerState(
     auto owned = mine.find(param.unsafeGetTensorImpl());
     if (owned != mine.end()) {
       LORAPLEX_RETURN_IF_ERROR(CopyState(owned->second, ref));
+    } else {
+      // A fresh state is not all zeros (SOAP's bases are the identity).
+      torch::NoGradGuard no_grad;
+      for (const auto& [name, tensor] : ref.tensors) tensor.zero_();
     }
     for (const auto& [name, tensor] : ref.tensors) buffers.push_back(tensor);
     steps.push_back(static_cast<double>(*ref.step));

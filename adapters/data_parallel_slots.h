@@ -47,7 +47,7 @@ class DataParallelSlots : public ParamClaims {
 
   std::vector<bool> Claim(int slot, const std::vector<torch::Tensor>& params,
                           const std::vector<ParamLayout>& layouts,
-                          OptimizerFamily family) override;
+                          const OptimizerConfig& optimizer) override;
   void Release(int slot) override;
 
   // CoBatchOptions::sync for `pool`, whose claims must be this object.

@@ -150,8 +150,8 @@ absl::Status SlotPool::Prepare(const SlotAttachRequest& request, int index) {
   std::vector<torch::Tensor> owned = slot.weights.parameters();
   std::vector<ParamLayout> owned_layouts = slot.weights.parameter_layouts();
   if (options_.claims != nullptr) {
-    const std::vector<bool> mine = options_.claims->Claim(
-        index, owned, owned_layouts, request.optimizer.family);
+    const std::vector<bool> mine =
+        options_.claims->Claim(index, owned, owned_layouts, request.optimizer);
     slots_[index].claimed = true;
     std::vector<torch::Tensor> all = std::move(owned);
     std::vector<ParamLayout> all_layouts = std::move(owned_layouts);

@@ -49,6 +49,34 @@ int64_t ParamCost(c10::IntArrayRef shape, bool muon,
   return numel;
 }
 
+int64_t SoapParamCost(c10::IntArrayRef shape, const SoapCostModel& soap,
+                      const ParamLayout& layout) {
+  const int64_t elements = ParamCost(shape, /*muon=*/false);
+  if (shape.size() != 2) return elements;
+  int64_t m = std::max<int64_t>(shape[0], 0);
+  int64_t n = std::max<int64_t>(shape[1], 0);
+  const int64_t experts = std::max<int64_t>(layout.matrices(), 1);
+  int64_t& stacked = layout.stacking == ExpertStacking::kRows ? m : n;
+  if (stacked % experts != 0) return elements;
+  stacked /= experts;
+  const auto side = [&](int64_t size) {
+    return soap.max_precond_dim > 0 && size > soap.max_precond_dim ? 0 : size;
+  };
+  const int64_t a = side(m);
+  const int64_t b = side(n);
+  const int64_t mn = SaturatingMul(m, n);
+  const int64_t contraction = SaturatingMul(a + b, mn);
+  const int64_t cubes = SaturatingAdd(SaturatingMul(a, SaturatingMul(a, a)),
+                                      SaturatingMul(b, SaturatingMul(b, b)));
+  const int64_t refresh = SaturatingAdd(
+      SaturatingMul(2, contraction),
+      SaturatingMul(2 * std::max<int64_t>(soap.power_iter_steps, 0), cubes));
+  const int64_t per_matrix = SaturatingAdd(
+      SaturatingAdd(SaturatingMul(3, contraction), mn),
+      refresh / std::max<int64_t>(soap.precondition_frequency, 1));
+  return SaturatingMul(experts, per_matrix);
+}
+
 absl::StatusOr<std::vector<int>> AssignOwners(
     const std::vector<OwnedParam>& params, int world_size) {
   if (world_size < 1) {

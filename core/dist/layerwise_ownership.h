@@ -39,6 +39,25 @@ struct OwnedParam {
 int64_t ParamCost(c10::IntArrayRef shape, bool muon,
                   const ParamLayout& layout = {});
 
+// SOAP's knobs that decide its cost (core/optim/soap.h).
+struct SoapCostModel {
+  int64_t precondition_frequency = 1;
+  int64_t max_precond_dim = 0;  // 0: every side is preconditioned.
+  int64_t power_iter_steps = 1;
+};
+
+// The relative cost of one SOAP step of a parameter shaped `shape` (each of
+// `layout`'s E matrices m×n on its own), counted in multiply-adds: with
+// a = m and b = n where that side is preconditioned (else 0), every step
+// updates the factors and projects the gradient and the update, 3·(a+b)·m·n;
+// each eigenbasis refresh, amortized over precondition_frequency steps,
+// projects the momentum twice, 2·(a+b)·m·n, and runs power_iter_steps
+// rounds of a matmul and a QR per side, 2·power_iter_steps·(a³+b³); plus
+// the element count for the Adam arithmetic. A parameter that is not 2-D
+// costs its element count. Saturates at INT64_MAX.
+int64_t SoapParamCost(c10::IntArrayRef shape, const SoapCostModel& soap,
+                      const ParamLayout& layout = {});
+
 // Deals the parameters out to `world_size` ranks and returns owner[i] for
 // params[i]. Longest-processing-time first: parameters sorted by cost
 // (descending; ties by (slot, index) ascending), each given to the rank with

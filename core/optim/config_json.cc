@@ -77,6 +77,20 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromJson(
   LORAPLEX_RETURN_IF_ERROR(fields.NumberList("lion_betas", 2, &lion_betas));
   config.lion_beta1 = lion_betas[0];
   config.lion_beta2 = lion_betas[1];
+  std::vector<double> soap_betas = {config.soap_beta1, config.soap_beta2};
+  LORAPLEX_RETURN_IF_ERROR(fields.NumberList("soap_betas", 2, &soap_betas));
+  config.soap_beta1 = soap_betas[0];
+  config.soap_beta2 = soap_betas[1];
+  LORAPLEX_RETURN_IF_ERROR(fields.Number("shampoo_beta", &config.shampoo_beta));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Integer("precondition_frequency", &config.precondition_frequency));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Integer("max_precond_dim", &config.max_precond_dim));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Integer("power_iter_steps", &config.power_iter_steps));
+  LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_eigh", &config.use_eigh));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Number("max_update_rms", &config.max_update_rms));
   LORAPLEX_RETURN_IF_ERROR(fields.RejectUnknown());
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
   return config;
@@ -107,6 +121,13 @@ nlohmann::json OptimizerConfigToJson(const OptimizerConfig& config) {
       {"scalar_optimizer",
        std::string(ScalarOptimizerName(config.scalar_optimizer))},
       {"lion_betas", {config.lion_beta1, config.lion_beta2}},
+      {"soap_betas", {config.soap_beta1, config.soap_beta2}},
+      {"shampoo_beta", config.shampoo_beta},
+      {"precondition_frequency", config.precondition_frequency},
+      {"max_precond_dim", config.max_precond_dim},
+      {"power_iter_steps", config.power_iter_steps},
+      {"use_eigh", config.use_eigh},
+      {"max_update_rms", config.max_update_rms},
   };
 }
 

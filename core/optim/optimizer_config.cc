@@ -1,5 +1,6 @@
 #include "core/optim/optimizer_config.h"
 
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,8 @@ absl::string_view OptimizerFamilyName(OptimizerFamily family) {
       return "muon";
     case OptimizerFamily::kLion:
       return "lion";
+    case OptimizerFamily::kSoap:
+      return "soap";
   }
   return "unknown";
 }
@@ -71,6 +74,33 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
   }
   if (!InUnitInterval(config.lion_beta2)) {
     return invalid("lion_betas[1] must be in [0, 1), got ", config.lion_beta2);
+  }
+  if (!InUnitInterval(config.soap_beta1)) {
+    return invalid("soap_betas[0] must be in [0, 1), got ", config.soap_beta1);
+  }
+  if (!InUnitInterval(config.soap_beta2)) {
+    return invalid("soap_betas[1] must be in [0, 1), got ", config.soap_beta2);
+  }
+  if (!InUnitInterval(config.shampoo_beta)) {
+    return invalid("shampoo_beta must be in [0, 1), got ", config.shampoo_beta);
+  }
+  if (config.precondition_frequency < 1) {
+    return invalid("precondition_frequency must be >= 1, got ",
+                   config.precondition_frequency);
+  }
+  if (config.max_precond_dim < 1) {
+    return invalid("max_precond_dim must be >= 1, got ",
+                   config.max_precond_dim);
+  }
+  if (config.power_iter_steps < 1 || config.power_iter_steps > 100) {
+    return invalid("power_iter_steps must be in [1, 100], got ",
+                   config.power_iter_steps);
+  }
+  if (!(config.max_update_rms >= 0.0 && std::isfinite(config.max_update_rms))) {
+    return invalid(
+        "max_update_rms must be a finite number >= 0 (0: no "
+        "clipping), got ",
+        config.max_update_rms);
   }
   if (!IsFinitePositive(config.eps)) {
     return invalid("eps must be a finite number > 0, got ", config.eps);

@@ -23,19 +23,21 @@ enum class OptimizerFamily {
   kAdam,   // Adam (L2 weight decay into the gradient) for every parameter.
   kMuon,   // Muon for 2-D matrices, the scalar optimizer for the rest.
   kLion,   // Lion (core/optim/lion.h) for every parameter.
+  kSoap,   // SOAP (core/optim/soap.h) for 2-D matrices, the scalar
+           // optimizer for the rest.
 };
 
 // Appended only: checkpoints store a family as its index here.
-inline constexpr std::array<OptimizerFamily, 4> kAllOptimizerFamilies = {
+inline constexpr std::array<OptimizerFamily, 5> kAllOptimizerFamilies = {
     OptimizerFamily::kAdamW, OptimizerFamily::kAdam, OptimizerFamily::kMuon,
-    OptimizerFamily::kLion};
+    OptimizerFamily::kLion, OptimizerFamily::kSoap};
 
 absl::string_view OptimizerFamilyName(OptimizerFamily family);
 std::optional<OptimizerFamily> ParseOptimizerFamily(absl::string_view name);
 
-// The optimizer of the muon family's parameters that Muon does not
-// orthogonalise (everything but 2-D matrices), as Emerging-Optimizers
-// pairs a matrix optimizer with a scalar one.
+// The optimizer of the muon and soap families' parameters that the matrix
+// optimizer does not take (everything but 2-D matrices), as
+// Emerging-Optimizers pairs a matrix optimizer with a scalar one.
 enum class ScalarOptimizer {
   kAdamW,  // The default: betas, eps, weight_decay as the adamw family.
   kLion,   // lion_betas, weight_decay as the lion family.
@@ -79,6 +81,29 @@ struct OptimizerConfig {
   // 0.01, is not taken: weight_decay above applies to every family.)
   double lion_beta1 = 0.9;
   double lion_beta2 = 0.99;
+
+  // SOAP (docs/DESIGN.md §4): the betas of its Adam in the eigenbasis and
+  // of the Kronecker factors, Emerging-Optimizers' defaults; eps and
+  // weight_decay are the shared fields above.
+  double soap_beta1 = 0.9;
+  double soap_beta2 = 0.95;
+  double shampoo_beta = 0.95;
+  // The eigenbases are refreshed at step 1 and then every this many steps
+  // (1: every step, as Emerging-Optimizers 0.3.0).
+  int precondition_frequency = 1;
+  // A side of a matrix longer than this is not preconditioned (identity
+  // basis, no factor kept), as max_precond_dim of Vyas et al.'s SOAP. Its
+  // default there, 10000, is meant for full weights: on LoRA matrices the
+  // long side's factor and basis cost side² floats each (about 40 GB per
+  // slot with 10000, 200 GB with no limit, for every projection of a
+  // Llama-3-8B), while the rank side's are r². 1024 keeps the rank side and
+  // the long sides of small models; Emerging-Optimizers has no limit.
+  int max_precond_dim = 1024;
+  // Rounds of orthogonal iteration per refresh, or a full eigh each time.
+  int power_iter_steps = 1;
+  bool use_eigh = false;
+  // Clip the update's RMS to this (0: no clipping).
+  double max_update_rms = 0.0;
 };
 
 // INVALID_ARGUMENT naming the first bad field, else OK.

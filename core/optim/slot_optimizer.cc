@@ -15,6 +15,7 @@
 #include "core/optim/lion.h"
 #include "core/optim/multi_tensor_adam.h"
 #include "core/optim/muon.h"
+#include "core/optim/soap.h"
 #include "core/runtime/torch_compat.h"
 
 namespace loraplex {
@@ -24,9 +25,10 @@ namespace {
 constexpr int64_t kArchiveVersion = 2;
 
 // Appended only: archives store a child's kind as its index here.
-constexpr std::array<OptimizerChildKind, 4> kAllOptimizerChildKinds = {
+constexpr std::array<OptimizerChildKind, 5> kAllOptimizerChildKinds = {
     OptimizerChildKind::kMuon, OptimizerChildKind::kAdamW,
-    OptimizerChildKind::kAdam, OptimizerChildKind::kLion};
+    OptimizerChildKind::kAdam, OptimizerChildKind::kLion,
+    OptimizerChildKind::kSoap};
 
 std::vector<torch::Tensor> ChildParameters(const OptimizerChild& child) {
   std::vector<torch::Tensor> params;
@@ -36,21 +38,30 @@ std::vector<torch::Tensor> ChildParameters(const OptimizerChild& child) {
   return params;
 }
 
-std::string ShapeString(const torch::Tensor& tensor) {
+// The shape `ref`'s tensor `i` must have.
+c10::IntArrayRef ExpectedShape(const ParamStateRef& ref, size_t i,
+                               const torch::Tensor& param) {
+  if (i < ref.shapes.size() && !ref.shapes[i].empty()) return ref.shapes[i];
+  return param.sizes();
+}
+
+std::string ShapeString(c10::IntArrayRef shape) {
   std::ostringstream out;
-  out << tensor.sizes();
+  out << shape;
   return out.str();
 }
 
-// "" when `tensor` can stand in the state of `param`, else the reason.
+// "" when `tensor` can stand in the state of `param` (with `shape`), else
+// the reason.
 std::string StateTensorError(size_t index, const char* name,
                              const torch::Tensor& tensor,
-                             const torch::Tensor& param) {
+                             const torch::Tensor& param,
+                             c10::IntArrayRef shape) {
   const std::string prefix = absl::StrCat("parameter ", index, ": ", name);
   if (!tensor.defined()) return absl::StrCat(prefix, " is missing");
-  if (tensor.sizes() != param.sizes()) {
-    return absl::StrCat(prefix, " has shape ", ShapeString(tensor),
-                        ", expected ", ShapeString(param));
+  if (tensor.sizes() != shape) {
+    return absl::StrCat(prefix, " has shape ", ShapeString(tensor.sizes()),
+                        ", expected ", ShapeString(shape));
   }
   if (tensor.scalar_type() != param.scalar_type() ||
       tensor.device() != param.device()) {
@@ -99,6 +110,27 @@ std::vector<ParamStateRef> MuonStates(Muon& muon) {
       if (MuonParamState* state = muon.StateOf(param)) {
         ref.step = &state->step();
         ref.tensors = {{"momentum_buffer", state->momentum_buffer()}};
+      }
+      states.push_back(std::move(ref));
+    }
+  }
+  return states;
+}
+
+std::vector<ParamStateRef> SoapStates(Soap& soap) {
+  std::vector<ParamStateRef> states;
+  for (auto& group : soap.param_groups()) {
+    for (const torch::Tensor& param : group.params()) {
+      ParamStateRef ref;
+      if (SoapParamState* state = soap.StateOf(param)) {
+        ref.step = &state->step();
+        ref.tensors = {{"exp_avg", state->exp_avg()},
+                       {"exp_avg_sq", state->exp_avg_sq()},
+                       {"kronecker_left", state->kronecker_left()},
+                       {"kronecker_right", state->kronecker_right()},
+                       {"eigenbasis_left", state->eigenbasis_left()},
+                       {"eigenbasis_right", state->eigenbasis_right()}};
+        ref.shapes = soap.StateShapes(param);
       }
       states.push_back(std::move(ref));
     }
@@ -193,7 +225,38 @@ OptimizerChild MakeLionChild(std::vector<torch::Tensor> params,
   return child;
 }
 
-// The child of the muon family's parameters that are not matrices.
+SoapOptions SoapOptionsFromConfig(const OptimizerConfig& config) {
+  return SoapOptions(config.lr)
+      .beta1(config.soap_beta1)
+      .beta2(config.soap_beta2)
+      .shampoo_beta(config.shampoo_beta)
+      .eps(config.eps)
+      .weight_decay(config.weight_decay)
+      .use_eigh(config.use_eigh)
+      .power_iter_steps(config.power_iter_steps)
+      .max_update_rms(config.max_update_rms)
+      .precondition_frequency(config.precondition_frequency)
+      .max_precond_dim(config.max_precond_dim);
+}
+
+OptimizerChild MakeSoapChild(std::vector<torch::Tensor> params,
+                             std::vector<ParamLayout> layouts,
+                             const OptimizerConfig& config) {
+  auto optimizer = std::make_unique<Soap>(std::move(params), std::move(layouts),
+                                          SoapOptionsFromConfig(config));
+  Soap* raw = optimizer.get();
+  OptimizerChild child;
+  child.kind = OptimizerChildKind::kSoap;
+  child.optimizer = std::move(optimizer);
+  child.init_state = [raw] { raw->InitState(); };
+  child.states = [raw] { return SoapStates(*raw); };
+  // Bases back to the identity, not zero.
+  child.zero_state = [raw] { raw->ZeroState(); };
+  return child;
+}
+
+// The child of the muon and soap families' parameters that are not
+// matrices.
 OptimizerChild MakeScalarChild(std::vector<torch::Tensor> params,
                                const OptimizerConfig& config) {
   switch (config.scalar_optimizer) {
@@ -251,6 +314,8 @@ absl::string_view OptimizerChildKindName(OptimizerChildKind kind) {
       return "adam";
     case OptimizerChildKind::kLion:
       return "lion";
+    case OptimizerChildKind::kSoap:
+      return "soap";
   }
   return "unknown";
 }
@@ -262,8 +327,10 @@ std::string OptimizerChildStateError(const OptimizerChild& child) {
     if (i >= states.size() || states[i].step == nullptr) {
       return absl::StrCat("parameter ", i, " has no state");
     }
-    for (const auto& [name, tensor] : states[i].tensors) {
-      std::string error = StateTensorError(i, name, tensor, params[i]);
+    for (size_t t = 0; t < states[i].tensors.size(); ++t) {
+      const auto& [name, tensor] = states[i].tensors[t];
+      std::string error = StateTensorError(
+          i, name, tensor, params[i], ExpectedShape(states[i], t, params[i]));
       if (!error.empty()) return error;
     }
   }
@@ -281,9 +348,10 @@ absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
   std::vector<OptimizerChild> children;
   try {
     switch (config.family) {
-      case OptimizerFamily::kMuon: {
+      case OptimizerFamily::kMuon:
+      case OptimizerFamily::kSoap: {
         // Expert-stacked parameters are 2-D (ParametersError), so they
-        // stay on Muon.
+        // stay on the matrix optimizer.
         std::vector<torch::Tensor> matrices;
         std::vector<ParamLayout> matrix_layouts;
         std::vector<torch::Tensor> others;
@@ -296,8 +364,12 @@ absl::StatusOr<SlotOptimizer> BuildSlotOptimizer(
           }
         }
         if (!matrices.empty()) {
-          children.push_back(MakeMuonChild(std::move(matrices),
-                                           std::move(matrix_layouts), config));
+          children.push_back(
+              config.family == OptimizerFamily::kSoap
+                  ? MakeSoapChild(std::move(matrices),
+                                  std::move(matrix_layouts), config)
+                  : MakeMuonChild(std::move(matrices),
+                                  std::move(matrix_layouts), config));
         }
         if (!others.empty()) {
           children.push_back(MakeScalarChild(std::move(others), config));
@@ -403,12 +475,20 @@ absl::Status SlotOptimizer::SetHyperparameters(const OptimizerConfig& config) {
                      OptimizerFamilyName(config_.family), ", not ",
                      OptimizerFamilyName(config.family)));
   }
-  if (config.family == OptimizerFamily::kMuon &&
+  if ((config.family == OptimizerFamily::kMuon ||
+       config.family == OptimizerFamily::kSoap) &&
       config.scalar_optimizer != config_.scalar_optimizer) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer.scalar_optimizer: the slot's scalar optimizer is ",
         ScalarOptimizerName(config_.scalar_optimizer), ", not ",
         ScalarOptimizerName(config.scalar_optimizer)));
+  }
+  if (config.family == OptimizerFamily::kSoap &&
+      config.max_precond_dim != config_.max_precond_dim) {
+    // It decides the shapes of the state.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.max_precond_dim: the slot's is ", config_.max_precond_dim,
+        " (it shapes the optimizer state), not ", config.max_precond_dim));
   }
   for (OptimizerChild& child : children_) {
     for (auto& group : child.optimizer->param_groups()) {
@@ -426,6 +506,8 @@ absl::Status SlotOptimizer::SetHyperparameters(const OptimizerConfig& config) {
         lion->beta1(config.lion_beta1)
             .beta2(config.lion_beta2)
             .weight_decay(config.weight_decay);
+      } else if (auto* soap = dynamic_cast<SoapOptions*>(&options)) {
+        *soap = SoapOptionsFromConfig(config);
       } else if (auto* muon = dynamic_cast<MuonOptions*>(&options)) {
         muon->momentum(config.momentum)
             .nesterov(config.nesterov)
@@ -521,16 +603,18 @@ absl::Status SlotOptimizer::Load(torch::serialize::InputArchive& archive) {
             states[j].step, ReadArchiveScalar<int64_t>(param, "step"), {}};
         TORCH_CHECK(entry.step_value >= 0, "parameter ", j,
                     ": step is negative");
-        for (const auto& [name, target] : states[j].tensors) {
+        for (size_t t = 0; t < states[j].tensors.size(); ++t) {
+          const auto& [name, target] = states[j].tensors[t];
           torch::Tensor loaded;
           TORCH_CHECK(param.try_read(name, loaded, /*is_buffer=*/true),
                       "parameter ", j, ": ", name, " is missing");
           TORCH_CHECK(loaded.is_floating_point(), "parameter ", j, ": ", name,
                       " is not a float tensor");
           // Device and dtype may differ (copy_ converts); the shape may not.
-          TORCH_CHECK(loaded.sizes() == params[j].sizes(), "parameter ", j,
-                      ": ", name, " has shape ", ShapeString(loaded),
-                      ", expected ", ShapeString(params[j]));
+          const c10::IntArrayRef shape = ExpectedShape(states[j], t, params[j]);
+          TORCH_CHECK(loaded.sizes() == shape, "parameter ", j, ": ", name,
+                      " has shape ", ShapeString(loaded.sizes()), ", expected ",
+                      ShapeString(shape));
           entry.copies.emplace_back(target, loaded);
         }
         staged.push_back(std::move(entry));

@@ -36,18 +36,23 @@ enum class OptimizerChildKind {
   kMuon,   // core/optim/muon.h, 2-D matrices of the muon family.
   kAdamW,  // torch::optim::AdamW.
   kAdam,   // torch::optim::Adam.
-  kLion,   // core/optim/lion.h: the lion family, or muon's scalar child.
+  kLion,   // core/optim/lion.h: the lion family, or a scalar child.
+  kSoap,   // core/optim/soap.h, 2-D matrices of the soap family.
 };
 
 absl::string_view OptimizerChildKindName(OptimizerChildKind kind);
 
 // One parameter's optimizer state: its step counter and named tensors
-// (Muon: momentum_buffer; Adam/AdamW: exp_avg, exp_avg_sq; Lion: exp_avg),
-// referring to the
-// optimizer's own storage.
+// (Muon: momentum_buffer; Adam/AdamW: exp_avg, exp_avg_sq; Lion: exp_avg;
+// SOAP: exp_avg, exp_avg_sq, kronecker_left/right, eigenbasis_left/right),
+// referring to the optimizer's own storage. Tensors have the parameter's
+// shape, except SOAP's factors and bases (`shapes`).
 struct ParamStateRef {
   int64_t* step = nullptr;  // nullptr when the parameter has no state yet.
   std::vector<std::pair<const char*, torch::Tensor>> tensors;
+  // Each of `tensors`' expected shape: empty (or `shapes` shorter than
+  // `tensors`) for the parameter's own.
+  std::vector<std::vector<int64_t>> shapes;
 };
 
 // One optimizer over a subset of the slot's parameters.
@@ -56,7 +61,8 @@ struct OptimizerChild {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   // Creates the complete state of every parameter (zeros, step 0) now.
   std::function<void()> init_state;
-  // Resets every moment, momentum buffer and step counter in place.
+  // Resets every moment, momentum buffer and step counter in place (SOAP's
+  // eigenbases to the identity).
   std::function<void()> zero_state;
   // Every parameter's state, in the optimizer's parameter order.
   std::function<std::vector<ParamStateRef>()> states;
@@ -126,11 +132,12 @@ class SlotOptimizer {
   double empty_lr_ = 0.0;  // lr() when there are no children.
 };
 
-// The factory. Family muon: Muon for 2-D parameters, AdamW (with the
-// config's betas/eps/weight_decay) for the rest; adamw/adam: one child for
-// all. Children with no parameters are not created. Every child's state is
-// created eagerly. `layouts[i]` says which matrices parameters[i] holds
-// (Muon orthogonalizes each expert's matrix of a mixture-of-experts LoRA on
+// The factory. Family muon (soap): Muon (SOAP) for 2-D parameters, the
+// scalar optimizer (AdamW with the config's betas/eps/weight_decay, or
+// Lion) for the rest; adamw/adam/lion: one child for all. Children with no
+// parameters are not created. Every child's state is created eagerly.
+// `layouts[i]` says which matrices parameters[i] holds (Muon orthogonalizes,
+// and SOAP preconditions, each expert's matrix of a mixture-of-experts LoRA on
 // its own); empty means each parameter is one. INVALID_ARGUMENT for a bad
 // config, no parameters, a parameter that is not a float leaf tensor
 // requiring grad, the same tensor twice, parameters on different devices,

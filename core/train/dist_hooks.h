@@ -33,7 +33,7 @@ class ParamClaims {
   virtual std::vector<bool> Claim(int slot,
                                   const std::vector<torch::Tensor>& params,
                                   const std::vector<ParamLayout>& layouts,
-                                  OptimizerFamily family) = 0;
+                                  const OptimizerConfig& optimizer) = 0;
   // The slot is free again (retired, or its attach failed).
   virtual void Release(int slot) = 0;
 };

@@ -64,12 +64,45 @@ TEST(ConfigJsonTest, AbsentFieldsKeepTheDefaults) {
   // Emerging-Optimizers' Lion betas.
   EXPECT_EQ(parsed->lion_beta1, 0.9);
   EXPECT_EQ(parsed->lion_beta2, 0.99);
+  // Emerging-Optimizers' SOAP defaults (its basis refreshed every step).
+  EXPECT_EQ(parsed->soap_beta1, 0.9);
+  EXPECT_EQ(parsed->soap_beta2, 0.95);
+  EXPECT_EQ(parsed->shampoo_beta, 0.95);
+  EXPECT_EQ(parsed->precondition_frequency, 1);
+  EXPECT_EQ(parsed->power_iter_steps, 1);
+  EXPECT_FALSE(parsed->use_eigh);
+  EXPECT_EQ(parsed->max_update_rms, 0.0);
+}
+
+TEST(ConfigJsonTest, SoapFieldsRoundTrip) {
+  const nlohmann::json json = {
+      {"family", "soap"},          {"soap_betas", {0.8, 0.9}},
+      {"shampoo_beta", 0.9},       {"precondition_frequency", 10},
+      {"max_precond_dim", 512},    {"power_iter_steps", 2},
+      {"use_eigh", true},          {"max_update_rms", 1.5},
+      {"scalar_optimizer", "lion"}};
+  auto parsed = OptimizerConfigFromJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->family, OptimizerFamily::kSoap);
+  EXPECT_EQ(parsed->soap_beta1, 0.8);
+  EXPECT_EQ(parsed->soap_beta2, 0.9);
+  EXPECT_EQ(parsed->shampoo_beta, 0.9);
+  EXPECT_EQ(parsed->precondition_frequency, 10);
+  EXPECT_EQ(parsed->max_precond_dim, 512);
+  EXPECT_EQ(parsed->power_iter_steps, 2);
+  EXPECT_TRUE(parsed->use_eigh);
+  EXPECT_EQ(parsed->max_update_rms, 1.5);
+  EXPECT_EQ(parsed->scalar_optimizer, ScalarOptimizer::kLion);
+  auto again = OptimizerConfigFromJson(OptimizerConfigToJson(*parsed));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(OptimizerConfigToJson(*again), OptimizerConfigToJson(*parsed));
 }
 
 TEST(ConfigJsonTest, BadOptimizerValuesNameTheField) {
-  EXPECT_EQ(OptimizerError({{"family", "sgd"}}),
-            "optimizer.family must be one of adamw, adam, muon, lion; got "
-            "\"sgd\"");
+  EXPECT_EQ(
+      OptimizerError({{"family", "sgd"}}),
+      "optimizer.family must be one of adamw, adam, muon, lion, soap; got "
+      "\"sgd\"");
   EXPECT_EQ(OptimizerError({{"family", "muon"}, {"scalar_optimizer", "adam"}}),
             "optimizer.scalar_optimizer must be one of adamw, lion; got "
             "\"adam\"");
@@ -77,6 +110,21 @@ TEST(ConfigJsonTest, BadOptimizerValuesNameTheField) {
             "optimizer.lion_betas[1] must be in [0, 1), got 1");
   EXPECT_EQ(OptimizerError({{"lion_betas", 0.9}}),
             "optimizer.lion_betas must be a list of 2 numbers, got 0.9");
+  EXPECT_EQ(OptimizerError({{"family", "soap"}, {"soap_betas", {1.5, 0.9}}}),
+            "optimizer.soap_betas[0] must be in [0, 1), got 1.5");
+  EXPECT_EQ(OptimizerError({{"family", "soap"}, {"shampoo_beta", -0.1}}),
+            "optimizer.shampoo_beta must be in [0, 1), got -0.1");
+  EXPECT_EQ(OptimizerError({{"family", "soap"}, {"precondition_frequency", 0}}),
+            "optimizer.precondition_frequency must be >= 1, got 0");
+  EXPECT_EQ(OptimizerError({{"family", "soap"}, {"max_precond_dim", 0}}),
+            "optimizer.max_precond_dim must be >= 1, got 0");
+  EXPECT_EQ(OptimizerError({{"family", "soap"}, {"power_iter_steps", 0}}),
+            "optimizer.power_iter_steps must be in [1, 100], got 0");
+  EXPECT_EQ(OptimizerError({{"family", "soap"}, {"max_update_rms", -1}}),
+            "optimizer.max_update_rms must be a finite number >= 0 (0: no "
+            "clipping), got -1");
+  EXPECT_EQ(OptimizerError({{"family", "soap"}, {"use_eigh", 1}}).substr(0, 26),
+            "optimizer.use_eigh must be");
   EXPECT_EQ(OptimizerError({{"family", "muon"}, {"coefficient_set", "cubic"}}),
             "optimizer.coefficient_set must be one of simple, quintic, "
             "polar_express, aol, custom; got \"cubic\"");

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/optim/lion.h"
 #include "core/optim/muon.h"
+#include "core/optim/soap.h"
 #include "core/runtime/step_profile.h"
 #include "core/runtime/torch_compat.h"
 #include "tests/common/optim_fixture.h"
@@ -107,6 +108,8 @@ torch::Tensor FirstMoment(const OptimizerChild& child,
       return static_cast<const torch::optim::AdamParamState&>(state).exp_avg();
     case OptimizerChildKind::kLion:
       return static_cast<const LionParamState&>(state).exp_avg();
+    case OptimizerChildKind::kSoap:
+      return static_cast<const SoapParamState&>(state).exp_avg();
   }
   return {};
 }
@@ -598,7 +601,7 @@ TEST(SlotOptimizerTest, InvalidConfigsNameTheField) {
 // Slots of every family and assorted Muon settings, in fp64 so that stepping
 // them together must equal stepping each alone to rounding.
 std::vector<OptimizerConfig> MixedSlotConfigs() {
-  std::vector<OptimizerConfig> configs(9, MuonConfig());
+  std::vector<OptimizerConfig> configs(11, MuonConfig());
   configs[1].lr = 0.05;  // Shares every batch with slot 0, not its scale.
   configs[2].extra_scale_factor = 1.0;
   configs[2].scale_mode = MuonScaleMode::kUnitRmsNorm;
@@ -612,6 +615,11 @@ std::vector<OptimizerConfig> MixedSlotConfigs() {
   configs[7].family = OptimizerFamily::kLion;
   configs[7].lion_beta1 = 0.8;
   configs[8].scalar_optimizer = ScalarOptimizer::kLion;
+  configs[9].family = OptimizerFamily::kSoap;
+  configs[10].family = OptimizerFamily::kSoap;
+  configs[10].scalar_optimizer = ScalarOptimizer::kLion;
+  configs[10].max_precond_dim = 8;
+  configs[10].precondition_frequency = 2;
   return configs;
 }
 
@@ -784,6 +792,19 @@ TEST(SlotOptimizerTest, ExpertLayoutsReachMuonAndLeaveElementwiseChildren) {
     }
     TrainSteps(experts, with, 0, 3);
     TrainSteps(plain, without, 0, 3);
+    if (config.family == OptimizerFamily::kSoap) {
+      // Each expert's matrix has its own factors (soap_test.cc checks
+      // their values).
+      ASSERT_EQ(experts.children().front().kind, OptimizerChildKind::kSoap);
+      auto& soap = static_cast<Soap&>(*experts.children().front().optimizer);
+      EXPECT_EQ(soap.StateOf(with[2])->kronecker_left().sizes(),
+                torch::IntArrayRef({3, 4, 4}));
+      EXPECT_EQ(soap.StateOf(with[3])->kronecker_right().sizes(),
+                torch::IntArrayRef({3, 4, 4}));
+      EXPECT_FALSE(torch::equal(with[2], without[2]));
+      EXPECT_FALSE(torch::equal(with[3], without[3]));
+      continue;
+    }
     if (config.family != OptimizerFamily::kMuon) {
       ExpectSameValues(with, without);  // Elementwise: layouts do not matter.
       continue;

@@ -429,5 +429,149 @@ TEST(SoapTest, OnlyMatricesAreTaken) {
   }
 }
 
+// Random float64 leaf of `shape` and `steps` gradients for it.
+struct RandomCase {
+  torch::Tensor param;
+  std::vector<torch::Tensor> grads;
+};
+
+RandomCase MakeRandomCase(std::vector<int64_t> shape, int steps,
+                          uint64_t seed) {
+  torch::manual_seed(seed);
+  RandomCase c;
+  c.param = torch::randn(shape, torch::kFloat64).set_requires_grad(true);
+  for (int i = 0; i < steps; ++i) {
+    c.grads.push_back(torch::randn(shape, torch::kFloat64));
+  }
+  return c;
+}
+
+double MaxDifference(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+// A parameter stacking 3 experts' matrices (in rows, or in columns with the
+// expert index fastest) is stepped as 3 separate SOAP matrices: equal to
+// three optimizers on the experts' own matrices, and unlike SOAP on the
+// concatenation. Square 4×4 experts: full-rank factors from step 1, so the
+// runs are well posed (see the top of the file).
+TEST(SoapTest, ExpertMatricesAreEachTheirOwnMatrix) {
+  constexpr int64_t kExperts = 3;
+  for (ExpertStacking stacking :
+       {ExpertStacking::kRows, ExpertStacking::kColumns}) {
+    SCOPED_TRACE(stacking == ExpertStacking::kRows ? "rows" : "columns");
+    const ParamLayout layout{stacking, kExperts};
+    const std::vector<int64_t> shape = stacking == ExpertStacking::kRows
+                                           ? std::vector<int64_t>{12, 4}
+                                           : std::vector<int64_t>{4, 12};
+    RandomCase stacked = MakeRandomCase(shape, 4, 21);
+    torch::Tensor whole =
+        stacked.param.detach().clone().set_requires_grad(true);
+    std::vector<torch::Tensor> experts;
+    for (int64_t e = 0; e < kExperts; ++e) {
+      experts.push_back(MatricesOf(stacked.param.detach(), layout)[e]
+                            .clone()
+                            .set_requires_grad(true));
+    }
+    const SoapOptions options = SoapOptions(1e-2).weight_decay(0.1);
+    Soap soap({stacked.param}, {layout}, options);
+    Soap concatenation({whole}, options);
+    Soap separate(experts, options);
+    for (const torch::Tensor& grad : stacked.grads) {
+      stacked.param.mutable_grad() = grad.clone();
+      whole.mutable_grad() = grad.clone();
+      for (int64_t e = 0; e < kExperts; ++e) {
+        experts[e].mutable_grad() = MatricesOf(grad, layout)[e].clone();
+      }
+      soap.step();
+      concatenation.step();
+      separate.step();
+    }
+    const torch::Tensor result = MatricesOf(stacked.param.detach(), layout);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      EXPECT_LE(MaxDifference(result[e], experts[e].detach()), 1e-12)
+          << "expert " << e;
+    }
+    EXPECT_GT(MaxDifference(stacked.param.detach(), whole.detach()), 1e-4);
+    EXPECT_EQ(soap.StateOf(stacked.param)->kronecker_left().sizes(),
+              torch::IntArrayRef({kExperts, 4, 4}));
+    // Retired: every expert's bases back to the identity.
+    soap.ZeroState();
+    SoapParamState& state = *soap.StateOf(stacked.param);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      EXPECT_TRUE(torch::equal(state.eigenbasis_left()[e],
+                               torch::eye(4, torch::kFloat64)));
+      EXPECT_TRUE(torch::equal(state.eigenbasis_right()[e],
+                               torch::eye(4, torch::kFloat64)));
+    }
+  }
+}
+
+// With precondition_frequency 3 the bases are refreshed at steps 1, 4, 7,
+// ...: unchanged by steps 2 and 3 while the factors keep accumulating.
+TEST(SoapTest, PreconditionFrequencyRefreshesEveryNthStep) {
+  RandomCase c = MakeRandomCase({6, 6}, 5, 7);
+  Soap soap({c.param}, SoapOptions(1e-2).precondition_frequency(3));
+  std::vector<torch::Tensor> bases;
+  std::vector<torch::Tensor> factors;
+  for (const torch::Tensor& grad : c.grads) {
+    c.param.mutable_grad() = grad.clone();
+    soap.step();
+    bases.push_back(soap.StateOf(c.param)->eigenbasis_left().clone());
+    factors.push_back(soap.StateOf(c.param)->kronecker_left().clone());
+  }
+  EXPECT_FALSE(torch::equal(bases[0], torch::eye(6, torch::kFloat64)));
+  EXPECT_TRUE(torch::equal(bases[1], bases[0]));
+  EXPECT_TRUE(torch::equal(bases[2], bases[0]));
+  EXPECT_FALSE(torch::equal(bases[3], bases[2]));  // Step 4 refreshes.
+  EXPECT_TRUE(torch::equal(bases[4], bases[3]));
+  for (size_t i = 1; i < factors.size(); ++i) {
+    EXPECT_FALSE(torch::equal(factors[i], factors[i - 1])) << "step " << i + 1;
+  }
+}
+
+// A side longer than max_precond_dim keeps no factor and no basis (0×0)
+// and its projections are the identity. With both sides beyond it, SOAP is
+// Adam with decoupled weight decay: equal to LibTorch's own AdamW.
+TEST(SoapTest, SidesLongerThanMaxPrecondDimAreNotPreconditioned) {
+  RandomCase one_sided = MakeRandomCase({4, 24}, 3, 3);
+  Soap soap({one_sided.param}, SoapOptions(1e-2).max_precond_dim(8));
+  soap.InitState();
+  SoapParamState& state = *soap.StateOf(one_sided.param);
+  EXPECT_EQ(state.kronecker_left().sizes(), torch::IntArrayRef({4, 4}));
+  EXPECT_EQ(state.kronecker_right().sizes(), torch::IntArrayRef({0, 0}));
+  EXPECT_EQ(state.eigenbasis_right().sizes(), torch::IntArrayRef({0, 0}));
+  for (const torch::Tensor& grad : one_sided.grads) {
+    one_sided.param.mutable_grad() = grad.clone();
+    soap.step();
+  }
+  EXPECT_FALSE(
+      torch::equal(state.eigenbasis_left(), torch::eye(4, torch::kFloat64)));
+  EXPECT_TRUE(torch::isfinite(one_sided.param).all().item<bool>());
+
+  const double lr = 1e-2;
+  const double weight_decay = 0.1;
+  RandomCase c = MakeRandomCase({5, 7}, 4, 5);
+  torch::Tensor adam_param = c.param.detach().clone().set_requires_grad(true);
+  Soap diagonal({c.param}, SoapOptions(lr)
+                               .beta1(0.9)
+                               .beta2(0.95)
+                               .eps(1e-8)
+                               .weight_decay(weight_decay)
+                               .max_precond_dim(4));
+  torch::optim::AdamW adamw({adam_param}, torch::optim::AdamWOptions(lr)
+                                              .betas({0.9, 0.95})
+                                              .eps(1e-8)
+                                              .weight_decay(weight_decay));
+  for (const torch::Tensor& grad : c.grads) {
+    c.param.mutable_grad() = grad.clone();
+    adam_param.mutable_grad() = grad.clone();
+    diagonal.step();
+    adamw.step();
+    EXPECT_LE(MaxDifference(c.param.detach(), adam_param.detach()), 1e-14);
+  }
+  EXPECT_EQ(diagonal.StateOf(c.param)->kronecker_left().numel(), 0);
+}
+
 }  // namespace
 }  // namespace loraplex

@@ -95,6 +95,36 @@ TEST(ParamCostTest, MuonExpertsCostEachExpertsMatrix) {
             64 * 16 * 16);
 }
 
+// SOAP's cost in multiply-adds, from its formula's terms: a 16×64 matrix
+// with both sides preconditioned, refreshed every step with one round of
+// orthogonal iteration, costs 3·(16+64)·1024 (factors and two projections)
+// + 1024 (Adam) + 2·(16+64)·1024 + 2·(16³ + 64³) (the refresh).
+TEST(ParamCostTest, SoapCountsFactorsProjectionsAndRefresh) {
+  const int64_t mn = 16 * 64;
+  const int64_t refresh = 2 * 80 * mn + 2 * (16 * 16 * 16 + 64 * 64 * 64);
+  EXPECT_EQ(SoapParamCost({16, 64}, {}), 3 * 80 * mn + mn + refresh);
+  // A refresh every 4 steps costs a quarter per step (integer division).
+  EXPECT_EQ(SoapParamCost({16, 64}, {.precondition_frequency = 4}),
+            3 * 80 * mn + mn + refresh / 4);
+  // Sides longer than max_precond_dim cost nothing: only the 16 side.
+  const int64_t one_sided = 2 * 16 * mn + 2 * 16 * 16 * 16;
+  EXPECT_EQ(SoapParamCost({16, 64}, {.max_precond_dim = 32}),
+            3 * 16 * mn + mn + one_sided);
+  EXPECT_EQ(SoapParamCost({64, 16}, {.max_precond_dim = 32}),
+            3 * 16 * mn + mn + one_sided);
+  // Neither side: Adam's element count.
+  EXPECT_EQ(SoapParamCost({16, 64}, {.max_precond_dim = 8}), mn);
+  // Expert stacks cost each expert's matrix, and not-matrices their size.
+  EXPECT_EQ(SoapParamCost({3 * 16, 64}, {}, {ExpertStacking::kRows, 3}),
+            3 * SoapParamCost({16, 64}, {}));
+  EXPECT_EQ(SoapParamCost({64, 16 * 3}, {}, {ExpertStacking::kColumns, 3}),
+            3 * SoapParamCost({64, 16}, {}));
+  EXPECT_EQ(SoapParamCost({7}, {}), 7);
+  EXPECT_EQ(SoapParamCost({10, 6}, {}, {ExpertStacking::kRows, 3}), 60);
+  // Far more than Muon's Newton–Schulz on the same matrix.
+  EXPECT_GT(SoapParamCost({16, 64}, {}), ParamCost({16, 64}, true));
+}
+
 // Ownership follows the expert cost: an expert stack weighs what its
 // experts do, so it balances against plain matrices of that total.
 TEST(AssignOwnersTest, ExpertStacksWeighTheirExperts) {
