@@ -282,6 +282,74 @@ TEST(SlotOptimizerTest, LionFamilyAndLionAsMuonsScalarOptimizer) {
   EXPECT_FALSE(ParseScalarOptimizer("adam").has_value());
 }
 
+// Family soap: SOAP for the matrices (with the config's knobs), the scalar
+// optimizer for the rest; per-step hyperparameters reach both children, but
+// max_precond_dim, which shapes SOAP's state, cannot change.
+TEST(SlotOptimizerTest, SoapFamilyRoutesMatricesToSoap) {
+  OptimizerConfig config;
+  config.family = OptimizerFamily::kSoap;
+  config.lr = 0.01;
+  config.weight_decay = 0.05;
+  config.soap_beta1 = 0.8;
+  config.soap_beta2 = 0.9;
+  config.shampoo_beta = 0.7;
+  config.precondition_frequency = 3;
+  config.max_precond_dim = 8;
+  config.power_iter_steps = 2;
+  config.max_update_rms = 1.5;
+  config.scalar_optimizer = ScalarOptimizer::kLion;
+  std::vector<torch::Tensor> params = SlotParameters(5);
+  SlotOptimizer soap = Build(config, params);
+  ASSERT_EQ(soap.children().size(), 2u);
+  EXPECT_EQ(soap.children()[0].kind, OptimizerChildKind::kSoap);
+  EXPECT_EQ(soap.children()[1].kind, OptimizerChildKind::kLion);
+  EXPECT_EQ(soap.children()[0].optimizer->param_groups()[0].params().size(),
+            4u);
+  auto options = [&soap]() -> const SoapOptions& {
+    return static_cast<const SoapOptions&>(
+        soap.children()[0].optimizer->param_groups()[0].options());
+  };
+  EXPECT_EQ(options().lr(), 0.01);
+  EXPECT_EQ(options().weight_decay(), 0.05);
+  EXPECT_EQ(options().beta1(), 0.8);
+  EXPECT_EQ(options().beta2(), 0.9);
+  EXPECT_EQ(options().shampoo_beta(), 0.7);
+  EXPECT_EQ(options().precondition_frequency(), 3);
+  EXPECT_EQ(options().max_precond_dim(), 8);
+  EXPECT_EQ(options().power_iter_steps(), 2);
+  EXPECT_EQ(options().max_update_rms(), 1.5);
+  // SlotParameters' 4×24, 24×4 and 16×4 matrices: only the sides of 4.
+  for (const OptimizerChild& child : soap.children()) {
+    EXPECT_EQ(OptimizerChildStateError(child), "");
+  }
+  auto& soap_child = static_cast<Soap&>(*soap.children()[0].optimizer);
+  EXPECT_EQ(soap_child.StateOf(params[0])->kronecker_left().sizes(),
+            torch::IntArrayRef({4, 4}));
+  EXPECT_EQ(soap_child.StateOf(params[0])->kronecker_right().sizes(),
+            torch::IntArrayRef({0, 0}));
+  EXPECT_EQ(soap_child.StateOf(params[3])->kronecker_left().sizes(),
+            torch::IntArrayRef({0, 0}));
+
+  config.soap_beta1 = 0.5;
+  config.shampoo_beta = 0.6;
+  config.lion_beta1 = 0.3;
+  ASSERT_TRUE(soap.SetHyperparameters(config).ok());
+  EXPECT_EQ(options().beta1(), 0.5);
+  EXPECT_EQ(options().shampoo_beta(), 0.6);
+  EXPECT_EQ(static_cast<const LionOptions&>(
+                soap.children()[1].optimizer->param_groups()[0].options())
+                .beta1(),
+            0.3);
+  config.max_precond_dim = 16;
+  const absl::Status changed = soap.SetHyperparameters(config);
+  EXPECT_EQ(changed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(changed.message(),
+            "optimizer.max_precond_dim: the slot's is 8 (it shapes the "
+            "optimizer state), not 16");
+  EXPECT_EQ(options().max_precond_dim(), 8);
+  EXPECT_EQ(ParseOptimizerFamily("soap"), OptimizerFamily::kSoap);
+}
+
 // A data-parallel rank that owns none of a slot's parameters.
 TEST(SlotOptimizerTest, EmptyOptimizerKeepsOnlyTheLearningRate) {
   OptimizerConfig config;
@@ -435,6 +503,27 @@ TEST(SlotOptimizerTest, LoadRejectsAMismatchedArchiveAndKeepsItsState) {
             std::string::npos)
       << status;
   EXPECT_EQ(SaveToBytes(optimizer), before);
+
+  // SOAP slots whose max_precond_dim kept different factors: the
+  // factor's own shape is checked, not the parameter's.
+  OptimizerConfig soap_config;
+  soap_config.family = OptimizerFamily::kSoap;
+  std::vector<torch::Tensor> soap_params = SlotParameters(8);
+  SlotOptimizer soap = Build(soap_config, soap_params);
+  SetGrads(soap_params, 0);
+  soap.Step();
+  const std::string soap_before = SaveToBytes(soap);
+  OptimizerConfig one_sided = soap_config;
+  one_sided.max_precond_dim = 8;
+  std::vector<torch::Tensor> one_sided_params = SlotParameters(8);
+  SlotOptimizer other_soap = Build(one_sided, one_sided_params);
+  status = LoadFromBytes(soap, SaveToBytes(other_soap));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("parameter 0: kronecker_right has shape "
+                                  "[0, 0], expected [24, 24]"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(SaveToBytes(soap), soap_before);
 
   // Another family.
   OptimizerConfig adam;
