@@ -229,10 +229,10 @@ absl::StatusOr<Value> DictSort(const Value& operand, const CallArgs& args) {
   for (const auto& [key, value] : operand.dict().items) {
     LORAPLEX_ASSIGN_OR_RETURN(
         Value sort_key,
-        ComparisonKey(by_name == "key" ? Value::String(key) : value, nullptr,
+        ComparisonKey(by_name == "key" ? DictKeyValue(key) : value, nullptr,
                       case_sensitive));
     keyed.emplace_back(std::move(sort_key),
-                       Value::Tuple({Value::String(key), value}));
+                       Value::Tuple({DictKeyValue(key), value}));
   }
   return SortedByKey("dictsort", std::move(keyed), reverse);
 }
@@ -414,7 +414,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& operand,
     if (!operand.is_dict()) return FilterError(name, "takes a dict");
     std::vector<Value> out;
     for (const auto& [key, value] : operand.dict().items) {
-      out.push_back(Value::Tuple({Value::String(key), value}));
+      out.push_back(Value::Tuple({DictKeyValue(key), value}));
     }
     return Value::List(std::move(out));
   }

@@ -349,9 +349,9 @@ Value BoundMethod(const Value& object, const std::string& name) {
             std::vector<Value> out;
             for (const auto& [key, value] : object.dict().items) {
               if (name == "items") {
-                out.push_back(Value::Tuple({Value::String(key), value}));
+                out.push_back(Value::Tuple({DictKeyValue(key), value}));
               } else {
-                out.push_back(name == "keys" ? Value::String(key) : value);
+                out.push_back(name == "keys" ? DictKeyValue(key) : value);
               }
             }
             return absl::StatusOr<Value>(Value::List(std::move(out)));
@@ -361,8 +361,10 @@ Value BoundMethod(const Value& object, const std::string& name) {
       return Value::MakeFunction(
           "dict.get", [object](const CallArgs& args) -> absl::StatusOr<Value> {
             const Value* key = args.Find(0, "key");
-            if (key == nullptr || !key->is_string()) return Value::None();
-            const Value* found = object.dict().Find(key->string_value());
+            const std::optional<std::string> stored =
+                key != nullptr ? EncodeDictKey(*key) : std::nullopt;
+            const Value* found =
+                stored.has_value() ? object.dict().Find(*stored) : nullptr;
             if (found != nullptr) return *found;
             const Value* fallback = args.Find(1, "default");
             return fallback != nullptr ? *fallback : Value::None();
@@ -410,6 +412,12 @@ absl::StatusOr<Value> GetItem(const Value& object, const Value& key) {
     const Value* item = object.dict().Find(key.string_value());
     if (item != nullptr) return *item;
     return BoundMethod(object, key.string_value());
+  }
+  if (object.is_dict() && !object.dict().is_namespace) {
+    if (const std::optional<std::string> stored = EncodeDictKey(key)) {
+      const Value* item = object.dict().Find(*stored);
+      if (item != nullptr) return *item;
+    }
   }
   if ((object.is_list() || object.is_string()) && key.is_number() &&
       key.kind() != Value::Kind::kFloat) {

@@ -132,7 +132,8 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
            std::string::npos;
   }
   if (container.is_dict()) {
-    return item.is_string() && container.dict().Find(item.string_value());
+    const std::optional<std::string> key = EncodeDictKey(item);
+    return key.has_value() && container.dict().Find(*key) != nullptr;
   }
   LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, container.Iterate());
   for (const Value& v : items) {

@@ -453,12 +453,16 @@ class Renderer {
         auto dict = std::make_shared<Dict>();
         for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
           LORAPLEX_ASSIGN_OR_RETURN(Value key, Eval(*e.items[i]));
-          if (!key.is_string()) {
-            return absl::InvalidArgumentError(
-                "dict literal keys other than strings are not supported");
+          const std::optional<std::string> stored = EncodeDictKey(key);
+          if (!stored.has_value()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                key.is_list() || key.is_dict() ? "unhashable type: '"
+                                               : "dict literal keys of type '",
+                key.TypeName(),
+                key.is_list() || key.is_dict() ? "'" : "' are not supported"));
           }
           LORAPLEX_ASSIGN_OR_RETURN(Value value, Eval(*e.items[i + 1]));
-          dict->Set(key.string_value(), std::move(value));
+          dict->Set(*stored, std::move(value));
         }
         return Value::MakeDict(std::move(dict));
       }

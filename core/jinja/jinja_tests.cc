@@ -95,7 +95,8 @@ absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& operand,
              std::string::npos;
     }
     if (arg->is_dict()) {
-      return operand.is_string() && arg->dict().Find(operand.string_value());
+      const std::optional<std::string> key = EncodeDictKey(operand);
+      return key.has_value() && arg->dict().Find(*key) != nullptr;
     }
     LORAPLEX_ASSIGN_OR_RETURN(std::vector<Value> items, arg->Iterate());
     return std::any_of(items.begin(), items.end(),

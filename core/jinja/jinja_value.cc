@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "core/tokenizer/unicode_text.h"
@@ -17,21 +18,90 @@ const Value* CallArgs::Find(size_t index, const std::string& name) const {
   return index < positional.size() ? &positional[index] : nullptr;
 }
 
+namespace {
+
+// Encoded keys: two NUL bytes, a type letter (n: None, b: bool, i: int, f:
+// float), then the value.
+constexpr absl::string_view kEncodedKey("\0\0", 2);
+
+bool IsEncodedKey(const std::string& key) {
+  return key.size() > 2 && key[0] == '\0' && key[1] == '\0';
+}
+
+// What Python's hash equality compares: booleans and integral floats as
+// the int they equal.
+std::string HashForm(const std::string& key) {
+  if (!IsEncodedKey(key)) return key;
+  const char type = key[2];
+  const std::string body = key.substr(3);
+  if (type == 'b') return absl::StrCat(kEncodedKey, "i", body == "1" ? 1 : 0);
+  if (type == 'f') {
+    const double d = std::strtod(body.c_str(), nullptr);
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18) {
+      return absl::StrCat(kEncodedKey, "i", static_cast<int64_t>(d));
+    }
+  }
+  return key;
+}
+
+bool SameKey(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  if (!IsEncodedKey(a) || !IsEncodedKey(b)) return false;
+  return HashForm(a) == HashForm(b);
+}
+
+}  // namespace
+
 const Value* Dict::Find(const std::string& key) const {
   for (const auto& [k, v] : items) {
-    if (k == key) return &v;
+    if (SameKey(k, key)) return &v;
   }
   return nullptr;
 }
 
 void Dict::Set(const std::string& key, Value value) {
   for (auto& [k, v] : items) {
-    if (k == key) {
+    if (SameKey(k, key)) {
       v = std::move(value);
       return;
     }
   }
   items.emplace_back(key, std::move(value));
+}
+
+std::optional<std::string> EncodeDictKey(const Value& key) {
+  switch (key.kind()) {
+    case Value::Kind::kString:
+      return key.string_value();
+    case Value::Kind::kNone:
+      return absl::StrCat(kEncodedKey, "n");
+    case Value::Kind::kBool:
+      return absl::StrCat(kEncodedKey, "b", key.bool_value() ? 1 : 0);
+    case Value::Kind::kInt:
+      return absl::StrCat(kEncodedKey, "i", key.int_value());
+    case Value::Kind::kFloat: {
+      char buffer[32];
+      std::snprintf(buffer, sizeof(buffer), "%.17g", key.float_value());
+      return absl::StrCat(kEncodedKey, "f", buffer);
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+Value DictKeyValue(const std::string& stored) {
+  if (!IsEncodedKey(stored)) return Value::String(stored);
+  const std::string body = stored.substr(3);
+  switch (stored[2]) {
+    case 'n':
+      return Value::None();
+    case 'b':
+      return Value::Bool(body == "1");
+    case 'i':
+      return Value::Int(std::strtoll(body.c_str(), nullptr, 10));
+    default:
+      return Value::Float(std::strtod(body.c_str(), nullptr));
+  }
 }
 
 Value Value::Undefined(std::string name) {
@@ -356,9 +426,16 @@ absl::Status DumpJsonTo(const Value& value, const JsonDumpOptions& options,
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& item : value.dict().items) items.push_back(&item);
       if (options.sort_keys) {
+        // Python sorts the keys themselves: 2 before 10, str with int fails.
+        absl::Status status;
         std::stable_sort(
-            items.begin(), items.end(),
-            [](const auto* a, const auto* b) { return a->first < b->first; });
+            items.begin(), items.end(), [&](const auto* a, const auto* b) {
+              absl::StatusOr<int> c =
+                  Compare(DictKeyValue(a->first), DictKeyValue(b->first));
+              if (!c.ok()) status = c.status();
+              return c.ok() && *c < 0;
+            });
+        if (!status.ok()) return status;
       }
       *out += '{';
       bool first = true;
@@ -366,7 +443,14 @@ absl::Status DumpJsonTo(const Value& value, const JsonDumpOptions& options,
         if (!first) *out += item_sep;
         first = false;
         newline(depth + 1);
-        AppendJsonString(item->first, options.ensure_ascii, out);
+        // json.dumps writes None, bool, int and float keys as strings.
+        const Value key = DictKeyValue(item->first);
+        const std::string key_text = key.is_string() ? key.string_value()
+                                     : key.is_none() ? "null"
+                                     : key.kind() == Value::Kind::kBool
+                                         ? (key.bool_value() ? "true" : "false")
+                                         : key.Str();
+        AppendJsonString(key_text, options.ensure_ascii, out);
         *out += key_sep;
         if (absl::Status s = DumpJsonTo(item->second, options, item_sep,
                                         key_sep, depth + 1, out);
@@ -427,7 +511,7 @@ std::string Value::Repr() const {
       std::string out = "{";
       for (size_t i = 0; i < dict_->items.size(); ++i) {
         if (i > 0) out += ", ";
-        absl::StrAppend(&out, ReprString(dict_->items[i].first), ": ",
+        absl::StrAppend(&out, DictKeyValue(dict_->items[i].first).Repr(), ": ",
                         dict_->items[i].second.Repr());
       }
       return out + "}";
@@ -541,7 +625,9 @@ absl::StatusOr<std::vector<Value>> Value::Iterate() const {
       return *list_;
     case Kind::kDict: {
       std::vector<Value> keys;
-      for (const auto& item : dict_->items) keys.push_back(String(item.first));
+      for (const auto& item : dict_->items) {
+        keys.push_back(DictKeyValue(item.first));
+      }
       return keys;
     }
     case Kind::kString: {

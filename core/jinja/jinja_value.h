@@ -38,16 +38,29 @@ struct CallArgs {
 
 using Function = std::function<absl::StatusOr<Value>(const CallArgs&)>;
 
-// Insertion-ordered string-keyed map (Python dicts keep insertion order).
+// Insertion-ordered map (Python dicts keep insertion order). Keys are
+// strings; a key of another hashable type (None, a bool, an int, a float) is
+// stored as EncodeDictKey spells it, and DictKeyValue gives it back.
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;
   bool is_namespace = false;
   // Set on the `loop` object of a recursive for loop: `loop(children)`.
   std::shared_ptr<const Function> call;
 
+  // `key` as stored (a string, or an encoded key): keys equal as Python
+  // hashes them find one another (1, 1.0 and True), and Set on an existing
+  // key keeps the key and replaces the value, as Python does.
   const Value* Find(const std::string& key) const;
   void Set(const std::string& key, Value value);
 };
+
+// The stored form of a dict key: the string itself, or for None, a bool, an
+// int or a float an encoding that starts with two NUL bytes (which no
+// template's string key does); nullopt for a key type this interpreter does
+// not store (lists and dicts are unhashable in Python, tuples unsupported).
+std::optional<std::string> EncodeDictKey(const Value& key);
+// The key as the template sees it (keys(), items(), iteration, printing).
+Value DictKeyValue(const std::string& stored);
 
 class Value {
  public:

@@ -273,6 +273,28 @@ SNIPPETS = [
     ("{{ 'x'|safe ~ '<y>' }}", {}),
     ("{{ ('<i>'|e) + '\"q\"' }}", {}),
     ("{{ \"it's\"|safe + \"<it's>\" }}", {}),
+    # Dict keys that are not strings: None, booleans, ints and floats, equal
+    # as Python hashes them (1 == 1.0 == True: the first key stays, the last
+    # value wins); tojson writes them as json.dumps does.
+    ("{% set d = {1: 'a', 2: 'b'} %}{{ d[1] }}{{ d.get(2) }}[{{ d['1'] }}]"
+     "{{ d | length }}{{ d.get(3, 'none') }}", {}),
+    ("{{ {1: 'a', true: 'b', 1.0: 'c', none: 'n', 2.5: 'f', 'x': 0} }}", {}),
+    ("{{ {0: 'zero', false: 'f', 0.0: 'z'} }}{{ {none: 1}[none] }}", {}),
+    ("{% for k, v in {2: 'x', 1: 'y', 'a': 'z'}.items() %}{{ k }}={{ v }}:"
+     "{{ k is string }};{% endfor %}", {}),
+    ("{% for k in {1: 'a', 2: 'b'} %}{{ k + 1 }}{% endfor %}"
+     "{{ {3: 'c', 1: 'a'}.keys() | list }}{{ {3: 'c'} | items | list }}", {}),
+    ("{{ {3: 'c', 1: 'a', 2: 'b'} | dictsort }}"
+     "{{ {3: 'c', 1: 'a', 2: 'b'} | dictsort(reverse=true) }}", {}),
+    ("{{ {1: 'a', 'b': 2} | dictsort }}", {}),
+    ("{{ {1: 'a', none: 'b', true: 'c', 2.5: 'd', false: 'e'} | tojson }}",
+     {}),
+    ("{{ {10: 'a', 2: 'b', -1: 'c'} | tojson(sort_keys=true) }}", {}),
+    ("{{ 1 in {1: 'a'} }}{{ '1' in {1: 'a'} }}{{ 1.0 in {1: 'a'} }}"
+     "{{ true in {1: 'a'} }}{{ none in {none: 0} }}", {}),
+    ("{{ {1: 'a'} == {1.0: 'a'} }}{{ {1: 'a'} == {'1': 'a'} }}", {}),
+    ("{% set m = {'user': 1, 'assistant': 2} %}{% set r = {1: 'U', 2: 'A'} %}"
+     "{{ r[m['assistant']] }}{{ r[m.user] }}", {}),
 ]
 
 
