@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -387,6 +389,8 @@ inline constexpr Lowercase kLowercase[] = {{
 #endif  // LORAPLEX_CORE_TOKENIZER_HF_UNICODE_TABLES_H_
 """
   args.out.write_text(header)
+  if shutil.which("clang-format"):  # the repository's .clang-format
+    subprocess.run(["clang-format", "-i", str(args.out)], check=True)
   print(f"{args.out}: {len(ranges(unassigned))} normalization ranges, "
         f"{added_count} category ranges, {len(lower_rows)} lowercase")
   return 0
