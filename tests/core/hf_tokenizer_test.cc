@@ -173,14 +173,15 @@ TEST(TextPatternTest, CategoriesAreOnigurumas) {
 // The tables were measured against these library versions; another version
 // of either needs tools/golden/make_hf_unicode_tables.py run again.
 TEST(UnicodeTextTest, HfTablesMatchTheLinkedLibraries) {
-  EXPECT_EQ(std::string(utf8proc_version()),
-            absl::StrCat(hf_unicode::kUtf8procMajor, ".",
-                         hf_unicode::kUtf8procMinor, ".0"));
+  EXPECT_THAT(
+      std::string(utf8proc_version()),
+      ::testing::StartsWith(absl::StrCat(hf_unicode::kUtf8procMajor, ".",
+                                         hf_unicode::kUtf8procMinor, ".")));
   char pcre2[64] = {};
   pcre2_config(PCRE2_CONFIG_VERSION, pcre2);
   EXPECT_THAT(std::string(pcre2),
-              ::testing::StartsWith(absl::StrCat(hf_unicode::kPcre2Major, ".",
-                                                 hf_unicode::kPcre2Minor)));
+              ::testing::StartsWith(absl::StrCat(
+                  hf_unicode::kPcre2Major, ".", hf_unicode::kPcre2Minor, " ")));
 }
 
 // HF's normalizers know Unicode 9.0: U+1DF6 (class 232, Unicode 10) is not
