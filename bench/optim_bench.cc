@@ -2,8 +2,11 @@
 //
 //  1. Newton–Schulz over 16 same-shape LoRA matrices: one batched (3-D)
 //     call vs a loop of 16 per-matrix calls, for several LoRA shapes.
-//  2. One Muon step vs one AdamW step over the same slot's LoRA parameters
-//     (all seven targets of every layer of a small model).
+//  2. One Muon, Lion or SOAP step vs one AdamW step over the same slots'
+//     LoRA parameters (all seven targets of every layer of a small model),
+//     for 1 and 16 slots; SOAP with its default max_precond_dim (1024: the
+//     small model's 512-wide sides are preconditioned, its 1408-wide ones
+//     not), with the rank side only, and refreshed every 10 steps.
 //  3. The Muon steps of 16 such slots: one StepSlotOptimizers call, whose
 //     Newton–Schulz is batched across slots, vs each slot's own Step().
 //
@@ -26,7 +29,6 @@
 #include "bench/timing.h"
 #include "core/optim/newton_schulz.h"
 #include "core/optim/slot_optimizer.h"
-#include "core/optim/soap.h"
 #include "core/runtime/blas_info.h"
 #include "core/runtime/device.h"
 
@@ -84,12 +86,11 @@ std::vector<torch::Tensor> CopiesWithGrads(
   return copies;
 }
 
-// `slots` slots of `family` against as many AdamW slots, on the same
+// `slots` slots of `config` against as many AdamW slots, on the same
 // parameters and gradients, stepped together as the trainer steps them.
-void CompareFamilyWithAdamW(loraplex::OptimizerFamily family, int slots,
-                            int rounds) {
-  loraplex::OptimizerConfig config;
-  config.family = family;
+void CompareWithAdamW(const std::string& name,
+                      const loraplex::OptimizerConfig& config, int slots,
+                      int rounds) {
   loraplex::OptimizerConfig adamw_config;
   adamw_config.family = loraplex::OptimizerFamily::kAdamW;
   std::vector<loraplex::SlotOptimizer> family_slots, adamw_slots;
@@ -120,50 +121,11 @@ void CompareFamilyWithAdamW(loraplex::OptimizerFamily family, int slots,
   const auto [family_time, adamw_time] =
       TimeSideBySide([&] { loraplex::StepSlotOptimizers(family_all); },
                      [&] { loraplex::StepSlotOptimizers(adamw_all); }, rounds);
-  const std::string name(loraplex::OptimizerFamilyName(family));
   std::cout << "  " << slots << " slot(s), " << matrices << " LoRA matrices, "
             << numel << " parameters   " << name << " step "
             << family_time * 1e3 << " ms   adamw step " << adamw_time * 1e3
             << " ms   " << name << "/adamw " << family_time / adamw_time
             << "x\n";
-}
-
-// SOAP (core/optim/soap.h, not yet a slot family) over `slots` slots' LoRA
-// matrices, one optimizer per slot, against AdamW slots on the same
-// parameters and gradients. SOAP refreshes each matrix's eigenbasis every
-// step (a QR of r×r and in×in factors): its cost is dominated by the
-// in×in side (on this project's 2-core machine ~1,100× AdamW's step for the
-// `small` shape), so it runs at most 3 rounds.
-void CompareSoapWithAdamW(int slots, int rounds) {
-  loraplex::OptimizerConfig adamw_config;
-  adamw_config.family = loraplex::OptimizerFamily::kAdamW;
-  std::vector<std::unique_ptr<loraplex::Soap>> soaps;
-  std::vector<loraplex::SlotOptimizer> adamw_slots;
-  for (int s = 0; s < slots; ++s) {
-    std::vector<torch::Tensor> params =
-        SlotLoraParameters(4, 512, 256, 1408, 16);
-    const std::vector<torch::Tensor> copies = CopiesWithGrads(params);
-    soaps.push_back(std::make_unique<loraplex::Soap>(params));
-    soaps.back()->InitState();
-    auto adamw = loraplex::BuildSlotOptimizer(adamw_config, copies);
-    if (!adamw.ok()) {
-      std::cerr << "building the optimizers failed\n";
-      std::exit(1);
-    }
-    adamw_slots.push_back(*std::move(adamw));
-  }
-  std::vector<loraplex::SlotOptimizer*> adamw_all;
-  for (loraplex::SlotOptimizer& optimizer : adamw_slots) {
-    adamw_all.push_back(&optimizer);
-  }
-  const auto [soap_time, adamw_time] = TimeSideBySide(
-      [&] {
-        for (auto& soap : soaps) soap->step();
-      },
-      [&] { loraplex::StepSlotOptimizers(adamw_all); }, std::min(rounds, 3));
-  std::cout << "  " << slots << " slot(s)   soap step " << soap_time * 1e3
-            << " ms   adamw step " << adamw_time * 1e3 << " ms   soap/adamw "
-            << soap_time / adamw_time << "x\n";
 }
 
 struct LoraShape {
@@ -239,9 +201,30 @@ int main(int argc, char** argv) {
                "each family beside AdamW\n";
   for (loraplex::OptimizerFamily family :
        {loraplex::OptimizerFamily::kMuon, loraplex::OptimizerFamily::kLion}) {
-    for (int slots : {1, 16}) CompareFamilyWithAdamW(family, slots, rounds);
+    loraplex::OptimizerConfig config;
+    config.family = family;
+    for (int slots : {1, 16}) {
+      CompareWithAdamW(std::string(loraplex::OptimizerFamilyName(family)),
+                       config, slots, rounds);
+    }
   }
-  for (int slots : {1, 16}) CompareSoapWithAdamW(slots, rounds);
+  // SOAP's eigenbasis refreshes (a QR per preconditioned side) dominate its
+  // step, hence at most 3 rounds.
+  loraplex::OptimizerConfig soap;
+  soap.family = loraplex::OptimizerFamily::kSoap;
+  loraplex::OptimizerConfig rank_side = soap;
+  rank_side.max_precond_dim = 16;
+  loraplex::OptimizerConfig every_tenth = soap;
+  every_tenth.precondition_frequency = 10;
+  for (const auto& [name, config] :
+       std::vector<std::pair<std::string, loraplex::OptimizerConfig>>{
+           {"soap", soap},
+           {"soap (rank side only)", rank_side},
+           {"soap (refresh every 10)", every_tenth}}) {
+    for (int slots : {1, 16}) {
+      CompareWithAdamW(name, config, slots, std::min(rounds, 3));
+    }
+  }
   std::cout << "\nMuon steps of many slots, all seven targets (goal at 16 "
                "slots: slot-by-slot/across >= 3x)\n";
   const LoraShape shapes[] = {{"tiny model rank 8", 2, 64, 32, 176, 8},

@@ -11,9 +11,10 @@
 //      in the same process.
 //  P1k. The co-batched step with the grouped LoRA kernel vs the per-slot
 //      reference kernel (multi_lora.h), at the default token budget.
-//  P3. Muon's share of a co-batched step: N Muon slots (1 sequence of 128
-//      tokens each), the whole step vs its optimizer part alone (all slots'
-//      Muon steps in one StepSlotOptimizers call).
+//  P3. Muon's, Lion's and SOAP's share of a co-batched step: N slots of
+//      the family (1 sequence of 128 tokens each), the whole step vs its
+//      optimizer part alone (all slots' steps in one StepSlotOptimizers
+//      call).
 //  P5. Latency of attaching and retiring a slot (storage reused).
 //
 // Ratios are printed last. The program re-executes itself with
@@ -189,9 +190,10 @@ int main(int argc, char** argv) {
                        reference_time / grouped_time});
   }
 
-  // P3: the optimizer's share of a step, Muon's and Lion's.
-  for (OptimizerFamily family :
-       {OptimizerFamily::kMuon, OptimizerFamily::kLion}) {
+  // P3: the optimizer's share of a step, Muon's, Lion's and SOAP's (its
+  // defaults).
+  for (OptimizerFamily family : {OptimizerFamily::kMuon, OptimizerFamily::kLion,
+                                 OptimizerFamily::kSoap}) {
     if (p1_only) break;
     auto pool =
         BenchPool(config, {.capacity = slots}, slots, kRank, 1, 128, family);
