@@ -32,6 +32,21 @@ absl::StatusOr<OptimizerConfig> StepConfig(const OptimizerConfig& session,
   if (step.momentum) config.momentum = *step.momentum;
   if (step.lion_beta1) config.lion_beta1 = *step.lion_beta1;
   if (step.lion_beta2) config.lion_beta2 = *step.lion_beta2;
+  if (step.soap_beta1) config.soap_beta1 = *step.soap_beta1;
+  if (step.soap_beta2) config.soap_beta2 = *step.soap_beta2;
+  if (step.shampoo_beta) config.shampoo_beta = *step.shampoo_beta;
+  if (step.precondition_frequency) {
+    config.precondition_frequency = *step.precondition_frequency;
+  }
+  if (step.power_iter_steps) config.power_iter_steps = *step.power_iter_steps;
+  if (step.use_eigh) config.use_eigh = *step.use_eigh;
+  if (step.max_update_rms) config.max_update_rms = *step.max_update_rms;
+  if (step.max_precond_dim &&
+      *step.max_precond_dim != session.max_precond_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_precond_dim must be the session's, ", session.max_precond_dim,
+        " (it shapes the optimizer state), got ", *step.max_precond_dim));
+  }
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
   if (!(step.grad_clip >= 0) || step.grad_clip > 1e30) {
     return absl::InvalidArgumentError(absl::StrCat(

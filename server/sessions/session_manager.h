@@ -95,7 +95,12 @@ struct SessionInfo {
 // This step's hyperparameters; unset ones are the session's.
 struct OptimStepParams {
   std::optional<double> lr, beta1, beta2, eps, weight_decay, momentum,
-      lion_beta1, lion_beta2;
+      lion_beta1, lion_beta2, soap_beta1, soap_beta2, shampoo_beta,
+      max_update_rms;
+  std::optional<int> precondition_frequency, power_iter_steps;
+  std::optional<bool> use_eigh;
+  // Refused unless the session's: it shapes the optimizer state.
+  std::optional<int> max_precond_dim;
   double grad_clip = 0.0;
 };
 

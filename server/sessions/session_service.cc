@@ -23,6 +23,8 @@ v1::OptimizerFamily FamilyToProto(OptimizerFamily family) {
       return v1::OPTIMIZER_FAMILY_MUON;
     case OptimizerFamily::kLion:
       return v1::OPTIMIZER_FAMILY_LION;
+    case OptimizerFamily::kSoap:
+      return v1::OPTIMIZER_FAMILY_SOAP;
   }
   return v1::OPTIMIZER_FAMILY_UNSPECIFIED;
 }
@@ -302,6 +304,22 @@ grpc::ServerUnaryReactor* SessionServiceImpl::OptimStep(
   if (request->has_momentum()) step.momentum = request->momentum();
   if (request->has_lion_beta1()) step.lion_beta1 = request->lion_beta1();
   if (request->has_lion_beta2()) step.lion_beta2 = request->lion_beta2();
+  if (request->has_soap_beta1()) step.soap_beta1 = request->soap_beta1();
+  if (request->has_soap_beta2()) step.soap_beta2 = request->soap_beta2();
+  if (request->has_shampoo_beta()) step.shampoo_beta = request->shampoo_beta();
+  if (request->has_precondition_frequency()) {
+    step.precondition_frequency = request->precondition_frequency();
+  }
+  if (request->has_power_iter_steps()) {
+    step.power_iter_steps = request->power_iter_steps();
+  }
+  if (request->has_use_eigh()) step.use_eigh = request->use_eigh();
+  if (request->has_max_update_rms()) {
+    step.max_update_rms = request->max_update_rms();
+  }
+  if (request->has_max_precond_dim()) {
+    step.max_precond_dim = request->max_precond_dim();
+  }
   step.grad_clip = request->grad_clip_norm();
   return Submit(call, request->session(), request->seq_id(), std::move(native),
                 response);

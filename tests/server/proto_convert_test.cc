@@ -89,6 +89,14 @@ ConfigProtos FullySetProtos() {
   p.optimizer.set_scalar_optimizer(v1::SCALAR_OPTIMIZER_LION);
   p.optimizer.add_lion_betas(0.85);
   p.optimizer.add_lion_betas(0.97);
+  p.optimizer.add_soap_betas(0.8);
+  p.optimizer.add_soap_betas(0.9);
+  p.optimizer.set_shampoo_beta(0.85);
+  p.optimizer.set_precondition_frequency(10);
+  p.optimizer.set_max_precond_dim(512);
+  p.optimizer.set_power_iter_steps(3);
+  p.optimizer.set_use_eigh(true);
+  p.optimizer.set_max_update_rms(1.5);
 
   p.schedule.set_kind(v1::LR_SCHEDULE_KIND_WSD);
   p.schedule.set_init_lr(1e-6);
@@ -172,6 +180,14 @@ TEST(JobSpecFromProtoTest, EveryKnobArrives) {
   EXPECT_EQ(o.scalar_optimizer, ScalarOptimizer::kLion);
   EXPECT_DOUBLE_EQ(o.lion_beta1, 0.85);
   EXPECT_DOUBLE_EQ(o.lion_beta2, 0.97);
+  EXPECT_DOUBLE_EQ(o.soap_beta1, 0.8);
+  EXPECT_DOUBLE_EQ(o.soap_beta2, 0.9);
+  EXPECT_DOUBLE_EQ(o.shampoo_beta, 0.85);
+  EXPECT_EQ(o.precondition_frequency, 10);
+  EXPECT_EQ(o.max_precond_dim, 512);
+  EXPECT_EQ(o.power_iter_steps, 3);
+  EXPECT_TRUE(o.use_eigh);
+  EXPECT_DOUBLE_EQ(o.max_update_rms, 1.5);
 
   EXPECT_EQ(LrScheduleConfigToJson(spec->schedule),
             (nlohmann::json{{"kind", "wsd"},
@@ -238,9 +254,9 @@ TEST(JobSpecFromProtoTest, EveryEnumValueMaps) {
           << field->full_name();
     }
   }
-  // family 4, weight_decay_mode 3, coefficient_set 5, ns_precision 2,
+  // family 5, weight_decay_mode 3, coefficient_set 5, ns_precision 2,
   // scale_mode 3, scalar_optimizer 2, kind 4.
-  EXPECT_EQ(checked, 23);
+  EXPECT_EQ(checked, 24);
 }
 
 TEST(JobSpecFromProtoTest, BadValuesNameTheField) {
@@ -284,10 +300,27 @@ TEST(JobSpecFromProtoTest, BadValuesNameTheField) {
          p.optimizer.set_family(static_cast<v1::OptimizerFamily>(9));
        },
        "optimizer.family must be one of OPTIMIZER_FAMILY_ADAMW, "
-       "OPTIMIZER_FAMILY_ADAM, OPTIMIZER_FAMILY_MUON, OPTIMIZER_FAMILY_LION; "
-       "got 9"},
+       "OPTIMIZER_FAMILY_ADAM, OPTIMIZER_FAMILY_MUON, OPTIMIZER_FAMILY_LION, "
+       "OPTIMIZER_FAMILY_SOAP; got 9"},
       {[](ConfigProtos& p) { p.optimizer.add_lion_betas(0.9); },
        "optimizer.lion_betas must be a list of 2 numbers"},
+      {[](ConfigProtos& p) { p.optimizer.add_soap_betas(0.9); },
+       "optimizer.soap_betas must be a list of 2 numbers"},
+      {[](ConfigProtos& p) {
+         p.optimizer.add_soap_betas(0.9);
+         p.optimizer.add_soap_betas(1.0);
+       },
+       "optimizer.soap_betas[1] must be in [0, 1), got 1"},
+      {[](ConfigProtos& p) { p.optimizer.set_shampoo_beta(-0.1); },
+       "optimizer.shampoo_beta must be in [0, 1), got -0.1"},
+      {[](ConfigProtos& p) { p.optimizer.set_precondition_frequency(0); },
+       "optimizer.precondition_frequency must be >= 1, got 0"},
+      {[](ConfigProtos& p) { p.optimizer.set_max_precond_dim(0); },
+       "optimizer.max_precond_dim must be >= 1, got 0"},
+      {[](ConfigProtos& p) { p.optimizer.set_power_iter_steps(101); },
+       "optimizer.power_iter_steps must be in [1, 100], got 101"},
+      {[](ConfigProtos& p) { p.optimizer.set_max_update_rms(-1); },
+       "optimizer.max_update_rms must be a finite number >= 0"},
       {[](ConfigProtos& p) {
          p.schedule.set_kind(static_cast<v1::LrScheduleKind>(-2));
        },

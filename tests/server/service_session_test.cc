@@ -176,6 +176,60 @@ TEST_F(ServiceSessionTest, LionSessionStepsWithPerCallBetas) {
   EXPECT_LT(losses.back(), losses.front());
 }
 
+// A SOAP session: the family is reported (also by ListSlots), every
+// per-call SOAP hyperparameter steps, and a bad one or another
+// max_precond_dim (it shapes the state) is refused naming the field.
+TEST_F(ServiceSessionTest, SoapSessionStepsWithPerCallHyperparameters) {
+  const std::string session = Open(*alice_, v1::OPTIMIZER_FAMILY_SOAP, 1e-2);
+  auto info = alice_->GetSession(session);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->family(), v1::OPTIMIZER_FAMILY_SOAP);
+  auto slots = alice_->ListSlots();
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  int soap_slots = 0;
+  for (const v1::Slot& slot : slots->slots()) {
+    if (slot.session() == session) {
+      EXPECT_EQ(slot.family(), v1::OPTIMIZER_FAMILY_SOAP);
+      ++soap_slots;
+    }
+  }
+  EXPECT_EQ(soap_slots, 1);
+  std::vector<double> losses;
+  for (int64_t seq = 1; seq <= 6; seq += 2) {
+    auto fb = alice_->ForwardBackward(CrossEntropy(session, seq));
+    ASSERT_TRUE(fb.ok()) << fb.status();
+    losses.push_back(fb->forward_backward().loss());
+    v1::OptimStepRequest step = Step(session, seq + 1, 1e-2);
+    step.set_soap_beta1(0.85);
+    step.set_soap_beta2(0.9);
+    step.set_shampoo_beta(0.9);
+    step.set_precondition_frequency(2);
+    step.set_power_iter_steps(2);
+    step.set_use_eigh(seq == 5);
+    step.set_max_update_rms(5.0);
+    step.set_max_precond_dim(1024);  // The session's: accepted.
+    if (seq == 3) {
+      v1::OptimStepRequest bad = step;
+      bad.set_soap_beta2(1.5);
+      auto refused = alice_->OptimStep(bad);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(refused.status().message()),
+                  HasSubstr("soap_betas[1] must be in [0, 1), got 1.5"));
+      bad = step;
+      bad.set_max_precond_dim(64);
+      refused = alice_->OptimStep(bad);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(refused.status().message()),
+                  HasSubstr("max_precond_dim must be the session's, 1024"));
+    }
+    auto stepped = alice_->OptimStep(step);
+    ASSERT_TRUE(stepped.ok()) << stepped.status();
+    EXPECT_FALSE(stepped->optim_step().skipped());
+    EXPECT_EQ(stepped->optim_step().steps(), (seq + 1) / 2);
+  }
+  EXPECT_LT(losses.back(), losses.front());
+}
+
 // Operations that arrive ahead of their turn wait for the ones before
 // them: a step sent before its forward/backward still steps on its
 // gradients; RetrieveResult on one still waiting answers "not yet".
