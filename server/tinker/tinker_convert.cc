@@ -330,10 +330,12 @@ absl::StatusOr<OptimizerConfig> TinkerOptimizerConfig(
     config.family = OptimizerFamily::kMuon;
   } else if (type == "lion") {
     config.family = OptimizerFamily::kLion;
+  } else if (type == "soap") {
+    config.family = OptimizerFamily::kSoap;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer_config.type must be \"adamw\", \"adam\", \"muon\", "
-        "\"dimuon\" (loraplex's Muon) or \"lion\", got ",
+        "\"dimuon\" (loraplex's Muon), \"lion\" or \"soap\", got ",
         DescribeJson(*fields.Raw("type"))));
   }
   std::string scalar = "adamw";
@@ -346,9 +348,21 @@ absl::StatusOr<OptimizerConfig> TinkerOptimizerConfig(
         DescribeJson(*fields.Raw("scalar_optimizer"))));
   }
   config.scalar_optimizer = *parsed;
-  // Tinker's Adam defaults; every step sends its own.
+  // SOAP's knobs that steps do not send (validated for every type).
+  LORAPLEX_RETURN_IF_ERROR(fields.Number("shampoo_beta", &config.shampoo_beta));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Integer("precondition_frequency", &config.precondition_frequency));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Integer("max_precond_dim", &config.max_precond_dim));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Integer("power_iter_steps", &config.power_iter_steps));
+  LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_eigh", &config.use_eigh));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Number("max_update_rms", &config.max_update_rms));
+  // Tinker's Adam defaults; every step sends its own. SOAP keeps its own
+  // eps, as its steps' default.
   config.beta2 = 0.95;
-  config.eps = 1e-12;
+  if (config.family != OptimizerFamily::kSoap) config.eps = 1e-12;
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
   return config;
 }
@@ -401,10 +415,29 @@ absl::StatusOr<OptimStepParams> TinkerOptimStep(const nlohmann::json& request) {
     step.weight_decay = weight_decay;
     return step;
   }
+  if (type == "soap") {
+    // SOAP's own defaults (Emerging-Optimizers'); weight decay as Adam's.
+    // shampoo_beta, when absent, stays the session's.
+    double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
+    LORAPLEX_RETURN_IF_ERROR(fields.Number("beta1", &beta1));
+    LORAPLEX_RETURN_IF_ERROR(fields.Number("beta2", &beta2));
+    LORAPLEX_RETURN_IF_ERROR(fields.Number("eps", &eps));
+    LORAPLEX_RETURN_IF_ERROR(fields.Number("weight_decay", &weight_decay));
+    if (fields.Raw("shampoo_beta") != nullptr) {
+      double shampoo_beta = 0.0;
+      LORAPLEX_RETURN_IF_ERROR(fields.Number("shampoo_beta", &shampoo_beta));
+      step.shampoo_beta = shampoo_beta;
+    }
+    step.soap_beta1 = beta1;
+    step.soap_beta2 = beta2;
+    step.eps = eps;
+    step.weight_decay = weight_decay;
+    return step;
+  }
   if (type != "dimuon" && type != "muon") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer_params.type must be \"dimuon\", \"muon\" or \"lion\", "
-        "got \"",
+        "optimizer_params.type must be \"dimuon\", \"muon\", \"lion\" or "
+        "\"soap\", got \"",
         type, "\""));
   }
   double beta1 = 0.9;

@@ -60,7 +60,9 @@ absl::StatusOr<LoraConfig> TinkerLoraConfig(const nlohmann::json& lora_config,
 
 // create_model's optimizer_config: {"type": "adamw"} (the default, also
 // when absent), "adam", "dimuon" / "muon" for loraplex's Muon (with
-// "scalar_optimizer": "adamw" or "lion"), or "lion".
+// "scalar_optimizer": "adamw" or "lion"), "lion", or "soap" (with
+// "scalar_optimizer" and SOAP's "shampoo_beta", "precondition_frequency",
+// "max_precond_dim", "power_iter_steps", "use_eigh", "max_update_rms").
 absl::StatusOr<OptimizerConfig> TinkerOptimizerConfig(
     const nlohmann::json* optimizer_config);
 
@@ -68,7 +70,9 @@ absl::StatusOr<OptimizerConfig> TinkerOptimizerConfig(
 // 0.95, eps 1e-12) or optimizer_params ({"type": "dimuon",
 // "learning_rate", "beta1" (momentum), "grad_clip_norm"}, or {"type":
 // "lion", "learning_rate", "beta1", "beta2" (0.9, 0.99), "weight_decay",
-// "grad_clip_norm"}).
+// "grad_clip_norm"}, or {"type": "soap", "learning_rate", "beta1", "beta2"
+// (0.9, 0.95), "eps" (1e-8), "weight_decay", "shampoo_beta" (else the
+// session's), "grad_clip_norm"}).
 absl::StatusOr<OptimStepParams> TinkerOptimStep(const nlohmann::json& request);
 
 // An asample body as loraplex's native request (the base model's weights:

@@ -425,6 +425,36 @@ TEST(TinkerConvertTest, OptimizerFamiliesAndSteps) {
                                      {"scalar_optimizer", "sgd"}};
   EXPECT_THAT(TinkerOptimizerConfig(&bad_scalar).status().message(),
               HasSubstr("optimizer_config.scalar_optimizer must be"));
+  // SOAP with its knobs; its eps is its own, not Tinker's Adam's.
+  const nlohmann::json soap = {
+      {"type", "soap"},         {"scalar_optimizer", "lion"},
+      {"shampoo_beta", 0.9},    {"precondition_frequency", 10},
+      {"max_precond_dim", 256}, {"power_iter_steps", 2},
+      {"use_eigh", true},       {"max_update_rms", 1.5}};
+  absl::StatusOr<OptimizerConfig> soap_config = TinkerOptimizerConfig(&soap);
+  ASSERT_TRUE(soap_config.ok()) << soap_config.status();
+  EXPECT_EQ(soap_config->family, OptimizerFamily::kSoap);
+  EXPECT_EQ(soap_config->scalar_optimizer, ScalarOptimizer::kLion);
+  EXPECT_DOUBLE_EQ(soap_config->shampoo_beta, 0.9);
+  EXPECT_EQ(soap_config->precondition_frequency, 10);
+  EXPECT_EQ(soap_config->max_precond_dim, 256);
+  EXPECT_EQ(soap_config->power_iter_steps, 2);
+  EXPECT_TRUE(soap_config->use_eigh);
+  EXPECT_DOUBLE_EQ(soap_config->max_update_rms, 1.5);
+  EXPECT_DOUBLE_EQ(soap_config->eps, 1e-8);
+  const nlohmann::json soap_defaults = {{"type", "soap"}};
+  absl::StatusOr<OptimizerConfig> soap_default =
+      TinkerOptimizerConfig(&soap_defaults);
+  ASSERT_TRUE(soap_default.ok()) << soap_default.status();
+  EXPECT_EQ(soap_default->scalar_optimizer, ScalarOptimizer::kAdamW);
+  EXPECT_EQ(soap_default->max_precond_dim, OptimizerConfig().max_precond_dim);
+  const nlohmann::json bad_frequency = {{"type", "soap"},
+                                        {"precondition_frequency", 0}};
+  EXPECT_THAT(TinkerOptimizerConfig(&bad_frequency).status().message(),
+              HasSubstr("precondition_frequency must be >= 1, got 0"));
+  const nlohmann::json bad_eigh = {{"type", "soap"}, {"use_eigh", "yes"}};
+  EXPECT_THAT(TinkerOptimizerConfig(&bad_eigh).status().message(),
+              HasSubstr("optimizer_config.use_eigh"));
 
   // The SDK always sends every Adam field; absent ones take its defaults.
   absl::StatusOr<OptimStepParams> adam = TinkerOptimStep(nlohmann::json{
@@ -457,6 +487,31 @@ TEST(TinkerConvertTest, OptimizerFamiliesAndSteps) {
   EXPECT_DOUBLE_EQ(*lion_step->weight_decay, 0.0);
   EXPECT_FALSE(lion_step->beta1.has_value());
   EXPECT_FALSE(lion_step->momentum.has_value());
+
+  // SOAP's own defaults; shampoo_beta is the session's unless sent.
+  absl::StatusOr<OptimStepParams> soap_step = TinkerOptimStep(nlohmann::json{
+      {"optimizer_params",
+       {{"type", "soap"}, {"learning_rate", 3e-4}, {"beta1", 0.85}}}});
+  ASSERT_TRUE(soap_step.ok()) << soap_step.status();
+  EXPECT_DOUBLE_EQ(*soap_step->lr, 3e-4);
+  EXPECT_DOUBLE_EQ(*soap_step->soap_beta1, 0.85);
+  EXPECT_DOUBLE_EQ(*soap_step->soap_beta2, 0.95);
+  EXPECT_DOUBLE_EQ(*soap_step->eps, 1e-8);
+  EXPECT_DOUBLE_EQ(*soap_step->weight_decay, 0.0);
+  EXPECT_FALSE(soap_step->shampoo_beta.has_value());
+  EXPECT_FALSE(soap_step->beta1.has_value());
+  EXPECT_FALSE(soap_step->lion_beta1.has_value());
+  soap_step = TinkerOptimStep(nlohmann::json{
+      {"optimizer_params",
+       {{"type", "soap"}, {"shampoo_beta", 0.8}, {"grad_clip_norm", 2.0}}}});
+  ASSERT_TRUE(soap_step.ok()) << soap_step.status();
+  EXPECT_DOUBLE_EQ(*soap_step->shampoo_beta, 0.8);
+  EXPECT_DOUBLE_EQ(soap_step->grad_clip, 2.0);
+  EXPECT_THAT(
+      TinkerOptimStep(nlohmann::json{{"optimizer_params", {{"type", "sgd"}}}})
+          .status()
+          .message(),
+      HasSubstr("\"lion\" or \"soap\""));
 
   EXPECT_THAT(
       TinkerOptimStep(nlohmann::json{{"model_id", "m"}}).status().message(),
