@@ -119,8 +119,27 @@ std::string DescribeOptimizer(const v1::OptimizerConfig& optimizer) {
             v1::ScalarOptimizer_Name(optimizer.scalar_optimizer()),
             "SCALAR_OPTIMIZER_")));
   }
+  if (optimizer.family() == v1::OPTIMIZER_FAMILY_SOAP) {
+    std::vector<std::string> soap_betas;
+    for (double beta : optimizer.soap_betas()) {
+      soap_betas.push_back(FormatNumber(beta));
+    }
+    absl::StrAppend(
+        &text, ", soap betas ", absl::StrJoin(soap_betas, ","),
+        ", shampoo beta ", FormatNumber(optimizer.shampoo_beta()),
+        ", precondition frequency ", optimizer.precondition_frequency(),
+        ", max precond dim ", optimizer.max_precond_dim(),
+        ", power iter steps ", optimizer.power_iter_steps(), ", eigh ",
+        YesNo(optimizer.use_eigh()), ", max update rms ",
+        FormatNumber(optimizer.max_update_rms()), ", scalar optimizer ",
+        absl::AsciiStrToLower(WithoutPrefix(
+            v1::ScalarOptimizer_Name(optimizer.scalar_optimizer()),
+            "SCALAR_OPTIMIZER_")));
+  }
+  const bool matrix_family = optimizer.family() == v1::OPTIMIZER_FAMILY_MUON ||
+                             optimizer.family() == v1::OPTIMIZER_FAMILY_SOAP;
   const bool lion = optimizer.family() == v1::OPTIMIZER_FAMILY_LION ||
-                    (optimizer.family() == v1::OPTIMIZER_FAMILY_MUON &&
+                    (matrix_family &&
                      optimizer.scalar_optimizer() == v1::SCALAR_OPTIMIZER_LION);
   if (lion) {
     std::vector<std::string> lion_betas;

@@ -21,7 +21,8 @@ const std::map<std::string, v1::OptimizerFamily>& OptimizerFamilies() {
       {"adamw", v1::OPTIMIZER_FAMILY_ADAMW},
       {"adam", v1::OPTIMIZER_FAMILY_ADAM},
       {"muon", v1::OPTIMIZER_FAMILY_MUON},
-      {"lion", v1::OPTIMIZER_FAMILY_LION}};
+      {"lion", v1::OPTIMIZER_FAMILY_LION},
+      {"soap", v1::OPTIMIZER_FAMILY_SOAP}};
   return *families;
 }
 
@@ -177,7 +178,8 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
 
   const std::string optim = "Optimizer";
   AddEnumOption(command, flags, optim, "--optimizer", &flags->optimizer,
-                "adamw (default), adam, muon or lion", OptimizerFamilies());
+                "adamw (default), adam, muon, lion or soap",
+                OptimizerFamilies());
   AddFlagOption(command, flags, optim, "--lr", &flags->lr,
                 "Peak learning rate (default 1e-4)");
   AddFlagOption(command, flags, optim, "--weight-decay", &flags->weight_decay,
@@ -217,11 +219,30 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
                 NsPrecisions());
   AddEnumOption(command, flags, optim, "--scalar-optimizer",
                 &flags->scalar_optimizer,
-                "Muon's optimizer for what is not a matrix: adamw (default) "
-                "or lion",
+                "Muon's and SOAP's optimizer for what is not a matrix: adamw "
+                "(default) or lion",
                 ScalarOptimizers());
   AddFlagOption(command, flags, optim, "--lion-betas", &flags->lion_betas,
                 "Lion betas B1,B2 (default 0.9,0.99)");
+  AddFlagOption(command, flags, optim, "--soap-betas", &flags->soap_betas,
+                "SOAP betas B1,B2 (default 0.9,0.95)");
+  AddFlagOption(command, flags, optim, "--shampoo-beta", &flags->shampoo_beta,
+                "SOAP Kronecker factors' decay (default 0.95)");
+  AddFlagOption(command, flags, optim, "--precondition-frequency",
+                &flags->precondition_frequency,
+                "SOAP: refresh the eigenbases every N steps (default 1)");
+  AddFlagOption(command, flags, optim, "--max-precond-dim",
+                &flags->max_precond_dim,
+                "SOAP: sides longer than this are not preconditioned "
+                "(default 1024)");
+  AddFlagOption(command, flags, optim, "--power-iter-steps",
+                &flags->power_iter_steps,
+                "SOAP: orthogonal iteration rounds per refresh (default 1)");
+  AddBoolFlag(command, flags, optim, "--use-eigh", &flags->use_eigh,
+              "SOAP: a full eigendecomposition at each refresh");
+  AddFlagOption(command, flags, optim, "--max-update-rms",
+                &flags->max_update_rms,
+                "SOAP: clip the update's RMS to this (default 0: no clipping)");
 
   const std::string schedule = "Schedule";
   AddEnumOption(command, flags, schedule, "--schedule", &flags->schedule,
@@ -401,6 +422,28 @@ absl::Status ApplyJobFlags(const JobFlags& flags,
                                         "0.9,0.99", &beta1, &beta2));
     optimizer->add_lion_betas(beta1);
     optimizer->add_lion_betas(beta2);
+  }
+  if (given("--soap-betas")) {
+    double beta1 = 0;
+    double beta2 = 0;
+    LORAPLEX_RETURN_IF_ERROR(ParseBetas("--soap-betas", flags.soap_betas,
+                                        "0.9,0.95", &beta1, &beta2));
+    optimizer->add_soap_betas(beta1);
+    optimizer->add_soap_betas(beta2);
+  }
+  if (given("--shampoo-beta")) optimizer->set_shampoo_beta(flags.shampoo_beta);
+  if (given("--precondition-frequency")) {
+    optimizer->set_precondition_frequency(flags.precondition_frequency);
+  }
+  if (given("--max-precond-dim")) {
+    optimizer->set_max_precond_dim(flags.max_precond_dim);
+  }
+  if (given("--power-iter-steps")) {
+    optimizer->set_power_iter_steps(flags.power_iter_steps);
+  }
+  if (given("--use-eigh")) optimizer->set_use_eigh(flags.use_eigh);
+  if (given("--max-update-rms")) {
+    optimizer->set_max_update_rms(flags.max_update_rms);
   }
 
   v1::LrSchedule* schedule = request->mutable_schedule();

@@ -56,6 +56,13 @@ struct JobFlags {
   std::string ns_precision;
   std::string scalar_optimizer;
   std::string lion_betas;  // "B1,B2".
+  std::string soap_betas;  // "B1,B2".
+  double shampoo_beta = 0;
+  int32_t precondition_frequency = 0;
+  int32_t max_precond_dim = 0;
+  int32_t power_iter_steps = 0;
+  bool use_eigh = false;
+  double max_update_rms = 0;
 
   // Schedule.
   std::string schedule;

@@ -12,8 +12,9 @@
 Methods answer the API's protobuf messages (typed: the package ships their
 .pyi stubs); configs are given as dicts in the proto's JSON form, with
 optimizer families, scalar optimizers and job statuses also by their short
-names ("muon", "lion", "running"). Errors are loraplex.LoraplexError with the gRPC code and the
-server's message, which names the field that is wrong.
+names ("muon", "lion", "soap", "running"). Errors are loraplex.LoraplexError
+with the gRPC code and the server's message, which names the field that is
+wrong.
 """
 
 from __future__ import annotations
@@ -453,7 +454,9 @@ class Client:
                    **params: Any) -> sessions_pb2.SessionResult:
         """Steps on the gradients summed so far; `params`: lr, beta1,
         beta2, eps, weight_decay, momentum, lion_beta1, lion_beta2,
-        grad_clip_norm."""
+        soap_beta1, soap_beta2, shampoo_beta, precondition_frequency,
+        power_iter_steps, use_eigh, max_update_rms, max_precond_dim (only
+        the session's), grad_clip_norm."""
         return self._call(self.sessions.OptimStep,
                           sessions_pb2.OptimStepRequest(
                               session=_name("sessions", session),

@@ -114,6 +114,19 @@ TEST(JobFlagsTest, EveryFlag) {
                         "lion",
                         "--lion-betas",
                         "0.85,0.97",
+                        "--soap-betas",
+                        "0.8,0.9",
+                        "--shampoo-beta",
+                        "0.85",
+                        "--precondition-frequency",
+                        "10",
+                        "--max-precond-dim",
+                        "512",
+                        "--power-iter-steps",
+                        "2",
+                        "--use-eigh",
+                        "--max-update-rms",
+                        "1.5",
                         "--schedule",
                         "wsd",
                         "--warmup-steps",
@@ -168,6 +181,13 @@ TEST(JobFlagsTest, EveryFlag) {
   EXPECT_EQ(optimizer.ns_precision(), v1::NS_PRECISION_BF16);
   EXPECT_EQ(optimizer.scalar_optimizer(), v1::SCALAR_OPTIMIZER_LION);
   EXPECT_THAT(optimizer.lion_betas(), ElementsAre(0.85, 0.97));
+  EXPECT_THAT(optimizer.soap_betas(), ElementsAre(0.8, 0.9));
+  EXPECT_DOUBLE_EQ(optimizer.shampoo_beta(), 0.85);
+  EXPECT_EQ(optimizer.precondition_frequency(), 10);
+  EXPECT_EQ(optimizer.max_precond_dim(), 512);
+  EXPECT_EQ(optimizer.power_iter_steps(), 2);
+  EXPECT_TRUE(optimizer.use_eigh());
+  EXPECT_DOUBLE_EQ(optimizer.max_update_rms(), 1.5);
   const v1::LrSchedule& schedule = request->schedule();
   EXPECT_EQ(schedule.kind(), v1::LR_SCHEDULE_KIND_WSD);
   EXPECT_EQ(schedule.warmup_steps(), 5);
@@ -230,7 +250,7 @@ TEST(JobFlagsTest, InitialCheckpointCanBeLeftOut) {
 }
 
 TEST(JobFlagsTest, BadBetasNameTheFlag) {
-  for (const char* flag : {"--betas", "--lion-betas"}) {
+  for (const char* flag : {"--betas", "--lion-betas", "--soap-betas"}) {
     for (const char* betas : {"0.9", "0.9,0.99,0.999", "a,b", ""}) {
       auto request = Parse({flag, betas});
       ASSERT_FALSE(request.ok()) << flag << " " << betas;
@@ -246,6 +266,26 @@ TEST(JobFlagsTest, LionFamily) {
   EXPECT_EQ(request->optimizer().family(), v1::OPTIMIZER_FAMILY_LION);
   EXPECT_THAT(request->optimizer().lion_betas(), ElementsAre(0.9, 0.98));
   EXPECT_THAT(request->optimizer().betas(), ElementsAre());
+}
+
+// SOAP with a Lion scalar optimizer; SOAP knobs not given stay unset (the
+// server's defaults).
+TEST(JobFlagsTest, SoapFamily) {
+  auto request = Parse({"--optimizer", "soap", "--soap-betas", "0.95,0.99",
+                        "--shampoo-beta", "0.9", "--precondition-frequency",
+                        "5", "--scalar-optimizer", "lion"});
+  ASSERT_TRUE(request.ok()) << request.status();
+  const v1::OptimizerConfig& optimizer = request->optimizer();
+  EXPECT_EQ(optimizer.family(), v1::OPTIMIZER_FAMILY_SOAP);
+  EXPECT_THAT(optimizer.soap_betas(), ElementsAre(0.95, 0.99));
+  EXPECT_DOUBLE_EQ(optimizer.shampoo_beta(), 0.9);
+  EXPECT_EQ(optimizer.precondition_frequency(), 5);
+  EXPECT_EQ(optimizer.scalar_optimizer(), v1::SCALAR_OPTIMIZER_LION);
+  EXPECT_FALSE(optimizer.has_max_precond_dim());
+  EXPECT_FALSE(optimizer.has_power_iter_steps());
+  EXPECT_FALSE(optimizer.has_use_eigh());
+  EXPECT_FALSE(optimizer.has_max_update_rms());
+  EXPECT_THAT(optimizer.betas(), ElementsAre());
 }
 
 TEST(JobFlagsTest, CustomCoefficientsAreTriplesAndImplyTheCustomSet) {
