@@ -142,6 +142,15 @@ void C10dCollectives::Broadcast(torch::Tensor& tensor, int root) {
   impl_->backend->broadcast(tensors, options)->wait();
 }
 
+void C10dCollectives::AllGather(const torch::Tensor& shard,
+                                torch::Tensor& full) {
+  std::vector<at::Tensor> inputs{shard};
+  // Views of `full`: the backend copies each rank's shard into its own.
+  std::vector<std::vector<at::Tensor>> outputs{
+      full.chunk(static_cast<int64_t>(full.numel() / shard.numel()))};
+  impl_->backend->allgather(outputs, inputs)->wait();
+}
+
 void C10dCollectives::Barrier() {
   if (impl_->nccl) {
     // NCCL's barrier picks a device by guessing from the rank; a one-element

@@ -76,6 +76,9 @@ class C10dCollectives {
   void AllReduceSum(torch::Tensor& tensor);
   // Replaces `tensor` on every rank by root's.
   void Broadcast(torch::Tensor& tensor, int root);
+  // Fills `full` (contiguous, world_size times `shard`'s elements) with every
+  // rank's `shard` in rank order.
+  void AllGather(const torch::Tensor& shard, torch::Tensor& full);
   // Returns once every rank has entered.
   void Barrier();
 

@@ -300,6 +300,29 @@ absl::Status DistContext::AllReduceSum(std::vector<torch::Tensor>& tensors,
   return AllReduce(tensors, bucket_bytes, /*mean=*/false);
 }
 
+absl::Status DistContext::AllGather(const torch::Tensor& shard,
+                                    torch::Tensor& full) {
+  LORAPLEX_RETURN_IF_ERROR(CheckTensors({shard, full}, "AllGather tensors"));
+  if (!full.is_contiguous() || !shard.is_contiguous() ||
+      full.scalar_type() != shard.scalar_type() ||
+      full.numel() != shard.numel() * world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllGather needs contiguous tensors of one dtype, full holding ",
+        world_size_, " x ", shard.numel(), " elements, got ", full.numel()));
+  }
+  if (shard.numel() == 0) return absl::OkStatus();
+  if (world_size_ == 1) {
+    torch::NoGradGuard no_grad;
+    full.copy_(shard.view(-1));
+    return absl::OkStatus();
+  }
+  return Guarded("AllGather", [&] {
+    comm_->AllGather(shard, full);
+    ++counters_.collectives;
+    counters_.all_gather_bytes += full.nbytes();
+  });
+}
+
 absl::Status DistContext::AllReduce(std::vector<torch::Tensor>& tensors,
                                     int64_t bucket_bytes, bool mean) {
   LORAPLEX_RETURN_IF_ERROR(CheckTensors(tensors, "tensors"));

@@ -46,6 +46,7 @@ struct CollectiveCounters {
   // Broadcast buffers with this rank as the root, and from other roots.
   int64_t broadcast_sent_bytes = 0;
   int64_t broadcast_received_bytes = 0;
+  int64_t all_gather_bytes = 0;  // Bytes of the gathered (full) buffers.
 };
 
 // Groups tensors[i] into buckets for flattened collectives: the tensors of
@@ -97,6 +98,11 @@ class DistContext {
   // The same, summing instead of averaging.
   absl::Status AllReduceSum(std::vector<torch::Tensor>& tensors,
                             int64_t bucket_bytes);
+
+  // Fills `full` with every rank's `shard` in rank order: `full` is
+  // contiguous with world_size() times shard's elements and its dtype, both
+  // on device(). One all-gather (with world size 1, a copy).
+  absl::Status AllGather(const torch::Tensor& shard, torch::Tensor& full);
 
   // After rank owner[i] has updated params[i], gives every rank its value.
   // Each owner's parameters are flattened into buckets and broadcast from
