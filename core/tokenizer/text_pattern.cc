@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cctype>
+
 #include "absl/strings/str_cat.h"
 #include "core/tokenizer/hf_unicode_tables.h"
 #include "core/tokenizer/unicode_text.h"
@@ -32,8 +34,8 @@ std::string CategoryClassBody(std::string_view name) {
   for (std::string_view category : kCategories) {
     if (category.substr(0, name.size()) != name) continue;
     known = true;
-    for (const hf_unicode::CategoryRange& r : hf_unicode::kCategoryExact) {
-      exact_member = exact_member || category == r.category;
+    for (const hf_unicode::PropertyRange& r : hf_unicode::kPropertyExact) {
+      exact_member = exact_member || category == r.name;
     }
   }
   if (!known) return "";
@@ -41,19 +43,61 @@ std::string CategoryClassBody(std::string_view name) {
   for (std::string_view category : kCategories) {
     if (category.substr(0, name.size()) != name) continue;
     bool exact = false;
-    for (const hf_unicode::CategoryRange& r : hf_unicode::kCategoryExact) {
-      if (category != r.category) continue;
+    for (const hf_unicode::PropertyRange& r : hf_unicode::kPropertyExact) {
+      if (category != r.name) continue;
       exact = true;
       AppendRange(r.first, r.last, &body);
     }
     if (exact_member && !exact) {
       absl::StrAppend(&body, "\\p{", std::string(category), "}");
     }
-    for (const hf_unicode::CategoryRange& r : hf_unicode::kCategoryAdded) {
-      if (category == r.category) AppendRange(r.first, r.last, &body);
+    for (const hf_unicode::PropertyRange& r : hf_unicode::kPropertyAdded) {
+      if (category == r.name) AppendRange(r.first, r.last, &body);
     }
   }
   return body;
+}
+
+// Whether PCRE2 knows `name` as a script (\p{sc:name}).
+bool Pcre2KnowsScript(std::string_view name) {
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  const std::string probe = absl::StrCat("\\p{sc:", std::string(name), "}");
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(probe.data()), probe.size(),
+                    PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  if (code == nullptr) return false;
+  pcre2_code_free(code);
+  return true;
+}
+
+// The members of script `name` as HF's Oniguruma has them (its \p{Han} is
+// the Script property; PCRE2's \p{Han} is Script_Extensions, \p{sc:Han} its
+// Script), as the inside of a character class: \p{sc:..} plus what PCRE2's
+// older tables leave out, or HF's whole set where PCRE2 lacks the script or
+// a code point moved. Empty for a name that is no script (a binary
+// property such as Alphabetic stays PCRE2's).
+std::string ScriptClassBody(std::string_view name) {
+  std::string body;
+  for (const hf_unicode::PropertyRange& r : hf_unicode::kPropertyExact) {
+    if (name == r.name) AppendRange(r.first, r.last, &body);
+  }
+  if (!body.empty()) return body;
+  if (name.empty() || !Pcre2KnowsScript(name)) return "";
+  body = absl::StrCat("\\p{sc:", std::string(name), "}");
+  for (const hf_unicode::PropertyRange& r : hf_unicode::kPropertyAdded) {
+    if (name == r.name) AppendRange(r.first, r.last, &body);
+  }
+  return body;
+}
+
+// A general category's or a script's members as HF has them, or empty.
+std::string PropertyClassBody(std::string_view name) {
+  std::string body = CategoryClassBody(name);
+  return body.empty() ? ScriptClassBody(name) : body;
 }
 
 // Oniguruma's \w: letters, marks, decimal digits, connector punctuation.
@@ -105,7 +149,8 @@ absl::StatusOr<std::string> OnigurumaToPcre2(std::string_view pattern) {
           break;
         case 'p':
         case 'P': {
-          // \p{Xx}, \P{Xx}, \p{^Xx} with a general category: HF's members.
+          // \p{Xx}, \P{Xx}, \p{^Xx} with a general category or a script:
+          // HF's members.
           const size_t close = pattern.find('}', i);
           if (i + 1 >= pattern.size() || pattern[i + 1] != '{' ||
               close == std::string_view::npos) {
@@ -119,10 +164,10 @@ absl::StatusOr<std::string> OnigurumaToPcre2(std::string_view pattern) {
             negated = !negated;
             name.remove_prefix(1);
           }
-          const std::string body = CategoryClassBody(name);
+          const std::string body = PropertyClassBody(name);
           if (body.empty() || (negated && in_class)) {
-            // Not a general category, or a complement inside a class (which
-            // a class cannot spell): PCRE2's own tables.
+            // Neither a general category nor a script, or a complement
+            // inside a class (which a class cannot spell): PCRE2's own.
             out.push_back('\\');
             out.append(pattern.substr(i, close - i + 1));
           } else if (in_class) {

@@ -96,7 +96,7 @@ TEST_P(HfTokenizerGoldenTest, MatchesHfTokenizers) {
 INSTANTIATE_TEST_SUITE_P(Configurations, HfTokenizerGoldenTest,
                          ::testing::Values("llama3_like", "qwen2_like", "gpt2",
                                            "llama2_like", "metaspace_digits",
-                                           "nfkc_lowercase"));
+                                           "nfkc_lowercase", "han_split"));
 
 }  // namespace
 }  // namespace loraplex

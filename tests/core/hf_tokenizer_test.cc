@@ -133,8 +133,8 @@ TEST(TextPatternTest, OnigurumaEscapesKeepTheirMeaning) {
             "\\p{White_Space}+(?!\\P{White_Space})");
   EXPECT_THAT(OnigurumaToPcre2("[^\\s\\p{L}]").value(),
               ::testing::StartsWith("[^\\p{White_Space}\\p{L}\\x{1c89}"));
-  EXPECT_EQ(OnigurumaToPcre2("\\p{Han}\\P{Greek}").value(),
-            "\\p{Han}\\P{Greek}");
+  EXPECT_EQ(OnigurumaToPcre2("\\p{Alphabetic}[\\P{Greek}]").value(),
+            "\\p{Alphabetic}[\\P{Greek}]");
   EXPECT_EQ(OnigurumaToPcre2("\\h[\\h]").value(), "[0-9a-fA-F][0-9a-fA-F]");
   // U+180E is not White_Space (PCRE2's own \s would take it); U+3000 is.
   const TextPattern space = TextPattern::Regex("\\s").value();
@@ -168,6 +168,15 @@ TEST(TextPatternTest, CategoriesAreOnigurumas) {
   EXPECT_TRUE(matches("\\p{Mc}", "\U0001171E"));
   EXPECT_TRUE(matches("\\p{M}", "\U0001171E"));
   EXPECT_TRUE(matches("\\p{Mn}", "\u0301"));
+  // Oniguruma's \p{Han} is the Script property (U+3001 is Common), PCRE2's
+  // Script_Extensions; CJK extension H (Unicode 15) is Han; Garay (16) is a
+  // script PCRE2 10.42 does not know.
+  EXPECT_FALSE(matches("\\p{Han}", "\u3001"));
+  EXPECT_TRUE(matches("\\P{Han}", "\u3001"));
+  EXPECT_TRUE(matches("\\p{Han}", "\u4e00"));
+  EXPECT_TRUE(matches("\\p{Han}", "\U00031350"));
+  EXPECT_TRUE(matches("[\\p{Garay}]", "\U00010D50"));
+  EXPECT_FALSE(matches("\\p{Garay}", "a"));
 }
 
 // The tables were measured against these library versions; another version

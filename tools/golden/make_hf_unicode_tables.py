@@ -25,10 +25,11 @@ they disagree is listed:
   decomposition in utf8proc that HF's normalizers do not reorder or
   decompose (checked: HF leaves each of them unchanged in every form, and
   agrees with utf8proc on every single code point outside the list);
-* ``kCategoryAdded``: per general category, code points HF's regexes match
-  with ``\\p{Xx}`` that PCRE2's ``\\p{Xx}`` does not; ``kCategoryExact``:
-  HF's whole set for a category PCRE2 matches a code point of that HF's
-  does not (a code point that changed category);
+* ``kPropertyAdded``: per general category and script, code points HF's
+  regexes match with ``\\p{Xx}`` (``\\p{Han}``) that PCRE2's ``\\p{Xx}``
+  (``\\p{sc:Han}``: PCRE2's ``\\p{Han}`` is Script_Extensions, Oniguruma's
+  Script) does not; ``kPropertyExact``: HF's whole set where PCRE2 matches
+  a code point HF's does not (a code point that changed category or script);
 * numeric, punctuation and whitespace code points added to or removed from
   utf8proc's classes, word characters (single_word added tokens: the Rust
   regex crate's \\w) added to or removed from PCRE2's, and the lowercase
@@ -64,6 +65,20 @@ UTF8PROC_CATEGORIES = [None, "Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me",
                        "Nd", "Nl", "No", "Pc", "Pd", "Ps", "Pe", "Pi", "Pf",
                        "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cc",
                        "Cf", "Cs", "Co"]
+# Scripts a regex may name (\\p{Han}): Oniguruma's \\p{Han} is the Script
+# property, PCRE2's the Script_Extensions one (\\p{sc:Han} is its Script).
+SCRIPTS = """Adlam Ahom Arabic Armenian Balinese Bamum Batak Bengali Bhaiksuki
+Bopomofo Brahmi Braille Buginese Buhid Canadian_Aboriginal Chakma Cham
+Cherokee Common Coptic Cyrillic Devanagari Dogra Ethiopic Garay Georgian
+Glagolitic Grantha Greek Gujarati Gunjala_Gondi Gurmukhi Gurung_Khema Han
+Hangul Hanifi_Rohingya Hanunoo Hebrew Hiragana Inherited Javanese Kaithi
+Kannada Katakana Kawi Kayah_Li Khmer Khojki Kirat_Rai Lao Latin Lepcha Limbu
+Lisu Malayalam Masaram_Gondi Medefaidrin Meetei_Mayek Mende_Kikakui Miao
+Modi Mongolian Myanmar Nag_Mundari Nandinagari New_Tai_Lue Newa Nko Nushu
+Ogham Ol_Chiki Ol_Onal Oriya Osage Runic Saurashtra Sharada Sinhala
+Sundanese Sunuwar Syloti_Nagri Syriac Tagalog Tagbanwa Tai_Le Tai_Tham
+Tai_Viet Takri Tamil Tangut Telugu Thaana Thai Tibetan Tifinagh Tirhuta
+Todhri Tulu_Tigalari Vai Wancho Yi""".split()
 CODE_POINTS = [c for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF]
 ASCII_PUNCTUATION = set(map(ord, "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"))
 
@@ -137,12 +152,14 @@ class Pcre2:
       self.starts[offset] = cp
       offset += len(chr(cp).encode())
 
-  def matches(self, pattern: str) -> set[int]:
+  def matches(self, pattern: str) -> set[int] | None:
     error, where = ctypes.c_int(), ctypes.c_size_t()
     source = f"(?:{pattern})+".encode()
     code = self.lib.pcre2_compile_8(source, len(source), self.UTF | self.UCP,
                                     ctypes.byref(error), ctypes.byref(where),
                                     None)
+    if not code:
+      return None  # a name PCRE2 does not know
     data = self.lib.pcre2_match_data_create_from_pattern_8(code, None)
     found, offset = set(), 0
     while self.lib.pcre2_match_8(code, self.text, len(self.text), offset, 0,
@@ -250,13 +267,16 @@ def main() -> int:
 
   added: dict[str, set[int]] = {}
   exact: dict[str, set[int]] = {}
-  for category in CATEGORIES:
-    hf = hf_regex_matches(rf"\p{{{category}}}")
-    ours = pcre2.matches(rf"\p{{{category}}}")
-    if ours - hf:  # a category changed: spell out HF's whole category
-      exact[category] = hf
+  properties = [(c, rf"\p{{{c}}}") for c in CATEGORIES] + [
+      (script, rf"\p{{sc:{script}}}") for script in SCRIPTS]
+  for name, ours_pattern in properties:
+    hf = hf_regex_matches(rf"\p{{{name}}}")
+    ours = pcre2.matches(ours_pattern)
+    if ours is None or ours - hf:
+      # PCRE2 lacks the name, or a code point moved: HF's whole set.
+      exact[name] = hf
     else:
-      added[category] = hf - ours
+      added[name] = hf - ours
 
   numeric_hf = hf_isolated(pre_tokenizers.Digits(individual_digits=True))
   numeric_ours = {cp for cp in CODE_POINTS
@@ -284,9 +304,9 @@ def main() -> int:
       lower_rows.append(f"    {{0x{cp:04X}, 0x{ord(hf):04X}}},")
 
   def category_cells(table):
-    cells = [f'{{"{category}", 0x{a:04X}, 0x{b:04X}}},'
-             for category in CATEGORIES
-             for a, b in ranges(table.get(category, ()))]
+    cells = [f'{{"{name}", 0x{a:04X}, 0x{b:04X}}},'
+             for name in CATEGORIES + SCRIPTS
+             for a, b in ranges(table.get(name, ()))]
     rows = ["    " + " ".join(cells[i:i + 2]) for i in range(0, len(cells), 2)]
     return rows, len(cells)
 
@@ -310,8 +330,8 @@ struct Range {{
   char32_t last;
 }};
 
-struct CategoryRange {{
-  char category[3];  // a two-letter general category
+struct PropertyRange {{
+  char name[24];  // a two-letter general category or a script
   char32_t first;
   char32_t last;
 }};
@@ -332,16 +352,16 @@ inline constexpr Range kNormalizationUnassigned[] = {{
 {range_rows(unassigned)}
 }};
 
-// Code points HF's regexes put in a general category that PCRE2's \\p{{..}}
-// leaves out (assigned after PCRE2's Unicode version).
-inline constexpr CategoryRange kCategoryAdded[] = {{
+// Code points HF's regexes put in a general category or script that
+// PCRE2's \\p{{Xx}} or \\p{{sc:Script}} leaves out (assigned after PCRE2's
+// Unicode version).
+inline constexpr PropertyRange kPropertyAdded[] = {{
 {chr(10).join(category_rows) or '    {"", 1, 0},  // none'}
 }};
 
-// Categories HF and PCRE2 disagree on in both directions (a code point
-// moved to another category): HF's whole category, spelled out instead of
-// \\p{{..}}.
-inline constexpr CategoryRange kCategoryExact[] = {{
+// Categories and scripts HF and PCRE2 disagree on in both directions (a
+// code point moved): HF's whole set, spelled out instead of \\p{{..}}.
+inline constexpr PropertyRange kPropertyExact[] = {{
 {chr(10).join(exact_rows) or '    {"", 1, 0},  // none'}
 }};
 

@@ -42,6 +42,8 @@ generated corpus, so nothing is downloaded):
   ByteFallback + Fuse decoder; rstrip and single_word added tokens.
 * ``nfkc_lowercase``  NFKC, Lowercase and Strip normalizers; WhitespaceSplit,
   Punctuation, Whitespace and Digits pre-tokenizers; byte_fallback.
+* ``han_split``  Split on scripts (``\\p{Han}``, ``\\p{Hiragana}``,
+  ``\\p{Garay}``, ...), then ByteLevel.
 
 HF's Unicode tables are of several ages, none the newest (see
 ``tools/golden/make_hf_unicode_tables.py``); ``NEWER_UNICODE`` holds
@@ -91,6 +93,11 @@ LLAMA3_STYLE_SPLIT = (
 QWEN2_STYLE_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# Script properties: Oniguruma's \p{Han} is the Script property (U+3001 and
+# U+3002 are Common), PCRE2's Script_Extensions.
+HAN_SPLIT = (r"\p{Han}+|\p{Hiragana}+|\p{Katakana}+|[\p{Latin}\p{Garay}]+|"
+             r"\p{N}+| ?[^\s\p{Han}\p{Hiragana}\p{Katakana}\p{Latin}\p{N}]+|\s+")
 
 WORDS = (
     "the of and to in is you that it he was for on are as with his they at be "
@@ -157,6 +164,7 @@ NEWER_UNICODE = [
     "\U0001171E\U00011700", "\U00011DE0\U00011DE1 \U00016EA0\U00016EBB",
     "\uA7CB\uA7CC\uA7DC \uA7CE", "The \u1c89X \u1DFA\u0301 \U00010D4E.",
     "\u1c89's \U00010D50'll \U00010D40's \U00011F04've \U00031350'd",
+    "\u6f22\u5b57\u3001\u304b\u306a\u3002\u30ab\u30ca\u30fc \U00031350\u4e00 a\U00010D50b",
 ]
 
 
@@ -376,6 +384,16 @@ def nfkc_lowercase() -> tuple[Tokenizer, dict]:
   return tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 
 
+def han_split() -> tuple[Tokenizer, dict]:
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(HAN_SPLIT), behavior="isolated"),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  train(tok, 1200, ["<|endoftext|>"], byte_level=True)
+  return tok, {"bos_token": None, "eos_token": "<|endoftext|>"}
+
+
 CONFIGS = {
     "llama3_like": llama3_like,
     "qwen2_like": qwen2_like,
@@ -383,6 +401,7 @@ CONFIGS = {
     "llama2_like": llama2_like,
     "metaspace_digits": metaspace_digits,
     "nfkc_lowercase": nfkc_lowercase,
+    "han_split": han_split,
 }
 
 
