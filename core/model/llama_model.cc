@@ -147,6 +147,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
                      c10::toString(dtype)));
   }
   try {
+    if (options.shard_base.has_value()) {
+      LORAPLEX_ASSIGN_OR_RETURN(
+          ShardedModelWeights sharded,
+          LoadShardedModelWeights(dir, config, dtype, options.device,
+                                  *options.shard_base));
+      return std::make_unique<LlamaModel>(
+          std::move(config), std::move(sharded.replicated), dtype,
+          options.device, std::move(sharded.sharded));
+    }
     LORAPLEX_ASSIGN_OR_RETURN(
         ModelWeights weights,
         LoadModelWeights(dir, config, dtype, options.device));
@@ -160,14 +169,39 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
 }
 
 LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights,
-                       torch::ScalarType dtype, torch::Device device)
+                       torch::ScalarType dtype, torch::Device device,
+                       std::unique_ptr<ShardedBase> sharded)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       dtype_(dtype),
       device_(device),
       rotary_(config_.rope, config_.head_dim),
       sliding_rotary_(config_.sliding_rope.value_or(config_.rope),
-                      config_.head_dim) {}
+                      config_.head_dim),
+      sharded_(std::move(sharded)) {}
+
+int64_t LlamaModel::FrozenWeightBytes() const {
+  int64_t bytes = StorageBytes(weights_);
+  if (sharded_ != nullptr) {
+    bytes += sharded_->ShardBytes() + sharded_->BufferBytes();
+  }
+  return bytes;
+}
+
+const LayerWeights& LlamaModel::LayerAt(int layer) const {
+  return sharded_ != nullptr ? sharded_->Gathered(layer)
+                             : weights_.layers[layer];
+}
+
+absl::Status LlamaModel::CheckShardedForward() const {
+  if (sharded_ == nullptr || sharded_->InAllRanksScope()) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the base is sharded over ", sharded_->world_size(),
+      " ranks: a forward needs every rank at once (a data-parallel training "
+      "step); sampling and evaluation on one rank are not supported"));
+}
 
 bool LlamaModel::HasSlidingLayers() const {
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
@@ -287,7 +321,7 @@ std::vector<torch::Tensor> LlamaModel::Project(
     int layer, const torch::Tensor& x,
     const std::vector<Projection>& projections,
     const ProjectionDelta* delta) const {
-  const LayerWeights& weights = weights_.layers[layer];
+  const LayerWeights& weights = LayerAt(layer);
   std::vector<torch::Tensor> outputs;
   outputs.reserve(projections.size());
   for (Projection p : projections) {
@@ -349,7 +383,7 @@ torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
   } else {
     qkv = Project(layer, x, kQkv, delta);
   }
-  const LayerWeights& weights = weights_.layers[layer];
+  const LayerWeights& weights = LayerAt(layer);
   torch::Tensor q, k;
   switch (config_.qk_norm) {
     case QkNorm::kNone:
@@ -396,12 +430,12 @@ torch::Tensor LlamaModel::Attention(int layer, const torch::Tensor& x,
 torch::Tensor LlamaModel::Mlp(int layer, const torch::Tensor& x,
                               const ProjectionDelta* delta) const {
   if (LayerIsSparse(config_, layer)) {
-    const LayerWeights& weights = weights_.layers[layer];
+    const LayerWeights& weights = LayerAt(layer);
     torch::Tensor tokens = x.reshape({-1, x.size(-1)});
     torch::Tensor rows =
-        torch::arange(x.size(0), torch::TensorOptions()
-                                     .dtype(torch::kInt64)
-                                     .device(x.device()))
+        torch::arange(
+            x.size(0),
+            torch::TensorOptions().dtype(torch::kInt64).device(x.device()))
             .repeat_interleave(x.size(1));
     ExpertRouting routing = RouteTokens(config_, weights.router, tokens);
     return RunExperts(config_, layer, weights, tokens, routing, rows, delta)
@@ -457,7 +491,7 @@ torch::Tensor LlamaModel::Layer(int layer, const torch::Tensor& x,
                                 const ProjectionDelta* delta,
                                 KvCache* cache) const {
   const NormPlacement placement = config_.norm_placement;
-  const LayerWeights& weights = weights_.layers[layer];
+  const LayerWeights& weights = LayerAt(layer);
   const bool sliding = LayerIsSliding(config_, layer);
   torch::Tensor h = placement == NormPlacement::kPostNorm
                         ? x
@@ -502,8 +536,17 @@ torch::Tensor LlamaModel::Decoder(const torch::Tensor& input_ids,
   }
   for (int layer = 0; layer < static_cast<int>(weights_.layers.size());
        ++layer) {
-    if (cache == nullptr && checkpoint_every > 0 &&
-        layer % checkpoint_every == 0) {
+    if (sharded_ != nullptr) {
+      // Gathered before its forward and again before its recomputation in
+      // the backward pass; never with a cache (refused).
+      x = CheckpointedLayer(
+          [this, layer, inputs, delta](const torch::Tensor& in) {
+            sharded_->Gather(layer);
+            return Layer(layer, in, inputs, delta, nullptr);
+          },
+          x);
+    } else if (cache == nullptr && checkpoint_every > 0 &&
+               layer % checkpoint_every == 0) {
       // The closure holds its own copy of the tables and masks: the
       // recomputation runs after this pass has returned.
       x = CheckpointedLayer(
@@ -522,6 +565,7 @@ absl::StatusOr<torch::Tensor> LlamaModel::ForwardHidden(
     const torch::Tensor& input_ids, const torch::Tensor& lengths,
     const ProjectionDelta* delta, const ForwardOptions& options) const {
   LORAPLEX_RETURN_IF_ERROR(ValidateBatch(input_ids, lengths));
+  LORAPLEX_RETURN_IF_ERROR(CheckShardedForward());
   if (options.checkpoint_every < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint_every must be >= 0, got ", options.checkpoint_every));
@@ -555,6 +599,10 @@ absl::StatusOr<torch::Tensor> LlamaModel::ForwardCached(
         "valid must be a bool tensor shaped as input_ids");
   }
   LORAPLEX_RETURN_IF_ERROR(CheckTokenIds(input_ids));
+  if (sharded_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "KV-cache decoding of a sharded base is not supported yet");
+  }
   try {
     const int64_t seq = input_ids.size(1);
     torch::Tensor real =

@@ -28,6 +28,7 @@
 #include "core/model/model_config.h"
 #include "core/model/model_weights.h"
 #include "core/model/rope.h"
+#include "core/model/sharded_base.h"
 
 namespace loraplex {
 
@@ -132,6 +133,10 @@ struct ModelLoadOptions {
   // Compute dtype (fp32, bf16 or fp64). Unset: the checkpoint's dtype, with
   // fp16 checkpoints computed in fp32.
   std::optional<torch::ScalarType> dtype;
+  // Set: each rank keeps only its shard of the decoder layers' frozen
+  // tensors (sharded_base.h); every forward then needs every rank, inside
+  // the base's AllRanks scope, and KV-cache decoding is refused.
+  std::optional<BaseSharding> shard_base = std::nullopt;
 };
 
 class LlamaModel {
@@ -139,11 +144,20 @@ class LlamaModel {
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
       const std::string& dir, const ModelLoadOptions& options);
 
+  // With `sharded`, weights.layers are empty and the layers' tensors come
+  // from it.
   LlamaModel(ModelConfig config, ModelWeights weights, torch::ScalarType dtype,
-             torch::Device device);
+             torch::Device device,
+             std::unique_ptr<ShardedBase> sharded = nullptr);
 
   const ModelConfig& config() const { return config_; }
+  // With a sharded base, its layers are empty (sharded_base()).
   const ModelWeights& weights() const { return weights_; }
+  // nullptr unless the base is sharded over the ranks.
+  ShardedBase* sharded_base() const { return sharded_.get(); }
+  // Bytes of frozen base weights this process holds: every tensor's
+  // storage once, and with a sharded base its shards and gather buffer.
+  int64_t FrozenWeightBytes() const;
   torch::ScalarType dtype() const { return dtype_; }
   torch::Device device() const { return device_; }
 
@@ -245,6 +259,11 @@ class LlamaModel {
   torch::Tensor Decoder(const torch::Tensor& input_ids,
                         const LayerInputs& inputs, const ProjectionDelta* delta,
                         KvCache* cache, int64_t checkpoint_every = 0) const;
+  // Decoder layer `layer`'s weights: the gathered ones of a sharded base.
+  const LayerWeights& LayerAt(int layer) const;
+  // FAILED_PRECONDITION when the base is sharded and the caller has not
+  // vouched that every rank runs this forward (ShardedBase::AllRanks).
+  absl::Status CheckShardedForward() const;
   // True when some layer attends through the sliding window.
   bool HasSlidingLayers() const;
   torch::Tensor HiddenStates(const torch::Tensor& input_ids,
@@ -258,6 +277,8 @@ class LlamaModel {
   torch::Device device_;
   RotaryEmbedding rotary_;
   RotaryEmbedding sliding_rotary_;  // The sliding-window layers' RoPE.
+  // Shared by copies of the model (it holds the gather buffer).
+  std::shared_ptr<ShardedBase> sharded_;
 };
 
 }  // namespace loraplex

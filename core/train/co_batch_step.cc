@@ -316,6 +316,14 @@ absl::Status CheckPass(const LlamaModel& model,
       }
     }
   }
+  if (const ShardedBase* base = model.sharded_base();
+      base != nullptr && base->world_size() > 1 &&
+      (sync == nullptr || sync->world_size != base->world_size() ||
+       sync->rank != base->rank())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the base is sharded over ", base->world_size(),
+        " ranks: a pass needs data parallel over those ranks (StepSync)"));
+  }
   return CheckCalls(model, slots, calls, sync);
 }
 
@@ -341,6 +349,8 @@ struct PassRows {
   std::vector<std::vector<double>> logprobs;  // Per owner.
   PassSums sums;
   std::vector<double> losses;  // Each slot's loss.
+  // A sharded base: the most micro-batches with backward any rank runs.
+  int64_t most_micro_batches = 0;
 };
 
 // Keeps the rows of `rows` (the slots' `batches`, in order) that this rank
@@ -369,7 +379,8 @@ void KeepThisRanksRows(const std::vector<std::vector<const Sequence*>>& batches,
 // when the base has them).
 void GatherRows(const std::vector<TrainingSlot*>& slots,
                 const std::vector<ForwardBackwardCall>& calls,
-                const StepSync* sync, int64_t experts, PassRows& pass) {
+                const StepSync* sync, int64_t experts, PassRows& pass,
+                const LlamaModel& model, int64_t token_budget) {
   std::vector<std::vector<const Sequence*>> batches;
   PassOwners& owners = pass.owners;
   for (TrainingSlot* slot : slots) {
@@ -387,6 +398,18 @@ void GatherRows(const std::vector<TrainingSlot*>& slots,
     owners.losses.push_back(LossFnSpec{});
   }
   pass.rows = WeightedRows(batches, pass.targets, pass.tokens);
+  if (model.sharded_base() != nullptr && Distributed(sync)) {
+    // Every rank plans every rank's micro-batches: the same count on all.
+    for (int rank = 0; rank < sync->world_size; ++rank) {
+      StepSync other = *sync;
+      other.rank = rank;
+      std::vector<Row> rows = pass.rows;
+      KeepThisRanksRows(batches, other, rows);
+      pass.most_micro_batches = std::max<int64_t>(
+          pass.most_micro_batches,
+          static_cast<int64_t>(PlanMicroBatches(rows, token_budget).size()));
+    }
+  }
   if (Distributed(sync)) KeepThisRanksRows(batches, *sync, pass.rows);
   // Calls with gradients train beside the slots; forward-only calls run
   // after them without autograd.
@@ -443,6 +466,22 @@ absl::Status RunForwardBackward(const LlamaModel& model,
   std::copy(pass.sums.losses.begin(), pass.sums.losses.begin() + slots.size(),
             pass.losses.begin());
   return local;
+}
+
+// Phase 2 on a base sharded over the ranks, whose layers every rank gathers
+// together: each rank then pads its gathers to those of the most
+// micro-batches any rank runs, whether it ran fewer (fewer rows, none, a
+// micro-batch without targets) or stopped early on an error.
+absl::Status RunForwardBackwardSharded(const LlamaModel& model,
+                                       const std::vector<TrainingSlot*>& slots,
+                                       const CoBatchOptions& options,
+                                       PassRows& pass) {
+  ShardedBase& base = *model.sharded_base();
+  ShardedBase::AllRanks all_ranks(base);
+  absl::Status local = RunForwardBackward(model, slots, options, pass);
+  absl::Status padded =
+      all_ranks.PadTo(pass.most_micro_batches * base.GathersPerTrainingPass());
+  return local.ok() ? padded : local;
 }
 
 // Phase 3. Takes this rank's status of phase 2; sums the slots' gradients
@@ -662,11 +701,15 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
     return Unchanged(std::move(checked));
   }
   PassRows pass;
-  GatherRows(slots, calls, sync, model.config().moe.num_experts, pass);
+  GatherRows(slots, calls, sync, model.config().moe.num_experts, pass, model,
+             options.token_budget);
   // The calls' gradients of earlier calls wait aside while this pass adds
   // its own, so a failure can put them back untouched.
   GradStash stash(calls);
-  absl::Status local = RunForwardBackward(model, slots, options, pass);
+  absl::Status local =
+      model.sharded_base() != nullptr
+          ? RunForwardBackwardSharded(model, slots, options, pass)
+          : RunForwardBackward(model, slots, options, pass);
   local = AddUpGradients(sync, slots, std::move(local), stash, pass.losses,
                          pass.sums.expert_tokens);
   if (!local.ok()) {

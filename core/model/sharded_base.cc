@@ -1,0 +1,260 @@
+#include "core/model/sharded_base.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "core/model/checkpoint_weights.h"
+
+namespace loraplex {
+namespace {
+
+// `t`'s dimensions by decreasing stride: permuted so, a dense tensor is
+// contiguous and its elements are in memory order.
+std::vector<int64_t> MemoryOrder(const torch::Tensor& t) {
+  std::vector<int64_t> order(t.dim());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return t.stride(a) > t.stride(b);
+  });
+  return order;
+}
+
+void AddStorage(const torch::Tensor& t, std::set<const void*>& seen,
+                int64_t& bytes) {
+  if (!t.defined()) return;
+  if (!seen.insert(t.storage().unsafeGetStorageImpl()).second) return;
+  bytes += static_cast<int64_t>(t.storage().nbytes());
+}
+
+}  // namespace
+
+std::vector<torch::Tensor*> LayerTensorSlots(LayerWeights& layer) {
+  std::vector<torch::Tensor*> slots = {&layer.input_norm,
+                                       &layer.post_attention_norm,
+                                       &layer.pre_feedforward_norm,
+                                       &layer.post_feedforward_norm,
+                                       &layer.q_norm,
+                                       &layer.k_norm,
+                                       &layer.router.weight,
+                                       &layer.router.bias,
+                                       &layer.sinks};
+  for (LinearWeights& linear : layer.projections) {
+    slots.push_back(&linear.weight);
+    slots.push_back(&linear.bias);
+  }
+  return slots;
+}
+
+int64_t StorageBytes(const ModelWeights& weights) {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  AddStorage(weights.embed_tokens, seen, bytes);
+  AddStorage(weights.final_norm, seen, bytes);
+  AddStorage(weights.lm_head, seen, bytes);
+  for (const LayerWeights& layer : weights.layers) {
+    LayerWeights copy = layer;
+    for (torch::Tensor* t : LayerTensorSlots(copy)) {
+      AddStorage(*t, seen, bytes);
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<ShardedModelWeights> LoadShardedModelWeights(
+    const std::string& dir, const ModelConfig& config, torch::ScalarType dtype,
+    torch::Device device, const BaseSharding& sharding) {
+  LORAPLEX_ASSIGN_OR_RETURN(CheckpointWeights checkpoint,
+                            CheckpointWeights::Open(dir, config, dtype));
+  ShardedModelWeights weights;
+  ModelWeights& whole = weights.replicated;
+  LORAPLEX_ASSIGN_OR_RETURN(
+      whole.embed_tokens, checkpoint.Load("model.embed_tokens.weight", device));
+  LORAPLEX_ASSIGN_OR_RETURN(whole.final_norm,
+                            checkpoint.Load("model.norm.weight", device));
+  if (config.tie_word_embeddings) {
+    whole.lm_head = whole.embed_tokens;
+  } else {
+    LORAPLEX_ASSIGN_OR_RETURN(whole.lm_head,
+                              checkpoint.Load("lm_head.weight", device));
+  }
+  whole.layers.resize(config.num_hidden_layers);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      weights.sharded,
+      ShardedBase::Load(checkpoint, config, sharding, dtype, device));
+  return weights;
+}
+
+absl::StatusOr<std::unique_ptr<ShardedBase>> ShardedBase::Load(
+    const CheckpointWeights& checkpoint, const ModelConfig& config,
+    const BaseSharding& sharding, torch::ScalarType dtype,
+    torch::Device device) {
+  const int world = sharding.world_size;
+  if (world < 1 || sharding.rank < 0 || sharding.rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_base: rank ", sharding.rank,
+                     " must lie in [0, world_size ", world, ")"));
+  }
+  if (!sharding.all_gather) {
+    return absl::InvalidArgumentError("shard_base: all_gather is not set");
+  }
+  std::unique_ptr<ShardedBase> base(new ShardedBase(sharding));
+  // Each tensor's name, sizes and strides, from the headers (meta
+  // tensors), or from the tensor read whole where it cannot be read in part.
+  std::map<const c10::TensorImpl*, std::string> names;
+  absl::Status status;
+  const auto meta = torch::TensorOptions().dtype(dtype).device(torch::kMeta);
+  const ModelWeights layout = AssembleModelWeights(
+      config, [&](const std::string& name) -> torch::Tensor {
+        torch::Tensor t;
+        if (name.rfind("model.layers.", 0) != 0) {
+          t = torch::empty({0}, meta);  // Not sharded.
+        } else if (checkpoint.RangeReadable(name)) {
+          t = checkpoint.Meta(name);
+        } else {
+          absl::StatusOr<torch::Tensor> read =
+              checkpoint.Load(name, torch::kCPU);
+          if (!read.ok()) {
+            if (status.ok()) status = read.status();
+            return torch::empty({0}, meta);
+          }
+          t = torch::empty_strided(read->sizes(), read->strides(), meta);
+        }
+        names[t.unsafeGetTensorImpl()] = name;
+        return t;
+      });
+  LORAPLEX_RETURN_IF_ERROR(status);
+  const int64_t element_bytes = c10::elementSize(dtype);
+  int64_t largest_shard = 0;
+  for (const LayerWeights& meta_layer : layout.layers) {
+    LayerWeights layer_copy = meta_layer;
+    const std::vector<torch::Tensor*> slots = LayerTensorSlots(layer_copy);
+    Layer layer;
+    int64_t numel = 0;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const torch::Tensor& t = *slots[i];
+      if (!t.defined()) continue;
+      if (!t.permute(MemoryOrder(t)).is_contiguous()) {
+        return absl::InternalError(absl::StrCat(
+            names[t.unsafeGetTensorImpl()], " is not dense: cannot shard it"));
+      }
+      layer.entries.push_back(
+          {i, numel, t.numel(), t.sizes().vec(), t.strides().vec()});
+      numel += t.numel();
+    }
+    base->whole_layer_bytes_ += numel * element_bytes;
+    layer.shard_numel = (numel + world - 1) / world;
+    largest_shard = std::max(largest_shard, layer.shard_numel);
+    // Padding past the layer's elements stays zero.
+    layer.shard =
+        torch::zeros({layer.shard_numel},
+                     torch::TensorOptions().dtype(dtype).device(device));
+    const int64_t begin = sharding.rank * layer.shard_numel;
+    const int64_t end = begin + layer.shard_numel;
+    for (const Entry& entry : layer.entries) {
+      const int64_t lo = std::max(begin, entry.offset);
+      const int64_t hi = std::min(end, entry.offset + entry.numel);
+      if (lo >= hi) continue;
+      const torch::Tensor& t = *slots[entry.slot];
+      const std::string& name = names[t.unsafeGetTensorImpl()];
+      torch::Tensor part;
+      if (checkpoint.RangeReadable(name)) {
+        LORAPLEX_ASSIGN_OR_RETURN(
+            part,
+            checkpoint.LoadRange(name, lo - entry.offset, hi - lo, device));
+      } else {
+        LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor read,
+                                  checkpoint.Load(name, device));
+        part = read.permute(MemoryOrder(read))
+                   .reshape({-1})
+                   .narrow(0, lo - entry.offset, hi - lo);
+      }
+      layer.shard.narrow(0, lo - begin, hi - lo).copy_(part);
+    }
+    base->layers_.push_back(std::move(layer));
+  }
+  base->buffer_ =
+      torch::empty({world * largest_shard},
+                   torch::TensorOptions().dtype(dtype).device(device));
+  return base;
+}
+
+int64_t ShardedBase::ShardBytes() const {
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) bytes += layer.shard.nbytes();
+  return bytes;
+}
+
+int64_t ShardedBase::BufferBytes() const { return buffer_.nbytes(); }
+
+int64_t ShardedBase::WholeLayerBytes() const { return whole_layer_bytes_; }
+
+torch::Tensor ShardedBase::GatherInto(int64_t layer) {
+  const Layer& l = layers_.at(layer);
+  torch::Tensor full = buffer_.narrow(0, 0, world_size() * l.shard_numel);
+  sharding_.all_gather(l.shard, full);
+  ++gathers_;
+  return full;
+}
+
+const LayerWeights& ShardedBase::Gather(int64_t layer) {
+  TORCH_CHECK(scopes_ > 0,
+              "a layer of a sharded base was gathered outside an AllRanks "
+              "scope");
+  gathered_layer_ = -1;
+  gathered_ = LayerWeights();
+  const torch::Tensor full = GatherInto(layer);
+  const std::vector<torch::Tensor*> slots = LayerTensorSlots(gathered_);
+  for (const Entry& entry : layers_[layer].entries) {
+    *slots[entry.slot] = full.as_strided(entry.sizes, entry.strides,
+                                         full.storage_offset() + entry.offset);
+  }
+  gathered_layer_ = layer;
+  return gathered_;
+}
+
+const LayerWeights& ShardedBase::Gathered(int64_t layer) const {
+  TORCH_CHECK(gathered_layer_ == layer, "layer ", layer,
+              " of a sharded base used without being gathered (holding ",
+              gathered_layer_, ")");
+  return gathered_;
+}
+
+ShardedBase::AllRanks::AllRanks(ShardedBase& base)
+    : base_(base), first_(base.gathers_) {
+  ++base_.scopes_;
+}
+
+ShardedBase::AllRanks::~AllRanks() {
+  --base_.scopes_;
+  base_.gathered_ = LayerWeights();
+  base_.gathered_layer_ = -1;
+}
+
+int64_t ShardedBase::AllRanks::gathers() const {
+  return base_.gathers_ - first_;
+}
+
+absl::Status ShardedBase::AllRanks::PadTo(int64_t total) {
+  const int64_t layers = base_.num_layers();
+  if (layers == 0) return absl::OkStatus();
+  try {
+    while (gathers() < total) {
+      const int64_t at = gathers() % (2 * layers);
+      base_.GatherInto(at < layers ? at : 2 * layers - 1 - at);
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("gathering a layer of the sharded base failed on rank ",
+                     base_.rank(), ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loraplex

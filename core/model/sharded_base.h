@@ -1,0 +1,160 @@
+// A frozen base sharded over the ranks of a data-parallel group
+// (docs/DESIGN.md §18): each rank keeps 1/N of every decoder layer's frozen
+// tensors, and a layer's full weights are all-gathered into one reused
+// buffer just before it runs, in the forward pass and again in the backward
+// pass (LlamaModel runs every layer of a sharded base as a checkpointed
+// layer, layer_checkpoint.h, whose recomputation gathers again).
+//
+// A layer's tensors (LayerTensorSlots order) lie one after another in
+// memory order in a flat vector, padded to a multiple of N; rank r keeps
+// elements [r S, (r + 1) S), S = padded size / N, so the all-gather of the
+// equal shards in rank order rebuilds the vector, and each tensor is a view
+// of it with its own sizes and strides. The embedding, final norm and LM
+// head stay whole on every rank.
+//
+// Every rank must gather the same layers in the same order: a forward
+// outside an AllRanks scope is refused (FAILED_PRECONDITION) instead of
+// waiting for ranks that never come, and a rank that ran fewer gathers in a
+// scope (fewer micro-batches, a failed one) pads them with PadTo.
+#ifndef LORAPLEX_CORE_MODEL_SHARDED_BASE_H_
+#define LORAPLEX_CORE_MODEL_SHARDED_BASE_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/model/model_config.h"
+#include "core/model/model_weights.h"
+
+namespace loraplex {
+
+class CheckpointWeights;
+
+// How the frozen base is split over the ranks (ModelLoadOptions).
+struct BaseSharding {
+  int rank = 0;
+  int world_size = 1;
+  // Fills `full` (contiguous, world_size × shard's elements, shard's dtype
+  // and device) with every rank's `shard` in rank order; every rank calls it
+  // with shards of one size. Throws (c10::Error) when it fails.
+  std::function<void(const torch::Tensor& shard, torch::Tensor& full)>
+      all_gather;
+};
+
+// Pointers to every tensor field of `layer` in a fixed order (undefined
+// ones included).
+std::vector<torch::Tensor*> LayerTensorSlots(LayerWeights& layer);
+
+class ShardedBase;
+
+// The frozen weights of a sharded base as one rank holds them: the
+// embedding, final norm and LM head whole, `layers` empty (one
+// LayerWeights per layer), and this rank's shards.
+struct ShardedModelWeights {
+  ModelWeights replicated;
+  std::unique_ptr<ShardedBase> sharded;
+};
+absl::StatusOr<ShardedModelWeights> LoadShardedModelWeights(
+    const std::string& dir, const ModelConfig& config, torch::ScalarType dtype,
+    torch::Device device, const BaseSharding& sharding);
+
+// Bytes of the distinct storages of `weights`' tensors (a tied LM head or a
+// transposed view counted once).
+int64_t StorageBytes(const ModelWeights& weights);
+
+class ShardedBase {
+ public:
+  // Reads this rank's shard of every decoder layer of the checkpoint: of
+  // each tensor only the range the shard holds (CheckpointWeights::
+  // LoadRange), or the whole tensor, one at a time, where it cannot be read
+  // in part (MXFP4 experts).
+  static absl::StatusOr<std::unique_ptr<ShardedBase>> Load(
+      const CheckpointWeights& checkpoint, const ModelConfig& config,
+      const BaseSharding& sharding, torch::ScalarType dtype,
+      torch::Device device);
+
+  int rank() const { return sharding_.rank; }
+  int world_size() const { return sharding_.world_size; }
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // This rank's shard of `layer`.
+  const torch::Tensor& shard(int64_t layer) const {
+    return layers_.at(layer).shard;
+  }
+  // Bytes of this rank's shards and of the gather buffer.
+  int64_t ShardBytes() const;
+  int64_t BufferBytes() const;
+  // Bytes of every layer's tensors unsharded (no padding).
+  int64_t WholeLayerBytes() const;
+
+  // While one is alive the caller vouches that every rank runs the same
+  // forward and backward passes of the model, and forwards are allowed.
+  class AllRanks {
+   public:
+    explicit AllRanks(ShardedBase& base);
+    ~AllRanks();
+    AllRanks(const AllRanks&) = delete;
+    AllRanks& operator=(const AllRanks&) = delete;
+
+    // Layers gathered since the scope opened.
+    int64_t gathers() const;
+    // Gathers until `total` layers have been gathered since the scope
+    // opened, continuing the order of passes with backward (layers 0..L-1,
+    // then L-1..0, per pass), so that a rank that ran fewer passes, or
+    // stopped inside one, meets the others' gathers. UNAVAILABLE when a
+    // gather fails.
+    absl::Status PadTo(int64_t total);
+
+   private:
+    ShardedBase& base_;
+    int64_t first_;
+  };
+  // Gathers per forward pass with backward: every layer twice.
+  int64_t GathersPerTrainingPass() const { return 2 * num_layers(); }
+  bool InAllRanksScope() const { return scopes_ > 0; }
+
+  // Gathers `layer` into the buffer; its weights stay valid until the next
+  // Gather. Throws (c10::Error) when the gather fails.
+  const LayerWeights& Gather(int64_t layer);
+  // The weights of the last gathered layer, which must be `layer`.
+  const LayerWeights& Gathered(int64_t layer) const;
+
+ private:
+  // A tensor of a layer: where its elements lie in the layer's vector and
+  // the sizes and strides of its view.
+  struct Entry {
+    size_t slot;  // Index into LayerTensorSlots.
+    int64_t offset;
+    int64_t numel;
+    std::vector<int64_t> sizes;
+    std::vector<int64_t> strides;
+  };
+  struct Layer {
+    std::vector<Entry> entries;
+    int64_t shard_numel = 0;  // Padded numel / world_size.
+    torch::Tensor shard;      // This rank's [shard_numel].
+  };
+
+  ShardedBase(BaseSharding sharding) : sharding_(std::move(sharding)) {}
+  // The layer's vector in the buffer, gathered.
+  torch::Tensor GatherInto(int64_t layer);
+
+  BaseSharding sharding_;
+  std::vector<Layer> layers_;
+  int64_t whole_layer_bytes_ = 0;
+  torch::Tensor buffer_;  // world_size × the largest shard.
+  LayerWeights gathered_;
+  int64_t gathered_layer_ = -1;
+  int scopes_ = 0;
+  int64_t gathers_ = 0;  // Since the object was made.
+};
+
+}  // namespace loraplex
+
+#endif  // LORAPLEX_CORE_MODEL_SHARDED_BASE_H_

@@ -1,0 +1,307 @@
+// A frozen base sharded over real ranks (Gloo over 127.0.0.1, 2 and 3
+// processes) trains co-batched slots, attached, retired and reused at
+// different steps, as one process with the whole base does: every loss,
+// gradient norm and LoRA weight within 1e-10 in fp64 (1e-3 in fp32). The
+// ranks hold different numbers of rows and micro-batches (a slot with
+// fewer rows than ranks, one row per micro-batch), so the gathers of a rank
+// that runs fewer micro-batches, or none, are padded. Each test re-executes
+// this binary once per rank with that rank's launch variables and a scenario
+// name; such a process runs the scenario and exits (kRanAsWorker).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "adapters/data_parallel_slots.h"
+#include "core/common/status_macros.h"
+#include "core/dist/dist_env.h"
+#include "core/dist/process_group.h"
+#include "core/model/llama_model.h"
+#include "core/model/model_presets.h"
+#include "core/train/co_batch_step.h"
+#include "tests/common/free_port.h"
+#include "tests/common/test_threads.h"
+#include "tests/common/train_fixture.h"
+
+namespace loraplex {
+namespace {
+
+constexpr char kScenarioVar[] = "LORAPLEX_SHARDED_TEST_SCENARIO";
+
+absl::Status Expect(bool condition, const std::string& what) {
+  if (condition) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("check failed: ", what));
+}
+
+using Weights = std::map<std::string, std::vector<torch::Tensor>>;
+// Per step, the loss and gradient norm of every slot that trained.
+using StepLog = std::vector<std::vector<std::pair<double, double>>>;
+
+// Jobs attached and retired at set steps; returns every job's final
+// weights by job id.
+absl::StatusOr<Weights> TrainJobs(const LlamaModel& model,
+                                  DataParallelSlots* dp, StepLog* log) {
+  SlotPool pool(model.config(),
+                {.capacity = 3, .dtype = model.dtype(), .claims = dp});
+  StepSync sync;
+  CoBatchOptions options;
+  // One row per micro-batch: ranks with fewer rows run fewer micro-batches
+  // (or none), and pad their gathers.
+  options.token_budget = 16;
+  if (dp != nullptr) {
+    sync = dp->Sync(pool);
+    options.sync = &sync;
+  }
+  const std::vector<Projection> all = {
+      Projection::kQ,    Projection::kK,  Projection::kV,   Projection::kO,
+      Projection::kGate, Projection::kUp, Projection::kDown};
+  auto data = Sequences(ReversalJsonl(12, 3), 16);
+  std::vector<SlotAttachRequest> jobs = {
+      TrainRequest("adamw", OptimizerFamily::kAdamW, 8, all, data, 1),
+      TrainRequest("muon", OptimizerFamily::kMuon, 16,
+                   {Projection::kQ, Projection::kV, Projection::kDown}, data,
+                   2),
+      TrainRequest("adam", OptimizerFamily::kAdam, 4, all, data, 3),
+      TrainRequest("late", OptimizerFamily::kAdamW, 4, all, data, 4)};
+  jobs[0].lora.dropout = 0.1;
+  jobs[1].training.batch_size = 5;
+  jobs[2].training.batch_size = 2;  // Fewer rows than 3 ranks.
+  Weights weights;
+  auto snapshot = [&](int slot) {
+    std::vector<torch::Tensor> copy;
+    for (const torch::Tensor& p : pool.slot(slot).weights.parameters()) {
+      copy.push_back(p.detach().clone());
+    }
+    weights[pool.job_id(slot)] = copy;
+  };
+  auto train = [&](int steps) -> absl::Status {
+    for (int i = 0; i < steps; ++i) {
+      LORAPLEX_ASSIGN_OR_RETURN(
+          std::vector<SlotStepMetrics> metrics,
+          TrainCoBatchStep(model, pool.ActiveSlots(), options));
+      log->emplace_back();
+      for (const SlotStepMetrics& m : metrics) {
+        log->back().emplace_back(m.loss, m.grad_norm);
+      }
+    }
+    return absl::OkStatus();
+  };
+  LORAPLEX_RETURN_IF_ERROR(pool.Attach(jobs[0]).status());
+  LORAPLEX_RETURN_IF_ERROR(pool.Attach(jobs[1]).status());
+  LORAPLEX_RETURN_IF_ERROR(train(2));
+  LORAPLEX_RETURN_IF_ERROR(pool.Attach(jobs[2]).status());
+  LORAPLEX_RETURN_IF_ERROR(train(2));
+  snapshot(0);
+  LORAPLEX_RETURN_IF_ERROR(pool.Retire(0));
+  LORAPLEX_RETURN_IF_ERROR(train(1));
+  LORAPLEX_ASSIGN_OR_RETURN(int late, pool.Attach(jobs[3]));
+  LORAPLEX_RETURN_IF_ERROR(Expect(late == 0, "the late job reuses slot 0"));
+  LORAPLEX_RETURN_IF_ERROR(train(2));
+  snapshot(0);
+  snapshot(1);
+  // Two rows alone: with 3 ranks one has none.
+  LORAPLEX_RETURN_IF_ERROR(pool.Retire(0));
+  LORAPLEX_RETURN_IF_ERROR(pool.Retire(1));
+  LORAPLEX_RETURN_IF_ERROR(train(2));
+  snapshot(2);
+  return weights;
+}
+
+absl::Status ShardedTrainScenario(DistContext& dist, torch::ScalarType dtype,
+                                  double bound) {
+  const std::string dir = absl::StrCat(
+      ::testing::TempDir(), "/loraplex-sharded-ranks-", getpid(), "/tiny");
+  LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
+  BaseSharding sharding;
+  sharding.rank = dist.rank();
+  sharding.world_size = dist.world_size();
+  sharding.all_gather = [&dist](const torch::Tensor& shard,
+                                torch::Tensor& full) {
+    const absl::Status status = dist.AllGather(shard, full);
+    TORCH_CHECK(status.ok(), status.ToString());
+  };
+  LORAPLEX_ASSIGN_OR_RETURN(
+      std::unique_ptr<LlamaModel> sharded,
+      LlamaModel::Load(dir, {.dtype = dtype, .shard_base = sharding}));
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> whole,
+                            LlamaModel::Load(dir, {.dtype = dtype}));
+  // Its shards: 1/N of the layers (tiny has 2 layers, so with the one
+  // layer's buffer 2 ranks hold as much as the whole).
+  const ShardedBase& base = *sharded->sharded_base();
+  LORAPLEX_RETURN_IF_ERROR(Expect(
+      base.ShardBytes() * dist.world_size() >= base.WholeLayerBytes() &&
+          base.ShardBytes() * dist.world_size() <
+              base.WholeLayerBytes() + 64 * dist.world_size(),
+      absl::StrCat("a rank holds 1/", dist.world_size(), " of the layers: ",
+                   base.ShardBytes(), " of ", base.WholeLayerBytes())));
+  DataParallelSlots dp(&dist, /*bucket_bytes=*/16 << 10);
+  dist.ResetCounters();
+  StepLog parallel_log;
+  LORAPLEX_ASSIGN_OR_RETURN(Weights parallel,
+                            TrainJobs(*sharded, &dp, &parallel_log));
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(dist.counters().all_gather_bytes > 0, "the layers were gathered"));
+  // The reference: the whole base in this process alone.
+  StepLog alone_log;
+  LORAPLEX_ASSIGN_OR_RETURN(Weights alone,
+                            TrainJobs(*whole, nullptr, &alone_log));
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(alone_log.size() == parallel_log.size(), "as many steps"));
+  for (size_t step = 0; step < alone_log.size(); ++step) {
+    for (size_t i = 0; i < alone_log[step].size(); ++i) {
+      const auto [loss, norm] = alone_log[step][i];
+      const auto [dp_loss, dp_norm] = parallel_log.at(step).at(i);
+      LORAPLEX_RETURN_IF_ERROR(Expect(
+          std::abs(dp_loss - loss) <= bound * std::abs(loss) &&
+              std::abs(dp_norm - norm) <= bound * norm,
+          absl::StrCat("step ", step, " slot ", i, ": loss ", dp_loss, " vs ",
+                       loss, ", grad norm ", dp_norm, " vs ", norm)));
+    }
+  }
+  for (const auto& [job, tensors] : alone) {
+    const double diff = MaxRelativeDiff(parallel.at(job), tensors);
+    LORAPLEX_RETURN_IF_ERROR(Expect(
+        diff <= bound, absl::StrCat(job, " differs from the 1-process run by ",
+                                    diff, " (max element)")));
+  }
+  std::fprintf(
+      stderr, "[rank %d] frozen base bytes: %lld sharded, %lld whole\n",
+      dist.rank(), static_cast<long long>(sharded->FrozenWeightBytes()),
+      static_cast<long long>(whole->FrozenWeightBytes()));
+  return absl::OkStatus();
+}
+
+absl::Status RunWorker(const std::string& scenario) {
+  LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
+  LORAPLEX_ASSIGN_OR_RETURN(DistContext dist,
+                            DistContext::Create(env, torch::kCPU));
+  if (scenario == "train") {
+    LORAPLEX_RETURN_IF_ERROR(
+        ShardedTrainScenario(dist, torch::kFloat64, kFp64IdentityBound));
+  } else if (scenario == "train_fp32") {
+    LORAPLEX_RETURN_IF_ERROR(
+        ShardedTrainScenario(dist, torch::kFloat32, kFp32SmokeBound));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown scenario '", scenario, "'"));
+  }
+  // Rank 0 hosts the store: nobody leaves before everyone is done with it.
+  return dist.Barrier();
+}
+
+[[maybe_unused]] const bool kRanAsWorker = [] {
+  const char* scenario = std::getenv(kScenarioVar);
+  if (scenario == nullptr) return false;
+  torch::set_num_threads(TestThreadsOverride().value_or(1));
+  absl::Status status = RunWorker(scenario);
+  if (!status.ok()) {
+    std::fprintf(stderr, "[rank %s] %s: %s\n", std::getenv("RANK"), scenario,
+                 status.ToString().c_str());
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(status.ok() ? 0 : 1);
+}();
+
+// Every rank's exit code (-1: killed after the deadline).
+std::vector<int> RunRanks(const std::string& scenario, int world_size) {
+  // Each rank trains sharded, then alone for its reference, on a loaded
+  // 2-core machine: generous collective timeout and deadline.
+  constexpr int kTimeoutSeconds = 150;
+  constexpr auto kKillAfter = std::chrono::seconds(600);
+  const int port = FreePort();
+  EXPECT_GT(port, 0);
+  const std::vector<std::string> ours = {"RANK",
+                                         "WORLD_SIZE",
+                                         "LOCAL_RANK",
+                                         "MASTER_ADDR",
+                                         "MASTER_PORT",
+                                         "LORAPLEX_DIST_TIMEOUT_SECONDS",
+                                         "GLOO_SOCKET_IFNAME",
+                                         kScenarioVar};
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool replaced = false;
+    for (const std::string& name : ours) {
+      replaced = replaced || absl::StartsWith(*e, name + "=");
+    }
+    if (!replaced) inherited.push_back(*e);
+  }
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::vector<std::string> env = inherited;
+    env.push_back(absl::StrCat("RANK=", rank));
+    env.push_back(absl::StrCat("LOCAL_RANK=", rank));
+    env.push_back(absl::StrCat("WORLD_SIZE=", world_size));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    env.push_back(absl::StrCat("MASTER_PORT=", port));
+    env.push_back(
+        absl::StrCat("LORAPLEX_DIST_TIMEOUT_SECONDS=", kTimeoutSeconds));
+    env.push_back(absl::StrCat(kScenarioVar, "=", scenario));
+    std::vector<char*> envp;
+    for (std::string& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string exe = "/proc/self/exe";
+    char* argv[] = {exe.data(), nullptr};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execve(exe.c_str(), argv, envp.data());
+      _exit(127);
+    }
+    EXPECT_GT(pid, 0) << "fork failed";
+    pids.push_back(pid);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int> exit_codes(pids.size(), -1);
+  std::vector<bool> done(pids.size(), false);
+  size_t running = pids.size();
+  while (running > 0) {
+    for (size_t k = 0; k < pids.size(); ++k) {
+      if (done[k]) continue;
+      int status = 0;
+      if (pids[k] <= 0 || waitpid(pids[k], &status, WNOHANG) == pids[k]) {
+        if (pids[k] > 0) {
+          exit_codes[k] = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+        }
+        done[k] = true;
+        --running;
+      }
+    }
+    if (running > 0 && std::chrono::steady_clock::now() - start > kKillAfter) {
+      for (size_t k = 0; k < pids.size(); ++k) {
+        if (done[k]) continue;
+        kill(pids[k], SIGKILL);
+        waitpid(pids[k], nullptr, 0);
+        done[k] = true;
+        --running;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return exit_codes;
+}
+
+TEST(ShardedBaseRanksTest, TrainingEqualsOneProcessTwoRanks) {
+  EXPECT_THAT(RunRanks("train", 2), testing::Each(0));
+}
+TEST(ShardedBaseRanksTest, TrainingEqualsOneProcessThreeRanks) {
+  EXPECT_THAT(RunRanks("train", 3), testing::Each(0));
+}
+TEST(ShardedBaseRanksTest, TrainingInFp32StaysNearOneProcess) {
+  EXPECT_THAT(RunRanks("train_fp32", 2), testing::Each(0));
+}
+
+}  // namespace
+}  // namespace loraplex
