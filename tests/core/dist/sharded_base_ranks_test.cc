@@ -183,6 +183,72 @@ absl::Status ShardedTrainScenario(DistContext& dist, torch::ScalarType dtype,
   return absl::OkStatus();
 }
 
+// A row only one rank holds fails its forward before any gather (it is
+// longer than the model's positions): that rank pads its gathers to the
+// others', so every rank fails the step with the step's own error (no
+// gather times out) and no slot changes.
+absl::Status ShardedFailureScenario(DistContext& dist) {
+  const std::string dir = absl::StrCat(
+      ::testing::TempDir(), "/loraplex-sharded-fail-", getpid(), "/tiny");
+  LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
+  BaseSharding sharding;
+  sharding.rank = dist.rank();
+  sharding.world_size = dist.world_size();
+  sharding.all_gather = [&dist](const torch::Tensor& shard,
+                                torch::Tensor& full) {
+    const absl::Status status = dist.AllGather(shard, full);
+    TORCH_CHECK(status.ok(), status.ToString());
+  };
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                            LlamaModel::Load(dir, {.dtype = torch::kFloat64,
+                                                   .shard_base = sharding}));
+  const int64_t too_long = model->config().max_position_embeddings + 8;
+  auto data = std::make_shared<SequenceSet>();
+  for (int64_t length : {too_long, int64_t{12}, int64_t{12}, int64_t{12}}) {
+    Sequence sequence;
+    sequence.input_ids.assign(length, 5);
+    sequence.loss_mask.assign(length, 1);
+    sequence.loss_mask[0] = 0;
+    data->sequences.push_back(sequence);
+  }
+  SlotAttachRequest job = TrainRequest("job", OptimizerFamily::kAdamW, 4,
+                                       {Projection::kQ}, data, 1);
+  job.training.batch_size = 4;
+  job.training.seq_len = too_long;
+  DataParallelSlots dp(&dist, 16 << 10);
+  SlotPool pool(model->config(),
+                {.capacity = 1, .dtype = model->dtype(), .claims = &dp});
+  LORAPLEX_RETURN_IF_ERROR(pool.Attach(job).status());
+  StepSync sync = dp.Sync(pool);
+  CoBatchOptions options;
+  options.sync = &sync;
+  options.token_budget = 16;
+  std::vector<torch::Tensor> before;
+  for (const torch::Tensor& p : pool.slot(0).weights.parameters()) {
+    before.push_back(p.detach().clone());
+  }
+  absl::StatusOr<std::vector<SlotStepMetrics>> step =
+      TrainCoBatchStep(*model, pool.ActiveSlots(), options);
+  LORAPLEX_RETURN_IF_ERROR(Expect(!step.ok(), "the step fails"));
+  const std::string message(step.status().message());
+  const bool held_it = absl::StrContains(message, "max_position_embeddings");
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(held_it || absl::StrContains(message, "failed on another rank"),
+             message));
+  const std::vector<torch::Tensor> after = pool.slot(0).weights.parameters();
+  for (size_t i = 0; i < before.size(); ++i) {
+    LORAPLEX_RETURN_IF_ERROR(
+        Expect(torch::equal(before[i], after[i]), "weights unchanged"));
+  }
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(pool.slot(0).counters.steps == 0, "no step counted"));
+  // Exactly one rank held the long row.
+  std::vector<torch::Tensor> held = {
+      torch::tensor({held_it ? 1.0 : 0.0}, torch::kDouble)};
+  LORAPLEX_RETURN_IF_ERROR(dist.AllReduceSum(held, 1 << 10));
+  return Expect(held[0].item<double>() == 1.0, "one rank held the long row");
+}
+
 absl::Status RunWorker(const std::string& scenario) {
   LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
   LORAPLEX_ASSIGN_OR_RETURN(DistContext dist,
@@ -190,6 +256,8 @@ absl::Status RunWorker(const std::string& scenario) {
   if (scenario == "train") {
     LORAPLEX_RETURN_IF_ERROR(
         ShardedTrainScenario(dist, torch::kFloat64, kFp64IdentityBound));
+  } else if (scenario == "failure") {
+    LORAPLEX_RETURN_IF_ERROR(ShardedFailureScenario(dist));
   } else if (scenario == "train_fp32") {
     LORAPLEX_RETURN_IF_ERROR(
         ShardedTrainScenario(dist, torch::kFloat32, kFp32SmokeBound));
@@ -298,6 +366,9 @@ TEST(ShardedBaseRanksTest, TrainingEqualsOneProcessTwoRanks) {
 }
 TEST(ShardedBaseRanksTest, TrainingEqualsOneProcessThreeRanks) {
   EXPECT_THAT(RunRanks("train", 3), testing::Each(0));
+}
+TEST(ShardedBaseRanksTest, StepFailingOnOneRankFailsOnAllWithoutWaiting) {
+  EXPECT_THAT(RunRanks("failure", 3), testing::Each(0));
 }
 TEST(ShardedBaseRanksTest, TrainingInFp32StaysNearOneProcess) {
   EXPECT_THAT(RunRanks("train_fp32", 2), testing::Each(0));
