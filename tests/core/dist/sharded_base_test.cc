@@ -21,10 +21,10 @@
 namespace loraplex {
 namespace {
 
-std::string TinyModelDir() {
-  const std::string dir = absl::StrCat(::testing::TempDir(),
-                                       "/loraplex-sharded-", getpid(), "/tiny");
-  EXPECT_TRUE(WritePresetModel("tiny", 7, dir).ok());
+std::string TinyModelDir(const std::string& preset = "tiny") {
+  const std::string dir = absl::StrCat(
+      ::testing::TempDir(), "/loraplex-sharded-", getpid(), "/", preset);
+  EXPECT_TRUE(WritePresetModel(preset, 7, dir).ok());
   return dir;
 }
 
@@ -115,8 +115,10 @@ TEST(ShardedBaseTest, ForwardEqualsTheWholeModel) {
   EXPECT_EQ(all_ranks.gathers(), ranks[1]->sharded_base()->num_layers());
 }
 
-TEST(ShardedBaseTest, RankHoldsItsShareOfTheLayersPlusOneLayersBuffer) {
-  const std::string dir = TinyModelDir();
+class ShardedBaseMemoryTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShardedBaseMemoryTest, RankHoldsItsShareOfTheLayersPlusOneLayersBuffer) {
+  const std::string dir = TinyModelDir(GetParam());
   const std::unique_ptr<LlamaModel> whole = LoadWhole(dir);
   const ModelWeights& w = whole->weights();
   const int64_t replicated =
@@ -160,15 +162,19 @@ TEST(ShardedBaseTest, RankHoldsItsShareOfTheLayersPlusOneLayersBuffer) {
       EXPECT_LE(buffer, world * 8 + layers_bytes / layer_numel.size() + 8);
     }
     std::printf(
-        "tiny fp64, %d rank(s): %lld frozen bytes per rank of %lld whole "
+        "%s fp64, %d rank(s): %lld frozen bytes per rank of %lld whole "
         "(%.3f; layers %lld -> shard %lld + buffer %lld, replicated %lld)\n",
-        world, static_cast<long long>(ranks[0]->FrozenWeightBytes()),
+        GetParam().c_str(), world,
+        static_cast<long long>(ranks[0]->FrozenWeightBytes()),
         static_cast<long long>(all),
         static_cast<double>(ranks[0]->FrozenWeightBytes()) / all,
         static_cast<long long>(layers_bytes), static_cast<long long>(shards),
         static_cast<long long>(buffer), static_cast<long long>(replicated));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Presets, ShardedBaseMemoryTest,
+                         ::testing::Values("tiny", "small"));
 
 TEST(ShardedBaseTest, ForwardsNotEveryRankRunsAreRefused) {
   const std::string dir = TinyModelDir();
