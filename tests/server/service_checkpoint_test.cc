@@ -9,7 +9,7 @@
 // they are created on a server with one slot and checkpoints off, which is
 // killed at once (no checkpoint exists, nothing finished); every run then
 // starts from a copy of that state dir, where the recovery attaches all
-// three at the same step boundary, from step 0.
+// four (AdamW, Muon, Adam, SOAP) at the same step boundary, from step 0.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -72,13 +72,17 @@ class ServiceCheckpointTest : public ::testing::Test {
     std::vector<v1::CreateJobRequest> requests = {
         JobRequest("", v1::OPTIMIZER_FAMILY_ADAMW, 8, kSteps, 1),
         JobRequest("", v1::OPTIMIZER_FAMILY_MUON, 16, kSteps, 2),
-        JobRequest("", v1::OPTIMIZER_FAMILY_ADAM, 4, kSteps, 3)};
+        JobRequest("", v1::OPTIMIZER_FAMILY_ADAM, 4, kSteps, 3),
+        JobRequest("", v1::OPTIMIZER_FAMILY_SOAP, 4, kSteps, 4)};
     requests[0].mutable_lora()->set_dropout(0.1);  // Replays its masks.
+    // SOAP's factors and eigenbases, refreshed every other step, resume
+    // with the rest of its state.
+    requests[3].mutable_optimizer()->set_precondition_frequency(2);
     *jobs_ =
         StageJobs(*stage_, ReversalJsonl(40, 5), requests, "--threads=2").jobs;
-    ASSERT_EQ(jobs_->size(), 3u);
+    ASSERT_EQ(jobs_->size(), 4u);
     const std::string dir = FreshRun("reference");
-    auto server = StartServer(dir, 3, ServerFlags());
+    auto server = StartServer(dir, 4, ServerFlags());
     ASSERT_NE(server, nullptr);
     auto client = ClientFor(*server);
     reference_ = new Outcome(Collect(*client, *server));
@@ -141,7 +145,7 @@ class ServiceCheckpointTest : public ::testing::Test {
   // then kills it (SIGKILL). A zero step on failure.
   static Killed KillAt(const std::string& dir, int64_t step) {
     Killed killed;
-    auto server = StartServer(dir, 3, ServerFlags());
+    auto server = StartServer(dir, 4, ServerFlags());
     if (server == nullptr) return killed;
     auto client = ClientFor(*server);
     auto job = WaitUntil(*client, jobs_->front(), [&](const v1::Job& job) {
@@ -232,7 +236,7 @@ TEST_F(ServiceCheckpointTest, KilledServerResumesEveryJobBitExactly) {
       const std::string dir = FreshRun("killed");
       const Killed killed = KillAt(dir, kill_step);
       ASSERT_GE(killed.step, kill_step);
-      auto server = StartServer(dir, 3, ServerFlags());
+      auto server = StartServer(dir, 4, ServerFlags());
       ASSERT_NE(server, nullptr);
       auto client = ClientFor(*server);
       Outcome run = Collect(*client, *server);
@@ -288,7 +292,7 @@ TEST_F(ServiceCheckpointTest, DamagedNewestCheckpointFallsBackToThePrevious) {
         fs::remove(victim + "/manifest.json");
       }
     }
-    auto server = StartServer(dir, 3, ServerFlags());
+    auto server = StartServer(dir, 4, ServerFlags());
     ASSERT_NE(server, nullptr);
     auto client = ClientFor(*server);
     Outcome run = Collect(*client, *server);
@@ -333,7 +337,7 @@ TEST_F(ServiceCheckpointTest, CheckpointsOfAnInterruptedGroupAreNotUsed) {
       pool["jobs"][job.substr(5)] = newest - kInterval;
     }
     std::ofstream(dir + "/checkpoints/pool.json") << pool.dump();
-    auto server = StartServer(dir, 3, ServerFlags());
+    auto server = StartServer(dir, 4, ServerFlags());
     ASSERT_NE(server, nullptr);
     auto client = ClientFor(*server);
     Outcome run = Collect(*client, *server);
