@@ -203,9 +203,12 @@ Result LoraplexClient::Retrying(const std::function<Result()>& call) const {
 
 absl::StatusOr<v1::Dataset> LoraplexClient::Upload(
     const std::string& display_name, int64_t total_bytes,
-    const std::string& sha256,
+    const std::string& sha256, const DatasetUploadOptions& upload_options,
     const std::function<absl::StatusOr<ChunkSource>()>& open) {
   v1::UploadDatasetRequest header;
+  header.mutable_header()->set_chat_template_kwargs(
+      upload_options.chat_template_kwargs);
+  header.mutable_header()->set_turns(upload_options.turns);
   header.mutable_header()->set_display_name(display_name);
   header.mutable_header()->set_total_bytes(total_bytes);
   header.mutable_header()->set_sha256(sha256);
@@ -250,7 +253,8 @@ absl::StatusOr<v1::Dataset> LoraplexClient::UploadOnce(
 }
 
 absl::StatusOr<v1::Dataset> LoraplexClient::UploadDatasetFile(
-    const std::string& path, const std::string& display_name) {
+    const std::string& path, const std::string& display_name,
+    const DatasetUploadOptions& upload_options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(
@@ -274,39 +278,40 @@ absl::StatusOr<v1::Dataset> LoraplexClient::UploadDatasetFile(
   // Each try reads the file from its start.
   auto file = std::make_shared<std::ifstream>();
   auto sent = std::make_shared<int64_t>(0);
-  return Upload(
-      display_name, total_bytes, sha256, [&]() -> absl::StatusOr<ChunkSource> {
-        file->close();
-        file->clear();
-        file->open(path, std::ios::binary);
-        *sent = 0;
-        if (!*file) {
-          return absl::NotFoundError(
-              absl::StrCat("dataset file ", path, ": ", std::strerror(errno)));
-        }
-        return ChunkSource(
-            [file, sent, path, total_bytes](std::string* chunk, bool* done) {
-              chunk->resize(kUploadChunkBytes);
-              file->read(chunk->data(),
-                         static_cast<std::streamsize>(chunk->size()));
-              chunk->resize(static_cast<size_t>(file->gcount()));
-              *sent += file->gcount();
-              if (file->bad() || (file->eof() && *sent != total_bytes)) {
-                return absl::DataLossError(
-                    absl::StrCat("dataset file ", path,
-                                 ": read failed or changed while uploading"));
-              }
-              *done = file->eof();
-              return absl::OkStatus();
-            });
-      });
+  return Upload(display_name, total_bytes, sha256, upload_options,
+                [&]() -> absl::StatusOr<ChunkSource> {
+                  file->close();
+                  file->clear();
+                  file->open(path, std::ios::binary);
+                  *sent = 0;
+                  if (!*file) {
+                    return absl::NotFoundError(absl::StrCat(
+                        "dataset file ", path, ": ", std::strerror(errno)));
+                  }
+                  return ChunkSource([file, sent, path, total_bytes](
+                                         std::string* chunk, bool* done) {
+                    chunk->resize(kUploadChunkBytes);
+                    file->read(chunk->data(),
+                               static_cast<std::streamsize>(chunk->size()));
+                    chunk->resize(static_cast<size_t>(file->gcount()));
+                    *sent += file->gcount();
+                    if (file->bad() || (file->eof() && *sent != total_bytes)) {
+                      return absl::DataLossError(absl::StrCat(
+                          "dataset file ", path,
+                          ": read failed or changed while uploading"));
+                    }
+                    *done = file->eof();
+                    return absl::OkStatus();
+                  });
+                });
 }
 
 absl::StatusOr<v1::Dataset> LoraplexClient::UploadDatasetContents(
-    absl::string_view contents, const std::string& display_name) {
+    absl::string_view contents, const std::string& display_name,
+    const DatasetUploadOptions& upload_options) {
   return Upload(
       display_name, static_cast<int64_t>(contents.size()), Sha256Hex(contents),
-      [contents]() -> absl::StatusOr<ChunkSource> {
+      upload_options, [contents]() -> absl::StatusOr<ChunkSource> {
         auto offset = std::make_shared<size_t>(0);
         return ChunkSource([contents, offset](std::string* chunk, bool* done) {
           const size_t size =

@@ -43,6 +43,13 @@
 
 namespace loraplex {
 
+// What an upload's header carries besides the file: defaults for the
+// dataset's chat lines (UploadDatasetHeader); empty: none.
+struct DatasetUploadOptions {
+  std::string chat_template_kwargs;  // A JSON object of template variables.
+  std::string turns;                 // "all" or "last".
+};
+
 // Bytes per UploadDataset chunk message after the header.
 inline constexpr size_t kUploadChunkBytes = 1 << 20;
 
@@ -123,9 +130,11 @@ class LoraplexClient {
   // DatasetService. Uploads send the header, then the bytes in chunks of
   // kUploadChunkBytes; UploadDatasetFile reads the file as it sends.
   absl::StatusOr<v1::Dataset> UploadDatasetFile(
-      const std::string& path, const std::string& display_name);
+      const std::string& path, const std::string& display_name,
+      const DatasetUploadOptions& upload_options = {});
   absl::StatusOr<v1::Dataset> UploadDatasetContents(
-      absl::string_view contents, const std::string& display_name);
+      absl::string_view contents, const std::string& display_name,
+      const DatasetUploadOptions& upload_options = {});
   absl::StatusOr<v1::Dataset> GetDataset(const std::string& name);
   absl::StatusOr<v1::ListDatasetsResponse> ListDatasets(
       const v1::ListDatasetsRequest& request);
@@ -255,7 +264,7 @@ class LoraplexClient {
   // a fresh one for each try.
   absl::StatusOr<v1::Dataset> Upload(
       const std::string& display_name, int64_t total_bytes,
-      const std::string& sha256,
+      const std::string& sha256, const DatasetUploadOptions& upload_options,
       const std::function<absl::StatusOr<ChunkSource>()>& open);
   absl::StatusOr<v1::Dataset> UploadOnce(const v1::UploadDatasetRequest& header,
                                          const ChunkSource& next_chunk);

@@ -19,6 +19,7 @@ struct DatasetFlags {
   std::string file;
   std::string display_name;
   std::string id;
+  DatasetUploadOptions upload;  // --chat-template-kwargs, --turns.
 };
 
 void PrintDataset(const CliContext& context, const v1::Dataset& dataset) {
@@ -56,7 +57,7 @@ int RunUpload(const CliContext& context, const DatasetFlags& flags) {
           ? std::filesystem::path(flags.file).filename().string()
           : flags.display_name;
   absl::StatusOr<v1::Dataset> dataset =
-      (*client)->UploadDatasetFile(flags.file, display_name);
+      (*client)->UploadDatasetFile(flags.file, display_name, flags.upload);
   if (!dataset.ok()) return context.ReportError(dataset.status());
   if (context.PrintJsonIfRequested(*dataset)) return kExitSuccess;
   context.out() << "Uploaded " << dataset->name() << " ("
@@ -112,6 +113,14 @@ void AddDatasetCommands(CLI::App& app, CliContext& context,
   upload->add_option("FILE", flags->file, "JSONL file")->required();
   upload->add_option("--name", flags->display_name,
                      "Display name (default: the file name)");
+  upload->add_option("--chat-template-kwargs",
+                     flags->upload.chat_template_kwargs,
+                     "Template variables for every chat line, a JSON object "
+                     "(e.g. '{\"enable_thinking\": false}'); a line's own "
+                     "chat_template_kwargs merge over them");
+  upload->add_option("--turns", flags->upload.turns,
+                     "Which assistant turns of a messages line train where "
+                     "the line does not say: all (default) or last");
   SetAction(upload, action,
             [&context, flags] { return RunUpload(context, *flags); });
 

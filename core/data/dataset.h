@@ -35,6 +35,7 @@
 #define LORAPLEX_CORE_DATA_DATASET_H_
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,30 @@ struct Dataset {
   int64_t num_per_turn_lines = 0;
 };
 
+// What a dataset's upload sets for all of its chat lines
+// (UploadDatasetHeader): a line's own keys override it.
+struct ChatLineDefaults {
+  // Template variables; a line's own chat_template_kwargs merge over them
+  // key by key, the line's value winning.
+  nlohmann::ordered_json chat_template_kwargs =
+      nlohmann::ordered_json::object();
+  // "all" or "last": which assistant turns of a "messages" line without a
+  // "turns" key train.
+  std::string turns = "all";
+};
+
+// The upload's values: `kwargs_json` empty or a JSON object of template
+// variables, `turns` empty (all), "all" or "last". INVALID_ARGUMENT naming
+// `field_prefix` + the field ("header.turns must be ...").
+absl::StatusOr<ChatLineDefaults> ParseChatLineDefaults(
+    absl::string_view kwargs_json, absl::string_view turns,
+    absl::string_view field_prefix = "");
+// As stored beside a dataset: {"chat_template_kwargs": {...}, "turns": ...},
+// read back by ChatLineDefaultsFromJson.
+std::string ChatLineDefaultsToJson(const ChatLineDefaults& defaults);
+absl::StatusOr<ChatLineDefaults> ChatLineDefaultsFromJson(
+    absl::string_view text);
+
 struct DatasetParseOptions {
   // Bad lines listed in the error; further ones are only counted
   // ("... and 7 more bad lines"). Negative counts as 0.
@@ -95,6 +120,8 @@ struct DatasetParseOptions {
   // Why the model's template cannot be used (e.g. a Jinja construct the
   // subset lacks): chat lines fail with it, other lines are unaffected.
   absl::Status chat_template_error;
+  // The upload's defaults for chat lines.
+  ChatLineDefaults chat_defaults;
 };
 
 // One line of a JSONL dataset (a trailing '\r' is ignored), as training

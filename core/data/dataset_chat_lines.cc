@@ -208,10 +208,12 @@ absl::Status CheckChatSetup(const json& line,
 }
 
 // What the line gives the template besides its messages: tools (null when
-// absent) and chat_template_kwargs, as written.
+// absent) and chat_template_kwargs, the line's merged over the upload's key
+// by key.
 absl::StatusOr<ChatRenderOptions> RenderExtrasOf(
-    const nlohmann::ordered_json& ordered) {
+    const nlohmann::ordered_json& ordered, const ChatLineDefaults& defaults) {
   ChatRenderOptions extras;
+  extras.variables = defaults.chat_template_kwargs;
   if (auto tools = ordered.find(kToolsKey); tools != ordered.end()) {
     extras.tools = *tools;
   }
@@ -223,8 +225,7 @@ absl::StatusOr<ChatRenderOptions> RenderExtrasOf(
                             DescribeJson(json(*kwargs))));
   }
   for (const auto& [name, value] : kwargs->items()) {
-    if (name == "messages" || name == "tools" ||
-        name == "add_generation_prompt") {
+    if (ReservedVariable(name)) {
       return Bad(absl::StrCat(kChatTemplateKwargsKey, ".", name,
                               ": set by the line itself, not a template "
                               "variable"));
@@ -237,9 +238,14 @@ absl::StatusOr<ChatRenderOptions> RenderExtrasOf(
 // A chat_template_kwargs key needs the model's template.
 absl::Status CheckKwargsNeedTemplate(const json& line,
                                      const DatasetParseOptions& options) {
-  if (options.chat_template == nullptr &&
-      line.contains(std::string(kChatTemplateKwargsKey))) {
+  if (options.chat_template != nullptr) return absl::OkStatus();
+  if (line.contains(std::string(kChatTemplateKwargsKey))) {
     return Bad(absl::StrCat(kChatTemplateKwargsKey,
+                            " needs the base model's chat template, and it "
+                            "has none"));
+  }
+  if (!options.chat_defaults.chat_template_kwargs.empty()) {
+    return Bad(absl::StrCat("the upload's ", kChatTemplateKwargsKey,
                             " needs the base model's chat template, and it "
                             "has none"));
   }
@@ -247,14 +253,16 @@ absl::Status CheckKwargsNeedTemplate(const json& line,
 }
 
 // "turns": "all" (default) or "last": with "last" only the final assistant
-// message can train.
-absl::Status ApplyTurns(const json& line, const CheckedMessages& checked,
+// message can train. A line without the key takes the upload's.
+absl::Status ApplyTurns(const json& line, const ChatLineDefaults& defaults,
+                        const CheckedMessages& checked,
                         std::vector<bool>& trained) {
   auto turns = line.find(std::string(kTurnsKey));
-  if (turns == line.end() || *turns == "all") return absl::OkStatus();
-  if (*turns != "last") {
+  const json value = turns == line.end() ? json(defaults.turns) : *turns;
+  if (value == "all") return absl::OkStatus();
+  if (value != "last") {
     return Bad(absl::StrCat(kTurnsKey, " must be \"all\" or \"last\", got ",
-                            DescribeJson(*turns)));
+                            DescribeJson(value)));
   }
   bool last = true;
   for (size_t i = trained.size(); i-- > 0;) {
@@ -287,7 +295,8 @@ absl::StatusOr<ParsedLine> ParseMessages(const json& line,
         "trained");
   }
   std::vector<bool> trained = checked.trained;
-  LORAPLEX_RETURN_IF_ERROR(ApplyTurns(line, checked, trained));
+  LORAPLEX_RETURN_IF_ERROR(
+      ApplyTurns(line, options.chat_defaults, checked, trained));
   LORAPLEX_RETURN_IF_ERROR(CheckChatSetup(line, options));
   LORAPLEX_RETURN_IF_ERROR(CheckKwargsNeedTemplate(line, options));
   if (options.chat_template == nullptr) {
@@ -299,7 +308,8 @@ absl::StatusOr<ParsedLine> ParseMessages(const json& line,
   }
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::ordered_json ordered,
                             InWrittenOrder(text));
-  LORAPLEX_ASSIGN_OR_RETURN(ChatRenderOptions extras, RenderExtrasOf(ordered));
+  LORAPLEX_ASSIGN_OR_RETURN(ChatRenderOptions extras,
+                            RenderExtrasOf(ordered, options.chat_defaults));
   LORAPLEX_ASSIGN_OR_RETURN(
       std::vector<Example> examples,
       TemplateChatExamples(*options.chat_template, tokenizer,
@@ -367,7 +377,8 @@ absl::StatusOr<ParsedLine> ParsePromptCompletion(
   }
   LORAPLEX_ASSIGN_OR_RETURN(nlohmann::ordered_json ordered,
                             InWrittenOrder(text));
-  LORAPLEX_ASSIGN_OR_RETURN(ChatRenderOptions extras, RenderExtrasOf(ordered));
+  LORAPLEX_ASSIGN_OR_RETURN(ChatRenderOptions extras,
+                            RenderExtrasOf(ordered, options.chat_defaults));
   LORAPLEX_ASSIGN_OR_RETURN(
       Example example, TemplatePromptCompletionExample(
                            *options.chat_template, tokenizer, ordered["prompt"],
@@ -376,3 +387,66 @@ absl::StatusOr<ParsedLine> ParsePromptCompletion(
 }
 
 }  // namespace loraplex::data_internal
+
+namespace loraplex {
+
+using data_internal::kChatTemplateKwargsKey;
+using data_internal::kTurnsKey;
+using nlohmann::json;
+
+absl::StatusOr<ChatLineDefaults> ParseChatLineDefaults(
+    absl::string_view kwargs_json, absl::string_view turns,
+    absl::string_view field_prefix) {
+  ChatLineDefaults defaults;
+  if (!turns.empty()) {
+    if (turns != "all" && turns != "last") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field_prefix, kTurnsKey, " must be \"all\" or \"last\", got ",
+          DescribeJson(json(std::string(turns)))));
+    }
+    defaults.turns = std::string(turns);
+  }
+  if (kwargs_json.empty()) return defaults;
+  const std::string field = absl::StrCat(field_prefix, kChatTemplateKwargsKey);
+  absl::StatusOr<json> parsed = ParseUntrustedJson(kwargs_json, field);
+  if (!parsed.ok()) return parsed.status();
+  if (!parsed->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " must be a JSON object of template variables, got ",
+        DescribeJson(*parsed)));
+  }
+  // Key order as written: templates may show it (tojson, items()).
+  defaults.chat_template_kwargs =
+      nlohmann::ordered_json::parse(kwargs_json.begin(), kwargs_json.end());
+  for (const auto& [name, value] : defaults.chat_template_kwargs.items()) {
+    if (data_internal::ReservedVariable(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".", name, ": set by each line, not a template variable"));
+    }
+  }
+  return defaults;
+}
+
+std::string ChatLineDefaultsToJson(const ChatLineDefaults& defaults) {
+  nlohmann::ordered_json stored = nlohmann::ordered_json::object();
+  stored[std::string(kChatTemplateKwargsKey)] = defaults.chat_template_kwargs;
+  stored[std::string(kTurnsKey)] = defaults.turns;
+  return stored.dump();
+}
+
+absl::StatusOr<ChatLineDefaults> ChatLineDefaultsFromJson(
+    absl::string_view text) {
+  const nlohmann::ordered_json stored =
+      nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr, false);
+  if (stored.is_discarded() || !stored.is_object()) {
+    return absl::DataLossError("stored chat line defaults are unreadable");
+  }
+  auto kwargs = stored.find(std::string(kChatTemplateKwargsKey));
+  auto turns = stored.find(std::string(kTurnsKey));
+  if (kwargs == stored.end() || turns == stored.end() || !turns->is_string()) {
+    return absl::DataLossError("stored chat line defaults are unreadable");
+  }
+  return ParseChatLineDefaults(kwargs->dump(), turns->get<std::string>());
+}
+
+}  // namespace loraplex

@@ -31,6 +31,12 @@ inline constexpr absl::string_view kChatTemplateKwargsKey =
 // assistant turn with weight 1, "last" only the final assistant turn.
 inline constexpr absl::string_view kTurnsKey = "turns";
 
+// Names a template variable may not have: each line sets them.
+inline bool ReservedVariable(absl::string_view name) {
+  return name == "messages" || name == "tools" ||
+         name == "add_generation_prompt";
+}
+
 // A line's problem (INVALID_ARGUMENT; the caller adds the line number).
 absl::Status Bad(absl::string_view reason);
 // A user's key, escaped and shortened to fit on one line of an error.

@@ -20,6 +20,7 @@ wrong.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -144,9 +145,14 @@ class Client:
 
     # Datasets.
     def upload_dataset(self, path: str | os.PathLike, *, name: str = "",
-                       chunk_bytes: int = 1 << 20) -> datasets_pb2.Dataset:
+                       chunk_bytes: int = 1 << 20,
+                       chat_template_kwargs: Mapping[str, Any] | None = None,
+                       turns: str = "") -> datasets_pb2.Dataset:
         """Uploads a JSONL file; the server validates every line (an error
-        names the line)."""
+        names the line). chat_template_kwargs (template variables, e.g.
+        {"enable_thinking": False}) and turns ("all" or "last") apply to
+        every chat line; a line's own chat_template_kwargs merge over them
+        key by key, its own turns replace them."""
 
         # Size and digest let the server refuse a stream cut short.
         digest = hashlib.sha256()
@@ -159,7 +165,11 @@ class Client:
             yield datasets_pb2.UploadDatasetRequest(
                 header=datasets_pb2.UploadDatasetHeader(
                     display_name=name, total_bytes=total,
-                    sha256=digest.hexdigest()))
+                    sha256=digest.hexdigest(),
+                    chat_template_kwargs=(
+                        json.dumps(dict(chat_template_kwargs))
+                        if chat_template_kwargs is not None else ""),
+                    turns=turns))
             with open(path, "rb") as f:
                 while chunk := f.read(chunk_bytes):
                     yield datasets_pb2.UploadDatasetRequest(chunk=chunk)

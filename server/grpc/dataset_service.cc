@@ -142,6 +142,9 @@ class UploadReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       LORAPLEX_ASSIGN_OR_RETURN(
           request_key_, RequestKeyOf(tenant_, "UploadDataset",
                                      header.request_id(), "header.request_id"));
+      LORAPLEX_ASSIGN_OR_RETURN(
+          chat_defaults_, ParseChatLineDefaults(header.chat_template_kwargs(),
+                                                header.turns(), "header."));
       declared_sha256_ = header.sha256();
       if (!declared_sha256_.empty() && !IsSha256Hex(declared_sha256_)) {
         return absl::InvalidArgumentError(
@@ -177,6 +180,8 @@ class UploadReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     absl::Status deleted = context_->store->DeleteDataset(tenant_, stored_id_);
     std::error_code ignored;
     std::filesystem::remove(context_->datasets->PathOf(stored_id_), ignored);
+    std::filesystem::remove(context_->datasets->ChatDefaultsPathOf(stored_id_),
+                            ignored);
     if (deleted.ok()) {
       context_->logger->Info("dataset ", stored_id_, " (tenant ", tenant_,
                              "): the client cancelled before its answer; "
@@ -204,9 +209,10 @@ class UploadReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   absl::Status Store() {
     LORAPLEX_ASSIGN_OR_RETURN(bool repeat, AnswerAsRepeat());
     if (repeat) return absl::OkStatus();
+    DatasetParseOptions options = context_->datasets->parse_options();
+    options.chat_defaults = chat_defaults_;
     absl::StatusOr<Dataset> dataset =
-        ParseJsonlDataset(contents_, context_->datasets->tokenizer(),
-                          context_->datasets->parse_options());
+        ParseJsonlDataset(contents_, context_->datasets->tokenizer(), options);
     if (!dataset.ok()) {
       return absl::Status(dataset.status().code(),
                           absl::StrCat("the dataset is not valid JSONL "
@@ -231,12 +237,22 @@ class UploadReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return absl::CancelledError(
           "the upload was cancelled; nothing was stored");
     }
-    LORAPLEX_RETURN_IF_ERROR(WriteFileAtomically(path, contents_));
-    absl::Status inserted = context_->store->InsertDataset(
-        record, request_key_ ? &*request_key_ : nullptr);
+    // Jobs parse the stored file again: the upload's defaults go with it.
+    const std::string defaults_path =
+        context_->datasets->ChatDefaultsPathOf(record.id);
+    if (HasChatDefaults()) {
+      LORAPLEX_RETURN_IF_ERROR(WriteFileAtomically(
+          defaults_path, ChatLineDefaultsToJson(chat_defaults_)));
+    }
+    absl::Status written = WriteFileAtomically(path, contents_);
+    absl::Status inserted =
+        written.ok() ? context_->store->InsertDataset(
+                           record, request_key_ ? &*request_key_ : nullptr)
+                     : written;
     if (!inserted.ok()) {
       std::error_code ignored;
       std::filesystem::remove(path, ignored);
+      std::filesystem::remove(defaults_path, ignored);
       // A repeat that ran alongside the first: the first's dataset answers.
       if (request_key_ && absl::IsAlreadyExists(inserted)) {
         LORAPLEX_ASSIGN_OR_RETURN(repeat, AnswerAsRepeat());
@@ -255,6 +271,11 @@ class UploadReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                            " lines became one example per assistant turn")
             : std::string());
     return Answer(record);
+  }
+
+  bool HasChatDefaults() const {
+    return !chat_defaults_.chat_template_kwargs.empty() ||
+           chat_defaults_.turns != "all";
   }
 
   // Sets the response to `record`.
@@ -282,6 +303,7 @@ class UploadReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::string contents_;
   std::optional<int64_t> declared_bytes_;  // header.total_bytes.
   std::string declared_sha256_;            // header.sha256; "": none.
+  ChatLineDefaults chat_defaults_;  // header.chat_template_kwargs and turns.
   std::optional<RequestKey> request_key_;  // header.request_id's.
   std::string stored_id_;                  // Set once Store stored it.
   std::atomic<bool> cancelled_{false};
@@ -340,6 +362,8 @@ grpc::ServerUnaryReactor* DatasetServiceImpl::DeleteDataset(
     // that is being removed.
     std::error_code ignored;
     std::filesystem::remove(context_->datasets->PathOf(id), ignored);
+    std::filesystem::remove(context_->datasets->ChatDefaultsPathOf(id),
+                            ignored);
     context_->logger->Info("dataset ", id, " (tenant ", tenant, "): deleted");
     return absl::OkStatus();
   });

@@ -53,8 +53,14 @@ absl::StatusOr<StateCleanup> CleanUpState(const std::string& state_dir,
   for (const fs::path& path : Entries(root / "datasets")) {
     const std::string name = path.filename().string();
     const bool temporary = absl::StrContains(name, ".tmp.");
-    const bool unrecorded = absl::EndsWith(name, ".jsonl") &&
-                            !datasets.contains(name.substr(0, name.size() - 6));
+    // The dataset's file, and its upload's chat line defaults.
+    bool unrecorded = false;
+    for (absl::string_view suffix : {".jsonl", ".chat.json"}) {
+      if (absl::EndsWith(name, suffix)) {
+        unrecorded =
+            !datasets.contains(name.substr(0, name.size() - suffix.size()));
+      }
+    }
     if (temporary || unrecorded) removed.orphans += Remove(path);
   }
 

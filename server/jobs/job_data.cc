@@ -1,8 +1,11 @@
 #include "server/jobs/job_data.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/read_file.h"
 #include "core/common/status_macros.h"
 
 namespace loraplex {
@@ -26,6 +29,10 @@ std::string DatasetLoader::PathOf(const std::string& id) const {
   return absl::StrCat(dir_, "/", id, ".jsonl");
 }
 
+std::string DatasetLoader::ChatDefaultsPathOf(const std::string& id) const {
+  return absl::StrCat(dir_, "/", id, ".chat.json");
+}
+
 absl::StatusOr<std::shared_ptr<const Dataset>> DatasetLoader::Load(
     const std::string& id) {
   {
@@ -38,8 +45,21 @@ absl::StatusOr<std::shared_ptr<const Dataset>> DatasetLoader::Load(
   }
   // Parsed outside the lock: a large file takes a while and other datasets
   // need not wait for it.
-  LORAPLEX_ASSIGN_OR_RETURN(
-      Dataset dataset, LoadJsonlDataset(PathOf(id), *tokenizer_, options_));
+  DatasetParseOptions options = options_;
+  const std::string defaults_path = ChatDefaultsPathOf(id);
+  std::error_code error;
+  if (std::filesystem::exists(defaults_path, error)) {
+    LORAPLEX_ASSIGN_OR_RETURN(std::string text, ReadFile(defaults_path));
+    absl::StatusOr<ChatLineDefaults> defaults = ChatLineDefaultsFromJson(text);
+    if (!defaults.ok()) {
+      return absl::Status(
+          defaults.status().code(),
+          absl::StrCat(defaults_path, ": ", defaults.status().message()));
+    }
+    options.chat_defaults = *std::move(defaults);
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(Dataset dataset,
+                            LoadJsonlDataset(PathOf(id), *tokenizer_, options));
   auto shared = std::make_shared<const Dataset>(std::move(dataset));
   absl::MutexLock lock(&mu_);
   cache_.emplace_front(id, shared);

@@ -36,6 +36,9 @@ class DatasetLoader {
 
   // Where the dataset's JSONL file is stored.
   std::string PathOf(const std::string& id) const;
+  // Where its upload's chat line defaults are stored (ChatLineDefaultsToJson),
+  // for an upload that set any; no file: none.
+  std::string ChatDefaultsPathOf(const std::string& id) const;
   // Thread-safe.
   absl::StatusOr<std::shared_ptr<const Dataset>> Load(const std::string& id);
   const Tokenizer& tokenizer() const { return *tokenizer_; }

@@ -244,6 +244,106 @@ TEST_F(ChatExampleGoldenTest, BadTurnsAndKwargsAreNamed) {
       HasSubstr("chat_template_kwargs needs the base model's chat template"));
 }
 
+// The upload's chat_template_kwargs and turns act as each line's own keys;
+// a line's kwargs merge over the upload's key by key, its turns replace.
+TEST_F(ChatExampleGoldenTest, UploadDefaultsActAsTheLinesOwnKeys) {
+  const ordered_json messages = {
+      {{"role", "user"}, {"content", "Hi"}},
+      {{"role", "assistant"},
+       {"content", "Hello."},
+       {"reasoning_content", "They greet me."}},
+      {{"role", "user"}, {"content", "How are you?"}},
+      {{"role", "assistant"},
+       {"content", "Fine."},
+       {"reasoning_content", "Small talk."}}};
+  const ordered_json plain = {{"messages", messages}};
+  auto parse = [&](const ordered_json& line, absl::string_view kwargs,
+                   absl::string_view turns) {
+    absl::StatusOr<ChatLineDefaults> defaults =
+        ParseChatLineDefaults(kwargs, turns, "header.");
+    EXPECT_TRUE(defaults.ok()) << defaults.status();
+    DatasetParseOptions options;
+    options.chat_template = &Template("qwen3");
+    options.chat_defaults = *defaults;
+    absl::StatusOr<std::vector<Example>> examples =
+        ParseJsonlLine(line.dump(), *tokenizer_, options);
+    EXPECT_TRUE(examples.ok()) << examples.status();
+    return examples.value_or(std::vector<Example>{});
+  };
+  auto same = [](const std::vector<Example>& a, const std::vector<Example>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].input_ids != b[i].input_ids ||
+          a[i].loss_mask != b[i].loss_mask) {
+        return false;
+      }
+    }
+    return true;
+  };
+  ordered_json own = plain;
+  own["chat_template_kwargs"] = {{"enable_thinking", false}};
+  own["turns"] = "last";
+  const std::vector<Example> defaults =
+      parse(plain, R"({"enable_thinking": false})", "last");
+  ASSERT_EQ(defaults.size(), 1u);
+  EXPECT_TRUE(same(defaults, parse(own, "", "")));
+  // The variable changes what is trained: without it, other examples.
+  EXPECT_FALSE(same(defaults, parse(plain, "", "last")));
+  EXPECT_EQ(parse(plain, "", "").size(), 2u);
+  // A line's own keys win: its turns, and its kwargs merged key by key.
+  ordered_json line = plain;
+  line["turns"] = "all";
+  line["chat_template_kwargs"] = {{"enable_thinking", true}};
+  EXPECT_TRUE(same(parse(line, R"({"enable_thinking": false, "x": 1})", "last"),
+                   parse(plain, R"({"enable_thinking": true, "x": 1})", "")));
+  line.erase("turns");
+  line["chat_template_kwargs"] = {{"x", 2}};
+  EXPECT_TRUE(
+      same(parse(line, R"({"enable_thinking": false})", "last"),
+           parse(plain, R"({"enable_thinking": false, "x": 2})", "last")));
+  // Lines of other kinds are untouched.
+  EXPECT_EQ(parse({{"text", "plain"}}, R"({"enable_thinking": false})", "last")
+                .size(),
+            1u);
+}
+
+TEST_F(ChatExampleGoldenTest, BadUploadDefaultsAreNamed) {
+  auto message = [](absl::string_view kwargs, absl::string_view turns) {
+    return std::string(
+        ParseChatLineDefaults(kwargs, turns, "header.").status().message());
+  };
+  EXPECT_THAT(message("", "first"),
+              HasSubstr("header.turns must be \"all\" or \"last\", got "
+                        "\"first\""));
+  EXPECT_THAT(message("[1]", ""),
+              HasSubstr("header.chat_template_kwargs must be a JSON object"));
+  EXPECT_THAT(message("{", ""), HasSubstr("header.chat_template_kwargs"));
+  EXPECT_THAT(message(R"({"messages": []})", ""),
+              HasSubstr("header.chat_template_kwargs.messages: set by each "
+                        "line"));
+  // Stored and read back as they were.
+  absl::StatusOr<ChatLineDefaults> defaults =
+      ParseChatLineDefaults(R"({"b": 1, "a": [true]})", "last");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  absl::StatusOr<ChatLineDefaults> stored =
+      ChatLineDefaultsFromJson(ChatLineDefaultsToJson(*defaults));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->chat_template_kwargs.dump(), R"({"b":1,"a":[true]})");
+  EXPECT_EQ(stored->turns, "last");
+  EXPECT_FALSE(ChatLineDefaultsFromJson("nonsense").ok());
+  // Without a template there is nothing to pass the upload's variables to.
+  DatasetParseOptions options;
+  options.chat_defaults = *defaults;
+  const ordered_json line = {{"messages",
+                              {{{"role", "user"}, {"content", "Hi"}},
+                               {{"role", "assistant"}, {"content", "Yo"}}}}};
+  EXPECT_THAT(
+      std::string(
+          ParseJsonlLine(line.dump(), *tokenizer_, options).status().message()),
+      HasSubstr("the upload's chat_template_kwargs needs the base "
+                "model's chat template"));
+}
+
 TEST_F(ChatExampleGoldenTest, PromptAndCompletionAreTokenizedAsOneText) {
   std::map<std::string, std::unique_ptr<Tokenizer>> tokenizers;
   int checked = 0;
