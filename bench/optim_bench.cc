@@ -88,9 +88,11 @@ std::vector<torch::Tensor> CopiesWithGrads(
 
 // `slots` slots of `config` against as many AdamW slots, on the same
 // parameters and gradients, stepped together as the trainer steps them.
+// Each round times `steps` consecutive steps of both (a SOAP refresh every
+// N steps is then counted once per N steps); times are per step.
 void CompareWithAdamW(const std::string& name,
                       const loraplex::OptimizerConfig& config, int slots,
-                      int rounds) {
+                      int rounds, int steps = 1) {
   loraplex::OptimizerConfig adamw_config;
   adamw_config.family = loraplex::OptimizerFamily::kAdamW;
   std::vector<loraplex::SlotOptimizer> family_slots, adamw_slots;
@@ -118,9 +120,17 @@ void CompareWithAdamW(const std::string& name,
     family_all.push_back(&family_slots[s]);
     adamw_all.push_back(&adamw_slots[s]);
   }
-  const auto [family_time, adamw_time] =
-      TimeSideBySide([&] { loraplex::StepSlotOptimizers(family_all); },
-                     [&] { loraplex::StepSlotOptimizers(adamw_all); }, rounds);
+  auto [family_time, adamw_time] = TimeSideBySide(
+      [&] {
+        for (int i = 0; i < steps; ++i)
+          loraplex::StepSlotOptimizers(family_all);
+      },
+      [&] {
+        for (int i = 0; i < steps; ++i) loraplex::StepSlotOptimizers(adamw_all);
+      },
+      rounds);
+  family_time /= steps;
+  adamw_time /= steps;
   std::cout << "  " << slots << " slot(s), " << matrices << " LoRA matrices, "
             << numel << " parameters   " << name << " step "
             << family_time * 1e3 << " ms   adamw step " << adamw_time * 1e3
@@ -222,7 +232,8 @@ int main(int argc, char** argv) {
            {"soap (rank side only)", rank_side},
            {"soap (refresh every 10)", every_tenth}}) {
     for (int slots : {1, 16}) {
-      CompareWithAdamW(name, config, slots, std::min(rounds, 3));
+      CompareWithAdamW(name, config, slots, std::min(rounds, 3),
+                       config.precondition_frequency);
     }
   }
   std::cout << "\nMuon steps of many slots, all seven targets (goal at 16 "

@@ -234,7 +234,7 @@ void AddJobFlags(CLI::App* command, JobFlags* flags, const JobFlagSet& which) {
   AddFlagOption(command, flags, optim, "--max-precond-dim",
                 &flags->max_precond_dim,
                 "SOAP: sides longer than this are not preconditioned "
-                "(default 1024)");
+                "(default 1024; 0: no limit)");
   AddFlagOption(command, flags, optim, "--power-iter-steps",
                 &flags->power_iter_steps,
                 "SOAP: orthogonal iteration rounds per refresh (default 1)");

@@ -88,8 +88,8 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
     return invalid("precondition_frequency must be >= 1, got ",
                    config.precondition_frequency);
   }
-  if (config.max_precond_dim < 1) {
-    return invalid("max_precond_dim must be >= 1, got ",
+  if (config.max_precond_dim < 0) {
+    return invalid("max_precond_dim must be >= 0 (0: no limit), got ",
                    config.max_precond_dim);
   }
   if (config.power_iter_steps < 1 || config.power_iter_steps > 100) {

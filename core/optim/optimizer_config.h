@@ -97,7 +97,8 @@ struct OptimizerConfig {
   // long side's factor and basis cost side² floats each (about 40 GB per
   // slot with 10000, 200 GB with no limit, for every projection of a
   // Llama-3-8B), while the rank side's are r². 1024 keeps the rank side and
-  // the long sides of small models; Emerging-Optimizers has no limit.
+  // the long sides of small models; Emerging-Optimizers has no limit (0
+  // here).
   int max_precond_dim = 1024;
   // Rounds of orthogonal iteration per refresh, or a full eigh each time.
   int power_iter_steps = 1;

@@ -699,7 +699,9 @@ absl::StatusOr<std::string> TinkerApi::OptimStep(
   LORAPLEX_ASSIGN_OR_RETURN(int64_t seq_id, IntegerField(body, "seq_id"));
   SessionRequest native;
   native.kind = SessionOp::Kind::kOptimStep;
-  LORAPLEX_ASSIGN_OR_RETURN(native.step, TinkerOptimStep(body));
+  LORAPLEX_ASSIGN_OR_RETURN(Model model, FindModel(tenant, model_id));
+  LORAPLEX_ASSIGN_OR_RETURN(native.step,
+                            TinkerOptimStep(body, model.optimizer.family));
   return SubmitToModel(
       tenant, model_id, seq_id, std::move(native),
       [](const SessionResult& result) -> absl::StatusOr<Outcome> {

@@ -367,7 +367,8 @@ absl::StatusOr<OptimizerConfig> TinkerOptimizerConfig(
   return config;
 }
 
-absl::StatusOr<OptimStepParams> TinkerOptimStep(const nlohmann::json& request) {
+absl::StatusOr<OptimStepParams> TinkerOptimStep(const nlohmann::json& request,
+                                                OptimizerFamily family) {
   OptimStepParams step;
   const bool adam = request.contains("adam_params");
   const nlohmann::json* params = adam ? &request["adam_params"]
@@ -398,8 +399,13 @@ absl::StatusOr<OptimStepParams> TinkerOptimStep(const nlohmann::json& request) {
     LORAPLEX_RETURN_IF_ERROR(fields.Number("weight_decay", &weight_decay));
     step.beta1 = beta1;
     step.beta2 = beta2;
-    step.eps = eps;
     step.weight_decay = weight_decay;
+    if (family == OptimizerFamily::kSoap) {
+      step.soap_beta1 = beta1;
+      step.soap_beta2 = beta2;
+    } else {
+      step.eps = eps;
+    }
     return step;
   }
   std::string type;

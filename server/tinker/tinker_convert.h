@@ -72,8 +72,12 @@ absl::StatusOr<OptimizerConfig> TinkerOptimizerConfig(
 // "lion", "learning_rate", "beta1", "beta2" (0.9, 0.99), "weight_decay",
 // "grad_clip_norm"}, or {"type": "soap", "learning_rate", "beta1", "beta2"
 // (0.9, 0.95), "eps" (1e-8), "weight_decay", "shampoo_beta" (else the
-// session's), "grad_clip_norm"}).
-absl::StatusOr<OptimStepParams> TinkerOptimStep(const nlohmann::json& request);
+// session's), "grad_clip_norm"}). `family` is the session's: the SDK sends
+// adam_params whatever the optimizer, and a SOAP session takes their betas
+// as SOAP's (its Adam runs in the eigenbasis) and keeps its own eps (Tinker's
+// 1e-12 would amplify rounding noise in directions the factors do not span).
+absl::StatusOr<OptimStepParams> TinkerOptimStep(const nlohmann::json& request,
+                                                OptimizerFamily family);
 
 // An asample body as loraplex's native request (the base model's weights:
 // the sampler's are the caller's). `stop`: absent keeps EOS; [] stops on

@@ -69,6 +69,10 @@ TEST(ConfigJsonTest, AbsentFieldsKeepTheDefaults) {
   EXPECT_EQ(parsed->soap_beta2, 0.95);
   EXPECT_EQ(parsed->shampoo_beta, 0.95);
   EXPECT_EQ(parsed->precondition_frequency, 1);
+  EXPECT_EQ(parsed->max_precond_dim, 1024);  // Not the reference's (none).
+  EXPECT_TRUE(
+      OptimizerConfigFromJson({{"family", "soap"}, {"max_precond_dim", 0}})
+          .ok());
   EXPECT_EQ(parsed->power_iter_steps, 1);
   EXPECT_FALSE(parsed->use_eigh);
   EXPECT_EQ(parsed->max_update_rms, 0.0);
@@ -116,8 +120,8 @@ TEST(ConfigJsonTest, BadOptimizerValuesNameTheField) {
             "optimizer.shampoo_beta must be in [0, 1), got -0.1");
   EXPECT_EQ(OptimizerError({{"family", "soap"}, {"precondition_frequency", 0}}),
             "optimizer.precondition_frequency must be >= 1, got 0");
-  EXPECT_EQ(OptimizerError({{"family", "soap"}, {"max_precond_dim", 0}}),
-            "optimizer.max_precond_dim must be >= 1, got 0");
+  EXPECT_EQ(OptimizerError({{"family", "soap"}, {"max_precond_dim", -1}}),
+            "optimizer.max_precond_dim must be >= 0 (0: no limit), got -1");
   EXPECT_EQ(OptimizerError({{"family", "soap"}, {"power_iter_steps", 0}}),
             "optimizer.power_iter_steps must be in [1, 100], got 0");
   EXPECT_EQ(OptimizerError({{"family", "soap"}, {"max_update_rms", -1}}),

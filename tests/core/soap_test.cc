@@ -40,8 +40,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/common/emerging_fixture.h"
 
 namespace loraplex {
@@ -453,17 +455,25 @@ double MaxDifference(const torch::Tensor& a, const torch::Tensor& b) {
 // A parameter stacking 3 experts' matrices (in rows, or in columns with the
 // expert index fastest) is stepped as 3 separate SOAP matrices: equal to
 // three optimizers on the experts' own matrices, and unlike SOAP on the
-// concatenation. Square 4×4 experts: full-rank factors from step 1, so the
-// runs are well posed (see the top of the file).
+// concatenation. Square 4×4 experts with both sides preconditioned, and
+// 4×8 experts whose 8-long side is not ([E, 0, 0] state): full-rank
+// factors from step 1, so the runs are well posed (see the top of the
+// file).
 TEST(SoapTest, ExpertMatricesAreEachTheirOwnMatrix) {
   constexpr int64_t kExperts = 3;
-  for (ExpertStacking stacking :
-       {ExpertStacking::kRows, ExpertStacking::kColumns}) {
-    SCOPED_TRACE(stacking == ExpertStacking::kRows ? "rows" : "columns");
+  for (const auto& [stacking, cols, limit] :
+       std::vector<std::tuple<ExpertStacking, int64_t, int64_t>>{
+           {ExpertStacking::kRows, 4, 0},
+           {ExpertStacking::kColumns, 4, 0},
+           {ExpertStacking::kRows, 8, 4},
+           {ExpertStacking::kColumns, 8, 4}}) {
+    SCOPED_TRACE(absl::StrCat(
+        stacking == ExpertStacking::kRows ? "rows" : "columns", " 4x", cols));
     const ParamLayout layout{stacking, kExperts};
-    const std::vector<int64_t> shape = stacking == ExpertStacking::kRows
-                                           ? std::vector<int64_t>{12, 4}
-                                           : std::vector<int64_t>{4, 12};
+    const std::vector<int64_t> shape =
+        stacking == ExpertStacking::kRows
+            ? std::vector<int64_t>{4 * kExperts, cols}
+            : std::vector<int64_t>{4, cols * kExperts};
     RandomCase stacked = MakeRandomCase(shape, 4, 21);
     torch::Tensor whole =
         stacked.param.detach().clone().set_requires_grad(true);
@@ -473,7 +483,8 @@ TEST(SoapTest, ExpertMatricesAreEachTheirOwnMatrix) {
                             .clone()
                             .set_requires_grad(true));
     }
-    const SoapOptions options = SoapOptions(1e-2).weight_decay(0.1);
+    const SoapOptions options =
+        SoapOptions(1e-2).weight_decay(0.1).max_precond_dim(limit);
     Soap soap({stacked.param}, {layout}, options);
     Soap concatenation({whole}, options);
     Soap separate(experts, options);
@@ -495,6 +506,9 @@ TEST(SoapTest, ExpertMatricesAreEachTheirOwnMatrix) {
     EXPECT_GT(MaxDifference(stacked.param.detach(), whole.detach()), 1e-4);
     EXPECT_EQ(soap.StateOf(stacked.param)->kronecker_left().sizes(),
               torch::IntArrayRef({kExperts, 4, 4}));
+    const int64_t right = limit > 0 ? 0 : cols;
+    EXPECT_EQ(soap.StateOf(stacked.param)->kronecker_right().sizes(),
+              torch::IntArrayRef({kExperts, right, right}));
     // Retired: every expert's bases back to the identity.
     soap.ZeroState();
     SoapParamState& state = *soap.StateOf(stacked.param);
@@ -502,7 +516,7 @@ TEST(SoapTest, ExpertMatricesAreEachTheirOwnMatrix) {
       EXPECT_TRUE(torch::equal(state.eigenbasis_left()[e],
                                torch::eye(4, torch::kFloat64)));
       EXPECT_TRUE(torch::equal(state.eigenbasis_right()[e],
-                               torch::eye(4, torch::kFloat64)));
+                               torch::eye(right, torch::kFloat64)));
     }
   }
 }

@@ -457,8 +457,10 @@ TEST(TinkerConvertTest, OptimizerFamiliesAndSteps) {
               HasSubstr("optimizer_config.use_eigh"));
 
   // The SDK always sends every Adam field; absent ones take its defaults.
-  absl::StatusOr<OptimStepParams> adam = TinkerOptimStep(nlohmann::json{
-      {"adam_params", {{"learning_rate", 0.003}, {"grad_clip_norm", 1.5}}}});
+  absl::StatusOr<OptimStepParams> adam = TinkerOptimStep(
+      nlohmann::json{
+          {"adam_params", {{"learning_rate", 0.003}, {"grad_clip_norm", 1.5}}}},
+      OptimizerFamily::kAdamW);
   ASSERT_TRUE(adam.ok()) << adam.status();
   EXPECT_DOUBLE_EQ(*adam->lr, 0.003);
   EXPECT_DOUBLE_EQ(*adam->beta1, 0.9);
@@ -467,19 +469,36 @@ TEST(TinkerConvertTest, OptimizerFamiliesAndSteps) {
   EXPECT_DOUBLE_EQ(*adam->weight_decay, 0.0);
   EXPECT_DOUBLE_EQ(adam->grad_clip, 1.5);
   EXPECT_FALSE(adam->momentum.has_value());
+  EXPECT_FALSE(adam->soap_beta1.has_value());
 
-  absl::StatusOr<OptimStepParams> muon = TinkerOptimStep(nlohmann::json{
-      {"optimizer_params",
-       {{"type", "dimuon"}, {"learning_rate", 0.02}, {"beta1", 0.8}}}});
+  // A SOAP session takes the SDK's Adam betas as SOAP's and keeps its eps.
+  absl::StatusOr<OptimStepParams> adam_on_soap = TinkerOptimStep(
+      nlohmann::json{
+          {"adam_params",
+           {{"learning_rate", 0.001}, {"beta1", 0.8}, {"eps", 1e-12}}}},
+      OptimizerFamily::kSoap);
+  ASSERT_TRUE(adam_on_soap.ok()) << adam_on_soap.status();
+  EXPECT_DOUBLE_EQ(*adam_on_soap->soap_beta1, 0.8);
+  EXPECT_DOUBLE_EQ(*adam_on_soap->soap_beta2, 0.95);
+  EXPECT_FALSE(adam_on_soap->eps.has_value());
+  EXPECT_DOUBLE_EQ(*adam_on_soap->lr, 0.001);
+
+  absl::StatusOr<OptimStepParams> muon = TinkerOptimStep(
+      nlohmann::json{
+          {"optimizer_params",
+           {{"type", "dimuon"}, {"learning_rate", 0.02}, {"beta1", 0.8}}}},
+      OptimizerFamily::kAdamW);
   ASSERT_TRUE(muon.ok()) << muon.status();
   EXPECT_DOUBLE_EQ(*muon->lr, 0.02);
   EXPECT_DOUBLE_EQ(*muon->momentum, 0.8);
   EXPECT_FALSE(muon->beta2.has_value());
 
   // Lion's own defaults; its betas are not Adam's.
-  absl::StatusOr<OptimStepParams> lion_step = TinkerOptimStep(nlohmann::json{
-      {"optimizer_params",
-       {{"type", "lion"}, {"learning_rate", 3e-5}, {"beta2", 0.98}}}});
+  absl::StatusOr<OptimStepParams> lion_step = TinkerOptimStep(
+      nlohmann::json{
+          {"optimizer_params",
+           {{"type", "lion"}, {"learning_rate", 3e-5}, {"beta2", 0.98}}}},
+      OptimizerFamily::kAdamW);
   ASSERT_TRUE(lion_step.ok()) << lion_step.status();
   EXPECT_DOUBLE_EQ(*lion_step->lr, 3e-5);
   EXPECT_DOUBLE_EQ(*lion_step->lion_beta1, 0.9);
@@ -489,9 +508,11 @@ TEST(TinkerConvertTest, OptimizerFamiliesAndSteps) {
   EXPECT_FALSE(lion_step->momentum.has_value());
 
   // SOAP's own defaults; shampoo_beta is the session's unless sent.
-  absl::StatusOr<OptimStepParams> soap_step = TinkerOptimStep(nlohmann::json{
-      {"optimizer_params",
-       {{"type", "soap"}, {"learning_rate", 3e-4}, {"beta1", 0.85}}}});
+  absl::StatusOr<OptimStepParams> soap_step = TinkerOptimStep(
+      nlohmann::json{
+          {"optimizer_params",
+           {{"type", "soap"}, {"learning_rate", 3e-4}, {"beta1", 0.85}}}},
+      OptimizerFamily::kAdamW);
   ASSERT_TRUE(soap_step.ok()) << soap_step.status();
   EXPECT_DOUBLE_EQ(*soap_step->lr, 3e-4);
   EXPECT_DOUBLE_EQ(*soap_step->soap_beta1, 0.85);
@@ -501,23 +522,29 @@ TEST(TinkerConvertTest, OptimizerFamiliesAndSteps) {
   EXPECT_FALSE(soap_step->shampoo_beta.has_value());
   EXPECT_FALSE(soap_step->beta1.has_value());
   EXPECT_FALSE(soap_step->lion_beta1.has_value());
-  soap_step = TinkerOptimStep(nlohmann::json{
-      {"optimizer_params",
-       {{"type", "soap"}, {"shampoo_beta", 0.8}, {"grad_clip_norm", 2.0}}}});
+  soap_step = TinkerOptimStep(
+      nlohmann::json{
+          {"optimizer_params",
+           {{"type", "soap"}, {"shampoo_beta", 0.8}, {"grad_clip_norm", 2.0}}}},
+      OptimizerFamily::kAdamW);
   ASSERT_TRUE(soap_step.ok()) << soap_step.status();
   EXPECT_DOUBLE_EQ(*soap_step->shampoo_beta, 0.8);
   EXPECT_DOUBLE_EQ(soap_step->grad_clip, 2.0);
   EXPECT_THAT(
-      TinkerOptimStep(nlohmann::json{{"optimizer_params", {{"type", "sgd"}}}})
+      TinkerOptimStep(nlohmann::json{{"optimizer_params", {{"type", "sgd"}}}},
+                      OptimizerFamily::kAdamW)
           .status()
           .message(),
       HasSubstr("\"lion\" or \"soap\""));
 
+  EXPECT_THAT(TinkerOptimStep(nlohmann::json{{"model_id", "m"}},
+                              OptimizerFamily::kAdamW)
+                  .status()
+                  .message(),
+              HasSubstr("adam_params or optimizer_params"));
   EXPECT_THAT(
-      TinkerOptimStep(nlohmann::json{{"model_id", "m"}}).status().message(),
-      HasSubstr("adam_params or optimizer_params"));
-  EXPECT_THAT(
-      TinkerOptimStep(nlohmann::json{{"adam_params", {{"beta1", "high"}}}})
+      TinkerOptimStep(nlohmann::json{{"adam_params", {{"beta1", "high"}}}},
+                      OptimizerFamily::kAdamW)
           .status()
           .message(),
       HasSubstr("adam_params.beta1"));

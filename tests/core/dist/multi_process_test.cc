@@ -275,7 +275,7 @@ absl::StatusOr<Weights> TrainScenario(const LlamaModel& model,
       TrainRequest("late", OptimizerFamily::kSoap, 4, all, data, 4)};
   jobs[0].lora.dropout = 0.1;
   // SOAP on the rank side of each matrix (see co_batch_step_test.cc for why
-  // not the long side), refreshed every other step, Lion for the rest.
+  // not the long side), refreshed every other step.
   jobs[3].optimizer.max_precond_dim = 4;
   jobs[3].optimizer.precondition_frequency = 2;
   jobs[1].training.batch_size = 4;
