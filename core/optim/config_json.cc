@@ -38,6 +38,19 @@ absl::Status ReadCustomCoefficients(JsonFields& fields,
 
 }  // namespace
 
+absl::Status ReadSoapKnobs(JsonFields& fields, OptimizerConfig* config) {
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Number("shampoo_beta", &config->shampoo_beta));
+  LORAPLEX_RETURN_IF_ERROR(fields.Integer("precondition_frequency",
+                                          &config->precondition_frequency));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Integer("max_precond_dim", &config->max_precond_dim));
+  LORAPLEX_RETURN_IF_ERROR(
+      fields.Integer("power_iter_steps", &config->power_iter_steps));
+  LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_eigh", &config->use_eigh));
+  return fields.Number("max_update_rms", &config->max_update_rms);
+}
+
 absl::StatusOr<OptimizerConfig> OptimizerConfigFromJson(
     const nlohmann::json& json) {
   OptimizerConfig config;
@@ -81,16 +94,7 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromJson(
   LORAPLEX_RETURN_IF_ERROR(fields.NumberList("soap_betas", 2, &soap_betas));
   config.soap_beta1 = soap_betas[0];
   config.soap_beta2 = soap_betas[1];
-  LORAPLEX_RETURN_IF_ERROR(fields.Number("shampoo_beta", &config.shampoo_beta));
-  LORAPLEX_RETURN_IF_ERROR(
-      fields.Integer("precondition_frequency", &config.precondition_frequency));
-  LORAPLEX_RETURN_IF_ERROR(
-      fields.Integer("max_precond_dim", &config.max_precond_dim));
-  LORAPLEX_RETURN_IF_ERROR(
-      fields.Integer("power_iter_steps", &config.power_iter_steps));
-  LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_eigh", &config.use_eigh));
-  LORAPLEX_RETURN_IF_ERROR(
-      fields.Number("max_update_rms", &config.max_update_rms));
+  LORAPLEX_RETURN_IF_ERROR(ReadSoapKnobs(fields, &config));
   LORAPLEX_RETURN_IF_ERROR(fields.RejectUnknown());
   LORAPLEX_RETURN_IF_ERROR(ValidateOptimizerConfig(config));
   return config;

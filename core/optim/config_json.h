@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "core/common/json_fields.h"
 #include "core/optim/lr_schedule_config.h"
 #include "core/optim/optimizer_config.h"
 
@@ -26,6 +27,11 @@ namespace loraplex {
 
 absl::StatusOr<OptimizerConfig> OptimizerConfigFromJson(
     const nlohmann::json& json);
+// Reads SOAP's knobs other than its betas ("shampoo_beta",
+// "precondition_frequency", "max_precond_dim", "power_iter_steps",
+// "use_eigh", "max_update_rms") into `config` where present; no validation.
+// Shared with the Tinker API's optimizer_config.
+absl::Status ReadSoapKnobs(JsonFields& fields, OptimizerConfig* config);
 nlohmann::json OptimizerConfigToJson(const OptimizerConfig& config);
 
 absl::StatusOr<LrScheduleConfig> LrScheduleConfigFromJson(

@@ -9,6 +9,7 @@
 #include "core/common/json_fields.h"
 #include "core/common/json_parse.h"
 #include "core/common/status_macros.h"
+#include "core/optim/config_json.h"
 
 namespace loraplex {
 namespace {
@@ -349,16 +350,7 @@ absl::StatusOr<OptimizerConfig> TinkerOptimizerConfig(
   }
   config.scalar_optimizer = *parsed;
   // SOAP's knobs that steps do not send (validated for every type).
-  LORAPLEX_RETURN_IF_ERROR(fields.Number("shampoo_beta", &config.shampoo_beta));
-  LORAPLEX_RETURN_IF_ERROR(
-      fields.Integer("precondition_frequency", &config.precondition_frequency));
-  LORAPLEX_RETURN_IF_ERROR(
-      fields.Integer("max_precond_dim", &config.max_precond_dim));
-  LORAPLEX_RETURN_IF_ERROR(
-      fields.Integer("power_iter_steps", &config.power_iter_steps));
-  LORAPLEX_RETURN_IF_ERROR(fields.Bool("use_eigh", &config.use_eigh));
-  LORAPLEX_RETURN_IF_ERROR(
-      fields.Number("max_update_rms", &config.max_update_rms));
+  LORAPLEX_RETURN_IF_ERROR(ReadSoapKnobs(fields, &config));
   // Tinker's Adam defaults; every step sends its own. SOAP keeps its own
   // eps, as its steps' default.
   config.beta2 = 0.95;
