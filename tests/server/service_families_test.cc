@@ -253,18 +253,8 @@ TEST_P(ServiceFamiliesTest, TrainsExportsAndSamplesAChatJob) {
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
-// A Qwen3-style directory with a reasoning template: multi-turn lines with
-// reasoning content, which the template renders differently once later turns
-// follow, train one example per assistant turn to SUCCEEDED; and
-// `loraplex sample --messages` renders with enable_thinking=false when asked.
-TEST(ServiceFamiliesChatTest, ReasoningChatTrainsPerTurnAndSamplesWithKwargs) {
-  const std::string model_dir = WriteFamilyModel({"qwen3_tied", "qwen3"});
-  auto server =
-      StartServer(FreshTestDir("state"), /*slots=*/1, {"--model", model_dir});
-  ASSERT_NE(server, nullptr);
-  auto client = ClientFor(*server);
-  ASSERT_NE(client, nullptr);
-
+// Four two-turn conversations whose assistant messages carry reasoning.
+std::string ReasoningChatJsonl() {
   std::string jsonl;
   for (int i = 0; i < 4; ++i) {
     nlohmann::ordered_json line = {
@@ -280,7 +270,23 @@ TEST(ServiceFamiliesChatTest, ReasoningChatTrainsPerTurnAndSamplesWithKwargs) {
            {"content", "2, 1."}}}}};
     jsonl += line.dump() + "\n";
   }
-  auto dataset = client->UploadDatasetContents(jsonl, "reasoning");
+  return jsonl;
+}
+
+// A Qwen3-style directory with a reasoning template: multi-turn lines with
+// reasoning content, which the template renders differently once later turns
+// follow, train one example per assistant turn to SUCCEEDED; and
+// `loraplex sample --messages` renders with enable_thinking=false when asked.
+TEST(ServiceFamiliesChatTest, ReasoningChatTrainsPerTurnAndSamplesWithKwargs) {
+  const std::string model_dir = WriteFamilyModel({"qwen3_tied", "qwen3"});
+  auto server =
+      StartServer(FreshTestDir("state"), /*slots=*/1, {"--model", model_dir});
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  ASSERT_NE(client, nullptr);
+
+  auto dataset =
+      client->UploadDatasetContents(ReasoningChatJsonl(), "reasoning");
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   EXPECT_EQ(dataset->num_examples(), 8);  // Two turns a line.
   EXPECT_THAT(server->Log(),
@@ -325,6 +331,68 @@ TEST(ServiceFamiliesChatTest, ReasoningChatTrainsPerTurnAndSamplesWithKwargs) {
   EXPECT_THAT(bad.err, ::testing::HasSubstr(
                            "messages.chat_template_kwargs must be a JSON "
                            "object"));
+  EXPECT_TRUE(server->Stop().ok()) << server->Log();
+}
+
+// The upload's chat_template_kwargs and turns act on every chat line: turns
+// "last" keeps one example a conversation, enable_thinking=false changes
+// what the template renders and so what trains; a job over the dataset
+// trains. Bad values name the header's field.
+TEST(ServiceFamiliesChatTest, UploadLevelKwargsAndTurnsApplyToEveryLine) {
+  const std::string model_dir = WriteFamilyModel({"qwen3_tied", "qwen3"});
+  auto server =
+      StartServer(FreshTestDir("state"), /*slots=*/1, {"--model", model_dir});
+  ASSERT_NE(server, nullptr);
+  auto client = ClientFor(*server);
+  ASSERT_NE(client, nullptr);
+  const std::string jsonl = ReasoningChatJsonl();
+  // "N tokens (M trained)" of the server's log line for the upload.
+  auto trained_tokens = [&](const std::string& id) -> std::string {
+    const std::string log = server->Log();
+    const size_t at = log.find(absl::StrCat("dataset ", id));
+    if (at == std::string::npos) return "";
+    const size_t open = log.find(" tokens (", at);
+    return log.substr(open, log.find(" trained)", open) - open);
+  };
+  auto last = client->UploadDatasetContents(jsonl, "last", {"", "last"});
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->num_examples(), 4);  // One turn a line, not two.
+
+  // The CLI's flags, on the same file.
+  const std::string file = FreshTestDir("upload") + "/chat.jsonl";
+  std::ofstream(file) << jsonl;
+  const CliResult uploaded =
+      RunCli({"--server", server->address(), "--json", "datasets", "upload",
+              file, "--turns", "last", "--chat-template-kwargs",
+              R"({"enable_thinking": false})"});
+  ASSERT_EQ(uploaded.exit_code, 0) << uploaded.Describe();
+  const auto no_thinking = nlohmann::json::parse(uploaded.out);
+  EXPECT_EQ(no_thinking["numExamples"], "4") << uploaded.out;
+  const std::string no_thinking_id =
+      no_thinking["name"].get<std::string>().substr(sizeof("datasets/") - 1);
+  const std::string last_id = last->name().substr(sizeof("datasets/") - 1);
+  ASSERT_FALSE(trained_tokens(last_id).empty()) << server->Log();
+  // The generation prompt's empty think block is a prefix the answer shares.
+  EXPECT_NE(trained_tokens(no_thinking_id), trained_tokens(last_id))
+      << server->Log();
+
+  // A job over it parses the stored file with the stored defaults.
+  v1::CreateJobRequest request =
+      JobRequest(no_thinking["name"].get<std::string>(),
+                 v1::OPTIMIZER_FAMILY_ADAMW, 4, 3, 2);
+  request.mutable_training()->set_seq_len(128);
+  auto done = TrainToSuccess(*client, request, *server);
+  ASSERT_TRUE(done.ok()) << done.status();
+  for (const auto& [options, reason] :
+       std::vector<std::pair<DatasetUploadOptions, std::string>>{
+           {{"", "first"}, "header.turns must be \"all\" or \"last\""},
+           {{"[1]", ""},
+            "header.chat_template_kwargs must be a JSON object"}}) {
+    auto bad = client->UploadDatasetContents(jsonl, "bad", options);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(bad.status().message()),
+                ::testing::HasSubstr(reason));
+  }
   EXPECT_TRUE(server->Stop().ok()) << server->Log();
 }
 
