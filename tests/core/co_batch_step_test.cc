@@ -143,6 +143,36 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.name);
     });
 
+// Slots of `requests` trained `steps` steps together in one pool end where
+// each ends trained alone, in fp64, and every slot moved its first B off
+// zero.
+void ExpectTrainedTogetherEqualAlone(
+    const LlamaModel& model, const std::vector<SlotAttachRequest>& requests,
+    int steps) {
+  std::vector<std::vector<torch::Tensor>> alone_weights;
+  for (const SlotAttachRequest& request : requests) {
+    SlotPool alone(model.config(), {.capacity = 1, .dtype = torch::kFloat64});
+    ASSERT_TRUE(alone.Attach(request).ok());
+    Train(alone, steps, {}, model);
+    alone_weights.push_back(Snapshot(alone.slot(0).weights));
+  }
+  SlotPool together(model.config(),
+                    {.capacity = static_cast<int>(requests.size()),
+                     .dtype = torch::kFloat64});
+  for (const SlotAttachRequest& request : requests) {
+    ASSERT_TRUE(together.Attach(request).ok());
+  }
+  Train(together, steps, {}, model);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const TrainingSlot& slot = together.slot(static_cast<int>(i));
+    EXPECT_EQ(slot.counters.steps, steps);
+    EXPECT_LE(MaxRelativeDiff(Snapshot(slot.weights), alone_weights[i]),
+              kFp64IdentityBound)
+        << requests[i].job_id;
+    EXPECT_GT(slot.weights.modules()[0].b.abs().max().item<double>(), 0.0);
+  }
+}
+
 // Lion slots (its sign update flips for an element only where the
 // interpolated momentum is within rounding of zero) trained beside AdamW and
 // Muon slots end where each ends alone, in fp64.
@@ -160,28 +190,7 @@ TEST(CoBatchStepTest, LionSlotsTrainedTogetherEqualSlotsTrainedAlone) {
   requests.push_back(TrainRequest("muon", OptimizerFamily::kMuon, 2, kAll,
                                   Sequences(ReversalJsonl(9, 3), 16), 303));
   requests.back().optimizer.scalar_optimizer = ScalarOptimizer::kLion;
-  const int kSteps = 5;
-  std::vector<std::vector<torch::Tensor>> alone_weights;
-  for (const SlotAttachRequest& request : requests) {
-    SlotPool alone(model.config(), {.capacity = 1, .dtype = torch::kFloat64});
-    ASSERT_TRUE(alone.Attach(request).ok());
-    Train(alone, kSteps, {}, model);
-    alone_weights.push_back(Snapshot(alone.slot(0).weights));
-  }
-  SlotPool together(model.config(), {.capacity = 3, .dtype = torch::kFloat64});
-  for (const SlotAttachRequest& request : requests) {
-    ASSERT_TRUE(together.Attach(request).ok());
-  }
-  Train(together, kSteps, {}, model);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const TrainingSlot& slot = together.slot(static_cast<int>(i));
-    EXPECT_EQ(slot.counters.steps, kSteps);
-    EXPECT_LE(MaxRelativeDiff(Snapshot(slot.weights), alone_weights[i]),
-              kFp64IdentityBound)
-        << requests[i].job_id;
-    // Lion moved every B off zero by whole steps of lr.
-    EXPECT_GT(slot.weights.modules()[0].b.abs().max().item<double>(), 0.0);
-  }
+  ExpectTrainedTogetherEqualAlone(model, requests, 5);
 }
 
 // SOAP slots (one with Lion for what is not a matrix and a basis refreshed
@@ -212,27 +221,7 @@ TEST(CoBatchStepTest, SoapSlotsTrainedTogetherEqualSlotsTrainedAlone) {
                                   Sequences(ReversalJsonl(9, 3), 16), 313));
   requests.push_back(TrainRequest("muon", OptimizerFamily::kMuon, 2, kAll,
                                   Sequences(ReversalJsonl(8, 4), 16), 314));
-  const int kSteps = 5;
-  std::vector<std::vector<torch::Tensor>> alone_weights;
-  for (const SlotAttachRequest& request : requests) {
-    SlotPool alone(model.config(), {.capacity = 1, .dtype = torch::kFloat64});
-    ASSERT_TRUE(alone.Attach(request).ok());
-    Train(alone, kSteps, {}, model);
-    alone_weights.push_back(Snapshot(alone.slot(0).weights));
-  }
-  SlotPool together(model.config(), {.capacity = 4, .dtype = torch::kFloat64});
-  for (const SlotAttachRequest& request : requests) {
-    ASSERT_TRUE(together.Attach(request).ok());
-  }
-  Train(together, kSteps, {}, model);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const TrainingSlot& slot = together.slot(static_cast<int>(i));
-    EXPECT_EQ(slot.counters.steps, kSteps);
-    EXPECT_LE(MaxRelativeDiff(Snapshot(slot.weights), alone_weights[i]),
-              kFp64IdentityBound)
-        << requests[i].job_id;
-    EXPECT_GT(slot.weights.modules()[0].b.abs().max().item<double>(), 0.0);
-  }
+  ExpectTrainedTogetherEqualAlone(model, requests, 5);
 }
 
 // The isolation identity across devices: slots co-batched on the GPU, next
