@@ -119,11 +119,8 @@ absl::StatusOr<Weights> TrainJobs(const LlamaModel& model,
   return weights;
 }
 
-absl::Status ShardedTrainScenario(DistContext& dist, torch::ScalarType dtype,
-                                  double bound) {
-  const std::string dir = absl::StrCat(
-      ::testing::TempDir(), "/loraplex-sharded-ranks-", getpid(), "/tiny");
-  LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
+// The base sharded over `dist`'s ranks, gathering with its AllGather.
+BaseSharding ShardingOver(DistContext& dist) {
   BaseSharding sharding;
   sharding.rank = dist.rank();
   sharding.world_size = dist.world_size();
@@ -132,6 +129,15 @@ absl::Status ShardedTrainScenario(DistContext& dist, torch::ScalarType dtype,
     const absl::Status status = dist.AllGather(shard, full);
     TORCH_CHECK(status.ok(), status.ToString());
   };
+  return sharding;
+}
+
+absl::Status ShardedTrainScenario(DistContext& dist, torch::ScalarType dtype,
+                                  double bound) {
+  const std::string dir = absl::StrCat(
+      ::testing::TempDir(), "/loraplex-sharded-ranks-", getpid(), "/tiny");
+  LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
+  const BaseSharding sharding = ShardingOver(dist);
   LORAPLEX_ASSIGN_OR_RETURN(
       std::unique_ptr<LlamaModel> sharded,
       LlamaModel::Load(dir, {.dtype = dtype, .shard_base = sharding}));
@@ -191,14 +197,7 @@ absl::Status ShardedFailureScenario(DistContext& dist) {
   const std::string dir = absl::StrCat(
       ::testing::TempDir(), "/loraplex-sharded-fail-", getpid(), "/tiny");
   LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
-  BaseSharding sharding;
-  sharding.rank = dist.rank();
-  sharding.world_size = dist.world_size();
-  sharding.all_gather = [&dist](const torch::Tensor& shard,
-                                torch::Tensor& full) {
-    const absl::Status status = dist.AllGather(shard, full);
-    TORCH_CHECK(status.ok(), status.ToString());
-  };
+  const BaseSharding sharding = ShardingOver(dist);
   LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
                             LlamaModel::Load(dir, {.dtype = torch::kFloat64,
                                                    .shard_base = sharding}));
