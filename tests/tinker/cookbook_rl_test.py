@@ -14,8 +14,9 @@ format the recipe renders (qwen3_instruct): half of its answers end with
 <|im_end|> within the recipe's 5 sampled tokens, half run on. The recipe's
 reward is 0.1 * (format - 1) + correct, where format is "stopped with the
 renderer's stop token", so RL has something to learn: the test asserts that
-the format rate and the reward rise over the run (from the recipe's own
-metrics.jsonl), and that the recipe saved its final checkpoint.
+the format rate, and with it the reward's format term, rises over the run
+(from the recipe's own metrics.jsonl), and that the recipe saved its final
+checkpoint.
 
   python cookbook_rl_test.py BUILD_BIN_DIR
 """
@@ -152,14 +153,21 @@ def main():
         assert len(rows) == STEPS, (len(rows), rows[-1:])
         reward = [r["env/all/reward/total"] for r in rows]
         format_rate = [r["env/all/format"] for r in rows]
+        correct = [r["env/all/correct"] for r in rows]
         print("reward", [round(x, 3) for x in reward])
         print("format", [round(x, 3) for x in format_rate])
+        print("correct", [round(x, 3) for x in correct])
         # Step 0 samples the base model: about half its answers stop.
         assert 0.2 < format_rate[0] < 0.8, format_rate
         last = slice(-3, None)
         assert mean(format_rate[last]) > max(0.85, format_rate[0] + 0.2), \
             format_rate
-        assert mean(reward[last]) > reward[0] + 0.02, reward
+        # The reward is 0.1 * (format - 1) + correct, so its format term
+        # rises with the format rate. Its other term is what the base model
+        # happens to get right: a few lucky sums among step 0's 64 answers
+        # (the base model differs with the CPU's kernels and the samples are
+        # not seeded) that 16 steps of a 2-layer model are not expected to
+        # raise, so the total is printed, not asserted on.
 
         with open(os.path.join(log_path, "checkpoints.jsonl")) as f:
             checkpoints = [json.loads(line) for line in f if line.strip()]
