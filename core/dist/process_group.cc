@@ -290,6 +290,30 @@ absl::Status DistContext::Broadcast(std::string* bytes, int root) {
   });
 }
 
+absl::Status DistContext::BroadcastValue(int64_t* value, int root) {
+  if (value == nullptr) {
+    return absl::InvalidArgumentError("BroadcastValue: value must not be null");
+  }
+  if (root < 0 || root >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BroadcastValue: root must be in [0, ", world_size_, "), got ", root));
+  }
+  if (world_size_ == 1) return absl::OkStatus();
+  return Guarded("BroadcastValue", [&] {
+    torch::Tensor t =
+        torch::full({1}, *value,
+                    torch::TensorOptions().device(device_).dtype(torch::kLong));
+    comm_->Broadcast(t, root);
+    ++counters_.collectives;
+    *value = t.cpu().item<int64_t>();
+    if (rank_ == root) {
+      counters_.broadcast_sent_bytes += t.element_size();
+    } else {
+      counters_.broadcast_received_bytes += t.element_size();
+    }
+  });
+}
+
 absl::Status DistContext::AllReduceMean(std::vector<torch::Tensor>& tensors,
                                         int64_t bucket_bytes) {
   return AllReduce(tensors, bucket_bytes, /*mean=*/true);

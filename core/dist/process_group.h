@@ -89,6 +89,8 @@ class DistContext {
   // Replaces *bytes on every rank by root's *bytes: its length first, then
   // the bytes (two collectives).
   absl::Status Broadcast(std::string* bytes, int root);
+  // Replaces *value on every rank by root's (one collective).
+  absl::Status BroadcastValue(int64_t* value, int root);
 
   // Replaces every tensor by its mean over the ranks. Floating-point
   // tensors on device() only; flattened into PlanBuckets(tensors,

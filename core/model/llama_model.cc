@@ -194,13 +194,13 @@ const LayerWeights& LlamaModel::LayerAt(int layer) const {
 }
 
 absl::Status LlamaModel::CheckShardedForward() const {
-  if (sharded_ == nullptr || sharded_->InAllRanksScope()) {
+  if (sharded_ == nullptr || sharded_->CanForward()) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "the base is sharded over ", sharded_->world_size(),
       " ranks: a forward needs every rank at once (a data-parallel training "
-      "step); sampling and evaluation on one rank are not supported"));
+      "step, or rank 0's forwards while the others serve its gathers)"));
 }
 
 bool LlamaModel::HasSlidingLayers() const {
@@ -536,9 +536,12 @@ torch::Tensor LlamaModel::Decoder(const torch::Tensor& input_ids,
   }
   for (int layer = 0; layer < static_cast<int>(weights_.layers.size());
        ++layer) {
-    if (sharded_ != nullptr) {
+    if (sharded_ != nullptr && cache != nullptr) {
+      sharded_->Gather(layer);  // Decoding: no backward pass.
+      x = Layer(layer, x, inputs, delta, cache);
+    } else if (sharded_ != nullptr) {
       // Gathered before its forward and again before its recomputation in
-      // the backward pass; never with a cache (refused).
+      // the backward pass.
       x = CheckpointedLayer(
           [this, layer, inputs, delta](const torch::Tensor& in) {
             sharded_->Gather(layer);
@@ -599,10 +602,7 @@ absl::StatusOr<torch::Tensor> LlamaModel::ForwardCached(
         "valid must be a bool tensor shaped as input_ids");
   }
   LORAPLEX_RETURN_IF_ERROR(CheckTokenIds(input_ids));
-  if (sharded_ != nullptr) {
-    return absl::FailedPreconditionError(
-        "KV-cache decoding of a sharded base is not supported yet");
-  }
+  LORAPLEX_RETURN_IF_ERROR(CheckShardedForward());
   try {
     const int64_t seq = input_ids.size(1);
     torch::Tensor real =

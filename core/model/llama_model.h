@@ -134,8 +134,9 @@ struct ModelLoadOptions {
   // fp16 checkpoints computed in fp32.
   std::optional<torch::ScalarType> dtype;
   // Set: each rank keeps only its shard of the decoder layers' frozen
-  // tensors (sharded_base.h); every forward then needs every rank, inside
-  // the base's AllRanks scope, and KV-cache decoding is refused.
+  // tensors (sharded_base.h); every forward then needs every rank: inside
+  // the base's AllRanks scope, or rank 0's Leading scope while the others
+  // serve its gathers.
   std::optional<BaseSharding> shard_base = std::nullopt;
 };
 

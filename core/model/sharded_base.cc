@@ -144,8 +144,8 @@ absl::StatusOr<std::unique_ptr<ShardedBase>> ShardedBase::Load(
         return absl::InternalError(absl::StrCat(
             names[t.unsafeGetTensorImpl()], " is not dense: cannot shard it"));
       }
-      layer.entries.push_back(
-          {i, numel, t.numel(), t.sizes().vec(), t.strides().vec()});
+      layer.entries.push_back({names[t.unsafeGetTensorImpl()], i, numel,
+                               t.numel(), t.sizes().vec(), t.strides().vec()});
       numel += t.numel();
     }
     base->whole_layer_bytes_ += numel * element_bytes;
@@ -161,8 +161,7 @@ absl::StatusOr<std::unique_ptr<ShardedBase>> ShardedBase::Load(
       const int64_t lo = std::max(begin, entry.offset);
       const int64_t hi = std::min(end, entry.offset + entry.numel);
       if (lo >= hi) continue;
-      const torch::Tensor& t = *slots[entry.slot];
-      const std::string& name = names[t.unsafeGetTensorImpl()];
+      const std::string& name = entry.name;
       torch::Tensor part;
       if (checkpoint.RangeReadable(name)) {
         LORAPLEX_ASSIGN_OR_RETURN(
@@ -204,11 +203,15 @@ torch::Tensor ShardedBase::GatherInto(int64_t layer) {
 }
 
 const LayerWeights& ShardedBase::Gather(int64_t layer) {
-  TORCH_CHECK(scopes_ > 0,
+  TORCH_CHECK(CanForward(),
               "a layer of a sharded base was gathered outside an AllRanks "
-              "scope");
+              "or Leading scope");
   gathered_layer_ = -1;
   gathered_ = LayerWeights();
+  if (leading_) {
+    int64_t announced = layer;
+    sharding_.broadcast_from_rank0(announced);
+  }
   const torch::Tensor full = GatherInto(layer);
   const std::vector<torch::Tensor*> slots = LayerTensorSlots(gathered_);
   for (const Entry& entry : layers_[layer].entries) {
@@ -226,8 +229,87 @@ const LayerWeights& ShardedBase::Gathered(int64_t layer) const {
   return gathered_;
 }
 
+ShardedBase::Leading::Leading(ShardedBase& base) : base_(&base) {
+  TORCH_CHECK(base.rank() == 0 && base.scopes_ == 0 && !base.leading_,
+              "a Leading scope is rank 0's alone and does not nest");
+  base.leading_ = true;
+}
+
+ShardedBase::Leading::~Leading() { End().IgnoreError(); }
+
+absl::Status ShardedBase::Leading::End() {
+  if (base_ == nullptr) return absl::OkStatus();
+  ShardedBase& base = *std::exchange(base_, nullptr);
+  base.leading_ = false;
+  base.gathered_ = LayerWeights();
+  base.gathered_layer_ = -1;
+  if (base.world_size() == 1) return absl::OkStatus();
+  try {
+    int64_t end = -1;
+    base.sharding_.broadcast_from_rank0(end);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "ending rank 0's gathers of the sharded base failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedBase::ServeGathers() {
+  if (rank() == 0) {
+    return absl::InternalError("ServeGathers is for ranks other than 0");
+  }
+  try {
+    for (;;) {
+      int64_t layer = -1;
+      sharding_.broadcast_from_rank0(layer);
+      if (layer < 0) return absl::OkStatus();
+      if (layer >= num_layers()) {
+        return absl::InternalError(absl::StrCat("rank 0 asked for layer ",
+                                                layer, " of ", num_layers()));
+      }
+      GatherInto(layer);
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("gathering rank 0's layers of the sharded base failed on "
+                     "rank ",
+                     rank(), ": ", e.what()));
+  }
+}
+
+absl::Status ShardedBase::CheckGathered(int64_t layer,
+                                        const CheckpointWeights& checkpoint,
+                                        int64_t samples) const {
+  if (gathered_layer_ != layer) {
+    return absl::InternalError(
+        absl::StrCat("layer ", layer, " is not the gathered one"));
+  }
+  const torch::Tensor full =
+      buffer_.narrow(0, 0, world_size() * layers_[layer].shard_numel);
+  for (const Entry& entry : layers_[layer].entries) {
+    if (!checkpoint.RangeReadable(entry.name)) continue;
+    const int64_t n = std::min(samples, entry.numel);
+    for (int64_t i = 0; i < n; ++i) {
+      // Evenly spaced over the tensor, first and last included.
+      const int64_t at = n == 1 ? 0 : i * (entry.numel - 1) / (n - 1);
+      LORAPLEX_ASSIGN_OR_RETURN(
+          torch::Tensor mine,
+          checkpoint.LoadRange(entry.name, at, 1, full.device()));
+      if (!torch::equal(mine.view({1}), full.narrow(0, entry.offset + at, 1))) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(entry.name,
+                         " differs between this rank's checkpoint and the "
+                         "layer the ranks gathered (element ",
+                         at, " in memory order)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 ShardedBase::AllRanks::AllRanks(ShardedBase& base)
     : base_(base), first_(base.gathers_) {
+  TORCH_CHECK(!base.leading_, "an AllRanks scope inside a Leading scope");
   ++base_.scopes_;
 }
 

@@ -13,9 +13,11 @@
 // head stay whole on every rank.
 //
 // Every rank must gather the same layers in the same order: a forward
-// outside an AllRanks scope is refused (FAILED_PRECONDITION) instead of
-// waiting for ranks that never come, and a rank that ran fewer gathers in a
-// scope (fewer micro-batches, a failed one) pads them with PadTo.
+// outside an AllRanks or Leading scope is refused (FAILED_PRECONDITION)
+// instead of waiting for ranks that never come, and a rank that ran fewer
+// gathers in an AllRanks scope (fewer micro-batches, a failed one) pads them
+// with PadTo. Rank 0 alone may run forwards (evaluation, sampling) in a
+// Leading scope while the other ranks gather with it in ServeGathers.
 #ifndef LORAPLEX_CORE_MODEL_SHARDED_BASE_H_
 #define LORAPLEX_CORE_MODEL_SHARDED_BASE_H_
 
@@ -45,6 +47,9 @@ struct BaseSharding {
   // with shards of one size. Throws (c10::Error) when it fails.
   std::function<void(const torch::Tensor& shard, torch::Tensor& full)>
       all_gather;
+  // Replaces `value` on every rank by rank 0's. Throws (c10::Error) when it
+  // fails. Needed only for Leading and ServeGathers.
+  std::function<void(int64_t& value)> broadcast_from_rank0;
 };
 
 // Pointers to every tensor field of `layer` in a fixed order (undefined
@@ -115,9 +120,40 @@ class ShardedBase {
     ShardedBase& base_;
     int64_t first_;
   };
+  // Rank 0 only. While one is alive, forwards of rank 0 alone are allowed:
+  // each Gather first tells the other ranks which layer (they gather with it
+  // in ServeGathers), and End, or the destructor, tells them the scope
+  // ended.
+  class Leading {
+   public:
+    explicit Leading(ShardedBase& base);
+    ~Leading();
+    Leading(const Leading&) = delete;
+    Leading& operator=(const Leading&) = delete;
+
+    // Ends the scope. UNAVAILABLE when telling the other ranks fails.
+    absl::Status End();
+
+   private:
+    ShardedBase* base_;  // Null once ended.
+  };
+  // Ranks other than 0: gathers the layers rank 0 names from its Leading
+  // scope until that scope ends. UNAVAILABLE when a collective fails.
+  absl::Status ServeGathers();
+
+  // Compares `samples` evenly spaced elements of each tensor of the last
+  // gathered layer, which must be `layer`, with `checkpoint`'s: so the
+  // layer every rank gathered is the one this rank's checkpoint holds.
+  // Tensors that cannot be read in part (MXFP4 experts) are not compared.
+  // FAILED_PRECONDITION naming the first tensor that differs.
+  absl::Status CheckGathered(int64_t layer, const CheckpointWeights& checkpoint,
+                             int64_t samples) const;
+
   // Gathers per forward pass with backward: every layer twice.
   int64_t GathersPerTrainingPass() const { return 2 * num_layers(); }
   bool InAllRanksScope() const { return scopes_ > 0; }
+  // Whether forwards may run: in an AllRanks or a Leading scope.
+  bool CanForward() const { return scopes_ > 0 || leading_; }
 
   // Gathers `layer` into the buffer; its weights stay valid until the next
   // Gather. Throws (c10::Error) when the gather fails.
@@ -129,7 +165,8 @@ class ShardedBase {
   // A tensor of a layer: where its elements lie in the layer's vector and
   // the sizes and strides of its view.
   struct Entry {
-    size_t slot;  // Index into LayerTensorSlots.
+    std::string name;  // In the checkpoint (ModelTensorSpecs).
+    size_t slot;       // Index into LayerTensorSlots.
     int64_t offset;
     int64_t numel;
     std::vector<int64_t> sizes;
@@ -152,6 +189,7 @@ class ShardedBase {
   LayerWeights gathered_;
   int64_t gathered_layer_ = -1;
   int scopes_ = 0;
+  bool leading_ = false;
   int64_t gathers_ = 0;  // Since the object was made.
 };
 

@@ -26,8 +26,10 @@
 #include "absl/strings/str_cat.h"
 #include "adapters/data_parallel_slots.h"
 #include "core/common/status_macros.h"
+#include "core/dist/base_sharding.h"
 #include "core/dist/dist_env.h"
 #include "core/dist/process_group.h"
+#include "core/model/checkpoint_weights.h"
 #include "core/model/llama_model.h"
 #include "core/model/model_presets.h"
 #include "core/train/co_batch_step.h"
@@ -119,25 +121,12 @@ absl::StatusOr<Weights> TrainJobs(const LlamaModel& model,
   return weights;
 }
 
-// The base sharded over `dist`'s ranks, gathering with its AllGather.
-BaseSharding ShardingOver(DistContext& dist) {
-  BaseSharding sharding;
-  sharding.rank = dist.rank();
-  sharding.world_size = dist.world_size();
-  sharding.all_gather = [&dist](const torch::Tensor& shard,
-                                torch::Tensor& full) {
-    const absl::Status status = dist.AllGather(shard, full);
-    TORCH_CHECK(status.ok(), status.ToString());
-  };
-  return sharding;
-}
-
 absl::Status ShardedTrainScenario(DistContext& dist, torch::ScalarType dtype,
                                   double bound) {
   const std::string dir = absl::StrCat(
       ::testing::TempDir(), "/loraplex-sharded-ranks-", getpid(), "/tiny");
   LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
-  const BaseSharding sharding = ShardingOver(dist);
+  const BaseSharding sharding = BaseShardingOver(dist);
   LORAPLEX_ASSIGN_OR_RETURN(
       std::unique_ptr<LlamaModel> sharded,
       LlamaModel::Load(dir, {.dtype = dtype, .shard_base = sharding}));
@@ -197,7 +186,7 @@ absl::Status ShardedFailureScenario(DistContext& dist) {
   const std::string dir = absl::StrCat(
       ::testing::TempDir(), "/loraplex-sharded-fail-", getpid(), "/tiny");
   LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
-  const BaseSharding sharding = ShardingOver(dist);
+  const BaseSharding sharding = BaseShardingOver(dist);
   LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
                             LlamaModel::Load(dir, {.dtype = torch::kFloat64,
                                                    .shard_base = sharding}));
@@ -248,6 +237,96 @@ absl::Status ShardedFailureScenario(DistContext& dist) {
   return Expect(held[0].item<double>() == 1.0, "one rank held the long row");
 }
 
+// Rank 0 alone runs a forward and a KV-cache decode (prompt, then one
+// token at a time) in its Leading scope while the other ranks serve its
+// gathers: equal bit for bit to the whole base's, each layer gathered once
+// per forward.
+absl::Status LeadingScenario(DistContext& dist) {
+  const std::string dir = absl::StrCat(
+      ::testing::TempDir(), "/loraplex-sharded-lead-", getpid(), "/tiny");
+  LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      std::unique_ptr<LlamaModel> model,
+      LlamaModel::Load(dir, {.dtype = torch::kFloat64,
+                             .shard_base = BaseShardingOver(dist)}));
+  ShardedBase& base = *model->sharded_base();
+  const int64_t layers = base.num_layers();
+  if (!dist.is_root()) {
+    dist.ResetCounters();
+    LORAPLEX_RETURN_IF_ERROR(base.ServeGathers());
+    // One forward and a decode of the prompt plus 3 tokens.
+    const int64_t gathers = dist.counters().collectives;
+    return Expect(gathers == 2 * (5 * layers) + 1,
+                  absl::StrCat("served ", gathers, " collectives"));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> whole,
+                            LlamaModel::Load(dir, {.dtype = torch::kFloat64}));
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = torch::tensor({{3, 9, 4, 7, 1}, {5, 2, 8, 0, 0}});
+  const torch::Tensor lengths = torch::tensor({5, 3});
+  LORAPLEX_RETURN_IF_ERROR(Expect(!model->Forward(ids, lengths).ok(),
+                                  "a forward outside any scope is refused"));
+  ShardedBase::Leading leading(base);
+  LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor logits, model->Forward(ids, lengths));
+  LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor expected,
+                            whole->Forward(ids, lengths));
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(torch::equal(logits, expected), "the forward equals the whole's"));
+  KvCache cache(model->config(), 1, 16, torch::kFloat64, torch::kCPU);
+  KvCache whole_cache(model->config(), 1, 16, torch::kFloat64, torch::kCPU);
+  torch::Tensor tokens = torch::tensor({{3, 9}});
+  for (int step = 0; step < 4; ++step) {
+    LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor hidden,
+                              model->ForwardCached(tokens, {}, cache));
+    LORAPLEX_ASSIGN_OR_RETURN(torch::Tensor whole_hidden,
+                              whole->ForwardCached(tokens, {}, whole_cache));
+    LORAPLEX_RETURN_IF_ERROR(
+        Expect(torch::equal(hidden, whole_hidden),
+               absl::StrCat("decode step ", step, " equals the whole's")));
+    tokens = torch::tensor({{4 + step}});
+  }
+  return leading.End();
+}
+
+// Every rank checks the layers the ranks gathered against its own
+// checkpoint: the same checkpoint passes; when rank 0's differs from the
+// others' (another seed), every rank finds a difference.
+absl::Status CheckGatheredScenario(DistContext& dist) {
+  const std::string root =
+      absl::StrCat(::testing::TempDir(), "/loraplex-sharded-check-", getpid());
+  LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, root + "/same"));
+  LORAPLEX_RETURN_IF_ERROR(
+      WritePresetModel("tiny", dist.is_root() ? 8 : 7, root + "/other"));
+  for (const bool same : {true, false}) {
+    const std::string dir = root + (same ? "/same" : "/other");
+    LORAPLEX_ASSIGN_OR_RETURN(
+        std::unique_ptr<LlamaModel> model,
+        LlamaModel::Load(dir, {.dtype = torch::kFloat32,
+                               .shard_base = BaseShardingOver(dist)}));
+    LORAPLEX_ASSIGN_OR_RETURN(
+        CheckpointWeights checkpoint,
+        CheckpointWeights::Open(dir, model->config(), torch::kFloat32));
+    ShardedBase& base = *model->sharded_base();
+    ShardedBase::AllRanks all(base);
+    bool differs = false;
+    for (int64_t layer = 0; layer < base.num_layers(); ++layer) {
+      base.Gather(layer);
+      const absl::Status checked = base.CheckGathered(layer, checkpoint, 64);
+      if (!checked.ok()) {
+        LORAPLEX_RETURN_IF_ERROR(
+            Expect(checked.code() == absl::StatusCode::kFailedPrecondition &&
+                       absl::StrContains(checked.message(), "model.layers."),
+                   checked.ToString()));
+        differs = true;
+      }
+    }
+    LORAPLEX_RETURN_IF_ERROR(
+        Expect(differs != same, same ? "the same checkpoint passes"
+                                     : "another checkpoint is found"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunWorker(const std::string& scenario) {
   LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
   LORAPLEX_ASSIGN_OR_RETURN(DistContext dist,
@@ -257,6 +336,10 @@ absl::Status RunWorker(const std::string& scenario) {
         ShardedTrainScenario(dist, torch::kFloat64, kFp64IdentityBound));
   } else if (scenario == "failure") {
     LORAPLEX_RETURN_IF_ERROR(ShardedFailureScenario(dist));
+  } else if (scenario == "leading") {
+    LORAPLEX_RETURN_IF_ERROR(LeadingScenario(dist));
+  } else if (scenario == "check_gathered") {
+    LORAPLEX_RETURN_IF_ERROR(CheckGatheredScenario(dist));
   } else if (scenario == "train_fp32") {
     LORAPLEX_RETURN_IF_ERROR(
         ShardedTrainScenario(dist, torch::kFloat32, kFp32SmokeBound));
@@ -368,6 +451,12 @@ TEST(ShardedBaseRanksTest, TrainingEqualsOneProcessThreeRanks) {
 }
 TEST(ShardedBaseRanksTest, StepFailingOnOneRankFailsOnAllWithoutWaiting) {
   EXPECT_THAT(RunRanks("failure", 3), testing::Each(0));
+}
+TEST(ShardedBaseRanksTest, RankZeroAloneForwardsWhileOthersServeGathers) {
+  EXPECT_THAT(RunRanks("leading", 3), testing::Each(0));
+}
+TEST(ShardedBaseRanksTest, GatheredLayersAreCheckedAgainstEachRanksCheckpoint) {
+  EXPECT_THAT(RunRanks("check_gathered", 2), testing::Each(0));
 }
 TEST(ShardedBaseRanksTest, TrainingInFp32StaysNearOneProcess) {
   EXPECT_THAT(RunRanks("train_fp32", 2), testing::Each(0));
