@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/atomic_file.h"
 #include "core/common/status_macros.h"
+#include "core/dist/base_sharding.h"
 #include "core/model/model_presets.h"
+#include "core/model/sharded_base.h"
 #include "core/runtime/device.h"
 #include "core/runtime/runtime_text.h"
 #include "core/tokenizer/load_tokenizer.h"
@@ -95,23 +97,27 @@ int64_t ResolveTokenBudget(int64_t flag, const LlamaModel& model,
   return budget;
 }
 
-// Loads the tokenizer and the model of `base.model_dir` on `base.device`,
-// and checks that they fit together.
-absl::Status LoadTokenizerAndModel(const ServerFlags& flags, LoadedBase& base) {
-  LORAPLEX_ASSIGN_OR_RETURN(base.tokenizer, LoadTokenizer(base.model_dir));
+// Loads the model of `model_dir` on `device` as `sharding` says, and checks
+// that `tokenizer` (when set) fits it.
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadAndCheck(
+    const std::string& model_dir, const ServerFlags& flags,
+    torch::Device device, std::optional<BaseSharding> sharding,
+    const Tokenizer* tokenizer) {
   ModelLoadOptions load_options;
-  load_options.device = base.device;
+  load_options.device = device;
   load_options.dtype = ComputeDtype(flags.dtype);
-  LORAPLEX_ASSIGN_OR_RETURN(base.model,
-                            LlamaModel::Load(base.model_dir, load_options));
+  load_options.shard_base = std::move(sharding);
+  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                            LlamaModel::Load(model_dir, load_options));
   // Ids past the embedding would fail in the middle of training.
-  if (base.tokenizer->vocab_size() > base.model->config().vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        base.model_dir, ": the tokenizer has ", base.tokenizer->vocab_size(),
-        " tokens but the model's embedding only ",
-        base.model->config().vocab_size, " rows"));
+  if (tokenizer != nullptr &&
+      tokenizer->vocab_size() > model->config().vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_dir, ": the tokenizer has ", tokenizer->vocab_size(),
+                     " tokens but the model's embedding only ",
+                     model->config().vocab_size, " rows"));
   }
-  return absl::OkStatus();
+  return model;
 }
 
 }  // namespace
@@ -129,22 +135,28 @@ absl::Status LoadBase(const ServerFlags& flags, const DistEnv& env,
   for (const std::string& line : RuntimeLines(runtime_info)) logger.Info(line);
   base.runtime_info = runtime_info;
   base.runtime = RuntimeProto(runtime_info);
-  LORAPLEX_RETURN_IF_ERROR(LoadTokenizerAndModel(flags, base));
+  LORAPLEX_ASSIGN_OR_RETURN(base.tokenizer, LoadTokenizer(base.model_dir));
+  if (env.distributed()) {
+    LORAPLEX_RETURN_IF_ERROR(JoinRanks(env, base.device, base.dist, logger));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(
+      base.model, LoadRankModel(base.model_dir, flags, base.device,
+                                base.dist.has_value() ? &*base.dist : nullptr,
+                                base.tokenizer.get(), logger));
   LORAPLEX_ASSIGN_OR_RETURN(
       base.checkpointing, ResolveCheckpointing(flags, *base.model, base.device,
                                                base.runtime, logger));
   base.token_budget =
       ResolveTokenBudget(flags.token_budget, *base.model, base.device,
                          base.runtime, base.checkpointing, logger);
-  if (env.distributed()) {
+  if (base.dist.has_value()) {
     RankSetup mine;
     mine.slots = flags.slots;
     mine.max_rank = flags.max_rank;
     mine.token_budget = base.token_budget;
     mine.checkpoints = true;
     LORAPLEX_RETURN_IF_ERROR(
-        JoinRanks(env, base.device, *base.model, mine, base.dist, logger)
-            .status());
+        AgreeWithRanks(*base.dist, *base.model, base.model_dir, mine).status());
   }
   base.config = base.model->config();
   base.model_name = flags.model_name.empty() ? DirectoryName(base.model_dir)
@@ -193,20 +205,61 @@ absl::StatusOr<torch::Device> RankDevice(const std::string& flag,
   return device;
 }
 
-// Joins the process group of a multi-process run and agrees with the other
-// ranks on the setup (rank 0's) and the base model.
-absl::StatusOr<RankSetup> JoinRanks(const DistEnv& env, torch::Device device,
-                                    const LlamaModel& model, RankSetup mine,
-                                    std::optional<DistContext>& dist,
-                                    Logger& logger) {
+absl::Status JoinRanks(const DistEnv& env, torch::Device device,
+                       std::optional<DistContext>& dist, Logger& logger) {
   logger.Info("rank ", env.rank, " of ", env.world_size,
               ": waiting for the other ranks at ", env.master_addr, ":",
               env.master_port, " (up to ", env.timeout.count(), " s)");
   LORAPLEX_ASSIGN_OR_RETURN(DistContext joined,
                             DistContext::Create(env, device));
   dist.emplace(std::move(joined));
-  mine.model = ModelFingerprint(model);
-  return AgreeOnSetup(*dist, mine);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadRankModel(
+    const std::string& model_dir, const ServerFlags& flags,
+    torch::Device device, DistContext* dist, const Tokenizer* tokenizer,
+    Logger& logger) {
+  bool shard = flags.shard_base;
+  if (dist == nullptr) {
+    if (shard) {
+      return absl::InvalidArgumentError(
+          "--shard-base shards the base over the ranks of a data-parallel "
+          "run: launch 2 or more ranks (RANK, WORLD_SIZE, MASTER_ADDR and "
+          "MASTER_PORT as torchrun sets them, docs/DESIGN.md §6)");
+    }
+    return LoadAndCheck(model_dir, flags, device, std::nullopt, tokenizer);
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(shard, AgreeOnShardBase(*dist, shard));
+  std::optional<BaseSharding> sharding;
+  if (shard) sharding = BaseShardingOver(*dist);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      LoadAndCheck(model_dir, flags, device, std::move(sharding), tokenizer);
+  LORAPLEX_RETURN_IF_ERROR(
+      AgreeAllOk(*dist, model.status(), "load the base model"));
+  if (const ShardedBase* base = (*model)->sharded_base()) {
+    const int64_t whole =
+        StorageBytes((*model)->weights()) + base->WholeLayerBytes();
+    logger.Info("rank ", dist->rank(), ": the base is sharded over ",
+                dist->world_size(), " ranks: this rank holds ",
+                (*model)->FrozenWeightBytes() >> 20,
+                " MiB of its frozen weights (the whole base: ", whole >> 20,
+                " MiB; a layer's gather buffer: ", base->BufferBytes() >> 20,
+                " MiB)");
+  }
+  return model;
+}
+
+absl::StatusOr<RankSetup> AgreeWithRanks(DistContext& dist,
+                                         const LlamaModel& model,
+                                         const std::string& model_dir,
+                                         RankSetup mine) {
+  absl::StatusOr<std::string> fingerprint =
+      ShardedModelFingerprint(model, model_dir);
+  LORAPLEX_RETURN_IF_ERROR(
+      AgreeAllOk(dist, fingerprint.status(), "check the base model"));
+  mine.model = *std::move(fingerprint);
+  return AgreeOnSetup(dist, mine);
 }
 
 }  // namespace loraplex

@@ -82,12 +82,27 @@ absl::StatusOr<CheckpointPolicy> ResolveCheckpointing(
     const ServerFlags& flags, const LlamaModel& model,
     const torch::Device& device, const v1::Runtime& runtime, Logger& logger);
 
-// Joins the process group of a multi-process run (into `dist`) and agrees
-// with the other ranks on the setup (rank 0's) and the base model.
-absl::StatusOr<RankSetup> JoinRanks(const DistEnv& env, torch::Device device,
-                                    const LlamaModel& model, RankSetup mine,
-                                    std::optional<DistContext>& dist,
-                                    Logger& logger);
+// Joins the process group of a multi-process run (into `dist`).
+absl::Status JoinRanks(const DistEnv& env, torch::Device device,
+                       std::optional<DistContext>& dist, Logger& logger);
+
+// The base of `model_dir` on `device`. Data parallel (`dist` set;
+// collective), sharded over the ranks when rank 0's --shard-base says so,
+// and an error on every rank when one rank cannot load it. `tokenizer`
+// (rank 0's) must fit the model's embedding. Alone, --shard-base is
+// INVALID_ARGUMENT.
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadRankModel(
+    const std::string& model_dir, const ServerFlags& flags,
+    torch::Device device, DistContext* dist, const Tokenizer* tokenizer,
+    Logger& logger);
+
+// Collective: agrees with the other ranks on the setup (rank 0's) and the
+// base model (its fingerprint; a sharded base's gathered layers are checked
+// against each rank's `model_dir`).
+absl::StatusOr<RankSetup> AgreeWithRanks(DistContext& dist,
+                                         const LlamaModel& model,
+                                         const std::string& model_dir,
+                                         RankSetup mine);
 
 }  // namespace loraplex
 

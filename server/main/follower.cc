@@ -44,17 +44,20 @@ int FollowRankZero(const ServerFlags& flags, const DistEnv& env,
     }
     model_dir = built_in;
   }
-  ModelLoadOptions load_options;
-  load_options.device = *device;
-  load_options.dtype = ComputeDtype(flags.dtype);
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
-      LlamaModel::Load(model_dir, load_options);
+  std::optional<DistContext> dist;
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model;
+  absl::StatusOr<RankSetup> setup;
+  if (absl::Status joined = JoinRanks(env, *device, dist, logger);
+      !joined.ok()) {
+    setup = joined;
+  } else {
+    model = LoadRankModel(model_dir, flags, *device, &*dist,
+                          /*tokenizer=*/nullptr, logger);
+    setup = model.ok() ? AgreeWithRanks(*dist, **model, model_dir, RankSetup())
+                       : absl::StatusOr<RankSetup>(model.status());
+  }
   std::error_code error;
   if (!built_in.empty()) fs::remove_all(built_in, error);
-  if (!model.ok()) return fail(model.status());
-  std::optional<DistContext> dist;
-  absl::StatusOr<RankSetup> setup =
-      JoinRanks(env, *device, **model, RankSetup(), dist, logger);
   if (!setup.ok()) return fail(setup.status());
   TrainerOptions options;
   options.pool.capacity = setup->slots;

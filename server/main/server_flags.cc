@@ -94,6 +94,10 @@ void AddServerFlags(CLI::App& app, ServerFlags& flags) {
   app.add_option("--threads", flags.threads,
                  "CPU threads for tensor work (0: one per core)")
       ->check(CLI::Range(0, 1024));
+  app.add_flag("--shard-base", flags.shard_base,
+               "Data parallel: each rank keeps 1/N of every decoder layer's "
+               "frozen weights and gathers a layer before it runs (for a "
+               "base larger than one device; rank 0's flag decides)");
   app.add_option("--max-dataset-mb", flags.max_dataset_mb,
                  "Largest dataset upload in MiB")
       ->check(CLI::Range(1, 1 << 16))

@@ -61,6 +61,9 @@ struct ServerFlags {
   std::string dtype = "auto";
   // --threads: CPU threads for tensor work (0: one per core).
   int threads = 0;
+  // --shard-base: each rank of a data-parallel run keeps 1/N of the base's
+  // layers (docs/DESIGN.md §18). Rank 0's flag decides for every rank.
+  bool shard_base = false;
   // --max-dataset-mb: the largest dataset upload, in MiB.
   int64_t max_dataset_mb = 256;
   // --token-budget: most padded tokens per micro-batch (0: no limit).

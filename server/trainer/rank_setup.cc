@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/sha256.h"
 #include "core/common/status_macros.h"
+#include "core/model/checkpoint_weights.h"
+#include "core/model/sharded_base.h"
 
 namespace loraplex {
 namespace {
@@ -32,6 +34,25 @@ void AddSample(const torch::Tensor& tensor, Sha256& digest) {
                                   sample.numel() * sizeof(float)));
 }
 
+void AddLayer(const ModelConfig& config, const LayerWeights& layer,
+              Sha256& digest) {
+  for (const torch::Tensor* norm :
+       {&layer.input_norm, &layer.post_attention_norm,
+        &layer.pre_feedforward_norm, &layer.post_feedforward_norm,
+        &layer.q_norm, &layer.k_norm}) {
+    if (norm->defined()) AddSample(*norm, digest);
+  }
+  for (Projection p : LayerProjections(config)) {
+    const LinearWeights& projection = layer.at(p);
+    AddSample(projection.weight, digest);
+    if (projection.bias.defined()) AddSample(projection.bias, digest);
+  }
+}
+
+// How many elements of each tensor of a gathered layer are compared with
+// the rank's own checkpoint.
+constexpr int64_t kCheckedPerTensor = 64;
+
 }  // namespace
 
 std::string ModelFingerprint(const LlamaModel& model) {
@@ -42,21 +63,69 @@ std::string ModelFingerprint(const LlamaModel& model) {
   const ModelWeights& weights = model.weights();
   AddSample(weights.embed_tokens, digest);
   for (const LayerWeights& layer : weights.layers) {
-    for (const torch::Tensor* norm :
-         {&layer.input_norm, &layer.post_attention_norm,
-          &layer.pre_feedforward_norm, &layer.post_feedforward_norm,
-          &layer.q_norm, &layer.k_norm}) {
-      if (norm->defined()) AddSample(*norm, digest);
-    }
-    for (Projection p : LayerProjections(model.config())) {
-      const LinearWeights& projection = layer.at(p);
-      AddSample(projection.weight, digest);
-      if (projection.bias.defined()) AddSample(projection.bias, digest);
-    }
+    AddLayer(model.config(), layer, digest);
   }
   AddSample(weights.final_norm, digest);
   AddSample(weights.lm_head, digest);
   return digest.HexDigest();
+}
+
+absl::StatusOr<std::string> ShardedModelFingerprint(const LlamaModel& model,
+                                                    const std::string& dir) {
+  ShardedBase* base = model.sharded_base();
+  if (base == nullptr) return ModelFingerprint(model);
+  LORAPLEX_ASSIGN_OR_RETURN(
+      CheckpointWeights checkpoint,
+      CheckpointWeights::Open(dir, model.config(), model.dtype()));
+  torch::NoGradGuard no_grad;
+  Sha256 digest;
+  digest.Update(ModelConfigToJson(model.config()));
+  digest.Update(c10::toString(model.dtype()));
+  const ModelWeights& weights = model.weights();
+  AddSample(weights.embed_tokens, digest);
+  absl::Status mismatch;
+  {
+    ShardedBase::AllRanks all_ranks(*base);
+    try {
+      for (int64_t layer = 0; layer < base->num_layers(); ++layer) {
+        const LayerWeights& gathered = base->Gather(layer);
+        AddLayer(model.config(), gathered, digest);
+        // Every rank gathers every layer, even after a mismatch.
+        if (mismatch.ok()) {
+          mismatch = base->CheckGathered(layer, checkpoint, kCheckedPerTensor);
+        }
+      }
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("gathering the sharded base failed: ", e.what()));
+    }
+  }
+  if (!mismatch.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the base's layers as the ranks hold them differ from this rank's "
+        "--model (",
+        mismatch.message(), "): start every rank with the same --model"));
+  }
+  AddSample(weights.final_norm, digest);
+  AddSample(weights.lm_head, digest);
+  return digest.HexDigest();
+}
+
+absl::StatusOr<bool> AgreeOnShardBase(DistContext& dist, bool shard_base) {
+  int64_t value = shard_base ? 1 : 0;
+  LORAPLEX_RETURN_IF_ERROR(dist.BroadcastValue(&value, 0));
+  return value != 0;
+}
+
+absl::Status AgreeAllOk(DistContext& dist, const absl::Status& mine,
+                        const std::string& what) {
+  LORAPLEX_ASSIGN_OR_RETURN(int failed, dist.CountRanks(!mine.ok()));
+  if (!mine.ok()) return mine;
+  if (failed > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(failed, " rank(s) failed to ", what, " (see their logs)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RankSetup> AgreeOnSetup(DistContext& dist,

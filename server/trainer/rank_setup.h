@@ -31,6 +31,25 @@ struct RankSetup {
 // or another fine-tune.
 std::string ModelFingerprint(const LlamaModel& model);
 
+// The same for a base sharded over the ranks (sharded_base.h), equal to
+// ModelFingerprint of the base loaded whole; collective: every rank gathers
+// every layer, and compares each gathered layer with its own checkpoint in
+// `dir` (ShardedBase::CheckGathered). FAILED_PRECONDITION when they differ
+// (only the ranks that see the difference fail: agree on the outcome after).
+// Without a sharded base, ModelFingerprint.
+absl::StatusOr<std::string> ShardedModelFingerprint(const LlamaModel& model,
+                                                    const std::string& dir);
+
+// Collective, before the base loads: rank 0's `shard_base` on every rank,
+// so that every rank loads the base as rank 0 does.
+absl::StatusOr<bool> AgreeOnShardBase(DistContext& dist, bool shard_base);
+
+// Collective: OK on every rank when `mine` is OK on every rank; otherwise
+// this rank's error, or on the ranks that succeeded FAILED_PRECONDITION
+// counting the ranks that failed `what` (their logs say why).
+absl::Status AgreeAllOk(DistContext& dist, const absl::Status& mine,
+                        const std::string& what);
+
 // Collective. Returns rank 0's setup on every rank. FAILED_PRECONDITION on
 // every rank when some rank's model differs from rank 0's (that rank's
 // message names both fingerprints; rank 0's counts the ranks).

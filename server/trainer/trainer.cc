@@ -12,6 +12,7 @@
 #include "core/runtime/exception_message.h"
 #include "server/common/clock.h"
 #include "server/trainer/checkpoint.h"
+#include "server/trainer/leader_forwards.h"
 #include "server/trainer/step_plan.h"
 
 namespace loraplex {
@@ -340,7 +341,10 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
   }
   jobs_.RetryRetires();
   if (ranks_.Broken()) return false;
-  jobs_.EvaluateWaiting();
+  {
+    LeaderForwards forwards(*model_, ranks_);  // Rank 0 evaluates.
+    jobs_.EvaluateWaiting();
+  }
   if (ranks_.Broken()) return false;
   const auto train_start = std::chrono::steady_clock::now();
   std::vector<SessionCall> calls = sessions_.TakeCalls();
@@ -365,6 +369,7 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
     if (const auto heartbeat = ranks_.HeartbeatInterval()) {
       limit = 0.5 * std::chrono::duration<double>(*heartbeat).count();
     }
+    LeaderForwards forwards(*model_, ranks_);  // Rank 0 samples.
     sampling_.Run(train_seconds, limit, [this] {
       absl::MutexLock lock(&mu_);
       return stop_ || !commands_.empty();
@@ -426,6 +431,7 @@ std::vector<int> Trainer::TrainStep(std::vector<SessionCall>& calls) {
     }
   }
   if (ranks_.Broken()) return stepped;
+  LeaderForwards forwards(*model_, ranks_);  // Rank 0 validates.
   return jobs_.RecordSteps(ids, outcomes, seconds);
 }
 

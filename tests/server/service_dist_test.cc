@@ -211,6 +211,8 @@ class ServiceDistTest : public ::testing::Test {
     request.set_job(jobs_->at(1));
     ASSERT_TRUE(reference_client->ExportAdapter(request, *adapter_dir_).ok());
     reference_continued_ = new Continued(Continue(*reference_client, dir));
+    reference_sampled_ =
+        new std::vector<v1::SampleResponse>(SampleJobs(*reference_client));
     EXPECT_TRUE(reference->Stop().ok());
   }
 
@@ -221,6 +223,54 @@ class ServiceDistTest : public ::testing::Test {
     delete dataset_;
     delete adapter_dir_;
     delete reference_continued_;
+    delete reference_sampled_;
+  }
+
+  // Greedy samples with their logprobs and the prompt's, from the base and
+  // from the first job's adapter.
+  static std::vector<v1::SampleResponse> SampleJobs(LoraplexClient& client) {
+    std::vector<v1::SampleResponse> responses;
+    for (const std::string& job : {std::string(), jobs_->at(0)}) {
+      v1::SampleRequest request;
+      if (!job.empty()) request.set_job(job);
+      for (int64_t id : {5, 9, 14, 3, 7}) {
+        request.mutable_tokens()->add_ids(id);
+      }
+      request.set_max_tokens(6);
+      request.set_temperature(0);
+      request.set_ignore_eos(true);
+      request.set_prompt_logprobs(true);
+      auto response = client.Sample(request);
+      EXPECT_TRUE(response.ok()) << response.status();
+      if (response.ok()) responses.push_back(*response);
+    }
+    return responses;
+  }
+
+  // Each sample's tokens equal the one-process server's; its logprobs and
+  // the prompt's equal them up to fp64 rounding.
+  static void ExpectSamplesLikeOneRank(
+      const std::vector<v1::SampleResponse>& sampled) {
+    ASSERT_EQ(sampled.size(), reference_sampled_->size());
+    for (size_t i = 0; i < sampled.size(); ++i) {
+      const v1::SampleResponse& expected = reference_sampled_->at(i);
+      ASSERT_EQ(sampled[i].samples_size(), 1);
+      const v1::Sample& sample = sampled[i].samples(0);
+      EXPECT_THAT(sample.tokens(),
+                  ::testing::ElementsAreArray(expected.samples(0).tokens()));
+      ASSERT_EQ(sample.logprobs_size(), expected.samples(0).logprobs_size());
+      for (int t = 0; t < sample.logprobs_size(); ++t) {
+        EXPECT_NEAR(sample.logprobs(t), expected.samples(0).logprobs(t),
+                    kFp64IdentityBound);
+      }
+      ASSERT_EQ(sampled[i].prompt_logprobs_size(),
+                expected.prompt_logprobs_size());
+      ASSERT_GT(expected.prompt_logprobs_size(), 0);
+      for (int t = 0; t < expected.prompt_logprobs_size(); ++t) {
+        EXPECT_NEAR(sampled[i].prompt_logprobs(t), expected.prompt_logprobs(t),
+                    kFp64IdentityBound);
+      }
+    }
   }
 
   // An uploaded adapter evaluated, then continued by a new job (AdamW,
@@ -324,6 +374,7 @@ class ServiceDistTest : public ::testing::Test {
   static std::string* dataset_;
   static std::string* adapter_dir_;
   static Continued* reference_continued_;
+  static std::vector<v1::SampleResponse>* reference_sampled_;
 };
 
 std::string* ServiceDistTest::stage_ = nullptr;
@@ -332,6 +383,7 @@ std::map<std::string, JobOutcome>* ServiceDistTest::reference_ = nullptr;
 std::string* ServiceDistTest::dataset_ = nullptr;
 std::string* ServiceDistTest::adapter_dir_ = nullptr;
 ServiceDistTest::Continued* ServiceDistTest::reference_continued_ = nullptr;
+std::vector<v1::SampleResponse>* ServiceDistTest::reference_sampled_ = nullptr;
 
 TEST_F(ServiceDistTest, JobsOverGrpcTrainOnTwoAndThreeRanksAsOnOne) {
   for (int world : {2, 3}) {
@@ -359,6 +411,32 @@ TEST_F(ServiceDistTest, JobsOverGrpcTrainOnTwoAndThreeRanksAsOnOne) {
       EXPECT_THAT(follower->Log(), HasSubstr("rank 0 stopped"));
     }
   }
+}
+
+// With --shard-base each rank keeps half of every layer and gathers it
+// before it runs: jobs train to the one-process weights, and rank 0's
+// evaluation and sampling (the other rank gathering with it) give the
+// one-process results.
+TEST_F(ServiceDistTest, ShardedBaseTrainsEvaluatesAndSamplesAsOneProcess) {
+  const std::string state = FreshRun("sharded");
+  std::vector<std::string> flags = Flags("6");
+  flags.push_back("--shard-base");
+  Ranks ranks = StartRanks(state, 2, 2, flags);
+  ASSERT_NE(ranks.server, nullptr);
+  auto client = ClientFor(*ranks.server);
+  ExpectLikeOneRank(Collect(*client, state, ranks.server->Log()));
+  EXPECT_THAT(ranks.server->Log(),
+              HasSubstr("rank 0: the base is sharded over 2 ranks"));
+  EXPECT_THAT(ranks.follower().Log(),
+              HasSubstr("rank 1: the base is sharded over 2 ranks"));
+
+  const Continued continued = Continue(*client, state);
+  EXPECT_EQ(continued.validation_loss, reference_continued_->validation_loss);
+  ExpectFp64Identity(continued.weights, reference_continued_->weights,
+                     "continued");
+  ExpectSamplesLikeOneRank(SampleJobs(*client));
+  EXPECT_TRUE(ranks.server->Stop().ok());
+  EXPECT_EQ(ranks.follower().Wait(30), 0) << ranks.follower().Log();
 }
 
 // The second job is paused (a checkpoint gathered from the owners of its
@@ -584,6 +662,33 @@ TEST(ServiceDistStartTest, RankThatNeverJoinsFailsTheStartWithinTheTimeout) {
   const std::string log = ReadFileForTest(state + "/server.log");
   EXPECT_THAT(log, HasSubstr("rank 0 of 2: waiting for the other ranks"));
   EXPECT_THAT(log, HasSubstr("1 of 2 ranks"));
+}
+
+TEST(ServiceDistStartTest, ShardBaseWithoutRanksIsRefusedNamingTheFlag) {
+  ServerProcessOptions options;
+  options.state_dir = FreshTestDir("shard-alone");
+  options.extra_args = {"--shard-base"};
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(ReadFileForTest(options.state_dir + "/server.log"),
+              HasSubstr("--shard-base shards the base over the ranks"));
+}
+
+// Sharded, rank 1's half of every layer comes from another checkpoint: the
+// gathered layers differ from each rank's own files, and every rank stops.
+TEST(ServiceDistStartTest, ShardedRankWithAnotherModelStopsEveryRank) {
+  const std::string state = FreshTestDir("sharded-models");
+  const std::string other = state + "/other-model";
+  ASSERT_TRUE(WritePresetModel("tiny", /*seed=*/1, other).ok());
+  Ranks ranks = StartRanks(state, 2, 4, {"--shard-base"}, 30,
+                           {"--model", other}, /*expect_serving=*/false);
+  ASSERT_EQ(ranks.server, nullptr);
+  EXPECT_THAT(ReadFileForTest(state + "/server.log"),
+              HasSubstr("differ from this rank's --model"));
+  EXPECT_NE(ranks.follower().Wait(30), 0);
+  EXPECT_THAT(ranks.follower().Log(),
+              HasSubstr("differ from this rank's --model"));
 }
 
 TEST(ServiceDistStartTest, RankWithAnotherModelStopsEveryRank) {

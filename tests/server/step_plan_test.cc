@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/model_presets.h"
+#include "core/model/sharded_base.h"
 #include "core/optim/config_json.h"
 #include "server/trainer/rank_setup.h"
 #include "tests/common/test_dir.h"
@@ -210,6 +211,30 @@ TEST(RankSetupTest, FingerprintTellsModelsApart) {
   const LlamaModel fine_tune((*base)->config(), tuned, (*base)->dtype(),
                              (*base)->device());
   EXPECT_NE(ModelFingerprint(fine_tune), a);
+}
+
+// A sharded base's fingerprint (its layers gathered, here over one rank
+// whose gather copies) is the whole base's; another checkpoint's differs.
+TEST(RankSetupTest, ShardedFingerprintEqualsTheWholeBases) {
+  const std::string dir = FreshTestDir("sharded-models");
+  ASSERT_TRUE(WritePresetModel("tiny", 0, dir + "/a").ok());
+  ASSERT_TRUE(WritePresetModel("tiny", 1, dir + "/other").ok());
+  BaseSharding one_rank;
+  one_rank.all_gather = [](const torch::Tensor& shard, torch::Tensor& full) {
+    full.copy_(shard);
+  };
+  auto fingerprint = [&](const std::string& name) {
+    auto model = LlamaModel::Load(dir + "/" + name, {.shard_base = one_rank});
+    EXPECT_TRUE(model.ok()) << model.status();
+    absl::StatusOr<std::string> sharded =
+        ShardedModelFingerprint(**model, dir + "/" + name);
+    EXPECT_TRUE(sharded.ok()) << sharded.status();
+    return sharded.value_or("");
+  };
+  auto whole = LlamaModel::Load(dir + "/a", {});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(fingerprint("a"), ModelFingerprint(**whole));
+  EXPECT_NE(fingerprint("other"), ModelFingerprint(**whole));
 }
 
 }  // namespace
