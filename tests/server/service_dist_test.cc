@@ -439,6 +439,32 @@ TEST_F(ServiceDistTest, ShardedBaseTrainsEvaluatesAndSamplesAsOneProcess) {
   EXPECT_EQ(ranks.follower().Wait(30), 0) << ranks.follower().Log();
 }
 
+// Rank 0 of a sharded run is killed (SIGKILL) mid-job: nothing is lost.
+// Restarted sharded on the same state dir, the jobs resume from their
+// checkpoints and end with the one-process weights.
+TEST_F(ServiceDistTest, ShardedRanksKilledMidJobResumeAsOneProcess) {
+  const std::string state = FreshRun("sharded-killed");
+  std::vector<std::string> flags = Flags("4");
+  flags.push_back("--shard-base");
+  {
+    Ranks ranks = StartRanks(state, 2, 2, flags, /*timeout_seconds=*/20);
+    ASSERT_NE(ranks.server, nullptr);
+    WaitForStep(*ClientFor(*ranks.server), 9);
+    ranks.server->Kill();
+    EXPECT_NE(ranks.follower().Wait(60), 0) << ranks.follower().Log();
+  }
+  Ranks ranks = StartRanks(state, 2, 2, flags);
+  ASSERT_NE(ranks.server, nullptr);
+  auto client = ClientFor(*ranks.server);
+  const std::map<std::string, JobOutcome> run =
+      Collect(*client, state, ranks.server->Log());
+  ExpectLikeOneRank(run);
+  EXPECT_THAT(run.at(jobs_->at(1)).run.running_message,
+              HasSubstr("resumed from the checkpoint at step"));
+  EXPECT_TRUE(ranks.server->Stop().ok());
+  EXPECT_EQ(ranks.follower().Wait(30), 0) << ranks.follower().Log();
+}
+
 // The second job is paused (a checkpoint gathered from the owners of its
 // optimizer state), the server stopped, and the job resumed on a server of
 // the other size. One process holds the job at step 7
