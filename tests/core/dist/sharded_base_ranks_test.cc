@@ -27,6 +27,7 @@
 #include "adapters/data_parallel_slots.h"
 #include "core/common/status_macros.h"
 #include "core/dist/base_sharding.h"
+#include "core/dist/c10d_compat.h"
 #include "core/dist/dist_env.h"
 #include "core/dist/process_group.h"
 #include "core/model/checkpoint_weights.h"
@@ -55,8 +56,10 @@ using StepLog = std::vector<std::vector<std::pair<double, double>>>;
 // weights by job id.
 absl::StatusOr<Weights> TrainJobs(const LlamaModel& model,
                                   DataParallelSlots* dp, StepLog* log) {
-  SlotPool pool(model.config(),
-                {.capacity = 3, .dtype = model.dtype(), .claims = dp});
+  SlotPool pool(model.config(), {.capacity = 3,
+                                 .device = model.device(),
+                                 .dtype = model.dtype(),
+                                 .claims = dp});
   StepSync sync;
   CoBatchOptions options;
   // One row per micro-batch: ranks with fewer rows run fewer micro-batches
@@ -122,16 +125,19 @@ absl::StatusOr<Weights> TrainJobs(const LlamaModel& model,
 }
 
 absl::Status ShardedTrainScenario(DistContext& dist, torch::ScalarType dtype,
-                                  double bound) {
+                                  double bound,
+                                  torch::Device device = torch::kCPU) {
   const std::string dir = absl::StrCat(
       ::testing::TempDir(), "/loraplex-sharded-ranks-", getpid(), "/tiny");
   LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
   const BaseSharding sharding = BaseShardingOver(dist);
   LORAPLEX_ASSIGN_OR_RETURN(
       std::unique_ptr<LlamaModel> sharded,
-      LlamaModel::Load(dir, {.dtype = dtype, .shard_base = sharding}));
-  LORAPLEX_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> whole,
-                            LlamaModel::Load(dir, {.dtype = dtype}));
+      LlamaModel::Load(
+          dir, {.device = device, .dtype = dtype, .shard_base = sharding}));
+  LORAPLEX_ASSIGN_OR_RETURN(
+      std::unique_ptr<LlamaModel> whole,
+      LlamaModel::Load(dir, {.device = device, .dtype = dtype}));
   // Its shards: 1/N of the layers (tiny has 2 layers, so with the one
   // layer's buffer 2 ranks hold as much as the whole).
   const ShardedBase& base = *sharded->sharded_base();
@@ -329,9 +335,17 @@ absl::Status CheckGatheredScenario(DistContext& dist) {
 
 absl::Status RunWorker(const std::string& scenario) {
   LORAPLEX_ASSIGN_OR_RETURN(DistEnv env, DistEnvFromProcess());
-  LORAPLEX_ASSIGN_OR_RETURN(DistContext dist,
-                            DistContext::Create(env, torch::kCPU));
-  if (scenario == "train") {
+  // On CUDA each rank has its own GPU and NCCL carries the collectives.
+  const torch::Device device =
+      scenario == "train_cuda"
+          ? torch::Device(torch::kCUDA,
+                          static_cast<torch::DeviceIndex>(env.local_rank))
+          : torch::Device(torch::kCPU);
+  LORAPLEX_ASSIGN_OR_RETURN(DistContext dist, DistContext::Create(env, device));
+  if (scenario == "train_cuda") {
+    LORAPLEX_RETURN_IF_ERROR(ShardedTrainScenario(dist, torch::kFloat64,
+                                                  kFp64IdentityBound, device));
+  } else if (scenario == "train") {
     LORAPLEX_RETURN_IF_ERROR(
         ShardedTrainScenario(dist, torch::kFloat64, kFp64IdentityBound));
   } else if (scenario == "failure") {
@@ -457,6 +471,16 @@ TEST(ShardedBaseRanksTest, RankZeroAloneForwardsWhileOthersServeGathers) {
 }
 TEST(ShardedBaseRanksTest, GatheredLayersAreCheckedAgainstEachRanksCheckpoint) {
   EXPECT_THAT(RunRanks("check_gathered", 2), testing::Each(0));
+}
+// NCCL over two GPUs, one per rank (fp64, as the Gloo runs above).
+TEST(ShardedBaseRanksTest, TrainingOnCudaWithNcclEqualsOneProcess) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2) {
+    GTEST_SKIP() << "needs two CUDA devices";
+  }
+  if (!C10dCollectives::NcclAvailable()) {
+    GTEST_SKIP() << "built without NCCL (LORAPLEX_WITH_NCCL)";
+  }
+  EXPECT_THAT(RunRanks("train_cuda", 2), testing::Each(0));
 }
 TEST(ShardedBaseRanksTest, TrainingInFp32StaysNearOneProcess) {
   EXPECT_THAT(RunRanks("train_fp32", 2), testing::Each(0));
