@@ -1,5 +1,7 @@
 // The sharding of a frozen base (core/model/sharded_base.h) over the ranks
-// of a process group: its rank, world size, all-gather and broadcast.
+// of a process group: its rank, world size, all-gather (also started
+// without waiting, so the next layer's gather overlaps compute) and
+// broadcast.
 //
 //   LORAPLEX_ASSIGN_OR_RETURN(auto model,
 //       LlamaModel::Load(dir, {.shard_base = BaseShardingOver(dist)}));

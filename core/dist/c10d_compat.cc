@@ -151,6 +151,18 @@ void C10dCollectives::AllGather(const torch::Tensor& shard,
   impl_->backend->allgather(outputs, inputs)->wait();
 }
 
+std::function<void()> C10dCollectives::StartAllGather(
+    const torch::Tensor& shard, torch::Tensor& full) {
+  std::vector<at::Tensor> inputs{shard};
+  std::vector<std::vector<at::Tensor>> outputs{
+      full.chunk(static_cast<int64_t>(full.numel() / shard.numel()))};
+  auto work = impl_->backend->allgather(outputs, inputs);
+  // The backend reads the vectors' tensors until the work completes.
+  return [work, inputs = std::move(inputs), outputs = std::move(outputs)]() {
+    work->wait();
+  };
+}
+
 void C10dCollectives::Barrier() {
   if (impl_->nccl) {
     // NCCL's barrier picks a device by guessing from the rank; a one-element

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -79,6 +80,11 @@ class C10dCollectives {
   // Fills `full` (contiguous, world_size times `shard`'s elements) with every
   // rank's `shard` in rank order.
   void AllGather(const torch::Tensor& shard, torch::Tensor& full);
+  // Starts the same all-gather and returns at once; calling the result
+  // waits until `full` is filled (on CUDA: until the current stream waits
+  // for it). Call it exactly once, before the next collective is waited on.
+  std::function<void()> StartAllGather(const torch::Tensor& shard,
+                                       torch::Tensor& full);
   // Returns once every rank has entered.
   void Barrier();
 

@@ -324,8 +324,8 @@ absl::Status DistContext::AllReduceSum(std::vector<torch::Tensor>& tensors,
   return AllReduce(tensors, bucket_bytes, /*mean=*/false);
 }
 
-absl::Status DistContext::AllGather(const torch::Tensor& shard,
-                                    torch::Tensor& full) {
+absl::Status DistContext::CheckGatherTensors(const torch::Tensor& shard,
+                                             const torch::Tensor& full) const {
   LORAPLEX_RETURN_IF_ERROR(CheckTensors({shard, full}, "AllGather tensors"));
   if (!full.is_contiguous() || !shard.is_contiguous() ||
       full.scalar_type() != shard.scalar_type() ||
@@ -334,6 +334,12 @@ absl::Status DistContext::AllGather(const torch::Tensor& shard,
         "AllGather needs contiguous tensors of one dtype, full holding ",
         world_size_, " x ", shard.numel(), " elements, got ", full.numel()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status DistContext::AllGather(const torch::Tensor& shard,
+                                    torch::Tensor& full) {
+  LORAPLEX_RETURN_IF_ERROR(CheckGatherTensors(shard, full));
   if (shard.numel() == 0) return absl::OkStatus();
   if (world_size_ == 1) {
     torch::NoGradGuard no_grad;
@@ -344,6 +350,27 @@ absl::Status DistContext::AllGather(const torch::Tensor& shard,
     comm_->AllGather(shard, full);
     ++counters_.collectives;
     counters_.all_gather_bytes += full.nbytes();
+  });
+}
+
+absl::StatusOr<std::function<void()>> DistContext::StartAllGather(
+    const torch::Tensor& shard, torch::Tensor& full) {
+  LORAPLEX_RETURN_IF_ERROR(CheckGatherTensors(shard, full));
+  if (shard.numel() == 0) return std::function<void()>([] {});
+  if (world_size_ == 1) {
+    torch::NoGradGuard no_grad;
+    full.copy_(shard.view(-1));
+    return std::function<void()>([] {});
+  }
+  std::function<void()> wait;
+  LORAPLEX_RETURN_IF_ERROR(Guarded("AllGather", [&] {
+    wait = comm_->StartAllGather(shard, full);
+    ++counters_.collectives;
+    counters_.all_gather_bytes += full.nbytes();
+  }));
+  return std::function<void()>([this, wait = std::move(wait)] {
+    const absl::Status status = Guarded("AllGather", [&] { wait(); });
+    TORCH_CHECK(status.ok(), status.ToString());
   });
 }
 

@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,6 +106,12 @@ class DistContext {
   // contiguous with world_size() times shard's elements and its dtype, both
   // on device(). One all-gather (with world size 1, a copy).
   absl::Status AllGather(const torch::Tensor& shard, torch::Tensor& full);
+  // The same all-gather, started: returns at once with the function that
+  // waits for it (call it exactly once; it throws c10::Error, and records
+  // the failure, when the gather fails). Later collectives may be started
+  // before it is waited on, in the same order on every rank.
+  absl::StatusOr<std::function<void()>> StartAllGather(
+      const torch::Tensor& shard, torch::Tensor& full);
 
   // After rank owner[i] has updated params[i], gives every rank its value.
   // Each owner's parameters are flattened into buckets and broadcast from
@@ -129,6 +136,9 @@ class DistContext {
                             const char* what) const;
   absl::Status AllReduce(std::vector<torch::Tensor>& tensors,
                          int64_t bucket_bytes, bool mean);
+  // INVALID_ARGUMENT unless AllGather may gather `shard` into `full`.
+  absl::Status CheckGatherTensors(const torch::Tensor& shard,
+                                  const torch::Tensor& full) const;
   // Runs `op`, turning a LibTorch or Gloo exception into UNAVAILABLE.
   template <typename Op>
   absl::Status Guarded(const char* name, Op&& op);

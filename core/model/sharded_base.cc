@@ -178,9 +178,13 @@ absl::StatusOr<std::unique_ptr<ShardedBase>> ShardedBase::Load(
     }
     base->layers_.push_back(std::move(layer));
   }
-  base->buffer_ =
-      torch::empty({world * largest_shard},
-                   torch::TensorOptions().dtype(dtype).device(device));
+  // A second buffer receives the next layer while the current one runs.
+  const int buffers = sharding.start_all_gather ? 2 : 1;
+  for (int i = 0; i < buffers; ++i) {
+    base->buffers_.push_back(
+        torch::empty({world * largest_shard},
+                     torch::TensorOptions().dtype(dtype).device(device)));
+  }
   return base;
 }
 
@@ -190,15 +194,52 @@ int64_t ShardedBase::ShardBytes() const {
   return bytes;
 }
 
-int64_t ShardedBase::BufferBytes() const { return buffer_.nbytes(); }
+int64_t ShardedBase::BufferBytes() const {
+  int64_t bytes = 0;
+  for (const torch::Tensor& buffer : buffers_) bytes += buffer.nbytes();
+  return bytes;
+}
 
 int64_t ShardedBase::WholeLayerBytes() const { return whole_layer_bytes_; }
 
+torch::Tensor ShardedBase::LayerIn(int buffer, int64_t layer) const {
+  return buffers_[buffer].narrow(0, 0,
+                                 world_size() * layers_.at(layer).shard_numel);
+}
+
+int64_t ShardedBase::LayerAtPosition(int64_t position) const {
+  const int64_t layers = num_layers();
+  const int64_t at = position % (2 * layers);
+  return at < layers ? at : 2 * layers - 1 - at;
+}
+
+void ShardedBase::WaitPrefetch() {
+  if (!prefetch_.wait) return;
+  std::function<void()> wait = std::exchange(prefetch_.wait, nullptr);
+  wait();
+}
+
 torch::Tensor ShardedBase::GatherInto(int64_t layer) {
   const Layer& l = layers_.at(layer);
-  torch::Tensor full = buffer_.narrow(0, 0, world_size() * l.shard_numel);
-  sharding_.all_gather(l.shard, full);
+  const bool prefetched = prefetch_.wait != nullptr && prefetch_.layer == layer;
+  WaitPrefetch();  // A prefetch of another layer is waited for and unused.
+  if (buffers_.size() > 1) active_ = 1 - active_;
+  torch::Tensor full = LayerIn(active_, layer);
+  if (prefetched) {
+    ++prefetched_gathers_;
+  } else {
+    sharding_.all_gather(l.shard, full);
+  }
   ++gathers_;
+  // In an AllRanks scope every rank gathers the same sequence of layers
+  // (forward 0..L-1, then backward L-1..0, per pass), so every rank starts
+  // the same next gather here, into the other buffer.
+  if (buffers_.size() > 1 && scopes_ > 0) {
+    prefetch_.layer = LayerAtPosition(gathers_ - scope_first_gather_);
+    const Layer& next = layers_[prefetch_.layer];
+    torch::Tensor into = LayerIn(1 - active_, prefetch_.layer);
+    prefetch_.wait = sharding_.start_all_gather(next.shard, into);
+  }
   return full;
 }
 
@@ -284,8 +325,7 @@ absl::Status ShardedBase::CheckGathered(int64_t layer,
     return absl::InternalError(
         absl::StrCat("layer ", layer, " is not the gathered one"));
   }
-  const torch::Tensor full =
-      buffer_.narrow(0, 0, world_size() * layers_[layer].shard_numel);
+  const torch::Tensor full = LayerIn(active_, layer);
   for (const Entry& entry : layers_[layer].entries) {
     if (!checkpoint.RangeReadable(entry.name)) continue;
     const int64_t n = std::min(samples, entry.numel);
@@ -310,11 +350,18 @@ absl::Status ShardedBase::CheckGathered(int64_t layer,
 ShardedBase::AllRanks::AllRanks(ShardedBase& base)
     : base_(base), first_(base.gathers_) {
   TORCH_CHECK(!base.leading_, "an AllRanks scope inside a Leading scope");
-  ++base_.scopes_;
+  if (base_.scopes_++ == 0) base_.scope_first_gather_ = base_.gathers_;
 }
 
 ShardedBase::AllRanks::~AllRanks() {
-  --base_.scopes_;
+  if (--base_.scopes_ == 0) {
+    // Every rank started the same last prefetch. A failure stays recorded
+    // by the process group, whose next collective fails.
+    try {
+      base_.WaitPrefetch();
+    } catch (const std::exception&) {
+    }
+  }
   base_.gathered_ = LayerWeights();
   base_.gathered_layer_ = -1;
 }
@@ -327,10 +374,8 @@ absl::Status ShardedBase::AllRanks::PadTo(int64_t total) {
   const int64_t layers = base_.num_layers();
   if (layers == 0) return absl::OkStatus();
   try {
-    while (gathers() < total) {
-      const int64_t at = gathers() % (2 * layers);
-      base_.GatherInto(at < layers ? at : 2 * layers - 1 - at);
-    }
+    while (gathers() < total)
+      base_.GatherInto(base_.LayerAtPosition(gathers()));
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("gathering a layer of the sharded base failed on rank ",

@@ -50,6 +50,13 @@ struct BaseSharding {
   // Replaces `value` on every rank by rank 0's. Throws (c10::Error) when it
   // fails. Needed only for Leading and ServeGathers.
   std::function<void(int64_t& value)> broadcast_from_rank0;
+  // Optional: starts the same all-gather as all_gather and returns the
+  // function that waits for it (which throws when it fails). Set, the next
+  // layer's gather runs while the current layer computes, in a second
+  // buffer.
+  std::function<std::function<void()>(const torch::Tensor& shard,
+                                      torch::Tensor& full)>
+      start_all_gather;
 };
 
 // Pointers to every tensor field of `layer` in a fixed order (undefined
@@ -92,7 +99,8 @@ class ShardedBase {
   const torch::Tensor& shard(int64_t layer) const {
     return layers_.at(layer).shard;
   }
-  // Bytes of this rank's shards and of the gather buffer.
+  // Bytes of this rank's shards and of the gather buffers (two with
+  // start_all_gather).
   int64_t ShardBytes() const;
   int64_t BufferBytes() const;
   // Bytes of every layer's tensors unsharded (no padding).
@@ -155,11 +163,18 @@ class ShardedBase {
   // Whether forwards may run: in an AllRanks or a Leading scope.
   bool CanForward() const { return scopes_ > 0 || leading_; }
 
-  // Gathers `layer` into the buffer; its weights stay valid until the next
-  // Gather. Throws (c10::Error) when the gather fails.
+  // Gathers `layer` into a buffer; its weights stay valid until the next
+  // Gather. In an AllRanks scope, with start_all_gather, the layer that
+  // comes next in the scope's order (forward 0..L-1, backward L-1..0) is
+  // then started into the other buffer, and a Gather of it only waits.
+  // Throws (c10::Error) when the gather fails.
   const LayerWeights& Gather(int64_t layer);
   // The weights of the last gathered layer, which must be `layer`.
   const LayerWeights& Gathered(int64_t layer) const;
+  // Gathers since the object was made, and those of them a prefetch had
+  // already started.
+  int64_t gathers() const { return gathers_; }
+  int64_t prefetched_gathers() const { return prefetched_gathers_; }
 
  private:
   // A tensor of a layer: where its elements lie in the layer's vector and
@@ -179,13 +194,28 @@ class ShardedBase {
   };
 
   ShardedBase(BaseSharding sharding) : sharding_(std::move(sharding)) {}
-  // The layer's vector in the buffer, gathered.
+  // The layer's vector in a buffer, gathered.
   torch::Tensor GatherInto(int64_t layer);
+  // `layer`'s vector in buffers_[buffer].
+  torch::Tensor LayerIn(int buffer, int64_t layer) const;
+  // The layer gathered at `position` of a scope's order.
+  int64_t LayerAtPosition(int64_t position) const;
+  // Waits for the started prefetch, if any. Throws when it failed.
+  void WaitPrefetch();
 
   BaseSharding sharding_;
   std::vector<Layer> layers_;
   int64_t whole_layer_bytes_ = 0;
-  torch::Tensor buffer_;  // world_size × the largest shard.
+  // One or two, each world_size × the largest shard.
+  std::vector<torch::Tensor> buffers_;
+  int active_ = 0;  // The buffer of the last gathered layer.
+  struct Prefetch {
+    int64_t layer = -1;
+    std::function<void()> wait;  // Unset: none started.
+  };
+  Prefetch prefetch_;
+  int64_t scope_first_gather_ = 0;
+  int64_t prefetched_gathers_ = 0;
   LayerWeights gathered_;
   int64_t gathered_layer_ = -1;
   int scopes_ = 0;

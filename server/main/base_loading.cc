@@ -244,7 +244,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadRankModel(
                 dist->world_size(), " ranks: this rank holds ",
                 (*model)->FrozenWeightBytes() >> 20,
                 " MiB of its frozen weights (the whole base: ", whole >> 20,
-                " MiB; a layer's gather buffer: ", base->BufferBytes() >> 20,
+                " MiB; the gather buffers: ", base->BufferBytes() >> 20,
                 " MiB)");
   }
   return model;

@@ -154,6 +154,14 @@ absl::Status ShardedTrainScenario(DistContext& dist, torch::ScalarType dtype,
                             TrainJobs(*sharded, &dp, &parallel_log));
   LORAPLEX_RETURN_IF_ERROR(
       Expect(dist.counters().all_gather_bytes > 0, "the layers were gathered"));
+  // Each gather but a step's first was started while the layer before it
+  // ran.
+  LORAPLEX_RETURN_IF_ERROR(
+      Expect(base.gathers() - base.prefetched_gathers() ==
+                 static_cast<int64_t>(parallel_log.size()),
+             absl::StrCat(base.prefetched_gathers(), " of ", base.gathers(),
+                          " gathers were prefetched over ", parallel_log.size(),
+                          " steps")));
   // The reference: the whole base in this process alone.
   StepLog alone_log;
   LORAPLEX_ASSIGN_OR_RETURN(Weights alone,
