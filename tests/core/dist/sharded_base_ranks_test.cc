@@ -69,18 +69,20 @@ absl::StatusOr<Weights> TrainJobs(const LlamaModel& model,
     sync = dp->Sync(pool);
     options.sync = &sync;
   }
-  const std::vector<Projection> all = {
-      Projection::kQ,    Projection::kK,  Projection::kV,   Projection::kO,
-      Projection::kGate, Projection::kUp, Projection::kDown};
+  // Every projection of a layer: of a mixture-of-experts model, attention's
+  // and the experts' (LoRA per expert).
+  const std::vector<Projection> all = LayerProjections(model.config(), 0);
+  const bool moe = model.config().moe.num_experts > 0;
+  const Projection down = all.back();
   auto data = Sequences(ReversalJsonl(12, 3), 16);
   std::vector<SlotAttachRequest> jobs = {
       TrainRequest("adamw", OptimizerFamily::kAdamW, 8, all, data, 1),
       TrainRequest("muon", OptimizerFamily::kMuon, 16,
-                   {Projection::kQ, Projection::kV, Projection::kDown}, data,
-                   2),
+                   {Projection::kQ, Projection::kV, down}, data, 2),
       TrainRequest("adam", OptimizerFamily::kAdam, 4, all, data, 3),
       TrainRequest("late", OptimizerFamily::kAdamW, 4, all, data, 4)};
-  jobs[0].lora.dropout = 0.1;
+  // PEFT has no dropout on expert parameters.
+  if (!moe) jobs[0].lora.dropout = 0.1;
   jobs[1].training.batch_size = 5;
   jobs[2].training.batch_size = 2;  // Fewer rows than 3 ranks.
   Weights weights;
@@ -126,10 +128,11 @@ absl::StatusOr<Weights> TrainJobs(const LlamaModel& model,
 
 absl::Status ShardedTrainScenario(DistContext& dist, torch::ScalarType dtype,
                                   double bound,
-                                  torch::Device device = torch::kCPU) {
+                                  torch::Device device = torch::kCPU,
+                                  const std::string& preset = "tiny") {
   const std::string dir = absl::StrCat(
-      ::testing::TempDir(), "/loraplex-sharded-ranks-", getpid(), "/tiny");
-  LORAPLEX_RETURN_IF_ERROR(WritePresetModel("tiny", 7, dir));
+      ::testing::TempDir(), "/loraplex-sharded-ranks-", getpid(), "/", preset);
+  LORAPLEX_RETURN_IF_ERROR(WritePresetModel(preset, 7, dir));
   const BaseSharding sharding = BaseShardingOver(dist);
   LORAPLEX_ASSIGN_OR_RETURN(
       std::unique_ptr<LlamaModel> sharded,
@@ -353,6 +356,9 @@ absl::Status RunWorker(const std::string& scenario) {
   if (scenario == "train_cuda") {
     LORAPLEX_RETURN_IF_ERROR(ShardedTrainScenario(dist, torch::kFloat64,
                                                   kFp64IdentityBound, device));
+  } else if (scenario == "train_moe") {
+    LORAPLEX_RETURN_IF_ERROR(ShardedTrainScenario(
+        dist, torch::kFloat64, kFp64IdentityBound, device, "tiny-moe"));
   } else if (scenario == "train") {
     LORAPLEX_RETURN_IF_ERROR(
         ShardedTrainScenario(dist, torch::kFloat64, kFp64IdentityBound));
@@ -470,6 +476,12 @@ TEST(ShardedBaseRanksTest, TrainingEqualsOneProcessTwoRanks) {
 }
 TEST(ShardedBaseRanksTest, TrainingEqualsOneProcessThreeRanks) {
   EXPECT_THAT(RunRanks("train", 3), testing::Each(0));
+}
+// A mixture-of-experts base (tiny-moe: every layer's MLP 8 experts, LoRA
+// on attention and every expert): its expert stacks shard like any tensor,
+// and 3 ranks train as one process.
+TEST(ShardedBaseRanksTest, MixtureOfExpertsTrainsAsOneProcessThreeRanks) {
+  EXPECT_THAT(RunRanks("train_moe", 3), testing::Each(0));
 }
 TEST(ShardedBaseRanksTest, StepFailingOnOneRankFailsOnAllWithoutWaiting) {
   EXPECT_THAT(RunRanks("failure", 3), testing::Each(0));
