@@ -1,6 +1,6 @@
 // A frozen base sharded over the ranks of a data-parallel group
 // (docs/DESIGN.md §18): each rank keeps 1/N of every decoder layer's frozen
-// tensors, and a layer's full weights are all-gathered into one reused
+// tensors, and a layer's full weights are all-gathered into a reused
 // buffer just before it runs, in the forward pass and again in the backward
 // pass (LlamaModel runs every layer of a sharded base as a checkpointed
 // layer, layer_checkpoint.h, whose recomputation gathers again).

@@ -109,9 +109,11 @@ int64_t SavedActivationsPerTokenPerLayer(const ModelConfig& config) {
 
 int64_t DefaultTokenBudget(const ModelConfig& config, bool on_gpu,
                            int64_t device_memory_bytes, int64_t element_bytes,
-                           int64_t checkpoint_every) {
+                           int64_t checkpoint_every, int64_t weight_bytes) {
   if (!on_gpu) return kCpuTokenBudget;
-  const int64_t weights = BaseParameterCount(config) * element_bytes;
+  const int64_t weights = weight_bytes >= 0
+                              ? weight_bytes
+                              : BaseParameterCount(config) * element_bytes;
   const int64_t per_token =
       SavedActivationElements(config, 1, checkpoint_every) * element_bytes;
   if (per_token <= 0 || device_memory_bytes <= weights) return kCpuTokenBudget;
@@ -122,8 +124,10 @@ int64_t DefaultTokenBudget(const ModelConfig& config, bool on_gpu,
 }
 
 int64_t ActivationMemoryBytes(const ModelConfig& config, int64_t memory_bytes,
-                              int64_t element_bytes) {
-  const int64_t weights = BaseParameterCount(config) * element_bytes;
+                              int64_t element_bytes, int64_t weight_bytes) {
+  const int64_t weights = weight_bytes >= 0
+                              ? weight_bytes
+                              : BaseParameterCount(config) * element_bytes;
   return memory_bytes > weights ? (memory_bytes - weights) / 4 * 3 : 0;
 }
 

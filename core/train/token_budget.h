@@ -41,17 +41,21 @@ int64_t SavedActivationsPerTokenPerLayer(const ModelConfig& config);
 // rounded down to a power of two, within [kCpuTokenBudget,
 // kMaxDefaultTokenBudget]; with layers 0, k, 2k, ... always checkpointed
 // (k = checkpoint_every, CheckpointMode::kEvery) at what they keep then.
+// `weight_bytes`: what the base's weights take on the device (-1: the whole
+// base's, from the config; less for a base sharded over the ranks).
 int64_t DefaultTokenBudget(const ModelConfig& config, bool on_gpu,
                            int64_t device_memory_bytes, int64_t element_bytes,
-                           int64_t checkpoint_every = 0);
+                           int64_t checkpoint_every = 0,
+                           int64_t weight_bytes = -1);
 
 // The memory one micro-batch's activations may take on a device of
 // `memory_bytes` (GPU memory, or the host's for the CPU): three quarters of
 // what the base's weights leave, the rest for the loss chunk's logits, the
 // adapters and their optimizer state, the CUDA context and fragmentation;
 // 0 when the weights leave nothing (no limit is then known).
+// `weight_bytes` as for DefaultTokenBudget.
 int64_t ActivationMemoryBytes(const ModelConfig& config, int64_t memory_bytes,
-                              int64_t element_bytes);
+                              int64_t element_bytes, int64_t weight_bytes = -1);
 
 // Elements a training step of `tokens` tokens holds at its peak with
 // layers 0, k, 2k, ... checkpointed (k = checkpoint_every, 0: none;

@@ -60,6 +60,12 @@ absl::StatusOr<std::string> DefaultModelDir(const std::string& state_dir,
   return dir;
 }
 
+// What the base's weights take on this rank: a sharded base's share (and
+// gather buffers), or -1 for the whole base's (from its config).
+int64_t HeldWeightBytes(const LlamaModel& model) {
+  return model.sharded_base() != nullptr ? model.FrozenWeightBytes() : -1;
+}
+
 // The memory training runs in: a GPU's, or the host's for the CPU (0 when
 // unknown).
 int64_t DeviceMemoryBytes(const torch::Device& device,
@@ -87,11 +93,15 @@ int64_t ResolveTokenBudget(int64_t flag, const LlamaModel& model,
   if (flag >= 0) return flag;
   const int64_t memory =
       device.is_cuda() ? DeviceMemoryBytes(device, runtime) : 0;
-  const int64_t every =
-      checkpointing.mode == CheckpointMode::kEvery ? checkpointing.every : 0;
-  const int64_t budget = DefaultTokenBudget(
-      model.config(), device.is_cuda(), memory,
-      static_cast<int64_t>(c10::elementSize(model.dtype())), every);
+  // A sharded base runs every layer checkpointed (sharded_base.h).
+  const int64_t every = model.sharded_base() != nullptr ? 1
+                        : checkpointing.mode == CheckpointMode::kEvery
+                            ? checkpointing.every
+                            : 0;
+  const int64_t budget =
+      DefaultTokenBudget(model.config(), device.is_cuda(), memory,
+                         static_cast<int64_t>(c10::elementSize(model.dtype())),
+                         every, HeldWeightBytes(model));
   logger.Info("token budget: ", budget, " tokens per micro-batch (the default ",
               "on ", device.str(), "; --token-budget sets it)");
   return budget;
@@ -185,7 +195,7 @@ absl::StatusOr<CheckpointPolicy> ResolveCheckpointing(
           ? flags.activation_memory_mb << 20
           : ActivationMemoryBytes(model.config(),
                                   DeviceMemoryBytes(device, runtime),
-                                  policy.element_bytes);
+                                  policy.element_bytes, HeldWeightBytes(model));
   const int64_t longest = MaxRowTokens(policy, model.config());
   logger.Info("activation checkpointing: ", CheckpointModeName(policy),
               "; activation memory ", policy.activation_bytes >> 20,
@@ -254,6 +264,7 @@ absl::StatusOr<RankSetup> AgreeWithRanks(DistContext& dist,
                                          const LlamaModel& model,
                                          const std::string& model_dir,
                                          RankSetup mine) {
+  LORAPLEX_RETURN_IF_ERROR(AgreeOnShardLayout(dist, model));
   absl::StatusOr<std::string> fingerprint =
       ShardedModelFingerprint(model, model_dir);
   LORAPLEX_RETURN_IF_ERROR(

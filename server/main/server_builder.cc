@@ -43,6 +43,14 @@ int Serve(const ServerFlags& flags, Logger& logger) {
     }
     logger.Warning("test faults armed: ", flags.test_faults);
   }
+  // Checked before any rank joins the others: a rank that stopped after
+  // joining would leave them waiting in a collective.
+  CheckpointPolicy parsed;
+  if (absl::Status mode =
+          ParseCheckpointMode(flags.activation_checkpointing, &parsed);
+      !mode.ok()) {
+    return fail(mode);
+  }
   if (env->rank > 0) return FollowRankZero(flags, *env, logger);
   Server server(flags, *env, logger);
   if (absl::Status built = server.Build(); !built.ok()) return fail(built);

@@ -74,41 +74,81 @@ absl::StatusOr<std::string> ShardedModelFingerprint(const LlamaModel& model,
                                                     const std::string& dir) {
   ShardedBase* base = model.sharded_base();
   if (base == nullptr) return ModelFingerprint(model);
-  LORAPLEX_ASSIGN_OR_RETURN(
-      CheckpointWeights checkpoint,
-      CheckpointWeights::Open(dir, model.config(), model.dtype()));
+  // A local failure is kept until every layer has been gathered: the other
+  // ranks gather them all.
+  absl::StatusOr<CheckpointWeights> checkpoint =
+      CheckpointWeights::Open(dir, model.config(), model.dtype());
+  absl::Status problem = checkpoint.status();
   torch::NoGradGuard no_grad;
   Sha256 digest;
   digest.Update(ModelConfigToJson(model.config()));
   digest.Update(c10::toString(model.dtype()));
   const ModelWeights& weights = model.weights();
   AddSample(weights.embed_tokens, digest);
-  absl::Status mismatch;
   {
     ShardedBase::AllRanks all_ranks(*base);
-    try {
-      for (int64_t layer = 0; layer < base->num_layers(); ++layer) {
-        const LayerWeights& gathered = base->Gather(layer);
-        AddLayer(model.config(), gathered, digest);
-        // Every rank gathers every layer, even after a mismatch.
-        if (mismatch.ok()) {
-          mismatch = base->CheckGathered(layer, checkpoint, kCheckedPerTensor);
-        }
+    for (int64_t layer = 0; layer < base->num_layers(); ++layer) {
+      const LayerWeights* gathered = nullptr;
+      try {
+        gathered = &base->Gather(layer);
+      } catch (const std::exception& e) {  // On every rank.
+        return absl::UnavailableError(
+            absl::StrCat("gathering the sharded base failed: ", e.what()));
       }
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("gathering the sharded base failed: ", e.what()));
+      if (!problem.ok()) continue;
+      try {
+        AddLayer(model.config(), *gathered, digest);
+        problem = base->CheckGathered(layer, *checkpoint, kCheckedPerTensor);
+      } catch (const std::exception& e) {
+        problem = absl::InternalError(e.what());
+      }
     }
   }
-  if (!mismatch.ok()) {
+  if (problem.code() == absl::StatusCode::kFailedPrecondition) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the base's layers as the ranks hold them differ from this rank's "
         "--model (",
-        mismatch.message(), "): start every rank with the same --model"));
+        problem.message(), "): start every rank with the same --model"));
+  }
+  if (!problem.ok()) {
+    return absl::Status(
+        problem.code(),
+        absl::StrCat("cannot check the gathered layers against this rank's "
+                     "--model ",
+                     dir, ": ", problem.message()));
   }
   AddSample(weights.final_norm, digest);
   AddSample(weights.lm_head, digest);
   return digest.HexDigest();
+}
+
+absl::Status AgreeOnShardLayout(DistContext& dist, const LlamaModel& model) {
+  const ShardedBase* base = model.sharded_base();
+  if (base == nullptr) return absl::OkStatus();
+  Sha256 digest;
+  digest.Update(ModelConfigToJson(model.config()));
+  digest.Update(c10::toString(model.dtype()));
+  for (int64_t layer = 0; layer < base->num_layers(); ++layer) {
+    digest.Update(absl::StrCat(base->shard(layer).numel(), ";"));
+  }
+  const std::string mine = digest.HexDigest();
+  std::string root = mine;
+  LORAPLEX_RETURN_IF_ERROR(dist.Broadcast(&root, 0));
+  const bool differs = root != mine;
+  LORAPLEX_ASSIGN_OR_RETURN(int differing, dist.CountRanks(differs));
+  if (differs) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", dist.rank(),
+        " loaded another base model than rank 0 (its "
+        "config, dtype or layers differ): start every rank with the same "
+        "--model and --dtype"));
+  }
+  if (differing > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        differing, " rank(s) loaded another base model than rank 0 (see ",
+        "their logs): start every rank with the same --model and --dtype"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> AgreeOnShardBase(DistContext& dist, bool shard_base) {

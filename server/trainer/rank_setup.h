@@ -40,6 +40,12 @@ std::string ModelFingerprint(const LlamaModel& model);
 absl::StatusOr<std::string> ShardedModelFingerprint(const LlamaModel& model,
                                                     const std::string& dir);
 
+// Collective, before ShardedModelFingerprint: FAILED_PRECONDITION on every
+// rank unless every rank's sharded base has rank 0's config, dtype and
+// shard sizes (else their gathers would pair tensors of other sizes). OK
+// without a sharded base.
+absl::Status AgreeOnShardLayout(DistContext& dist, const LlamaModel& model);
+
 // Collective, before the base loads: rank 0's `shard_base` on every rank,
 // so that every rank loads the base as rank 0 does.
 absl::StatusOr<bool> AgreeOnShardBase(DistContext& dist, bool shard_base);

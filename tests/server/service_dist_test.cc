@@ -717,6 +717,23 @@ TEST(ServiceDistStartTest, ShardedRankWithAnotherModelStopsEveryRank) {
               HasSubstr("differ from this rank's --model"));
 }
 
+// Sharded, rank 1 loads another architecture: the ranks agree on the
+// layers' shapes before any gather (which would pair tensors of other
+// sizes), and every rank stops saying why.
+TEST(ServiceDistStartTest, ShardedRankWithAnotherArchitectureStopsEveryRank) {
+  const std::string state = FreshTestDir("sharded-shapes");
+  const std::string other = state + "/small-model";
+  ASSERT_TRUE(WritePresetModel("small", /*seed=*/0, other).ok());
+  Ranks ranks = StartRanks(state, 2, 4, {"--shard-base"}, 30,
+                           {"--model", other}, /*expect_serving=*/false);
+  ASSERT_EQ(ranks.server, nullptr);
+  EXPECT_THAT(ReadFileForTest(state + "/server.log"),
+              HasSubstr("1 rank(s) loaded another base model than rank 0"));
+  EXPECT_NE(ranks.follower().Wait(30), 0);
+  EXPECT_THAT(ranks.follower().Log(),
+              HasSubstr("its config, dtype or layers differ"));
+}
+
 TEST(ServiceDistStartTest, RankWithAnotherModelStopsEveryRank) {
   const std::string state = FreshTestDir("models");
   const std::string other = state + "/other-model";

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -212,36 +214,37 @@ TEST(ShardedBaseTest, ForwardsNotEveryRankRunsAreRefused) {
 
 // One rank: the sharded path (every layer gathered and recomputed in the
 // backward pass) trains as the whole model does.
-TEST(ShardedBaseTest, OneRankTrainsAsTheWholeModel) {
-  const std::string dir = TinyModelDir();
-  const std::unique_ptr<LlamaModel> whole = LoadWhole(dir);
-  const std::shared_ptr<Ranks> held_ranks = LoadRanks(dir, 1);
-  const Ranks& ranks = *held_ranks;
-  auto train = [&](const LlamaModel& model, std::vector<double>& losses) {
-    SlotPool pool(model.config(), {.capacity = 2, .dtype = model.dtype()});
-    for (SlotAttachRequest& request : MixedTrainRequests()) {
-      EXPECT_TRUE(pool.Attach(request).ok());
-      if (pool.ActiveSlots().size() == 2) break;
+// Two co-batched slots' losses over 3 steps and their final weights.
+std::vector<torch::Tensor> TrainTwoSlots(const LlamaModel& model,
+                                         std::vector<double>& losses) {
+  SlotPool pool(model.config(), {.capacity = 2, .dtype = model.dtype()});
+  for (SlotAttachRequest& request : MixedTrainRequests()) {
+    EXPECT_TRUE(pool.Attach(request).ok());
+    if (pool.ActiveSlots().size() == 2) break;
+  }
+  CoBatchOptions options;
+  options.token_budget = 64;
+  for (int step = 0; step < 3; ++step) {
+    auto metrics = TrainCoBatchStep(model, pool.ActiveSlots(), options);
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    if (!metrics.ok()) break;
+    for (const SlotStepMetrics& m : *metrics) losses.push_back(m.loss);
+  }
+  std::vector<torch::Tensor> weights;
+  for (int slot : {0, 1}) {
+    for (const torch::Tensor& p : pool.slot(slot).weights.parameters()) {
+      weights.push_back(p.detach().clone());
     }
-    CoBatchOptions options;
-    options.token_budget = 64;
-    for (int step = 0; step < 3; ++step) {
-      auto metrics = TrainCoBatchStep(model, pool.ActiveSlots(), options);
-      EXPECT_TRUE(metrics.ok()) << metrics.status();
-      if (!metrics.ok()) break;
-      for (const SlotStepMetrics& m : *metrics) losses.push_back(m.loss);
-    }
-    std::vector<torch::Tensor> weights;
-    for (int slot : {0, 1}) {
-      for (const torch::Tensor& p : pool.slot(slot).weights.parameters()) {
-        weights.push_back(p.detach().clone());
-      }
-    }
-    return weights;
-  };
+  }
+  return weights;
+}
+
+void ExpectTrainsAsTheWholeModel(const LlamaModel& sharded,
+                                 const LlamaModel& whole) {
   std::vector<double> whole_losses, sharded_losses;
-  const std::vector<torch::Tensor> expected = train(*whole, whole_losses);
-  const std::vector<torch::Tensor> got = train(*ranks[0], sharded_losses);
+  const std::vector<torch::Tensor> expected =
+      TrainTwoSlots(whole, whole_losses);
+  const std::vector<torch::Tensor> got = TrainTwoSlots(sharded, sharded_losses);
   ASSERT_EQ(got.size(), expected.size());
   EXPECT_LE(MaxRelativeDiff(got, expected), kFp64IdentityBound);
   ASSERT_EQ(sharded_losses.size(), whole_losses.size());
@@ -249,6 +252,43 @@ TEST(ShardedBaseTest, OneRankTrainsAsTheWholeModel) {
     EXPECT_NEAR(sharded_losses[i], whole_losses[i],
                 kFp64IdentityBound * std::abs(whole_losses[i]));
   }
+}
+
+TEST(ShardedBaseTest, OneRankTrainsAsTheWholeModel) {
+  const std::string dir = TinyModelDir();
+  const std::unique_ptr<LlamaModel> whole = LoadWhole(dir);
+  const std::shared_ptr<Ranks> held_ranks = LoadRanks(dir, 1);
+  ExpectTrainsAsTheWholeModel(*(*held_ranks)[0], *whole);
+}
+
+// With start_all_gather, the next layer is gathered while one runs: here a
+// started gather fills the buffer with NaN and writes the layer only when
+// waited for, so a layer used before its gather is waited for, or the
+// buffer of the layer still running overwritten, changes the results.
+TEST(ShardedBaseTest, PrefetchedGathersTrainAsTheWholeModel) {
+  const std::string dir = TinyModelDir();
+  const std::unique_ptr<LlamaModel> whole = LoadWhole(dir);
+  BaseSharding sharding;
+  sharding.all_gather = [](const torch::Tensor& shard, torch::Tensor& full) {
+    full.copy_(shard);
+  };
+  int started = 0;
+  sharding.start_all_gather = [&started](const torch::Tensor& shard,
+                                         torch::Tensor& full) {
+    ++started;
+    full.fill_(std::numeric_limits<double>::quiet_NaN());
+    return std::function<void()>([shard, full]() mutable {
+      torch::NoGradGuard no_grad;
+      full.copy_(shard);
+    });
+  };
+  auto sharded =
+      LlamaModel::Load(dir, {.dtype = torch::kFloat64, .shard_base = sharding});
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  ExpectTrainsAsTheWholeModel(**sharded, *whole);
+  const ShardedBase& base = *(*sharded)->sharded_base();
+  EXPECT_GT(base.prefetched_gathers(), 0);
+  EXPECT_GE(started, base.prefetched_gathers());
 }
 
 }  // namespace
