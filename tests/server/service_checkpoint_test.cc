@@ -21,6 +21,7 @@
 #include <set>
 
 #include "absl/strings/match.h"
+#include "core/model/model_presets.h"
 #include "tests/common/test_dir.h"
 #include "tests/server/service_fixture.h"
 
@@ -54,10 +55,6 @@ std::map<std::string, std::string> JobAdapter(LoraplexClient& client,
   return ExportedFiles(client, request);
 }
 
-std::vector<std::string> ServerFlags() {
-  return {absl::StrCat("--checkpoint-interval=", kInterval), "--threads=2"};
-}
-
 // What an uninterrupted run produced, per job.
 struct Outcome {
   std::map<std::string, RunLosses> runs;
@@ -67,8 +64,6 @@ struct Outcome {
 class ServiceCheckpointTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    stage_ = new std::string(FreshTestDir("stage"));
-    jobs_ = new std::vector<std::string>();
     std::vector<v1::CreateJobRequest> requests = {
         JobRequest("", v1::OPTIMIZER_FAMILY_ADAMW, 8, kSteps, 1),
         JobRequest("", v1::OPTIMIZER_FAMILY_MUON, 16, kSteps, 2),
@@ -78,9 +73,21 @@ class ServiceCheckpointTest : public ::testing::Test {
     // SOAP's factors and eigenbases, refreshed every other step, resume
     // with the rest of its state.
     requests[3].mutable_optimizer()->set_precondition_frequency(2);
-    *jobs_ =
-        StageJobs(*stage_, ReversalJsonl(40, 5), requests, "--threads=2").jobs;
-    ASSERT_EQ(jobs_->size(), 4u);
+    StageAndRunReference(requests, {});
+  }
+
+  // Stages `requests` on a server started with `model_flags` as well, and
+  // runs them uninterrupted for the reference.
+  static void StageAndRunReference(
+      const std::vector<v1::CreateJobRequest>& requests,
+      const std::vector<std::string>& model_flags) {
+    stage_ = new std::string(FreshTestDir("stage"));
+    jobs_ = new std::vector<std::string>();
+    model_flags_ = new std::vector<std::string>(model_flags);
+    *jobs_ = StageJobs(*stage_, ReversalJsonl(40, 5), requests, "--threads=2",
+                       model_flags)
+                 .jobs;
+    ASSERT_EQ(jobs_->size(), requests.size());
     const std::string dir = FreshRun("reference");
     auto server = StartServer(dir, 4, ServerFlags());
     ASSERT_NE(server, nullptr);
@@ -92,6 +99,18 @@ class ServiceCheckpointTest : public ::testing::Test {
     delete stage_;
     delete jobs_;
     delete reference_;
+    delete model_flags_;
+    stage_ = nullptr;
+    jobs_ = nullptr;
+    reference_ = nullptr;
+    model_flags_ = nullptr;
+  }
+
+  static std::vector<std::string> ServerFlags() {
+    std::vector<std::string> flags = {
+        absl::StrCat("--checkpoint-interval=", kInterval), "--threads=2"};
+    flags.insert(flags.end(), model_flags_->begin(), model_flags_->end());
+    return flags;
   }
 
   // Waits for every job and gathers their last runs and adapters.
@@ -206,59 +225,88 @@ class ServiceCheckpointTest : public ::testing::Test {
     return dir + "/checkpoints/" + job.substr(5) + name;
   }
 
+  // Kills the server at `points` random steps after the first checkpoint
+  // and expects every run to resume bit-exactly. The kill lands a moment
+  // after the step is seen; on a loaded machine the jobs may finish in
+  // that moment (the restart then has nothing to resume: it runs no job
+  // again). Such a point is taken again, killed at the earliest step.
+  static void ExpectKilledRunsResume(int points) {
+    ASSERT_NE(reference_, nullptr);
+    std::mt19937 rng(std::random_device{}());
+    for (int i = 0; i < points; ++i) {
+      // Two intervals of steps are left after the latest kill step.
+      int64_t kill_step =
+          kInterval + 1 +
+          static_cast<int64_t>(rng() % (kSteps - 3 * kInterval));
+      bool resumed = false;
+      for (int attempt = 0; attempt < 3 && !resumed; ++attempt) {
+        SCOPED_TRACE(absl::StrCat("kill point ", i, " at step >= ", kill_step,
+                                  ", attempt ", attempt));
+        const std::string dir = FreshRun("killed");
+        const Killed killed = KillAt(dir, kill_step);
+        ASSERT_GE(killed.step, kill_step);
+        auto server = StartServer(dir, 4, ServerFlags());
+        ASSERT_NE(server, nullptr);
+        auto client = ClientFor(*server);
+        Outcome run = Collect(*client, *server);
+        if (RunningEvents(*client, jobs_->front()) == killed.runs) {
+          // The killed server had finished the jobs: no run to resume.
+          kill_step = kInterval + 1;
+          continue;
+        }
+        resumed = true;
+        // Every job resumes from the same complete pool checkpoint, at
+        // least the one before the step seen (that step's own may have
+        // been cut short by the kill).
+        const RunLosses& first = run.runs.at(jobs_->front());
+        ASSERT_FALSE(first.loss.empty());
+        const int64_t resumed_from = first.loss.begin()->first - 1;
+        EXPECT_GE(resumed_from, ((killed.step - 1) / kInterval) * kInterval);
+        EXPECT_EQ(resumed_from % kInterval, 0);
+        ExpectSameAsReference(run, resumed_from);
+      }
+      EXPECT_TRUE(resumed) << "kill point " << i
+                           << ": every kill came after the jobs had finished";
+    }
+  }
+
   static std::string* stage_;
   static std::vector<std::string>* jobs_;
   static Outcome* reference_;
+  static std::vector<std::string>* model_flags_;  // Where the base is.
 };
 
 std::string* ServiceCheckpointTest::stage_ = nullptr;
 std::vector<std::string>* ServiceCheckpointTest::jobs_ = nullptr;
 Outcome* ServiceCheckpointTest::reference_ = nullptr;
+std::vector<std::string>* ServiceCheckpointTest::model_flags_ = nullptr;
 
 // Kill points: LORAPLEX_KILL_POINTS (default 5; the `long` ctest label runs
-// more), at random steps after the first checkpoint. The kill lands a
-// moment after the step is seen; on a loaded machine the jobs may finish in
-// that moment (the restart then has nothing to resume: it runs no job
-// again). Such a point is taken again, killed at the earliest step.
+// more), at random steps after the first checkpoint.
 TEST_F(ServiceCheckpointTest, KilledServerResumesEveryJobBitExactly) {
-  ASSERT_NE(reference_, nullptr);
   const char* env = std::getenv("LORAPLEX_KILL_POINTS");
-  const int points = env != nullptr ? std::atoi(env) : 5;
-  std::mt19937 rng(std::random_device{}());
-  for (int i = 0; i < points; ++i) {
-    // Two intervals of steps are left after the latest kill step.
-    int64_t kill_step =
-        kInterval + 1 + static_cast<int64_t>(rng() % (kSteps - 3 * kInterval));
-    bool resumed = false;
-    for (int attempt = 0; attempt < 3 && !resumed; ++attempt) {
-      SCOPED_TRACE(absl::StrCat("kill point ", i, " at step >= ", kill_step,
-                                ", attempt ", attempt));
-      const std::string dir = FreshRun("killed");
-      const Killed killed = KillAt(dir, kill_step);
-      ASSERT_GE(killed.step, kill_step);
-      auto server = StartServer(dir, 4, ServerFlags());
-      ASSERT_NE(server, nullptr);
-      auto client = ClientFor(*server);
-      Outcome run = Collect(*client, *server);
-      if (RunningEvents(*client, jobs_->front()) == killed.runs) {
-        // The killed server had finished the jobs: no run to resume.
-        kill_step = kInterval + 1;
-        continue;
-      }
-      resumed = true;
-      // Every job resumes from the same complete pool checkpoint, at least
-      // the one before the step seen (that step's own may have been cut
-      // short by the kill).
-      const RunLosses& first = run.runs.at(jobs_->front());
-      ASSERT_FALSE(first.loss.empty());
-      const int64_t resumed_from = first.loss.begin()->first - 1;
-      EXPECT_GE(resumed_from, ((killed.step - 1) / kInterval) * kInterval);
-      EXPECT_EQ(resumed_from % kInterval, 0);
-      ExpectSameAsReference(run, resumed_from);
-    }
-    EXPECT_TRUE(resumed) << "kill point " << i
-                         << ": every kill came after the jobs had finished";
+  ExpectKilledRunsResume(env != nullptr ? std::atoi(env) : 5);
+}
+
+// The same over a mixture-of-experts base (the tiny-moe preset: every
+// layer's MLP 8 experts, 2 per token), the jobs' default targets adapting
+// attention and every expert, their optimizer state stacked per expert.
+class ServiceCheckpointMoeTest : public ServiceCheckpointTest {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string model = FreshTestDir("moe-model") + "/tiny-moe";
+    ASSERT_TRUE(WritePresetModel("tiny-moe", 3, model).ok());
+    std::vector<v1::CreateJobRequest> requests = {
+        JobRequest("", v1::OPTIMIZER_FAMILY_ADAMW, 8, kSteps, 1),
+        JobRequest("", v1::OPTIMIZER_FAMILY_MUON, 16, kSteps, 2),
+        JobRequest("", v1::OPTIMIZER_FAMILY_SOAP, 4, kSteps, 4)};
+    requests[2].mutable_optimizer()->set_precondition_frequency(2);
+    StageAndRunReference(requests, {"--model=" + model});
   }
+};
+
+TEST_F(ServiceCheckpointMoeTest, KilledServerResumesEveryJobBitExactly) {
+  ExpectKilledRunsResume(1);
 }
 
 // As in KilledServerResumesEveryJobBitExactly, the jobs may finish in the

@@ -217,10 +217,12 @@ struct StagedJobs {
 
 inline StagedJobs StageJobs(const std::string& state, const std::string& jsonl,
                             std::vector<v1::CreateJobRequest> requests,
-                            const std::string& threads_flag) {
+                            const std::string& threads_flag,
+                            const std::vector<std::string>& more_flags = {}) {
   StagedJobs staged;
-  auto server = StartServer(state, /*slots=*/1,
-                            {"--checkpoint-interval=0", threads_flag});
+  std::vector<std::string> flags = {"--checkpoint-interval=0", threads_flag};
+  flags.insert(flags.end(), more_flags.begin(), more_flags.end());
+  auto server = StartServer(state, /*slots=*/1, flags);
   EXPECT_NE(server, nullptr);
   if (server == nullptr) return staged;
   auto client = ClientFor(*server);
