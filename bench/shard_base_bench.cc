@@ -1,4 +1,4 @@
-// Issue 44, goal 4: what sharding the frozen base (docs/DESIGN.md §18)
+// What sharding the frozen base (docs/DESIGN.md §18)
 // saves per rank and what its gathers cost per training step, over 1, 2
 // and 4 processes (Gloo over 127.0.0.1). Run it with no launcher:
 //
@@ -649,7 +649,7 @@ int main(int argc, char** argv) {
   loraplex::ReexecWithPassiveOpenMpWait(argv);
   loraplex::BenchOptions options;
   CLI::App app{
-      "Issue 44 goal 4: per-rank frozen base bytes and step time, whole and "
+      "Per-rank frozen base bytes and step time, whole and "
       "sharded, over 1, 2 and 4 processes (started by this program)."};
   app.add_option("--preset", options.preset, "tiny, small or tiny-moe")
       ->capture_default_str();
