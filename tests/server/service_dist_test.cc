@@ -701,51 +701,45 @@ TEST(ServiceDistStartTest, ShardBaseWithoutRanksIsRefusedNamingTheFlag) {
               HasSubstr("--shard-base shards the base over the ranks"));
 }
 
+// Rank 0 on the built-in model and rank 1 on `preset` written with `seed`,
+// both with `flags`: neither serves, and their logs say why.
+void ExpectAnotherModelStopsEveryRank(const std::string& preset, int seed,
+                                      const std::vector<std::string>& flags,
+                                      const std::string& rank0_says,
+                                      const std::string& rank1_says) {
+  const std::string state = FreshTestDir("models");
+  const std::string other = state + "/other-model";
+  ASSERT_TRUE(WritePresetModel(preset, seed, other).ok());
+  Ranks ranks = StartRanks(state, 2, 4, flags, 30, {"--model", other},
+                           /*expect_serving=*/false);
+  ASSERT_EQ(ranks.server, nullptr);
+  EXPECT_THAT(ReadFileForTest(state + "/server.log"), HasSubstr(rank0_says));
+  EXPECT_NE(ranks.follower().Wait(30), 0);
+  EXPECT_THAT(ranks.follower().Log(), HasSubstr(rank1_says));
+}
+
 // Sharded, rank 1's half of every layer comes from another checkpoint: the
 // gathered layers differ from each rank's own files, and every rank stops.
 TEST(ServiceDistStartTest, ShardedRankWithAnotherModelStopsEveryRank) {
-  const std::string state = FreshTestDir("sharded-models");
-  const std::string other = state + "/other-model";
-  ASSERT_TRUE(WritePresetModel("tiny", /*seed=*/1, other).ok());
-  Ranks ranks = StartRanks(state, 2, 4, {"--shard-base"}, 30,
-                           {"--model", other}, /*expect_serving=*/false);
-  ASSERT_EQ(ranks.server, nullptr);
-  EXPECT_THAT(ReadFileForTest(state + "/server.log"),
-              HasSubstr("differ from this rank's --model"));
-  EXPECT_NE(ranks.follower().Wait(30), 0);
-  EXPECT_THAT(ranks.follower().Log(),
-              HasSubstr("differ from this rank's --model"));
+  ExpectAnotherModelStopsEveryRank("tiny", 1, {"--shard-base"},
+                                   "differ from this rank's --model",
+                                   "differ from this rank's --model");
 }
 
 // Sharded, rank 1 loads another architecture: the ranks agree on the
 // layers' shapes before any gather (which would pair tensors of other
 // sizes), and every rank stops saying why.
 TEST(ServiceDistStartTest, ShardedRankWithAnotherArchitectureStopsEveryRank) {
-  const std::string state = FreshTestDir("sharded-shapes");
-  const std::string other = state + "/small-model";
-  ASSERT_TRUE(WritePresetModel("small", /*seed=*/0, other).ok());
-  Ranks ranks = StartRanks(state, 2, 4, {"--shard-base"}, 30,
-                           {"--model", other}, /*expect_serving=*/false);
-  ASSERT_EQ(ranks.server, nullptr);
-  EXPECT_THAT(ReadFileForTest(state + "/server.log"),
-              HasSubstr("1 rank(s) loaded another base model than rank 0"));
-  EXPECT_NE(ranks.follower().Wait(30), 0);
-  EXPECT_THAT(ranks.follower().Log(),
-              HasSubstr("its config, dtype or layers differ"));
+  ExpectAnotherModelStopsEveryRank(
+      "small", 0, {"--shard-base"},
+      "1 rank(s) loaded another base model than rank 0",
+      "its config, dtype or layers differ");
 }
 
 TEST(ServiceDistStartTest, RankWithAnotherModelStopsEveryRank) {
-  const std::string state = FreshTestDir("models");
-  const std::string other = state + "/other-model";
-  ASSERT_TRUE(WritePresetModel("tiny", /*seed=*/1, other).ok());
-  Ranks ranks = StartRanks(state, 2, 4, {}, 30, {"--model", other},
-                           /*expect_serving=*/false);
-  ASSERT_EQ(ranks.server, nullptr);
-  EXPECT_THAT(ReadFileForTest(state + "/server.log"),
-              HasSubstr("1 rank(s) loaded another base model than rank 0"));
-  EXPECT_NE(ranks.follower().Wait(30), 0);
-  EXPECT_THAT(ranks.follower().Log(),
-              HasSubstr("rank 1 loaded another base model than rank 0"));
+  ExpectAnotherModelStopsEveryRank(
+      "tiny", 1, {}, "1 rank(s) loaded another base model than rank 0",
+      "rank 1 loaded another base model than rank 0");
 }
 
 }  // namespace
