@@ -31,8 +31,8 @@
 #include "core/model/llama_model.h"
 #include "core/model/model_presets.h"
 #include "core/train/co_batch_step.h"
-#include "tests/common/free_port.h"
 #include "tests/common/optim_fixture.h"
+#include "tests/common/rank_launcher.h"
 #include "tests/common/test_threads.h"
 #include "tests/common/train_fixture.h"
 
@@ -662,108 +662,26 @@ struct Launch {
   int timeout_seconds = 20;
 };
 
-struct LaunchResult {
-  std::vector<int> exit_codes;  // Per started rank; -1: killed at deadline.
-  double seconds = 0;
-};
-
 // The collective timeout of scenarios that train: each rank also trains
 // alone for its reference, and on a loaded 2-core machine with three ranks
 // one rank can finish that run well over 30 s after another, which waits
 // for it in the next collective.
 constexpr int kTrainingTimeoutSeconds = 150;
 
-LaunchResult RunRanks(const Launch& launch) {
-  // Bounds a whole scenario, not one collective: every rank trains in
-  // parallel, then alone for its one-process reference, then compares, all
-  // on a loaded 2-core machine beside other multi-process tests.
-  constexpr auto kKillAfter = std::chrono::seconds(600);
-  const int port = FreePort();
-  EXPECT_GT(port, 0);
-  std::vector<int> ranks = launch.ranks;
-  if (ranks.empty()) {
-    for (int r = 0; r < launch.world_size; ++r) ranks.push_back(r);
-  }
-  const std::vector<std::string> ours = {"RANK",
-                                         "WORLD_SIZE",
-                                         "LOCAL_RANK",
-                                         "MASTER_ADDR",
-                                         "MASTER_PORT",
-                                         "LORAPLEX_DIST_TIMEOUT_SECONDS",
-                                         "GLOO_SOCKET_IFNAME",
-                                         kScenarioVar};
-  std::vector<std::string> inherited;
-  for (char** e = environ; *e != nullptr; ++e) {
-    bool replaced = false;
-    for (const std::string& name : ours) {
-      replaced = replaced || absl::StartsWith(*e, name + "=");
-    }
-    if (!replaced) inherited.push_back(*e);
-  }
-
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<pid_t> pids;
-  for (int rank : ranks) {
-    std::vector<std::string> env = inherited;
-    env.push_back(absl::StrCat("RANK=", rank));
-    env.push_back(absl::StrCat("LOCAL_RANK=", rank));
-    env.push_back(absl::StrCat("WORLD_SIZE=", launch.world_size));
-    env.push_back("MASTER_ADDR=127.0.0.1");
-    env.push_back(absl::StrCat("MASTER_PORT=", port));
-    env.push_back(
-        absl::StrCat("LORAPLEX_DIST_TIMEOUT_SECONDS=", launch.timeout_seconds));
-    env.push_back(absl::StrCat(kScenarioVar, "=", launch.scenario));
-    std::vector<char*> envp;
-    for (std::string& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string exe = "/proc/self/exe";
-    char* argv[] = {exe.data(), nullptr};
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execve(exe.c_str(), argv, envp.data());
-      _exit(127);
-    }
-    EXPECT_GT(pid, 0) << "fork failed";
-    pids.push_back(pid);
-  }
-
-  LaunchResult result;
-  result.exit_codes.assign(pids.size(), -1);
-  size_t running = pids.size();
-  std::vector<bool> done(pids.size(), false);
-  while (running > 0) {
-    for (size_t k = 0; k < pids.size(); ++k) {
-      if (done[k] || pids[k] <= 0) {
-        if (!done[k]) --running;
-        done[k] = true;
-        continue;
-      }
-      int status = 0;
-      if (waitpid(pids[k], &status, WNOHANG) == pids[k]) {
-        result.exit_codes[k] = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-        done[k] = true;
-        --running;
-      }
-    }
-    if (running > 0 && std::chrono::steady_clock::now() - start > kKillAfter) {
-      for (size_t k = 0; k < pids.size(); ++k) {
-        if (done[k]) continue;
-        kill(pids[k], SIGKILL);
-        waitpid(pids[k], nullptr, 0);
-        done[k] = true;
-        --running;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  return result;
+// The kill deadline (600 s) bounds a whole scenario, not one collective:
+// every rank trains in parallel, then alone for its one-process reference,
+// then compares, all on a loaded 2-core machine beside other multi-process
+// tests.
+RankExits RunRanks(const Launch& launch) {
+  return LaunchRanks({.scenario_var = kScenarioVar,
+                      .scenario = launch.scenario,
+                      .world_size = launch.world_size,
+                      .ranks = launch.ranks,
+                      .timeout_seconds = launch.timeout_seconds});
 }
 
 void ExpectEveryRankPasses(const Launch& launch) {
-  LaunchResult result = RunRanks(launch);
+  RankExits result = RunRanks(launch);
   // A rank that hangs is killed after kKillAfter (exit code -1).
   EXPECT_THAT(result.exit_codes, testing::Each(0))
       << launch.scenario << " with " << launch.world_size
@@ -827,7 +745,7 @@ TEST(MultiProcessTest, MissingRankFailsWithinTheTimeout) {
   // Rank 2 of 3 never starts; ranks 0 and 1 give up after 10 s. Not less:
   // starting this binary on a loaded machine can take seconds, and a rank 1
   // that comes after rank 0 gave up never sees how many ranks joined.
-  LaunchResult result = RunRanks({"missing_rank", 3, {0, 1}, 10});
+  RankExits result = RunRanks({"missing_rank", 3, {0, 1}, 10});
   EXPECT_THAT(result.exit_codes, testing::Each(0));
   // Well before the default timeout (300 s), with room for a loaded machine.
   EXPECT_LT(result.seconds, 10 + 40) << "took " << result.seconds << " s";
@@ -837,7 +755,7 @@ TEST(MultiProcessTest, MissingStoreHostFailsWithinTheTimeout) {
   // Rank 0, which hosts the store, never starts; rank 1 gives up after 3 s.
   // Alone, it races no other rank, so a short timeout is not flaky here
   // (and c10d's connection retries run well past a longer one).
-  LaunchResult result = RunRanks({"missing_host", 2, {1}, 3});
+  RankExits result = RunRanks({"missing_host", 2, {1}, 3});
   EXPECT_THAT(result.exit_codes, testing::Each(0));
   // Well before the default timeout (300 s), with room for a loaded machine.
   EXPECT_LT(result.seconds, 3 + 40) << "took " << result.seconds << " s";

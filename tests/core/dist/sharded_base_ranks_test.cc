@@ -34,7 +34,7 @@
 #include "core/model/llama_model.h"
 #include "core/model/model_presets.h"
 #include "core/train/co_batch_step.h"
-#include "tests/common/free_port.h"
+#include "tests/common/rank_launcher.h"
 #include "tests/common/test_threads.h"
 #include "tests/common/train_fixture.h"
 
@@ -393,82 +393,15 @@ absl::Status RunWorker(const std::string& scenario) {
   _exit(status.ok() ? 0 : 1);
 }();
 
-// Every rank's exit code (-1: killed after the deadline).
+// Every rank's exit code (-1: killed after the deadline). Each rank trains
+// sharded, then alone for its reference, on a loaded 2-core machine: a
+// generous collective timeout.
 std::vector<int> RunRanks(const std::string& scenario, int world_size) {
-  // Each rank trains sharded, then alone for its reference, on a loaded
-  // 2-core machine: generous collective timeout and deadline.
-  constexpr int kTimeoutSeconds = 150;
-  constexpr auto kKillAfter = std::chrono::seconds(600);
-  const int port = FreePort();
-  EXPECT_GT(port, 0);
-  const std::vector<std::string> ours = {"RANK",
-                                         "WORLD_SIZE",
-                                         "LOCAL_RANK",
-                                         "MASTER_ADDR",
-                                         "MASTER_PORT",
-                                         "LORAPLEX_DIST_TIMEOUT_SECONDS",
-                                         "GLOO_SOCKET_IFNAME",
-                                         kScenarioVar};
-  std::vector<std::string> inherited;
-  for (char** e = environ; *e != nullptr; ++e) {
-    bool replaced = false;
-    for (const std::string& name : ours) {
-      replaced = replaced || absl::StartsWith(*e, name + "=");
-    }
-    if (!replaced) inherited.push_back(*e);
-  }
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < world_size; ++rank) {
-    std::vector<std::string> env = inherited;
-    env.push_back(absl::StrCat("RANK=", rank));
-    env.push_back(absl::StrCat("LOCAL_RANK=", rank));
-    env.push_back(absl::StrCat("WORLD_SIZE=", world_size));
-    env.push_back("MASTER_ADDR=127.0.0.1");
-    env.push_back(absl::StrCat("MASTER_PORT=", port));
-    env.push_back(
-        absl::StrCat("LORAPLEX_DIST_TIMEOUT_SECONDS=", kTimeoutSeconds));
-    env.push_back(absl::StrCat(kScenarioVar, "=", scenario));
-    std::vector<char*> envp;
-    for (std::string& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string exe = "/proc/self/exe";
-    char* argv[] = {exe.data(), nullptr};
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execve(exe.c_str(), argv, envp.data());
-      _exit(127);
-    }
-    EXPECT_GT(pid, 0) << "fork failed";
-    pids.push_back(pid);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<int> exit_codes(pids.size(), -1);
-  std::vector<bool> done(pids.size(), false);
-  size_t running = pids.size();
-  while (running > 0) {
-    for (size_t k = 0; k < pids.size(); ++k) {
-      if (done[k]) continue;
-      int status = 0;
-      if (pids[k] <= 0 || waitpid(pids[k], &status, WNOHANG) == pids[k]) {
-        if (pids[k] > 0) {
-          exit_codes[k] = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-        }
-        done[k] = true;
-        --running;
-      }
-    }
-    if (running > 0 && std::chrono::steady_clock::now() - start > kKillAfter) {
-      for (size_t k = 0; k < pids.size(); ++k) {
-        if (done[k]) continue;
-        kill(pids[k], SIGKILL);
-        waitpid(pids[k], nullptr, 0);
-        done[k] = true;
-        --running;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return exit_codes;
+  return LaunchRanks({.scenario_var = kScenarioVar,
+                      .scenario = scenario,
+                      .world_size = world_size,
+                      .timeout_seconds = 150})
+      .exit_codes;
 }
 
 TEST(ShardedBaseRanksTest, TrainingEqualsOneProcessTwoRanks) {
