@@ -42,7 +42,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -59,6 +58,7 @@
 #include "core/runtime/device.h"
 #include "core/train/co_batch_step.h"
 #include "tests/common/free_port.h"
+#include "tests/common/rank_process.h"
 
 namespace loraplex {
 namespace {
@@ -429,38 +429,17 @@ absl::Status RunRanks(char** argv, const std::string& run_dir, int world_size) {
   const int timeout_seconds = timeout_set != nullptr
                                   ? std::atoi(timeout_set)
                                   : kDefaultDistTimeoutSeconds;
-  const std::vector<std::string> ours = {"RANK",        "WORLD_SIZE",
-                                         "LOCAL_RANK",  "MASTER_ADDR",
-                                         "MASTER_PORT", kRunDirVar};
-  std::vector<std::string> inherited;
-  for (char** e = environ; *e != nullptr; ++e) {
-    bool replaced = false;
-    for (const std::string& name : ours) {
-      replaced = replaced || absl::StartsWith(*e, name + "=");
-    }
-    if (!replaced) inherited.push_back(*e);
-  }
+  const std::vector<std::string> inherited =
+      InheritedEnvironment({"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                            "MASTER_PORT", kRunDirVar});
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world_size; ++rank) {
-    std::vector<std::string> env = inherited;
-    env.push_back(absl::StrCat("RANK=", rank));
-    env.push_back(absl::StrCat("LOCAL_RANK=", rank));
-    env.push_back(absl::StrCat("WORLD_SIZE=", world_size));
-    env.push_back("MASTER_ADDR=127.0.0.1");
-    env.push_back(absl::StrCat("MASTER_PORT=", port));
+    std::vector<std::string> extra = {absl::StrCat(kRunDirVar, "=", run_dir)};
     if (timeout_set == nullptr) {
-      env.push_back(
+      extra.push_back(
           absl::StrCat("LORAPLEX_DIST_TIMEOUT_SECONDS=", timeout_seconds));
     }
-    env.push_back(absl::StrCat(kRunDirVar, "=", run_dir));
-    std::vector<char*> envp;
-    for (std::string& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execve("/proc/self/exe", argv, envp.data());
-      _exit(127);
-    }
+    const pid_t pid = StartRank(argv, inherited, rank, world_size, port, extra);
     if (pid < 0) {
       for (pid_t started : pids) kill(started, SIGKILL);
       return absl::InternalError("fork failed");

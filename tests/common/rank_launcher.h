@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/common/free_port.h"
+#include "tests/common/rank_process.h"
 
 namespace loraplex {
 
@@ -48,44 +48,19 @@ inline RankExits LaunchRanks(const RankLaunch& launch) {
   if (ranks.empty()) {
     for (int r = 0; r < launch.world_size; ++r) ranks.push_back(r);
   }
-  const std::vector<std::string> ours = {"RANK",
-                                         "WORLD_SIZE",
-                                         "LOCAL_RANK",
-                                         "MASTER_ADDR",
-                                         "MASTER_PORT",
-                                         "LORAPLEX_DIST_TIMEOUT_SECONDS",
-                                         "GLOO_SOCKET_IFNAME",
-                                         launch.scenario_var};
-  std::vector<std::string> inherited;
-  for (char** e = environ; *e != nullptr; ++e) {
-    bool replaced = false;
-    for (const std::string& name : ours) {
-      replaced = replaced || absl::StartsWith(*e, name + "=");
-    }
-    if (!replaced) inherited.push_back(*e);
-  }
+  const std::vector<std::string> inherited =
+      InheritedEnvironment({"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                            "MASTER_PORT", "LORAPLEX_DIST_TIMEOUT_SECONDS",
+                            "GLOO_SOCKET_IFNAME", launch.scenario_var});
   const auto start = std::chrono::steady_clock::now();
+  std::string exe = "/proc/self/exe";
+  char* argv[] = {exe.data(), nullptr};
   std::vector<pid_t> pids;
   for (int rank : ranks) {
-    std::vector<std::string> env = inherited;
-    env.push_back(absl::StrCat("RANK=", rank));
-    env.push_back(absl::StrCat("LOCAL_RANK=", rank));
-    env.push_back(absl::StrCat("WORLD_SIZE=", launch.world_size));
-    env.push_back("MASTER_ADDR=127.0.0.1");
-    env.push_back(absl::StrCat("MASTER_PORT=", port));
-    env.push_back(
-        absl::StrCat("LORAPLEX_DIST_TIMEOUT_SECONDS=", launch.timeout_seconds));
-    env.push_back(absl::StrCat(launch.scenario_var, "=", launch.scenario));
-    std::vector<char*> envp;
-    for (std::string& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string exe = "/proc/self/exe";
-    char* argv[] = {exe.data(), nullptr};
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execve(exe.c_str(), argv, envp.data());
-      _exit(127);
-    }
+    const pid_t pid = StartRank(
+        argv, inherited, rank, launch.world_size, port,
+        {absl::StrCat("LORAPLEX_DIST_TIMEOUT_SECONDS=", launch.timeout_seconds),
+         absl::StrCat(launch.scenario_var, "=", launch.scenario)});
     EXPECT_GT(pid, 0) << "fork failed";
     pids.push_back(pid);
   }

@@ -400,6 +400,7 @@ std::vector<int> RunRanks(const std::string& scenario, int world_size) {
   return LaunchRanks({.scenario_var = kScenarioVar,
                       .scenario = scenario,
                       .world_size = world_size,
+                      .ranks = {},  // All of them.
                       .timeout_seconds = 150})
       .exit_codes;
 }
