@@ -181,18 +181,22 @@ TEST_F(ChatExampleGoldenTest, MessagesTrainOnTheAssistantTokensHfMarks) {
   EXPECT_GE(refused, 1);
 }
 
+// Two user/assistant turns, each answer with its reasoning.
+ordered_json ReasoningConversation() {
+  return {{{"role", "user"}, {"content", "Hi"}},
+          {{"role", "assistant"},
+           {"content", "Hello."},
+           {"reasoning_content", "They greet me."}},
+          {{"role", "user"}, {"content", "How are you?"}},
+          {{"role", "assistant"},
+           {"content", "Fine."},
+           {"reasoning_content", "Small talk."}}};
+}
+
 // A reasoning template's single user/assistant pair, and its multi-turn
 // conversations: once refused by the prefix rule, now trained turn by turn.
 TEST_F(ChatExampleGoldenTest, ReasoningTemplateTrainsEveryTurn) {
-  const ordered_json line = {{"messages",
-                              {{{"role", "user"}, {"content", "Hi"}},
-                               {{"role", "assistant"},
-                                {"content", "Hello."},
-                                {"reasoning_content", "They greet me."}},
-                               {{"role", "user"}, {"content", "How are you?"}},
-                               {{"role", "assistant"},
-                                {"content", "Fine."},
-                                {"reasoning_content", "Small talk."}}}}};
+  const ordered_json line = {{"messages", ReasoningConversation()}};
   absl::StatusOr<std::vector<Example>> examples = ParseAll(line, "qwen3");
   ASSERT_TRUE(examples.ok()) << examples.status();
   ASSERT_EQ(examples->size(), 2u);
@@ -247,15 +251,7 @@ TEST_F(ChatExampleGoldenTest, BadTurnsAndKwargsAreNamed) {
 // The upload's chat_template_kwargs and turns act as each line's own keys;
 // a line's kwargs merge over the upload's key by key, its turns replace.
 TEST_F(ChatExampleGoldenTest, UploadDefaultsActAsTheLinesOwnKeys) {
-  const ordered_json messages = {
-      {{"role", "user"}, {"content", "Hi"}},
-      {{"role", "assistant"},
-       {"content", "Hello."},
-       {"reasoning_content", "They greet me."}},
-      {{"role", "user"}, {"content", "How are you?"}},
-      {{"role", "assistant"},
-       {"content", "Fine."},
-       {"reasoning_content", "Small talk."}}};
+  const ordered_json messages = ReasoningConversation();
   const ordered_json plain = {{"messages", messages}};
   auto parse = [&](const ordered_json& line, absl::string_view kwargs,
                    absl::string_view turns) {
