@@ -273,14 +273,18 @@ std::string ReasoningChatJsonl() {
   return jsonl;
 }
 
+// A one-slot server on a Qwen3-style directory with a reasoning template.
+std::unique_ptr<ServerProcess> StartReasoningServer() {
+  return StartServer(FreshTestDir("state"), /*slots=*/1,
+                     {"--model", WriteFamilyModel({"qwen3_tied", "qwen3"})});
+}
+
 // A Qwen3-style directory with a reasoning template: multi-turn lines with
 // reasoning content, which the template renders differently once later turns
 // follow, train one example per assistant turn to SUCCEEDED; and
 // `loraplex sample --messages` renders with enable_thinking=false when asked.
 TEST(ServiceFamiliesChatTest, ReasoningChatTrainsPerTurnAndSamplesWithKwargs) {
-  const std::string model_dir = WriteFamilyModel({"qwen3_tied", "qwen3"});
-  auto server =
-      StartServer(FreshTestDir("state"), /*slots=*/1, {"--model", model_dir});
+  auto server = StartReasoningServer();
   ASSERT_NE(server, nullptr);
   auto client = ClientFor(*server);
   ASSERT_NE(client, nullptr);
@@ -339,9 +343,7 @@ TEST(ServiceFamiliesChatTest, ReasoningChatTrainsPerTurnAndSamplesWithKwargs) {
 // what the template renders and so what trains; a job over the dataset
 // trains. Bad values name the header's field.
 TEST(ServiceFamiliesChatTest, UploadLevelKwargsAndTurnsApplyToEveryLine) {
-  const std::string model_dir = WriteFamilyModel({"qwen3_tied", "qwen3"});
-  auto server =
-      StartServer(FreshTestDir("state"), /*slots=*/1, {"--model", model_dir});
+  auto server = StartReasoningServer();
   ASSERT_NE(server, nullptr);
   auto client = ClientFor(*server);
   ASSERT_NE(client, nullptr);
