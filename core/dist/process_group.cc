@@ -244,14 +244,19 @@ absl::StatusOr<int> DistContext::CountRanks(bool flag) {
   return static_cast<int>(std::lround(count[0].cpu().item<float>()));
 }
 
+absl::Status DistContext::CheckRoot(const char* op, int root) const {
+  if (root < 0 || root >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": root must be in [0, ", world_size_, "), got ", root));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DistContext::Broadcast(std::string* bytes, int root) {
   if (bytes == nullptr) {
     return absl::InvalidArgumentError("Broadcast: bytes must not be null");
   }
-  if (root < 0 || root >= world_size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Broadcast: root must be in [0, ", world_size_, "), got ", root));
-  }
+  LORAPLEX_RETURN_IF_ERROR(CheckRoot("Broadcast", root));
   if (world_size_ == 1) return absl::OkStatus();
   const bool sending = rank_ == root;
   return Guarded("Broadcast", [&] {
@@ -294,10 +299,7 @@ absl::Status DistContext::BroadcastValue(int64_t* value, int root) {
   if (value == nullptr) {
     return absl::InvalidArgumentError("BroadcastValue: value must not be null");
   }
-  if (root < 0 || root >= world_size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "BroadcastValue: root must be in [0, ", world_size_, "), got ", root));
-  }
+  LORAPLEX_RETURN_IF_ERROR(CheckRoot("BroadcastValue", root));
   if (world_size_ == 1) return absl::OkStatus();
   return Guarded("BroadcastValue", [&] {
     torch::Tensor t =

@@ -136,6 +136,8 @@ class DistContext {
                             const char* what) const;
   absl::Status AllReduce(std::vector<torch::Tensor>& tensors,
                          int64_t bucket_bytes, bool mean);
+  // INVALID_ARGUMENT naming `op` unless `root` is a rank.
+  absl::Status CheckRoot(const char* op, int root) const;
   // INVALID_ARGUMENT unless AllGather may gather `shard` into `full`.
   absl::Status CheckGatherTensors(const torch::Tensor& shard,
                                   const torch::Tensor& full) const;
