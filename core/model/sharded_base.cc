@@ -374,8 +374,9 @@ absl::Status ShardedBase::AllRanks::PadTo(int64_t total) {
   const int64_t layers = base_.num_layers();
   if (layers == 0) return absl::OkStatus();
   try {
-    while (gathers() < total)
+    while (gathers() < total) {
       base_.GatherInto(base_.LayerAtPosition(gathers()));
+    }
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("gathering a layer of the sharded base failed on rank ",
