@@ -116,6 +116,28 @@ TEST(TokenBudgetTest, GpuBudgetIsWhatHalfTheFreeMemoryHolds) {
             kCpuTokenBudget);
 }
 
+// A rank of a sharded base holds only part of the weights (weight_bytes):
+// what the rest leaves sets the budget and the activation memory, where the
+// whole base would leave too little.
+TEST(TokenBudgetTest, ShardedBaseCountsTheWeightsARankHolds) {
+  const ModelConfig config = Llama3_8B();
+  const int64_t memory = int64_t{17} << 30;
+  const int64_t held = int64_t{4} << 30;
+  ASSERT_EQ(DefaultTokenBudget(config, true, memory, 2, 1), kCpuTokenBudget);
+  // Every layer checkpointed: (32·4096 + 94,208 + 49,152) · 2 bytes a token;
+  // 12,700-odd tokens fit in half of the 13 GiB left.
+  const int64_t per_token = (32 * 4096 + 94208 + 49152) * 2;
+  const int64_t fits = (memory - held) / 2 / per_token;
+  ASSERT_GE(fits, 8192);
+  ASSERT_LT(fits, 16384);
+  EXPECT_EQ(DefaultTokenBudget(config, true, memory, 2, 1, held), 8192);
+  // Three quarters of what 4 GiB of weights leave of 8 GiB; the whole base
+  // leaves nothing.
+  EXPECT_EQ(ActivationMemoryBytes(config, int64_t{8} << 30, 2), 0);
+  EXPECT_EQ(ActivationMemoryBytes(config, int64_t{8} << 30, 2, held),
+            int64_t{3} << 30);
+}
+
 // Closed forms of the estimate: without checkpointing every layer keeps its
 // 94,208 elements per token; checkpointing layers 0, k, 2k, ... keeps their
 // inputs (4,096 each) plus one layer's activations while it is recomputed;
