@@ -102,13 +102,8 @@ absl::Status CheckAdapterFits(const LoraWeights& weights,
 // INVALID_ARGUMENT unless every call can run on `model` beside `slots`.
 absl::Status CheckCalls(const LlamaModel& model,
                         const std::vector<TrainingSlot*>& slots,
-                        const std::vector<ForwardBackwardCall>& calls,
-                        const StepSync* sync) {
+                        const std::vector<ForwardBackwardCall>& calls) {
   if (calls.empty()) return absl::OkStatus();
-  if (sync != nullptr && sync->world_size > 1) {
-    return absl::FailedPreconditionError(
-        "forward/backward calls do not run data parallel yet");
-  }
   const ModelConfig& config = model.config();
   DatumLimits limits;
   limits.vocab_size = config.vocab_size;
@@ -229,49 +224,6 @@ void ZeroMissingGrads(TrainingSlot& slot) {
   }
 }
 
-// Sums every slot's gradients (zeros where this rank had no rows of it),
-// the loss sums, the router statistics and the ranks' failure flags over
-// the ranks.
-// FAILED_PRECONDITION when any rank's part of the step failed.
-absl::Status SumOverRanks(const StepSync& sync,
-                          const std::vector<TrainingSlot*>& slots,
-                          std::vector<double>& losses,
-                          std::vector<std::vector<int64_t>>& expert_tokens,
-                          bool failed_here) {
-  std::vector<torch::Tensor> tensors;
-  torch::Device device = torch::kCPU;
-  for (TrainingSlot* slot : slots) {
-    ZeroMissingGrads(*slot);
-    for (const torch::Tensor& param : slot->weights.parameters()) {
-      tensors.push_back(param.grad());
-      device = param.device();
-    }
-  }
-  std::vector<double> values = losses;
-  values.push_back(failed_here ? 1.0 : 0.0);
-  // The slots' router statistics (exact as doubles up to 2^53 tokens).
-  for (size_t i = 0; i < slots.size() && i < expert_tokens.size(); ++i) {
-    values.insert(values.end(), expert_tokens[i].begin(),
-                  expert_tokens[i].end());
-  }
-  tensors.push_back(torch::tensor(values, torch::kDouble).to(device));
-  LORAPLEX_RETURN_IF_ERROR(sync.sum(tensors));
-  const torch::Tensor summed = tensors.back().cpu().contiguous();
-  const double* sums = summed.data_ptr<double>();
-  if (sums[losses.size()] > 0) {
-    return absl::FailedPreconditionError(
-        "the step failed on another rank; no slot changed");
-  }
-  for (size_t i = 0; i < losses.size(); ++i) losses[i] = sums[i];
-  size_t at = losses.size() + 1;
-  for (size_t i = 0; i < slots.size() && i < expert_tokens.size(); ++i) {
-    for (int64_t& count : expert_tokens[i]) {
-      count = static_cast<int64_t>(sums[at++]);
-    }
-  }
-  return absl::OkStatus();
-}
-
 constexpr absl::string_view kUnchangedPayload =
     "loraplex.dev/step-left-slots-unchanged";
 
@@ -324,7 +276,7 @@ absl::Status CheckPass(const LlamaModel& model,
         "the base is sharded over ", base->world_size(),
         " ranks: a pass needs data parallel over those ranks (StepSync)"));
   }
-  return CheckCalls(model, slots, calls, sync);
+  return CheckCalls(model, slots, calls);
 }
 
 bool Distributed(const StepSync* sync) {
@@ -345,32 +297,125 @@ struct PassRows {
   // This rank's rows of the slots, then the rows of the calls with
   // gradients: they run with autograd.
   std::vector<Row> rows;
-  std::vector<Row> forward_rows;              // The forward-only calls' rows.
+  std::vector<Row> forward_rows;  // This rank's rows of forward-only calls.
+  // Data parallel: row r of owner o runs on rank (first_row[o] + r) %
+  // world size (the ranks take turns over the rows of the whole pass).
+  std::vector<int64_t> first_row;
   std::vector<std::vector<double>> logprobs;  // Per owner.
   PassSums sums;
   std::vector<double> losses;  // Each slot's loss.
-  // A sharded base: the most micro-batches with backward any rank runs.
+  // A sharded base: the most micro-batches (with backward or forward-only)
+  // any rank runs.
   int64_t most_micro_batches = 0;
 };
 
-// Keeps the rows of `rows` (the slots' `batches`, in order) that this rank
-// trains.
-void KeepThisRanksRows(const std::vector<std::vector<const Sequence*>>& batches,
-                       const StepSync& sync, std::vector<Row>& rows) {
-  // Row r of slot i goes to rank (rows of slots before i + r) % world:
-  // the ranks take turns across the whole co-batch, so leftover rows do
-  // not all land on rank 0.
-  std::vector<int64_t> offset(batches.size() + 1, 0);
-  for (size_t i = 0; i < batches.size(); ++i) {
-    offset[i + 1] = offset[i] + static_cast<int64_t>(batches[i].size());
+bool RunsOnRank(const PassRows& pass, const Row& row, int rank, int world) {
+  return (pass.first_row[row.owner] + row.row_id) % world == rank;
+}
+
+// The rows of `rows` rank `rank` of `world` runs.
+std::vector<Row> RowsOfRank(const PassRows& pass, const std::vector<Row>& rows,
+                            int rank, int world) {
+  std::vector<Row> kept;
+  for (const Row& row : rows) {
+    if (RunsOnRank(pass, row, rank, world)) kept.push_back(row);
   }
-  rows.erase(std::remove_if(rows.begin(), rows.end(),
-                            [&](const Row& row) {
-                              return (offset[row.owner] + row.row_id) %
-                                         sync.world_size !=
-                                     sync.rank;
-                            }),
-             rows.end());
+  return kept;
+}
+
+// Every call's logprobs over all its data, in datum order: this rank's
+// values where it ran the datum, zeros where another rank did (so that the
+// sum over the ranks is every datum's own values).
+std::vector<double> SpreadCallLogprobs(
+    const std::vector<ForwardBackwardCall>& calls, size_t num_slots,
+    const PassRows& pass, const StepSync& sync) {
+  std::vector<double> spread;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const size_t owner = num_slots + c;
+    const std::vector<double>& local = pass.logprobs[owner];
+    size_t at = 0;
+    for (size_t d = 0; d < calls[c].data->size(); ++d) {
+      const size_t n = (*calls[c].data)[d].target_tokens.size();
+      Row row;
+      row.owner = owner;
+      row.row_id = static_cast<int64_t>(d);
+      // (A rank whose part failed may have fewer: the pass fails anyway.)
+      if (RunsOnRank(pass, row, sync.rank, sync.world_size) &&
+          at + n <= local.size()) {
+        spread.insert(spread.end(), local.begin() + at, local.begin() + at + n);
+        at += n;
+      } else {
+        spread.insert(spread.end(), n, 0.0);
+      }
+    }
+  }
+  return spread;
+}
+
+// Sums every slot's gradients (zeros where this rank had no rows of it),
+// the slots' and the calls' loss sums, the calls' logprobs, the router
+// statistics and the ranks' failure flags over the ranks. The calls'
+// gradients stay this rank's part (StepAccumulated sums them).
+// FAILED_PRECONDITION when any rank's part of the step failed.
+absl::Status SumOverRanks(const StepSync& sync,
+                          const std::vector<TrainingSlot*>& slots,
+                          const std::vector<ForwardBackwardCall>& calls,
+                          PassRows& pass, bool failed_here) {
+  std::vector<torch::Tensor> tensors;
+  torch::Device device = torch::kCPU;
+  for (TrainingSlot* slot : slots) {
+    ZeroMissingGrads(*slot);
+    for (const torch::Tensor& param : slot->weights.parameters()) {
+      tensors.push_back(param.grad());
+      device = param.device();
+    }
+  }
+  std::vector<double>& losses = pass.losses;
+  std::vector<std::vector<int64_t>>& expert_tokens = pass.sums.expert_tokens;
+  const size_t num_slots = slots.size();
+  std::vector<double> values = losses;
+  values.push_back(failed_here ? 1.0 : 0.0);
+  // The slots' router statistics (exact as doubles up to 2^53 tokens).
+  for (size_t i = 0; i < num_slots && i < expert_tokens.size(); ++i) {
+    values.insert(values.end(), expert_tokens[i].begin(),
+                  expert_tokens[i].end());
+  }
+  const size_t calls_at = values.size();
+  for (size_t c = 0; c < calls.size(); ++c) {
+    values.push_back(pass.sums.losses[num_slots + c]);
+  }
+  if (!calls.empty()) {
+    const std::vector<double> spread =
+        SpreadCallLogprobs(calls, num_slots, pass, sync);
+    values.insert(values.end(), spread.begin(), spread.end());
+  }
+  tensors.push_back(torch::tensor(values, torch::kDouble).to(device));
+  LORAPLEX_RETURN_IF_ERROR(sync.sum(tensors));
+  const torch::Tensor summed = tensors.back().cpu().contiguous();
+  const double* sums = summed.data_ptr<double>();
+  if (sums[losses.size()] > 0) {
+    return absl::FailedPreconditionError(
+        "the step failed on another rank; no slot changed");
+  }
+  for (size_t i = 0; i < losses.size(); ++i) losses[i] = sums[i];
+  size_t at = losses.size() + 1;
+  for (size_t i = 0; i < num_slots && i < expert_tokens.size(); ++i) {
+    for (int64_t& count : expert_tokens[i]) {
+      count = static_cast<int64_t>(sums[at++]);
+    }
+  }
+  at = calls_at;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    pass.sums.losses[num_slots + c] = sums[at++];
+  }
+  for (size_t c = 0; c < calls.size(); ++c) {
+    std::vector<double>& logprobs = pass.logprobs[num_slots + c];
+    size_t n = 0;
+    for (const Datum& datum : *calls[c].data) n += datum.target_tokens.size();
+    logprobs.assign(sums + at, sums + at + n);
+    at += n;
+  }
+  return absl::OkStatus();
 }
 
 // Phase 1. Takes each slot's next batch (its cursor moves on; `pass` keeps
@@ -383,12 +428,15 @@ void GatherRows(const std::vector<TrainingSlot*>& slots,
                 const LlamaModel& model, int64_t token_budget) {
   std::vector<std::vector<const Sequence*>> batches;
   PassOwners& owners = pass.owners;
+  int64_t turn = 0;
   for (TrainingSlot* slot : slots) {
     pass.cursors.push_back(*slot->cursor);
     std::vector<const Sequence*> batch;
     for (int64_t index : slot->cursor->NextBatch(slot->training.batch_size)) {
       batch.push_back(&slot->data->sequences[index]);
     }
+    pass.first_row.push_back(turn);
+    turn += static_cast<int64_t>(batch.size());
     batches.push_back(std::move(batch));
     owners.adapters.push_back(&slot->weights);
     // Dropout seed of this step: a function of the job's seed and step.
@@ -398,19 +446,6 @@ void GatherRows(const std::vector<TrainingSlot*>& slots,
     owners.losses.push_back(LossFnSpec{});
   }
   pass.rows = WeightedRows(batches, pass.targets, pass.tokens);
-  if (model.sharded_base() != nullptr && Distributed(sync)) {
-    // Every rank plans every rank's micro-batches: the same count on all.
-    for (int rank = 0; rank < sync->world_size; ++rank) {
-      StepSync other = *sync;
-      other.rank = rank;
-      std::vector<Row> rows = pass.rows;
-      KeepThisRanksRows(batches, other, rows);
-      pass.most_micro_batches = std::max<int64_t>(
-          pass.most_micro_batches,
-          static_cast<int64_t>(PlanMicroBatches(rows, token_budget).size()));
-    }
-  }
-  if (Distributed(sync)) KeepThisRanksRows(batches, *sync, pass.rows);
   // Calls with gradients train beside the slots; forward-only calls run
   // after them without autograd.
   for (size_t c = 0; c < calls.size(); ++c) {
@@ -419,6 +454,29 @@ void GatherRows(const std::vector<TrainingSlot*>& slots,
     owners.losses.push_back(calls[c].loss);
     AppendCallRows(calls[c], slots.size() + c,
                    calls[c].backward ? pass.rows : pass.forward_rows);
+    pass.first_row.push_back(turn);
+    turn += static_cast<int64_t>(calls[c].data->size());
+  }
+  if (Distributed(sync)) {
+    const int world = sync->world_size;
+    if (model.sharded_base() != nullptr) {
+      // Every rank plans every rank's micro-batches: the same count on all.
+      for (int rank = 0; rank < world; ++rank) {
+        const int64_t count =
+            static_cast<int64_t>(
+                PlanMicroBatches(RowsOfRank(pass, pass.rows, rank, world),
+                                 token_budget)
+                    .size()) +
+            static_cast<int64_t>(
+                PlanMicroBatches(
+                    RowsOfRank(pass, pass.forward_rows, rank, world),
+                    token_budget)
+                    .size());
+        pass.most_micro_batches = std::max(pass.most_micro_batches, count);
+      }
+    }
+    pass.rows = RowsOfRank(pass, pass.rows, sync->rank, world);
+    pass.forward_rows = RowsOfRank(pass, pass.forward_rows, sync->rank, world);
   }
   pass.logprobs.resize(owners.adapters.size());
   pass.sums = PassSums{std::vector<double>(owners.adapters.size(), 0.0),
@@ -434,10 +492,14 @@ void GatherRows(const std::vector<TrainingSlot*>& slots,
 // Phase 2. Drops the slots' gradients, then runs `pass`'s rows in
 // micro-batches: the trained ones with backward, then the forward-only
 // ones without autograd. Gives this rank's status; `pass.sums` and
-// `pass.losses` hold what this rank added up.
+// `pass.losses` hold what this rank added up. With `all_ranks` (a sharded
+// base), each forward-only micro-batch pads its gathers to a whole training
+// pass's (layers 0..L-1, then L-1..0), so that every rank's gathers follow
+// that one order however its micro-batches are mixed.
 absl::Status RunForwardBackward(const LlamaModel& model,
                                 const std::vector<TrainingSlot*>& slots,
-                                const CoBatchOptions& options, PassRows& pass) {
+                                const CoBatchOptions& options, PassRows& pass,
+                                ShardedBase::AllRanks* all_ranks = nullptr) {
   absl::Status local;
   try {
     for (TrainingSlot* slot : slots) DropGrads(*slot);
@@ -457,6 +519,12 @@ absl::Status RunForwardBackward(const LlamaModel& model,
            PlanMicroBatches(pass.forward_rows, options.token_budget)) {
         local = RunMicroBatch(model, micro, pass.owners, /*backward=*/false,
                               MicroOptions(options), pass.sums);
+        if (local.ok() && all_ranks != nullptr) {
+          const int64_t per_pass =
+              model.sharded_base()->GathersPerTrainingPass();
+          local = all_ranks->PadTo((all_ranks->gathers() + per_pass - 1) /
+                                   per_pass * per_pass);
+        }
         if (!local.ok()) break;
       }
     }
@@ -478,21 +546,22 @@ absl::Status RunForwardBackwardSharded(const LlamaModel& model,
                                        PassRows& pass) {
   ShardedBase& base = *model.sharded_base();
   ShardedBase::AllRanks all_ranks(base);
-  absl::Status local = RunForwardBackward(model, slots, options, pass);
+  absl::Status local =
+      RunForwardBackward(model, slots, options, pass, &all_ranks);
   absl::Status padded =
       all_ranks.PadTo(pass.most_micro_batches * base.GathersPerTrainingPass());
   return local.ok() ? padded : local;
 }
 
-// Phase 3. Takes this rank's status of phase 2; sums the slots' gradients
-// and `losses` over the ranks, then adds the calls' earlier gradients from
-// `stash` to the pass's. Gives the status of the pass so far: on an error
-// the caller puts everything back.
+// Phase 3. Takes this rank's status of phase 2; sums the slots' gradients,
+// the losses and the calls' logprobs over the ranks, then adds the calls'
+// earlier gradients from `stash` to the pass's. Gives the status of the pass so
+// far: on an error the caller puts everything back.
 absl::Status AddUpGradients(const StepSync* sync,
                             const std::vector<TrainingSlot*>& slots,
+                            const std::vector<ForwardBackwardCall>& calls,
                             absl::Status local, GradStash& stash,
-                            std::vector<double>& losses,
-                            std::vector<std::vector<int64_t>>& expert_tokens) {
+                            PassRows& pass) {
   if (sync != nullptr) {
     // Every rank takes part in the sum even when its own part failed, and
     // then all of them fail together: none is left waiting.
@@ -501,7 +570,7 @@ absl::Status AddUpGradients(const StepSync* sync,
       if (!local.ok()) {
         for (TrainingSlot* slot : slots) DropGrads(*slot);
       }
-      summed = SumOverRanks(*sync, slots, losses, expert_tokens, !local.ok());
+      summed = SumOverRanks(*sync, slots, calls, pass, !local.ok());
     } catch (const c10::Error& e) {
       summed = TorchError("summing over the ranks failed", e);
     }
@@ -710,8 +779,7 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
       model.sharded_base() != nullptr
           ? RunForwardBackwardSharded(model, slots, options, pass)
           : RunForwardBackward(model, slots, options, pass);
-  local = AddUpGradients(sync, slots, std::move(local), stash, pass.losses,
-                         pass.sums.expert_tokens);
+  local = AddUpGradients(sync, slots, calls, std::move(local), stash, pass);
   if (!local.ok()) {
     RestoreSlots(slots, pass.cursors);
     stash.PutBack();
@@ -729,9 +797,36 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
   return result;
 }
 
+absl::StatusOr<std::vector<torch::Tensor>> SumAccumulatedGradients(
+    const TrainingSlot& slot, const StepSync& sync) {
+  const std::vector<torch::Tensor> params = slot.weights.parameters();
+  std::vector<torch::Tensor> tensors;
+  std::vector<double> present;
+  try {
+    for (const torch::Tensor& param : params) {
+      const bool has = param.grad().defined();
+      present.push_back(has ? 1.0 : 0.0);
+      tensors.push_back(has ? param.grad().clone() : torch::zeros_like(param));
+    }
+    const torch::Device device =
+        params.empty() ? torch::Device(torch::kCPU) : params[0].device();
+    tensors.push_back(torch::tensor(present, torch::kDouble).to(device));
+    LORAPLEX_RETURN_IF_ERROR(sync.sum(tensors));
+    const torch::Tensor counts = tensors.back().cpu().contiguous();
+    tensors.pop_back();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!(counts.data_ptr<double>()[i] > 0)) tensors[i] = torch::Tensor();
+    }
+  } catch (const c10::Error& e) {
+    return TorchError("summing the gradients over the ranks failed", e);
+  }
+  return tensors;
+}
+
 absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
                                                 const OptimizerConfig& step,
-                                                double grad_clip) {
+                                                double grad_clip,
+                                                const StepSync* sync) {
   if (!slot.weights.bound() || !slot.optimizer) {
     return absl::FailedPreconditionError("the slot has no optimizer");
   }
@@ -739,17 +834,29 @@ absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
     return absl::InvalidArgumentError(absl::StrCat(
         "grad_clip_norm must be a finite number >= 0, got ", grad_clip));
   }
-  // Checked (and refused without change) before anything moves.
+  // Checked (and refused without change) before anything moves: the same
+  // on every rank, so all of them refuse before the sum.
   LORAPLEX_RETURN_IF_ERROR(slot.optimizer->SetHyperparameters(step));
   std::vector<torch::Tensor> params = slot.weights.parameters();
+  auto drop_grads = [&] {
+    for (torch::Tensor& param : params) param.mutable_grad() = torch::Tensor();
+  };
+  if (Distributed(sync)) {
+    absl::StatusOr<std::vector<torch::Tensor>> summed =
+        SumAccumulatedGradients(slot, *sync);
+    if (!summed.ok()) {
+      drop_grads();
+      return summed.status();
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].mutable_grad() = (*summed)[i];
+    }
+  }
   const bool any =
       std::any_of(params.begin(), params.end(),
                   [](const torch::Tensor& p) { return p.grad().defined(); });
   SlotStepMetrics metrics;
   metrics.lr = step.lr;
-  auto drop_grads = [&] {
-    for (torch::Tensor& param : params) param.mutable_grad() = torch::Tensor();
-  };
   try {
     if (!any) {
       metrics.skipped = true;
@@ -762,14 +869,18 @@ absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
         metrics.skip_reason = "gradient norm is not finite";
       }
     }
+    // Data parallel, this rank's optimizer holds the parameters it owns.
     if (!metrics.skipped) slot.optimizer->Step();
   } catch (const c10::Error& e) {
     drop_grads();
-    return TorchError("optimizer step failed", e);
+    return AfterSum(sync, TorchError("optimizer step failed", e));
   }
   drop_grads();
   if (metrics.skipped) ++slot.counters.skipped_steps;
   ++slot.counters.steps;
+  if (!metrics.skipped) {
+    LORAPLEX_RETURN_IF_ERROR(SyncUpdatedParameters(sync, {&slot}));
+  }
   return metrics;
 }
 

@@ -86,8 +86,11 @@ struct CoBatchResult {
 // Datum list for its loss, ValidateDatum), all rows through the base at
 // once. A call's gradients are exactly its own, whichever slots and calls
 // share the pass. An error before the slots' optimizer steps leaves every
-// slot, and every call's gradients, as they were. Calls do not run data
-// parallel yet (FAILED_PRECONDITION with a sync over more than one rank).
+// slot, and every call's gradients, as they were. Data parallel, the ranks
+// take turns over the rows of the whole pass (the slots', then the calls'
+// data), every rank gets every call's whole output (its loss and logprobs
+// summed over the ranks), and each rank keeps the part of a call's
+// gradients its rows gave (StepAccumulated sums them).
 absl::StatusOr<CoBatchResult> RunCoBatchPass(
     const LlamaModel& model, const std::vector<TrainingSlot*>& slots,
     const std::vector<ForwardBackwardCall>& calls,
@@ -102,9 +105,24 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
 // gradients since the last step or their norm is not finite. Counts the
 // step in slot.counters. INVALID_ARGUMENT for a bad `step` or grad_clip
 // (nothing changes).
+//
+// Data parallel (`sync` over more than one rank; every rank calls it for the
+// same slot): the ranks' accumulated gradients are summed first (a
+// parameter no rank has a gradient for keeps none), each rank steps the
+// parameters it owns, and the updated weights are synced (sync->after_step),
+// so every rank ends with one process's result. A failure after the sum is
+// ABORTED, as in TrainCoBatchStep.
 absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
                                                 const OptimizerConfig& step,
-                                                double grad_clip);
+                                                double grad_clip,
+                                                const StepSync* sync = nullptr);
+
+// Data parallel: the slot's gradients accumulated by calls on each rank,
+// summed over the ranks (undefined where no rank has one), in the order of
+// slot.weights.parameters(); the slot's own are left as they are.
+// Collective: every rank calls it for the same slot.
+absl::StatusOr<std::vector<torch::Tensor>> SumAccumulatedGradients(
+    const TrainingSlot& slot, const StepSync& sync);
 
 // Trains one step of every slot in `slots` (each trainable(), not done(),
 // listed once, shaped for `model`); metrics[i] belongs to slots[i]. An
