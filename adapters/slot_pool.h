@@ -108,6 +108,7 @@ class SlotPool {
   absl::Status Retire(int slot);
 
   int capacity() const { return static_cast<int>(slots_.size()); }
+  const ModelConfig& model_config() const { return model_; }
   // Slots not kFree.
   int num_attached() const;
   // Slots in `state`, in slot order.

@@ -237,8 +237,7 @@ class JobTrainer {
 
   // Opens a session in a free slot; `done` gets the slot, or
   // RESOURCE_EXHAUSTED (no free slot), INVALID_ARGUMENT (its config),
-  // FAILED_PRECONDITION (sessions do not run data parallel), UNAVAILABLE
-  // when the trainer stops first.
+  // ALREADY_EXISTS (it is open), UNAVAILABLE when the trainer stops first.
   virtual void OpenSession(SessionOpenCommand command) = 0;
   // Queues one operation of an open session (NOT_FOUND through `done` when
   // no slot holds the session).

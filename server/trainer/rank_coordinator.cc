@@ -58,6 +58,13 @@ absl::StatusOr<int> RankCoordinator::CountFailed(bool failed) {
   return dist_->CountRanks(failed);
 }
 
+absl::StatusOr<bool> RankCoordinator::LeaderSays(bool value) {
+  if (!distributed()) return value;
+  int64_t said = value ? 1 : 0;
+  LORAPLEX_RETURN_IF_ERROR(dist_->BroadcastValue(&said, 0));
+  return said != 0;
+}
+
 absl::Status RankCoordinator::BroadcastFromLeader(
     std::vector<torch::Tensor>& params) {
   if (!distributed()) return absl::OkStatus();

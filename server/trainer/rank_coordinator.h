@@ -66,6 +66,9 @@ class RankCoordinator {
   // How many ranks, this one included, pass `failed` true; alone 0 or 1.
   // An error means the ranks are broken.
   absl::StatusOr<int> CountFailed(bool failed);
+  // The leader's `value` (alone: `value`). An error means the ranks are
+  // broken.
+  absl::StatusOr<bool> LeaderSays(bool value);
   // The leader's values of `params` become every rank's (nothing alone).
   absl::Status BroadcastFromLeader(std::vector<torch::Tensor>& params);
 

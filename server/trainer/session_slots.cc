@@ -22,26 +22,68 @@
 namespace loraplex {
 namespace {
 
-PoolCheckpointerOptions WriterOptions(const SessionSlotsOptions& options) {
+PoolCheckpointerOptions WriterOptions(const SessionSlotsOptions& options,
+                                      bool leader) {
   PoolCheckpointerOptions writer;
   writer.root = options.checkpoint_root;
-  writer.enabled = !writer.root.empty();
+  writer.enabled = leader && !writer.root.empty();
   return writer;
 }
 
 }  // namespace
 
 SessionSlots::SessionSlots(SlotPool& pool, SlotOwners& owners,
-                           SessionSlotsOptions options,
+                           RankCoordinator& ranks, SessionSlotsOptions options,
                            std::function<void()> slots_changed)
     : pool_(pool),
       owners_(owners),
+      ranks_(ranks),
       options_(std::move(options)),
       slots_changed_(std::move(slots_changed)),
-      writer_(WriterOptions(options_)) {}
+      writer_(WriterOptions(options_, ranks.leader())) {}
 
-void SessionSlots::Open(SessionOpenCommand& command) {
+void SessionSlots::Prepare(OpenSessionJob& open) {
+  const std::string& dir = open.command.restore_dir;
+  if (dir.empty()) return;
+  absl::StatusOr<SavedSessionState> state =
+      CatchTorch("reading the session's checkpoint", [&] {
+        return ReadSessionState(dir, pool_.model_config(),
+                                /*with_optimizer=*/true, /*checkpoint=*/true);
+      });
+  if (!state.ok()) {
+    open.prepared = absl::Status(
+        state.status().code(),
+        absl::StrCat("restoring from ", dir, ": ", state.status().message()));
+    return;
+  }
+  open.restore = *std::move(state);
+}
+
+absl::Status SessionSlots::AgreeOnOutcome(const absl::Status& status,
+                                          const std::string& what,
+                                          bool diverged_if_not) {
+  if (!ranks_.distributed()) return status;
+  absl::StatusOr<int> failed = ranks_.CountFailed(!status.ok());
+  if (!failed.ok()) {
+    ranks_.Fail(failed.status());
+    return failed.status();
+  }
+  if (!status.ok()) return status;
+  if (*failed == 0) return absl::OkStatus();
+  absl::Status elsewhere = absl::InternalError(absl::StrCat(
+      what, " failed on ", *failed, " other rank(s); see their logs"));
+  if (diverged_if_not) ranks_.Fail(elsewhere);
+  return elsewhere;
+}
+
+void SessionSlots::Open(OpenSessionJob& open) {
+  SessionOpenCommand& command = open.command;
   auto done = std::exchange(command.done, nullptr);
+  if (!done) done = [](absl::StatusOr<int>) {};
+  if (!open.prepared.ok()) {  // Rank 0 only: not in the plan.
+    done(open.prepared);
+    return;
+  }
   if (owners_.SlotOfSession(command.session_id) >= 0) {
     done(absl::AlreadyExistsError(
         absl::StrCat("session \"", command.session_id, "\" is open")));
@@ -57,7 +99,7 @@ void SessionSlots::Open(SessionOpenCommand& command) {
   absl::StatusOr<int> slot =
       CatchTorch("opening the session", [&] { return pool_.Attach(request); });
   if (!slot.ok()) {
-    done(slot);
+    done(slot);  // No slot on any rank: the pools are alike.
     return;
   }
   SlotSession session;
@@ -65,22 +107,37 @@ void SessionSlots::Open(SessionOpenCommand& command) {
   session.tenant = command.tenant;
   session.family = std::string(OptimizerFamilyName(command.optimizer.family));
   session.seed = command.seed;
-  if (!command.restore_dir.empty()) {
+  absl::Status opened;
+  if (open.restore) {
     absl::StatusOr<SessionCounters> restored =
         CatchTorch("restoring the session", [&] {
-          return LoadSessionCheckpoint(command.restore_dir, pool_.slot(*slot));
+          return LoadSessionCheckpoint(*open.restore, pool_.slot(*slot),
+                                       ranks_.data_parallel());
         });
-    if (!restored.ok()) {
-      CatchTorch("close", [&] { return pool_.Retire(*slot); }).IgnoreError();
-      slots_changed_();
-      done(absl::Status(restored.status().code(),
-                        absl::StrCat("restoring from ", command.restore_dir,
-                                     ": ", restored.status().message())));
-      return;
+    if (restored.ok()) {
+      session.calls = restored->calls;
+      session.seq_id = restored->seq_id;
+      session.checkpointed_seq_id = restored->seq_id;
+    } else {
+      opened = absl::Status(restored.status().code(),
+                            absl::StrCat("restoring from ", command.restore_dir,
+                                         ": ", restored.status().message()));
     }
-    session.calls = restored->calls;
-    session.seq_id = restored->seq_id;
-    session.checkpointed_seq_id = restored->seq_id;
+  }
+  // Where it failed on any rank, every rank frees the slot.
+  opened = AgreeOnOutcome(opened, "opening the session",
+                          /*diverged_if_not=*/false);
+  if (opened.ok()) {
+    // Rank 0's weights (fresh, or the checkpoint's) are every rank's.
+    std::vector<torch::Tensor> params = pool_.slot(*slot).weights.parameters();
+    opened = ranks_.BroadcastFromLeader(params);
+    if (!opened.ok()) ranks_.Fail(opened);
+  }
+  if (!opened.ok()) {
+    CatchTorch("close", [&] { return pool_.Retire(*slot); }).IgnoreError();
+    slots_changed_();
+    done(opened);
+    return;
   }
   owners_.Hold(*slot, std::move(session));
   slots_changed_();  // ListSlots shows the session once it is answered.
@@ -104,30 +161,80 @@ bool SessionSlots::pending() const {
   return false;
 }
 
-std::vector<SessionCall> SessionSlots::TakeCalls() {
-  std::vector<SessionCall> calls;
+std::vector<StepPlan::SessionStep> SessionSlots::TakeRound() {
+  std::vector<StepPlan::SessionStep> round;
   for (int slot = 0; slot < pool_.capacity(); ++slot) {
-    while (owners_.session(slot) && !owners_.session(slot)->ops.empty()) {
-      SlotSession& session = *owners_.session(slot);
-      SessionOp op = std::move(session.ops.front());
-      session.ops.pop_front();
-      if (op.kind == SessionOp::Kind::kForwardBackward ||
-          op.kind == SessionOp::Kind::kForward) {
-        // Dropout masks of the session's n-th call: a function of its seed
-        // and n alone.
-        const uint64_t seed = SplitMix64(
-            session.seed ^ SplitMix64(static_cast<uint64_t>(session.calls++)));
-        if (op.seq_id > 0) session.seq_id = op.seq_id;
-        calls.push_back(SessionCall{slot, std::move(op), seed});
+    SlotSession* session = owners_.session(slot);
+    while (session != nullptr && !session->ops.empty()) {
+      StepPlan::SessionStep step;
+      step.slot = slot;
+      step.op = std::move(session->ops.front());
+      session->ops.pop_front();
+      const SessionOp::Kind kind = step.op.kind;
+      if (kind == SessionOp::Kind::kLoadState) {
+        absl::StatusOr<SavedSessionState> state =
+            CatchTorch("reading the state", [&] {
+              return ReadSessionState(step.op.dir, pool_.model_config(),
+                                      step.op.with_optimizer,
+                                      /*checkpoint=*/false);
+            });
+        if (!state.ok()) {
+          std::exchange(step.op.done, nullptr)(state.status());
+          continue;
+        }
+        step.state = *std::move(state);
+      }
+      round.push_back(std::move(step));
+      if (kind == SessionOp::Kind::kForwardBackward ||
+          kind == SessionOp::Kind::kForward) {
         break;  // What follows waits for this call's pass.
       }
-      Apply(slot, std::move(op));
     }
   }
+  return round;
+}
+
+std::vector<SessionCall> SessionSlots::ApplyRound(
+    std::vector<StepPlan::SessionStep>& round) {
+  std::vector<SessionCall> calls;
+  for (StepPlan::SessionStep& step : round) {
+    if (ranks_.Broken()) break;  // The rest is abandoned.
+    SlotSession* session = owners_.session(step.slot);
+    if (session == nullptr || session->session_id != step.op.session_id) {
+      // Rank 0 took the round from its own sessions.
+      ranks_.Fail(absl::InternalError(absl::StrCat(
+          "rank ", ranks_.rank(), " holds no session \"", step.op.session_id,
+          "\" in slot ", step.slot, " where rank 0 does")));
+      break;
+    }
+    if (!step.op.done) step.op.done = [](absl::StatusOr<SessionOpResult>) {};
+    if (step.op.kind == SessionOp::Kind::kForwardBackward ||
+        step.op.kind == SessionOp::Kind::kForward) {
+      // Dropout masks of the session's n-th call: a function of its seed
+      // and n alone.
+      const uint64_t seed = SplitMix64(
+          session->seed ^ SplitMix64(static_cast<uint64_t>(session->calls++)));
+      if (step.op.seq_id > 0) session->seq_id = step.op.seq_id;
+      calls.push_back(
+          SessionCall{step.slot, std::exchange(step.op, SessionOp{}), seed});
+      continue;
+    }
+    Apply(step.slot, step);
+  }
+  AbandonRound(round, absl::UnavailableError("the trainer stopped"));
   return calls;
 }
 
-void SessionSlots::Apply(int slot, SessionOp op) {
+void SessionSlots::AbandonRound(std::vector<StepPlan::SessionStep>& round,
+                                const absl::Status& status) {
+  for (StepPlan::SessionStep& step : round) {
+    if (step.op.done) std::exchange(step.op.done, nullptr)(status);
+  }
+  round.clear();
+}
+
+void SessionSlots::Apply(int slot, StepPlan::SessionStep& step) {
+  SessionOp& op = step.op;
   auto done = std::exchange(op.done, nullptr);
   TrainingSlot& training = pool_.slot(slot);
   SlotSession& session = *owners_.session(slot);
@@ -135,9 +242,13 @@ void SessionSlots::Apply(int slot, SessionOp op) {
   switch (op.kind) {
     case SessionOp::Kind::kOptimStep: {
       absl::StatusOr<SlotStepMetrics> step = CatchTorch("optimizer step", [&] {
-        return StepAccumulated(training, op.step, op.grad_clip);
+        return StepAccumulated(training, op.step, op.grad_clip, sync_);
       });
       if (!step.ok()) {
+        // Past the sum of the ranks' gradients: the ranks now differ.
+        if (step.status().code() == absl::StatusCode::kAborted) {
+          ranks_.FailIfDistributed(step.status());
+        }
         done(step.status());
         return;
       }
@@ -145,26 +256,30 @@ void SessionSlots::Apply(int slot, SessionOp op) {
       result.step = *step;
       result.steps = training.counters.steps;
       const int64_t interval = options_.checkpoint_interval;
-      if (interval > 0 && training.counters.steps % interval == 0) {
-        // Answered once the step's checkpoint is on disk (the writer's
-        // thread): a step the client heard of survives a crash.
-        Checkpoint(slot, /*gradients=*/false,
-                   [done = std::move(done), result] { done(result); });
-        return;
-      }
-      done(result);
+      // Answered once the step's checkpoint, when one is due, is on disk
+      // (the writer's thread): a step the client heard of survives a crash.
+      Checkpoint(
+          slot, /*gradients=*/false,
+          [done = std::move(done), result] { done(result); },
+          interval > 0 && training.counters.steps % interval == 0);
       return;
     }
     case SessionOp::Kind::kSaveWeights:
     case SessionOp::Kind::kSaveState: {
+      if (!ranks_.leader() && op.kind == SessionOp::Kind::kSaveWeights) {
+        return;  // Rank 0 encodes and writes the weights alone.
+      }
       absl::StatusOr<std::map<std::string, std::string>> files = CatchTorch(
           "saving",
           [&]() -> absl::StatusOr<std::map<std::string, std::string>> {
             if (op.kind == SessionOp::Kind::kSaveState) {
+              // Collective: every rank gathers the optimizer state.
               return SessionStateFiles(
                   training,
-                  nlohmann::json::parse(op.state_meta, nullptr, false),
-                  /*gradients=*/false);
+                  ranks_.leader()
+                      ? nlohmann::json::parse(op.state_meta, nullptr, false)
+                      : nlohmann::json::object(),
+                  /*gradients=*/false, ranks_.data_parallel(), sync_);
             }
             LORAPLEX_ASSIGN_OR_RETURN(
                 PeftAdapterFiles adapter,
@@ -173,6 +288,7 @@ void SessionSlots::Apply(int slot, SessionOp op) {
                 {kPeftWeightsFile, std::move(adapter.weights)},
                 {kPeftConfigFile, std::move(adapter.config)}};
           });
+      if (!ranks_.leader()) return;
       if (!files.ok()) {
         done(files.status());
         return;
@@ -192,15 +308,27 @@ void SessionSlots::Apply(int slot, SessionOp op) {
       return;
     }
     case SessionOp::Kind::kLoadState: {
-      absl::Status loaded = CatchTorch("loading the state", [&] {
-        return LoadSessionState(op.dir, op.with_optimizer, training);
-      });
+      absl::Status loaded = absl::InternalError("the state was not read");
+      if (step.state) {
+        loaded = CatchTorch("loading the state", [&] {
+          return LoadSessionState(*step.state, op.with_optimizer, training,
+                                  ranks_.data_parallel());
+        });
+      }
+      // The ranks that loaded it differ from those that did not.
+      loaded = AgreeOnOutcome(loaded, "loading the state",
+                              /*diverged_if_not=*/true);
+      if (loaded.ok()) {
+        std::vector<torch::Tensor> params = training.weights.parameters();
+        loaded = ranks_.BroadcastFromLeader(params);
+        if (!loaded.ok()) ranks_.Fail(loaded);
+      }
       if (!loaded.ok()) {
         done(loaded);
         return;
       }
       // A restart continues from what was loaded.
-      Checkpoint(slot, /*gradients=*/false, nullptr);
+      Checkpoint(slot, /*gradients=*/false, nullptr, /*wanted=*/true);
       SessionOpResult result;
       result.steps = training.counters.steps;
       done(result);
@@ -217,7 +345,7 @@ void SessionSlots::Apply(int slot, SessionOp op) {
       // failed zeroing leaves the slot kRetiring, retried every iteration.
       CatchTorch("close", [&] { return pool_.Retire(slot); }).IgnoreError();
       writer_.Forget("session:" + session.session_id);
-      if (!options_.checkpoint_root.empty()) {
+      if (ranks_.leader() && !options_.checkpoint_root.empty()) {
         // After the checkpoints queued before: a closed session has none.
         writer_.Post(
             [root = options_.checkpoint_root, id = session.session_id] {
@@ -269,14 +397,28 @@ void SessionSlots::Answer(
 }
 
 void SessionSlots::Checkpoint(int slot, bool gradients,
-                              std::function<void()> then) {
+                              std::function<void()> then, bool wanted) {
   const std::string& root = options_.checkpoint_root;
   SlotSession& session = *owners_.session(slot);
-  // None are taken, or nothing happened since the last one (and its
-  // directory's name is taken).
-  if (root.empty() || (session.checkpointed_seq_id == session.seq_id &&
-                       session.failed_seq_id->load() != session.seq_id)) {
-    if (then) writer_.Post(std::move(then));  // After the last one.
+  // Not wanted, none are taken, or nothing happened since the last one (and
+  // its directory's name is taken). Rank 0 decides for every rank.
+  bool due = wanted && ranks_.leader() && !root.empty() &&
+             (session.checkpointed_seq_id != session.seq_id ||
+              session.failed_seq_id->load() == session.seq_id);
+  absl::StatusOr<bool> agreed = ranks_.LeaderSays(due);
+  if (!agreed.ok()) {
+    ranks_.Fail(agreed.status());
+    due = false;
+  } else {
+    due = *agreed;
+  }
+  if (!due) {
+    if (!then) return;
+    if (wanted) {
+      writer_.Post(std::move(then));  // After the last one.
+    } else {
+      then();
+    }
     return;
   }
   nlohmann::json meta;
@@ -284,9 +426,14 @@ void SessionSlots::Checkpoint(int slot, bool gradients,
   meta["tenant"] = session.tenant;
   meta["calls"] = session.calls;
   meta["seq_id"] = session.seq_id;
-  absl::StatusOr<std::map<std::string, std::string>> files = CatchTorch(
-      "checkpointing the session",
-      [&] { return SessionStateFiles(pool_.slot(slot), meta, gradients); });
+  // Collective: every rank gathers the optimizer state and sums the
+  // gradients.
+  absl::StatusOr<std::map<std::string, std::string>> files =
+      CatchTorch("checkpointing the session", [&] {
+        return SessionStateFiles(pool_.slot(slot), meta, gradients,
+                                 ranks_.data_parallel(), sync_);
+      });
+  if (!ranks_.leader()) return;
   const int64_t seq_id = session.seq_id;
   if (!files.ok()) {
     if (options_.on_checkpoint) {
@@ -316,7 +463,7 @@ void SessionSlots::Checkpoint(int slot, bool gradients,
 
 void SessionSlots::CheckpointAll() {
   for (int slot : owners_.SessionSlots()) {
-    Checkpoint(slot, /*gradients=*/true, nullptr);
+    Checkpoint(slot, /*gradients=*/true, nullptr, /*wanted=*/true);
   }
 }
 

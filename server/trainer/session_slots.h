@@ -1,16 +1,27 @@
 // The trainer's part for client-driven training sessions (docs/DESIGN.md
 // §12): a session holds a slot (SlotState::kSession) with its adapter and
-// optimizer; its operations wait here in order, and each iteration takes
-// every session's next forward/backward call into the co-batched pass
-// beside the jobs' step, after applying the steps, saves and closes queued
-// before it. Sessions' files (checkpoints, saved states and adapters) go
-// through a writer of their own, so a session's call never waits behind a
-// job's checkpoint. Trainer thread only, rank 0 only.
+// optimizer; its operations wait here in order. Before each iteration's
+// plan rank 0 takes a round: every session's waiting operations up to and
+// including its next forward/backward call. Every rank applies the round
+// after the iteration's commands, and the calls join the co-batched pass
+// beside the jobs' step. Sessions' files (checkpoints, saved states and
+// adapters) go through a writer of their own, so a session's call never
+// waits behind a job's checkpoint. Trainer thread only.
 //
-//   SessionSlots sessions(pool, owners, options, slots_changed);
-//   sessions.Open(command);              // answers command.done
-//   sessions.Queue(std::move(op));
-//   std::vector<SessionCall> calls = sessions.TakeCalls();
+// Data parallel (docs/DESIGN.md §6, §12): every rank holds every session's
+// slot (its optimizer state dealt to the owners as a job's is); rank 0 alone
+// reads and writes files and answers; the other ranks apply what the plan
+// carries (StepPlan::Entry::Kind::kOpenSession, StepPlan::sessions) and
+// take part in the collectives: the weights rank 0 loaded are broadcast,
+// optimizer steps sum the ranks' gradients, and saved states and
+// checkpoints gather the optimizer state from its owners.
+//
+//   SessionSlots sessions(pool, owners, ranks, options, slots_changed);
+//   sessions.Queue(std::move(op));                     // rank 0
+//   std::vector<StepPlan::SessionStep> round = sessions.TakeRound();
+//   ... the plan carries the round; every rank: ...
+//   sessions.Open(open_command);                       // answers it
+//   std::vector<SessionCall> calls = sessions.ApplyRound(round);
 //   ... RunCoBatchPass(model, slots, sessions.PassOf(calls), ...) ...
 //   sessions.Answer(calls, outputs);
 #ifndef LORAPLEX_SERVER_TRAINER_SESSION_SLOTS_H_
@@ -27,7 +38,10 @@
 #include "core/train/co_batch_step.h"
 #include "server/checkpoints/pool_checkpointer.h"
 #include "server/jobs/job_trainer.h"
+#include "server/trainer/commands/open_session_job.h"
+#include "server/trainer/rank_coordinator.h"
 #include "server/trainer/slot_owners.h"
+#include "server/trainer/step_plan.h"
 
 namespace loraplex {
 
@@ -56,23 +70,38 @@ struct SessionCall {
 
 class SessionSlots {
  public:
-  // `pool` and `owners` are the trainer's (they must outlive this);
-  // `slots_changed` runs after a slot was taken or freed here.
-  SessionSlots(SlotPool& pool, SlotOwners& owners, SessionSlotsOptions options,
+  // `pool`, `owners` and `ranks` are the trainer's (they must outlive
+  // this); `slots_changed` runs after a slot was taken or freed here.
+  SessionSlots(SlotPool& pool, SlotOwners& owners, RankCoordinator& ranks,
+               SessionSlotsOptions options,
                std::function<void()> slots_changed);
 
-  // Opens the session in a free slot (from its checkpoint when
-  // command.restore_dir is set) and answers command.done with the slot.
-  void Open(SessionOpenCommand& command);
-  // Queues the operation behind the session's others (NOT_FOUND when it
-  // holds no slot).
+  // Data parallel: the trainer's gradient sync (set once, before any
+  // session opens).
+  void set_sync(const StepSync* sync) { sync_ = sync; }
+
+  // Rank 0, before the plan: reads the checkpoint the session continues
+  // from (open.prepared says whether it could).
+  void Prepare(OpenSessionJob& open);
+  // Opens the session in a free slot (from its checkpoint when it has one)
+  // and answers open.command.done with the slot.
+  void Open(OpenSessionJob& open);
+  // Rank 0: queues the operation behind the session's others (NOT_FOUND
+  // when it holds no slot).
   void Queue(SessionOp op);
   // Some session has operations waiting.
   bool pending() const;
-  // Applies each session's waiting operations in order up to its next
-  // forward/backward call, and returns those calls for this iteration's
-  // pass.
-  std::vector<SessionCall> TakeCalls();
+  // Rank 0, before the plan: takes each session's waiting operations up to
+  // and including its next forward/backward call (reading the states that
+  // LoadState operations load; one that cannot be read is answered here).
+  std::vector<StepPlan::SessionStep> TakeRound();
+  // Every rank: applies the round's operations in order, and returns the
+  // forward/backward calls for this iteration's pass.
+  std::vector<SessionCall> ApplyRound(
+      std::vector<StepPlan::SessionStep>& round);
+  // Answers the round's operations that were not applied with `status`.
+  static void AbandonRound(std::vector<StepPlan::SessionStep>& round,
+                           const absl::Status& status);
   // The calls as the co-batched pass takes them (pointing into `calls`).
   std::vector<ForwardBackwardCall> PassOf(std::vector<SessionCall>& calls);
   // Answers the calls from the pass's outputs, or with its error.
@@ -80,7 +109,8 @@ class SessionSlots {
               absl::StatusOr<std::vector<ForwardBackwardOutput>> outputs);
   // Answers every operation still waiting with `status`.
   void Abandon(const absl::Status& status);
-  // Every open session's checkpoint, gradients included (stopping).
+  // Every open session's checkpoint, gradients included (stopping). Every
+  // rank calls it.
   void CheckpointAll();
   // Returns once every file queued so far is written.
   void Flush() { writer_.Flush(); }
@@ -89,17 +119,28 @@ class SessionSlots {
   void Stop() { writer_.Stop(); }
 
  private:
-  void Apply(int slot, SessionOp op);
-  // Writes the session's checkpoint (off this thread), with its gradients
-  // when `gradients`, then runs `then` there (written or not).
-  void Checkpoint(int slot, bool gradients, std::function<void()> then);
+  void Apply(int slot, StepPlan::SessionStep& step);
+  // Data parallel: whether every rank's `status` is OK, else the error
+  // (this rank's, or one saying the others failed). With
+  // `diverged_if_not`, a rank that succeeded where another failed leaves
+  // the ranks apart: they fail.
+  absl::Status AgreeOnOutcome(const absl::Status& status,
+                              const std::string& what, bool diverged_if_not);
+  // Writes the session's checkpoint (off this thread) when rank 0 `wanted`
+  // one and something happened since the last, with its gradients when
+  // `gradients`, then runs `then` there (written or not; at once when not
+  // wanted). Every rank calls it: rank 0 decides for all.
+  void Checkpoint(int slot, bool gradients, std::function<void()> then,
+                  bool wanted);
 
   SlotPool& pool_;
   SlotOwners& owners_;
+  RankCoordinator& ranks_;
+  const StepSync* sync_ = nullptr;
   SessionSlotsOptions options_;
   std::function<void()> slots_changed_;
   // Writes sessions' checkpoints, saved states and adapters (its own
-  // thread; options_.checkpoint_root is its root).
+  // thread; options_.checkpoint_root is its root). Rank 0's.
   PoolCheckpointer writer_;
 };
 

@@ -12,6 +12,7 @@
 #include "adapters/peft_files.h"
 #include "core/common/read_file.h"
 #include "core/common/status_macros.h"
+#include "core/train/co_batch_step.h"
 #include "server/jobs/job_trainer.h"
 
 namespace loraplex {
@@ -23,14 +24,19 @@ constexpr char kGradientsFile[] = "gradients.pt";
 }  // namespace
 
 absl::StatusOr<std::map<std::string, std::string>> SessionStateFiles(
-    const TrainingSlot& slot, nlohmann::json meta, bool gradients) {
+    const TrainingSlot& slot, nlohmann::json meta, bool gradients,
+    DataParallelSlots* data_parallel, const StepSync* sync) {
   LORAPLEX_ASSIGN_OR_RETURN(PeftAdapterFiles adapter,
                             EncodePeftAdapter(slot.weights, ""));
   std::map<std::string, std::string> files;
   files[kPeftWeightsFile] = std::move(adapter.weights);
   files[kPeftConfigFile] = std::move(adapter.config);
   torch::serialize::OutputArchive archive;
-  slot.optimizer->Save(archive);
+  if (data_parallel != nullptr) {
+    LORAPLEX_RETURN_IF_ERROR(data_parallel->SaveOptimizerState(slot, archive));
+  } else {
+    slot.optimizer->Save(archive);
+  }
   std::ostringstream bytes;
   archive.save_to(bytes);
   files[kOptimizerStateFile] = bytes.str();
@@ -38,95 +44,123 @@ absl::StatusOr<std::map<std::string, std::string>> SessionStateFiles(
   meta["steps"] = slot.counters.steps;
   files[kSessionStateFile] = meta.dump(2) + "\n";
   if (gradients) {
-    torch::serialize::OutputArchive grads;
+    std::vector<torch::Tensor> grads;
+    if (sync != nullptr && sync->world_size > 1) {
+      LORAPLEX_ASSIGN_OR_RETURN(grads, SumAccumulatedGradients(slot, *sync));
+    } else {
+      for (const torch::Tensor& param : slot.weights.parameters()) {
+        grads.push_back(param.grad());
+      }
+    }
+    torch::serialize::OutputArchive archive;
     int64_t count = 0;
-    const std::vector<torch::Tensor> params = slot.weights.parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!params[i].grad().defined()) continue;
-      grads.write(absl::StrCat("grad.", i), params[i].grad());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      archive.write(absl::StrCat("grad.", i), grads[i]);
       ++count;
     }
     if (count > 0) {
       std::ostringstream grad_bytes;
-      grads.save_to(grad_bytes);
+      archive.save_to(grad_bytes);
       files[kGradientsFile] = grad_bytes.str();
     }
   }
   return files;
 }
 
-absl::Status LoadSessionState(const std::string& dir, bool with_optimizer,
-                              TrainingSlot& slot) {
-  LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter,
-                            LoadPeftAdapter(dir, slot.weights.model_config()));
-  if (LoraConfigToJson(adapter.config) !=
-      LoraConfigToJson(slot.weights.config())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the state's LoRA config ", LoraConfigToJson(adapter.config).dump(),
-        " is not the session's ",
-        LoraConfigToJson(slot.weights.config()).dump()));
-  }
-  LORAPLEX_ASSIGN_OR_RETURN(std::string meta_text,
+absl::StatusOr<SavedSessionState> ReadSessionState(const std::string& dir,
+                                                   const ModelConfig& model,
+                                                   bool with_optimizer,
+                                                   bool checkpoint) {
+  SavedSessionState state;
+  LORAPLEX_ASSIGN_OR_RETURN(PeftAdapter adapter, LoadPeftAdapter(dir, model));
+  state.adapter = std::make_shared<const PeftAdapter>(std::move(adapter));
+  LORAPLEX_ASSIGN_OR_RETURN(state.meta,
                             ReadFile(dir + "/" + kSessionStateFile));
-  const nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, false);
+  if (with_optimizer) {
+    LORAPLEX_ASSIGN_OR_RETURN(state.optimizer,
+                              ReadFile(dir + "/" + kOptimizerStateFile));
+  }
+  if (checkpoint && std::filesystem::exists(dir + "/" + kGradientsFile)) {
+    LORAPLEX_ASSIGN_OR_RETURN(state.gradients,
+                              ReadFile(dir + "/" + kGradientsFile));
+  }
+  return state;
+}
+
+absl::Status LoadSessionState(const SavedSessionState& state,
+                              bool with_optimizer, TrainingSlot& slot,
+                              DataParallelSlots* data_parallel) {
+  if (state.adapter != nullptr && LoraConfigToJson(state.adapter->config) !=
+                                      LoraConfigToJson(slot.weights.config())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the state's LoRA config ",
+                     LoraConfigToJson(state.adapter->config).dump(),
+                     " is not the session's ",
+                     LoraConfigToJson(slot.weights.config()).dump()));
+  }
+  const nlohmann::json meta = nlohmann::json::parse(state.meta, nullptr, false);
   if (!meta.is_object() || !meta.contains("steps") ||
       !meta["steps"].is_number_integer()) {
     return absl::InvalidArgumentError(
         absl::StrCat(kSessionStateFile, " of the state has no step count"));
   }
   if (with_optimizer) {
-    LORAPLEX_ASSIGN_OR_RETURN(std::string bytes,
-                              ReadFile(dir + "/" + kOptimizerStateFile));
-    std::istringstream in(bytes);
+    if (state.optimizer.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the state has no ", kOptimizerStateFile));
+    }
+    std::istringstream in(state.optimizer);
     torch::serialize::InputArchive archive;
     archive.load_from(in);
     // Checked whole (family, children, shapes) before it copies.
-    LORAPLEX_RETURN_IF_ERROR(slot.optimizer->Load(archive));
+    LORAPLEX_RETURN_IF_ERROR(
+        data_parallel != nullptr
+            ? data_parallel->LoadOptimizerState(slot, archive)
+            : slot.optimizer->Load(archive));
     slot.counters.steps = meta["steps"].get<int64_t>();
   }
-  LORAPLEX_RETURN_IF_ERROR(CopyPeftAdapter(adapter, slot.weights));
+  if (state.adapter != nullptr) {
+    LORAPLEX_RETURN_IF_ERROR(CopyPeftAdapter(*state.adapter, slot.weights));
+  }
   for (torch::Tensor param : slot.weights.parameters()) {
     param.mutable_grad() = torch::Tensor();
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<SessionCounters> LoadSessionCheckpoint(const std::string& dir,
-                                                      TrainingSlot& slot) {
-  LORAPLEX_ASSIGN_OR_RETURN(std::string meta_text,
-                            ReadFile(dir + "/" + kSessionStateFile));
-  const nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, false);
+absl::StatusOr<SessionCounters> LoadSessionCheckpoint(
+    const SavedSessionState& state, TrainingSlot& slot,
+    DataParallelSlots* data_parallel) {
+  const nlohmann::json meta = nlohmann::json::parse(state.meta, nullptr, false);
   SessionCounters counters;
   if (!meta.is_object() ||
       !meta.value("calls", nlohmann::json()).is_number_integer() ||
       !meta.value("seq_id", nlohmann::json()).is_number_integer()) {
-    return absl::DataLossError(absl::StrCat(
-        dir, "/", kSessionStateFile, " has no calls and seq_id counters"));
+    return absl::DataLossError(
+        absl::StrCat(kSessionStateFile, " has no calls and seq_id counters"));
   }
   counters.calls = meta["calls"].get<int64_t>();
   counters.seq_id = meta["seq_id"].get<int64_t>();
   // Gradients are read and checked before the state changes anything.
   std::vector<std::pair<size_t, torch::Tensor>> grads;
   const std::vector<torch::Tensor> params = slot.weights.parameters();
-  if (std::filesystem::exists(dir + "/" + kGradientsFile)) {
-    LORAPLEX_ASSIGN_OR_RETURN(std::string bytes,
-                              ReadFile(dir + "/" + kGradientsFile));
-    std::istringstream in(bytes);
+  if (!state.gradients.empty()) {
+    std::istringstream in(state.gradients);
     torch::serialize::InputArchive archive;
     archive.load_from(in);
     for (size_t i = 0; i < params.size(); ++i) {
       torch::Tensor grad;
       if (!archive.try_read(absl::StrCat("grad.", i), grad)) continue;
       if (!grad.sizes().equals(params[i].sizes())) {
-        return absl::DataLossError(absl::StrCat(dir, "/", kGradientsFile,
-                                                ": gradient ", i,
-                                                " has the wrong shape"));
+        return absl::DataLossError(absl::StrCat(kGradientsFile, ": gradient ",
+                                                i, " has the wrong shape"));
       }
       grads.emplace_back(i, grad.to(params[i].options()));
     }
   }
   LORAPLEX_RETURN_IF_ERROR(
-      LoadSessionState(dir, /*with_optimizer=*/true, slot));
+      LoadSessionState(state, /*with_optimizer=*/true, slot, data_parallel));
   for (auto& [i, grad] : grads) params[i].mutable_grad() = grad;
   return counters;
 }

@@ -109,15 +109,131 @@ SequenceSet SequencesFromJson(const Json& json) {
   return data;
 }
 
+// A state's parts that travel (session_state_files.h): its optimizer state
+// and meta.
+Json SavedStateToJson(const SavedSessionState& state) {
+  return {{"optimizer", Bytes(state.optimizer.data(), state.optimizer.size())},
+          {"meta", state.meta}};
+}
+
+SavedSessionState SavedStateFromJson(const Json& json) {
+  SavedSessionState state;
+  const Json::binary_t& optimizer = json.at("optimizer").get_binary();
+  state.optimizer.assign(optimizer.begin(), optimizer.end());
+  state.meta = json.at("meta").get<std::string>();
+  return state;
+}
+
+Json DataToJson(const std::vector<Datum>& data) {
+  Json json = Json::array();
+  for (const Datum& datum : data) {
+    json.push_back(
+        {{"input_ids", Bytes(datum.input_ids.data(), datum.input_ids.size())},
+         {"target_tokens",
+          Bytes(datum.target_tokens.data(), datum.target_tokens.size())},
+         {"k", datum.targets_per_position},
+         {"weights", Bytes(datum.weights.data(), datum.weights.size())},
+         {"sampler_logprobs",
+          Bytes(datum.sampler_logprobs.data(), datum.sampler_logprobs.size())},
+         {"advantages",
+          Bytes(datum.advantages.data(), datum.advantages.size())}});
+  }
+  return json;
+}
+
+std::vector<Datum> DataFromJson(const Json& json) {
+  std::vector<Datum> data;
+  for (const Json& item : json) {
+    Datum datum;
+    datum.input_ids = FromBytes<int64_t>(item.at("input_ids"), "input_ids");
+    datum.target_tokens =
+        FromBytes<int64_t>(item.at("target_tokens"), "target_tokens");
+    datum.targets_per_position = Integer<int64_t>(item.at("k"), "k");
+    datum.weights = FromBytes<double>(item.at("weights"), "weights");
+    datum.sampler_logprobs =
+        FromBytes<double>(item.at("sampler_logprobs"), "sampler_logprobs");
+    datum.advantages = FromBytes<double>(item.at("advantages"), "advantages");
+    data.push_back(std::move(datum));
+  }
+  return data;
+}
+
+Json SessionStepToJson(const StepPlan::SessionStep& step) {
+  const SessionOp& op = step.op;
+  Json json = {{"slot", step.slot},
+               {"kind", static_cast<int>(op.kind)},
+               {"session_id", op.session_id},
+               {"seq_id", op.seq_id},
+               {"loss",
+                {static_cast<int>(op.loss.fn), op.loss.clip_low,
+                 op.loss.clip_high, op.loss.beta}},
+               {"step", OptimizerConfigToJson(op.step)},
+               {"grad_clip", op.grad_clip},
+               {"with_optimizer", op.with_optimizer}};
+  json["data"] = op.data ? DataToJson(*op.data) : Json();
+  if (step.state) json["state"] = SavedStateToJson(*step.state);
+  return json;
+}
+
+// Throws for a malformed step (caught by DecodeStepPlan).
+absl::StatusOr<StepPlan::SessionStep> SessionStepFromJson(const Json& json) {
+  StepPlan::SessionStep step;
+  step.slot = Integer<int>(json.at("slot"), "slot");
+  SessionOp& op = step.op;
+  const int kind = Integer<int>(json.at("kind"), "kind");
+  if (kind < 0 || kind > static_cast<int>(SessionOp::Kind::kClose)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown session operation ", kind));
+  }
+  op.kind = static_cast<SessionOp::Kind>(kind);
+  op.session_id = json.at("session_id").get<std::string>();
+  op.seq_id = Integer<int64_t>(json.at("seq_id"), "seq_id");
+  const Json& loss = json.at("loss");
+  const int fn = Integer<int>(loss.at(0), "loss");
+  if (fn < 0 || fn >= static_cast<int>(kAllLossFns.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown loss ", fn));
+  }
+  op.loss.fn = static_cast<LossFn>(fn);
+  op.loss.clip_low = loss.at(1).get<double>();
+  op.loss.clip_high = loss.at(2).get<double>();
+  op.loss.beta = loss.at(3).get<double>();
+  LORAPLEX_ASSIGN_OR_RETURN(op.step, OptimizerConfigFromJson(json.at("step")));
+  op.grad_clip = json.at("grad_clip").get<double>();
+  op.with_optimizer = json.at("with_optimizer").get<bool>();
+  if (!json.at("data").is_null()) {
+    op.data =
+        std::make_shared<const std::vector<Datum>>(DataFromJson(json["data"]));
+  }
+  if (json.contains("state")) step.state = SavedStateFromJson(json["state"]);
+  return step;
+}
+
+bool CarriesRequest(StepPlan::Entry::Kind kind) {
+  return kind == StepPlan::Entry::Kind::kAttach ||
+         kind == StepPlan::Entry::Kind::kOpenSession;
+}
+
 Json EntryToJson(const StepPlan::Entry& entry) {
   Json json = {{"kind", static_cast<int>(entry.kind)},
                {"job_id", entry.job_id}};
-  if (entry.kind != StepPlan::Entry::Kind::kAttach) return json;
+  if (!CarriesRequest(entry.kind)) return json;
+  if (entry.session_state) {
+    json["session_state"] = SavedStateToJson(*entry.session_state);
+  }
   const SlotAttachRequest& request = entry.request;
   json["lora"] = LoraConfigToJson(request.lora);
   json["optimizer"] = OptimizerConfigToJson(request.optimizer);
   json["schedule"] = LrScheduleConfigToJson(request.schedule);
-  json["training"] = TrainingConfigToJson(request.training);
+  if (entry.kind == StepPlan::Entry::Kind::kOpenSession) {
+    // A session's seed is any 64-bit value; a job's config keeps its own
+    // range.
+    TrainingConfig training = request.training;
+    training.seed = 0;
+    json["training"] = TrainingConfigToJson(training);
+    json["seed"] = request.training.seed;
+  } else {
+    json["training"] = TrainingConfigToJson(request.training);
+  }
   json["preferred_slot"] = request.preferred_slot;
   json["data"] = request.data ? SequencesToJson(*request.data) : Json();
   if (entry.restore) {
@@ -132,15 +248,20 @@ Json EntryToJson(const StepPlan::Entry& entry) {
 absl::StatusOr<StepPlan::Entry> EntryFromJson(const Json& json) {
   StepPlan::Entry entry;
   const int kind = Integer<int>(json.at("kind"), "kind");
-  if (kind < 0 || kind > static_cast<int>(StepPlan::Entry::Kind::kPause)) {
+  if (kind < 0 ||
+      kind > static_cast<int>(StepPlan::Entry::Kind::kOpenSession)) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown entry kind ", kind));
   }
   entry.kind = static_cast<StepPlan::Entry::Kind>(kind);
   entry.job_id = json.at("job_id").get<std::string>();
-  if (entry.kind != StepPlan::Entry::Kind::kAttach) return entry;
+  if (!CarriesRequest(entry.kind)) return entry;
   SlotAttachRequest& request = entry.request;
   request.job_id = entry.job_id;
+  request.session = entry.kind == StepPlan::Entry::Kind::kOpenSession;
+  if (json.contains("session_state")) {
+    entry.session_state = SavedStateFromJson(json["session_state"]);
+  }
   LORAPLEX_ASSIGN_OR_RETURN(request.lora, LoraConfigFromJson(json.at("lora")));
   LORAPLEX_ASSIGN_OR_RETURN(request.optimizer,
                             OptimizerConfigFromJson(json.at("optimizer")));
@@ -148,6 +269,9 @@ absl::StatusOr<StepPlan::Entry> EntryFromJson(const Json& json) {
                             LrScheduleConfigFromJson(json.at("schedule")));
   LORAPLEX_ASSIGN_OR_RETURN(request.training,
                             TrainingConfigFromJson(json.at("training")));
+  if (request.session) {
+    request.training.seed = Integer<uint64_t>(json.at("seed"), "seed");
+  }
   request.preferred_slot =
       Integer<int>(json.at("preferred_slot"), "preferred_slot");
   if (!json.at("data").is_null()) {
@@ -179,10 +303,15 @@ std::string EncodeStepPlan(const StepPlan& plan) {
   for (const StepPlan::Entry& entry : plan.entries) {
     entries.push_back(EntryToJson(entry));
   }
+  Json sessions = Json::array();
+  for (const StepPlan::SessionStep& step : plan.sessions) {
+    sessions.push_back(SessionStepToJson(step));
+  }
   const Json json = {{"stop", plan.stop},
                      {"checkpoint", plan.checkpoint},
                      {"active", std::move(active)},
-                     {"entries", std::move(entries)}};
+                     {"entries", std::move(entries)},
+                     {"sessions", std::move(sessions)}};
   const std::vector<uint8_t> bytes = Json::to_cbor(json);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -214,6 +343,15 @@ absl::StatusOr<StepPlan> DecodeStepPlan(const std::string& bytes) {
         break;
       }
       plan.entries.push_back(*std::move(decoded));
+    }
+    for (const Json& step : json.at("sessions")) {
+      if (!status.ok()) break;
+      absl::StatusOr<StepPlan::SessionStep> decoded = SessionStepFromJson(step);
+      if (!decoded.ok()) {
+        status = decoded.status();
+        break;
+      }
+      plan.sessions.push_back(*std::move(decoded));
     }
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(

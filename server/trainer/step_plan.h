@@ -2,8 +2,9 @@
 // data-parallel server (docs/DESIGN.md §6), so that all ranks make the same
 // slot changes at the same step boundary: the slot commands with everything a
 // rank needs to apply them (configs, the tokenized training data, the
-// checkpoint state to resume), whether to checkpoint the pool first, and
-// which jobs rank 0 still has in slots.
+// checkpoint state to resume), whether to checkpoint the pool first,
+// which jobs rank 0 still has in slots, and the training sessions'
+// operations.
 //
 //   rank 0:     std::string bytes = EncodeStepPlan(plan);
 //               dist.Broadcast(&bytes, 0);
@@ -27,13 +28,15 @@
 
 #include "absl/status/statusor.h"
 #include "adapters/slot_pool.h"
+#include "server/jobs/job_trainer.h"
 #include "server/trainer/checkpoint.h"
+#include "server/trainer/session_state_files.h"
 
 namespace loraplex {
 
 struct StepPlan {
   struct Entry {
-    enum class Kind { kAttach, kRetire, kPause };
+    enum class Kind { kAttach, kRetire, kPause, kOpenSession };
     Kind kind = Kind::kAttach;
     std::string job_id;
     // kAttach: the slot request; `request.data` null for an evaluation-only
@@ -46,6 +49,11 @@ struct StepPlan {
     std::string training_state;
     // kPause: whether rank 0 committed the pause checkpoint is agreed on
     // when the pause is applied, not sent here.
+    // kOpenSession (job_id: the session's id; request: its LoRA, optimizer,
+    // seed and slot): the checkpoint it continues from, when it has one
+    // (its optimizer state and meta; rank 0 broadcasts the weights and
+    // keeps the gradients).
+    std::optional<SavedSessionState> session_state;
   };
 
   // The server stops: checkpoint the pool and end.
@@ -63,6 +71,17 @@ struct StepPlan {
   };
   std::map<int, Active> active;
   std::vector<Entry> entries;
+  // The training sessions' operations of this iteration, in the order every
+  // rank applies them after the entries (session_slots.h): each session's
+  // waiting operations up to and including its next forward/backward call.
+  struct SessionStep {
+    int slot = -1;
+    // Without `done`, `dir` and `state_meta`, which are rank 0's.
+    SessionOp op;
+    // kLoadState: the state rank 0 read (as in Entry::session_state).
+    std::optional<SavedSessionState> state;
+  };
+  std::vector<SessionStep> sessions;
 };
 
 std::string EncodeStepPlan(const StepPlan& plan);

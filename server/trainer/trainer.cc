@@ -77,7 +77,7 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
                }),
       jobs_(*model_, pool_, owners_, ranks_, reports_, options_.co_batch,
             JobOptions(options, ranks_.leader()), [this] { SlotsChanged(); }),
-      sessions_(pool_, owners_, SessionOptions(options),
+      sessions_(pool_, owners_, ranks_, SessionOptions(options),
                 [this] { SlotsChanged(); }),
       sampling_(*model_, options.tokenizer, options.sample_share),
       parts_{pool_, ranks_, jobs_, sessions_, sampling_},
@@ -85,6 +85,7 @@ Trainer::Trainer(std::unique_ptr<LlamaModel> model,
   if (ranks_.distributed()) {
     sync_ = ranks_.data_parallel()->Sync(pool_);
     options_.co_batch.sync = &sync_;
+    sessions_.set_sync(&sync_);
   }
 }
 
@@ -246,18 +247,23 @@ void Trainer::Run() {
     const bool stopping = !NextBatch(batch);
     jobs_.OrderAttaches(batch);
     for (TrainerCommand& command : batch) PrepareCommand(command, parts_);
-    if (ranks_.distributed()) ranks_.SendPlan(PlanOf(batch, stopping));
-    if (ranks_.Broken() || !Iterate(batch, stopping, pending_checkpoint_)) {
+    std::vector<StepPlan::SessionStep> round;
+    if (!stopping) round = sessions_.TakeRound();
+    if (ranks_.distributed()) {
+      ranks_.SendPlan(PlanOf(batch, stopping, round));
+    }
+    if (ranks_.Broken() ||
+        !Iterate(batch, stopping, pending_checkpoint_, round)) {
       for (TrainerCommand& command : batch) {
         Abandon(command, absl::UnavailableError("the trainer stopped"));
       }
+      SessionSlots::AbandonRound(round,
+                                 absl::UnavailableError("the trainer stopped"));
       break;
     }
   }
   sampling_.Abandon(absl::UnavailableError("the server is shutting down"));
   sessions_.Abandon(absl::UnavailableError("the server is shutting down"));
-  // Open sessions continue after a restart from here, gradients included.
-  if (!ranks_.Broken()) sessions_.CheckpointAll();
   // Stopped for good (also after a failure of the ranks): what is queued
   // and what comes later is answered at once, never left waiting.
   std::deque<TrainerCommand> dropped;
@@ -296,8 +302,9 @@ bool Trainer::NextBatch(std::deque<TrainerCommand>& batch) {
   return true;
 }
 
-StepPlan Trainer::PlanOf(const std::deque<TrainerCommand>& batch,
-                         bool stopping) const {
+StepPlan Trainer::PlanOf(
+    const std::deque<TrainerCommand>& batch, bool stopping,
+    const std::vector<StepPlan::SessionStep>& round) const {
   StepPlan plan;
   plan.stop = stopping;
   plan.checkpoint = pending_checkpoint_;
@@ -307,6 +314,19 @@ StepPlan Trainer::PlanOf(const std::deque<TrainerCommand>& batch,
     if (std::optional<StepPlan::Entry> entry = PlanEntryOf(command)) {
       plan.entries.push_back(*std::move(entry));
     }
+  }
+  for (const StepPlan::SessionStep& step : round) {
+    StepPlan::SessionStep& sent = plan.sessions.emplace_back();
+    sent.slot = step.slot;
+    sent.op.kind = step.op.kind;
+    sent.op.session_id = step.op.session_id;
+    sent.op.seq_id = step.op.seq_id;
+    sent.op.data = step.op.data;
+    sent.op.loss = step.op.loss;
+    sent.op.step = step.op.step;
+    sent.op.grad_clip = step.op.grad_clip;
+    sent.op.with_optimizer = step.op.with_optimizer;
+    sent.state = step.state;
   }
   return plan;
 }
@@ -321,18 +341,24 @@ absl::Status Trainer::Follow() {
         batch.push_back(*std::move(command));
       }
     }
-    if (ranks_.Broken() || !Iterate(batch, plan.stop, plan.checkpoint)) break;
+    if (ranks_.Broken() ||
+        !Iterate(batch, plan.stop, plan.checkpoint, plan.sessions)) {
+      break;
+    }
   }
   return ranks_.failure();
 }
 
 bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
-                      bool checkpoint) {
+                      bool checkpoint,
+                      std::vector<StepPlan::SessionStep>& round) {
   pending_checkpoint_ = false;
   ReportWritten();
   // When stopping, every job that trains keeps its progress across the
-  // restart.
+  // restart, and every open session continues from here, gradients
+  // included.
   if (checkpoint || stopping) jobs_.CheckpointPool();
+  if (stopping && !ranks_.Broken()) sessions_.CheckpointAll();
   if (stopping || ranks_.Broken()) return false;
   // A rank that broke stops at once: its pool may differ from the others'.
   for (TrainerCommand& command : batch) {
@@ -347,7 +373,7 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
   }
   if (ranks_.Broken()) return false;
   const auto train_start = std::chrono::steady_clock::now();
-  std::vector<SessionCall> calls = sessions_.TakeCalls();
+  std::vector<SessionCall> calls = sessions_.ApplyRound(round);
   const bool trained = !jobs_.Steppable().empty() || !calls.empty();
   const std::vector<int> stepped = TrainStep(calls);
   const double train_seconds =

@@ -183,11 +183,13 @@ class Trainer : public JobTrainer {
   // Rank 0: waits for commands (or, data parallel, a heartbeat's time) and
   // takes them; false when stopping.
   bool NextBatch(std::deque<TrainerCommand>& batch);
-  // The iteration's plan for the other ranks.
-  StepPlan PlanOf(const std::deque<TrainerCommand>& batch, bool stopping) const;
-  // The iteration every rank runs alike; false when the loop ends.
+  // The iteration's plan for the other ranks, with the sessions' `round`.
+  StepPlan PlanOf(const std::deque<TrainerCommand>& batch, bool stopping,
+                  const std::vector<StepPlan::SessionStep>& round) const;
+  // The iteration every rank runs alike, the sessions' `round` included;
+  // false when the loop ends.
   bool Iterate(std::deque<TrainerCommand>& batch, bool stopping,
-               bool checkpoint);
+               bool checkpoint, std::vector<StepPlan::SessionStep>& round);
   // Posts `commands` in order (a batch of attaches, which OrderAttaches
   // may reorder among themselves).
   void Enqueue(std::vector<TrainerCommand> commands);

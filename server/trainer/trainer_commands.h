@@ -12,7 +12,8 @@
 //     command reaches the trainer's inbox (commands sent after it follow
 //     it there, so they keep their order). Only an attach has one.
 //   template <typename Parts> void Prepare(Parts& parts);
-//     Tensor work on rank 0 before the plan.
+//     Work on rank 0 before the plan: tensors, files the plan carries, a
+//     session operation to queue.
 //   std::optional<StepPlan::Entry> PlanEntry() const;
 //   static constexpr StepPlan::Entry::Kind kPlanKind;
 //   static Command FromPlanEntry(StepPlan::Entry entry);

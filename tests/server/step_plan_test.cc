@@ -152,6 +152,114 @@ TEST(StepPlanTest, EveryFieldSurvivesTheEncoding) {
   EXPECT_TRUE(stopped->entries.empty());
 }
 
+// A session's open (with the checkpoint it continues from) and a round of
+// its operations, as the other ranks apply them.
+TEST(StepPlanTest, SessionsSurviveTheEncoding) {
+  StepPlan sent;
+  StepPlan::Entry open;
+  open.kind = StepPlan::Entry::Kind::kOpenSession;
+  open.job_id = "session-1";
+  open.request.lora.rank = 4;
+  open.request.lora.alpha = 0.1 + 0.2;
+  open.request.optimizer.family = OptimizerFamily::kAdamW;
+  open.request.optimizer.lr = 1e-3 / 3;
+  open.request.training.seed = 0xfeedfacecafebeefull;
+  open.request.preferred_slot = 3;
+  SavedSessionState restored;
+  restored.optimizer = std::string("\0opt\xff", 5);
+  restored.meta = R"({"steps": 7, "calls": 3, "seq_id": 9})";
+  restored.gradients = "rank 0's alone";
+  open.session_state = restored;
+  sent.entries.push_back(open);
+
+  StepPlan::SessionStep call;
+  call.slot = 3;
+  call.op.kind = SessionOp::Kind::kForwardBackward;
+  call.op.session_id = "session-1";
+  call.op.seq_id = 10;
+  Datum weighted;
+  weighted.input_ids = {1, 2, 3};
+  weighted.target_tokens = {2, 3, 4, 5, 6, 7};
+  weighted.targets_per_position = 2;
+  weighted.weights = {1.0, 0.0, 0.5, 1.0 / 3, -2.0, 1e-300};
+  Datum rl;
+  rl.input_ids = {9};
+  rl.target_tokens = {8};
+  rl.sampler_logprobs = {-0.1 / 3};
+  rl.advantages = {2.0 / 7};
+  call.op.data = std::make_shared<const std::vector<Datum>>(
+      std::vector<Datum>{weighted, rl});
+  call.op.loss = LossFnSpec{LossFn::kPpo, 0.8, 1.2 + 1e-9, 0.0};
+  call.op.done = [](absl::StatusOr<SessionOpResult>) {};
+  sent.sessions.push_back(call);
+  StepPlan::SessionStep step;
+  step.slot = 3;
+  step.op.kind = SessionOp::Kind::kOptimStep;
+  step.op.session_id = "session-1";
+  step.op.seq_id = 11;
+  step.op.step.family = OptimizerFamily::kAdamW;
+  step.op.step.lr = 2e-4 / 3;
+  step.op.grad_clip = 0.7;
+  sent.sessions.push_back(step);
+  StepPlan::SessionStep load;
+  load.slot = 3;
+  load.op.kind = SessionOp::Kind::kLoadState;
+  load.op.session_id = "session-1";
+  load.op.with_optimizer = true;
+  load.state = restored;
+  sent.sessions.push_back(load);
+
+  absl::StatusOr<StepPlan> got = DecodeStepPlan(EncodeStepPlan(sent));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->entries.size(), 1u);
+  const StepPlan::Entry& opened = got->entries[0];
+  EXPECT_EQ(opened.kind, StepPlan::Entry::Kind::kOpenSession);
+  EXPECT_EQ(opened.job_id, "session-1");
+  EXPECT_TRUE(opened.request.session);
+  EXPECT_EQ(opened.request.lora.alpha, open.request.lora.alpha);
+  EXPECT_EQ(opened.request.optimizer.lr, open.request.optimizer.lr);
+  EXPECT_EQ(opened.request.training.seed, 0xfeedfacecafebeefull);
+  EXPECT_EQ(opened.request.preferred_slot, 3);
+  ASSERT_TRUE(opened.session_state.has_value());
+  EXPECT_EQ(opened.session_state->optimizer, restored.optimizer);
+  EXPECT_EQ(opened.session_state->meta, restored.meta);
+  // The adapter and gradients stay with rank 0.
+  EXPECT_EQ(opened.session_state->adapter, nullptr);
+  EXPECT_TRUE(opened.session_state->gradients.empty());
+
+  ASSERT_EQ(got->sessions.size(), 3u);
+  const SessionOp& got_call = got->sessions[0].op;
+  EXPECT_EQ(got->sessions[0].slot, 3);
+  EXPECT_EQ(got_call.kind, SessionOp::Kind::kForwardBackward);
+  EXPECT_EQ(got_call.session_id, "session-1");
+  EXPECT_EQ(got_call.seq_id, 10);
+  EXPECT_EQ(got_call.loss, call.op.loss);  // Bit for bit.
+  EXPECT_FALSE(got_call.done);
+  ASSERT_NE(got_call.data, nullptr);
+  ASSERT_EQ(got_call.data->size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const Datum& a = (*got_call.data)[i];
+    const Datum& b = (*call.op.data)[i];
+    EXPECT_EQ(a.input_ids, b.input_ids);
+    EXPECT_EQ(a.target_tokens, b.target_tokens);
+    EXPECT_EQ(a.targets_per_position, b.targets_per_position);
+    EXPECT_EQ(a.weights, b.weights);
+    EXPECT_EQ(a.sampler_logprobs, b.sampler_logprobs);
+    EXPECT_EQ(a.advantages, b.advantages);
+  }
+  const SessionOp& got_step = got->sessions[1].op;
+  EXPECT_EQ(got_step.kind, SessionOp::Kind::kOptimStep);
+  EXPECT_EQ(got_step.seq_id, 11);
+  EXPECT_EQ(got_step.step.lr, step.op.step.lr);
+  EXPECT_EQ(got_step.grad_clip, 0.7);
+  EXPECT_EQ(got_step.data, nullptr);
+  const StepPlan::SessionStep& got_load = got->sessions[2];
+  EXPECT_EQ(got_load.op.kind, SessionOp::Kind::kLoadState);
+  EXPECT_TRUE(got_load.op.with_optimizer);
+  ASSERT_TRUE(got_load.state.has_value());
+  EXPECT_EQ(got_load.state->optimizer, restored.optimizer);
+}
+
 TEST(StepPlanTest, WhatIsNotAPlanIsRefused) {
   const std::string bytes = EncodeStepPlan(SamplePlan());
   for (const std::string& bad : {std::string(), std::string("not cbor at all"),
