@@ -13,16 +13,21 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "tests/common/free_port.h"
 #include "tests/common/rank_process.h"
+#include "tests/common/test_threads.h"
 
 namespace loraplex {
 
@@ -40,6 +45,28 @@ struct RankExits {
   std::vector<int> exit_codes;  // Per started rank; -1: killed at deadline.
   double seconds = 0;
 };
+
+// In a rank's process (`scenario_var` set): runs `worker` with the
+// scenario named there and exits with its outcome, printing its error;
+// false in the test program itself. Called from a static initializer, so
+// a rank runs before GoogleTest starts anything:
+//
+//   [[maybe_unused]] const bool kRanAsWorker =
+//       RunAsRankWorker(kScenarioVar, RunWorker);
+inline bool RunAsRankWorker(const char* scenario_var,
+                            absl::Status (*worker)(const std::string&)) {
+  const char* scenario = std::getenv(scenario_var);
+  if (scenario == nullptr) return false;
+  torch::set_num_threads(TestThreadsOverride().value_or(1));
+  absl::Status status = worker(scenario);
+  if (!status.ok()) {
+    std::fprintf(stderr, "[rank %s] %s: %s\n", std::getenv("RANK"), scenario,
+                 status.ToString().c_str());
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(status.ok() ? 0 : 1);
+}
 
 inline RankExits LaunchRanks(const RankLaunch& launch) {
   const int port = FreePort();

@@ -33,7 +33,6 @@
 #include "core/train/co_batch_step.h"
 #include "tests/common/optim_fixture.h"
 #include "tests/common/rank_launcher.h"
-#include "tests/common/test_threads.h"
 #include "tests/common/train_fixture.h"
 
 namespace loraplex {
@@ -639,19 +638,8 @@ absl::Status RunWorker(const std::string& scenario) {
 // A rank started by MultiProcessTest runs its scenario and exits while the
 // program starts, before GoogleTest runs anything, so the worker is not a
 // test of its own.
-[[maybe_unused]] const bool kRanAsWorker = [] {
-  const char* scenario = std::getenv(kScenarioVar);
-  if (scenario == nullptr) return false;
-  torch::set_num_threads(TestThreadsOverride().value_or(1));
-  absl::Status status = RunWorker(scenario);
-  if (!status.ok()) {
-    std::fprintf(stderr, "[rank %s] %s: %s\n", std::getenv("RANK"), scenario,
-                 status.ToString().c_str());
-  }
-  std::fflush(stdout);
-  std::fflush(stderr);
-  _exit(status.ok() ? 0 : 1);
-}();
+[[maybe_unused]] const bool kRanAsWorker =
+    RunAsRankWorker(kScenarioVar, RunWorker);
 
 // ---------------------------------------------------------------- launcher
 

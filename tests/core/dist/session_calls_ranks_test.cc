@@ -36,7 +36,6 @@
 #include "core/train/co_batch_step.h"
 #include "core/train/loss_fn.h"
 #include "tests/common/rank_launcher.h"
-#include "tests/common/test_threads.h"
 #include "tests/common/train_fixture.h"
 
 namespace loraplex {
@@ -664,19 +663,8 @@ absl::Status RunWorker(const std::string& name) {
   return dist.Barrier();
 }
 
-[[maybe_unused]] const bool kRanAsWorker = [] {
-  const char* scenario = std::getenv(kScenarioVar);
-  if (scenario == nullptr) return false;
-  torch::set_num_threads(TestThreadsOverride().value_or(1));
-  absl::Status status = RunWorker(scenario);
-  if (!status.ok()) {
-    std::fprintf(stderr, "[rank %s] %s: %s\n", std::getenv("RANK"), scenario,
-                 status.ToString().c_str());
-  }
-  std::fflush(stdout);
-  std::fflush(stderr);
-  _exit(status.ok() ? 0 : 1);
-}();
+[[maybe_unused]] const bool kRanAsWorker =
+    RunAsRankWorker(kScenarioVar, RunWorker);
 
 // Every rank's exit code (-1: killed after the deadline). Each rank runs
 // every call and step twice (on the ranks, then alone), so one rank may

@@ -35,7 +35,6 @@
 #include "core/model/model_presets.h"
 #include "core/train/co_batch_step.h"
 #include "tests/common/rank_launcher.h"
-#include "tests/common/test_threads.h"
 #include "tests/common/train_fixture.h"
 
 namespace loraplex {
@@ -379,19 +378,8 @@ absl::Status RunWorker(const std::string& scenario) {
   return dist.Barrier();
 }
 
-[[maybe_unused]] const bool kRanAsWorker = [] {
-  const char* scenario = std::getenv(kScenarioVar);
-  if (scenario == nullptr) return false;
-  torch::set_num_threads(TestThreadsOverride().value_or(1));
-  absl::Status status = RunWorker(scenario);
-  if (!status.ok()) {
-    std::fprintf(stderr, "[rank %s] %s: %s\n", std::getenv("RANK"), scenario,
-                 status.ToString().c_str());
-  }
-  std::fflush(stdout);
-  std::fflush(stderr);
-  _exit(status.ok() ? 0 : 1);
-}();
+[[maybe_unused]] const bool kRanAsWorker =
+    RunAsRankWorker(kScenarioVar, RunWorker);
 
 // Every rank's exit code (-1: killed after the deadline). Each rank trains
 // sharded, then alone for its reference, on a loaded 2-core machine: a
