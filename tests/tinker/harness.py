@@ -30,9 +30,11 @@ def make_tiny_model(bin_dir, work):
 
 class Server:
     """A running loraplex-server; `base_url` is its Tinker API root and
-    `grpc_address` its gRPC listener."""
+    `grpc_address` its gRPC listener. `env`: its environment (torchrun's
+    variables for rank 0 of a data-parallel run)."""
 
-    def __init__(self, bin_dir, work, model, model_name, slots=4, extra=()):
+    def __init__(self, bin_dir, work, model, model_name, slots=4, extra=(),
+                 env=None):
         self.work = work
         self.log_path = os.path.join(work, "server.log")
         ready = os.path.join(work, "ready")
@@ -47,7 +49,7 @@ class Server:
              "--http-listen", f"127.0.0.1:{http_port}", "--threads", "1",
              "--slots", str(slots), "--ready-file", ready, "--log-level",
              "debug", *extra],
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 120
         while not os.path.exists(ready):
             if self.process.poll() is not None or time.time() > deadline:
