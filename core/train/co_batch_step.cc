@@ -357,17 +357,15 @@ std::vector<double> SpreadCallLogprobs(
 // statistics and the ranks' failure flags over the ranks. The calls'
 // gradients stay this rank's part (StepAccumulated sums them).
 // FAILED_PRECONDITION when any rank's part of the step failed.
-absl::Status SumOverRanks(const StepSync& sync,
+absl::Status SumOverRanks(const StepSync& sync, torch::Device device,
                           const std::vector<TrainingSlot*>& slots,
                           const std::vector<ForwardBackwardCall>& calls,
                           PassRows& pass, bool failed_here) {
   std::vector<torch::Tensor> tensors;
-  torch::Device device = torch::kCPU;
   for (TrainingSlot* slot : slots) {
     ZeroMissingGrads(*slot);
     for (const torch::Tensor& param : slot->weights.parameters()) {
       tensors.push_back(param.grad());
-      device = param.device();
     }
   }
   std::vector<double>& losses = pass.losses;
@@ -557,7 +555,7 @@ absl::Status RunForwardBackwardSharded(const LlamaModel& model,
 // the losses and the calls' logprobs over the ranks, then adds the calls'
 // earlier gradients from `stash` to the pass's. Gives the status of the pass so
 // far: on an error the caller puts everything back.
-absl::Status AddUpGradients(const StepSync* sync,
+absl::Status AddUpGradients(const StepSync* sync, torch::Device device,
                             const std::vector<TrainingSlot*>& slots,
                             const std::vector<ForwardBackwardCall>& calls,
                             absl::Status local, GradStash& stash,
@@ -570,7 +568,7 @@ absl::Status AddUpGradients(const StepSync* sync,
       if (!local.ok()) {
         for (TrainingSlot* slot : slots) DropGrads(*slot);
       }
-      summed = SumOverRanks(*sync, slots, calls, pass, !local.ok());
+      summed = SumOverRanks(*sync, device, slots, calls, pass, !local.ok());
     } catch (const c10::Error& e) {
       summed = TorchError("summing over the ranks failed", e);
     }
@@ -779,7 +777,9 @@ absl::StatusOr<CoBatchResult> RunCoBatchPass(
       model.sharded_base() != nullptr
           ? RunForwardBackwardSharded(model, slots, options, pass)
           : RunForwardBackward(model, slots, options, pass);
-  local = AddUpGradients(sync, slots, calls, std::move(local), stash, pass);
+  // The sums live where the model computes (the process group's device).
+  local = AddUpGradients(sync, model.device(), slots, calls, std::move(local),
+                         stash, pass);
   if (!local.ok()) {
     RestoreSlots(slots, pass.cursors);
     stash.PutBack();
@@ -879,7 +879,11 @@ absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
   if (metrics.skipped) ++slot.counters.skipped_steps;
   ++slot.counters.steps;
   if (!metrics.skipped) {
-    LORAPLEX_RETURN_IF_ERROR(SyncUpdatedParameters(sync, {&slot}));
+    // The other ranks may have their weights now: the ranks differ.
+    if (absl::Status synced = SyncUpdatedParameters(sync, {&slot});
+        !synced.ok()) {
+      return AfterSum(sync, std::move(synced));
+    }
   }
   return metrics;
 }

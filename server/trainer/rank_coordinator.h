@@ -42,6 +42,7 @@ class RankCoordinator {
   // More than one rank.
   bool distributed() const { return data_parallel_ != nullptr; }
   int rank() const { return dist_ == nullptr ? 0 : dist_->rank(); }
+  int world_size() const { return dist_ == nullptr ? 1 : dist_->world_size(); }
   // The parameter claims and gradient sync of a data-parallel pool; null
   // for one process.
   DataParallelSlots* data_parallel() { return data_parallel_.get(); }

@@ -68,7 +68,13 @@ absl::Status SessionSlots::AgreeOnOutcome(const absl::Status& status,
     ranks_.Fail(failed.status());
     return failed.status();
   }
-  if (!status.ok()) return status;
+  // Where it failed on some ranks only, those that succeeded differ from
+  // the others: with `diverged_if_not` every rank stops.
+  const bool apart = *failed > 0 && *failed < ranks_.world_size();
+  if (!status.ok()) {
+    if (apart && diverged_if_not) ranks_.Fail(status);
+    return status;
+  }
   if (*failed == 0) return absl::OkStatus();
   absl::Status elsewhere = absl::InternalError(absl::StrCat(
       what, " failed on ", *failed, " other rank(s); see their logs"));
@@ -98,17 +104,13 @@ void SessionSlots::Open(OpenSessionJob& open) {
   request.session = true;
   absl::StatusOr<int> slot =
       CatchTorch("opening the session", [&] { return pool_.Attach(request); });
-  if (!slot.ok()) {
-    done(slot);  // No slot on any rank: the pools are alike.
-    return;
-  }
   SlotSession session;
   session.session_id = command.session_id;
   session.tenant = command.tenant;
   session.family = std::string(OptimizerFamilyName(command.optimizer.family));
   session.seed = command.seed;
-  absl::Status opened;
-  if (open.restore) {
+  absl::Status opened = slot.status();
+  if (slot.ok() && open.restore) {
     absl::StatusOr<SessionCounters> restored =
         CatchTorch("restoring the session", [&] {
           return LoadSessionCheckpoint(*open.restore, pool_.slot(*slot),
@@ -134,8 +136,10 @@ void SessionSlots::Open(OpenSessionJob& open) {
     if (!opened.ok()) ranks_.Fail(opened);
   }
   if (!opened.ok()) {
-    CatchTorch("close", [&] { return pool_.Retire(*slot); }).IgnoreError();
-    slots_changed_();
+    if (slot.ok()) {
+      CatchTorch("close", [&] { return pool_.Retire(*slot); }).IgnoreError();
+      slots_changed_();
+    }
     done(opened);
     return;
   }
@@ -172,23 +176,27 @@ std::vector<StepPlan::SessionStep> SessionSlots::TakeRound() {
       session->ops.pop_front();
       const SessionOp::Kind kind = step.op.kind;
       if (kind == SessionOp::Kind::kLoadState) {
+        // Read and checked here, so that where rank 0 alone could fail
+        // (its files, the adapter's config) every rank skips the load.
         absl::StatusOr<SavedSessionState> state =
             CatchTorch("reading the state", [&] {
               return ReadSessionState(step.op.dir, pool_.model_config(),
                                       step.op.with_optimizer,
                                       /*checkpoint=*/false);
             });
-        if (!state.ok()) {
-          std::exchange(step.op.done, nullptr)(state.status());
-          continue;
+        if (state.ok()) {
+          step.prepared = CheckStateFits(*state, pool_.slot(slot));
+          if (step.prepared.ok()) step.state = *std::move(state);
+        } else {
+          step.prepared = state.status();
         }
-        step.state = *std::move(state);
       }
       round.push_back(std::move(step));
       if (kind == SessionOp::Kind::kForwardBackward ||
           kind == SessionOp::Kind::kForward) {
         break;  // What follows waits for this call's pass.
       }
+      if (kind == SessionOp::Kind::kClose) break;  // It answers the rest.
     }
   }
   return round;
@@ -199,15 +207,20 @@ std::vector<SessionCall> SessionSlots::ApplyRound(
   std::vector<SessionCall> calls;
   for (StepPlan::SessionStep& step : round) {
     if (ranks_.Broken()) break;  // The rest is abandoned.
-    SlotSession* session = owners_.session(step.slot);
-    if (session == nullptr || session->session_id != step.op.session_id) {
-      // Rank 0 took the round from its own sessions.
-      ranks_.Fail(absl::InternalError(absl::StrCat(
-          "rank ", ranks_.rank(), " holds no session \"", step.op.session_id,
-          "\" in slot ", step.slot, " where rank 0 does")));
-      break;
-    }
     if (!step.op.done) step.op.done = [](absl::StatusOr<SessionOpResult>) {};
+    SlotSession* session = step.slot >= 0 && step.slot < pool_.capacity()
+                               ? owners_.session(step.slot)
+                               : nullptr;
+    if (session == nullptr || session->session_id != step.op.session_id) {
+      // Rank 0 took the round from its own sessions: another rank that
+      // does not hold it has diverged.
+      const absl::Status missing = absl::FailedPreconditionError(
+          absl::StrCat("rank ", ranks_.rank(), " holds no session \"",
+                       step.op.session_id, "\" in slot ", step.slot));
+      ranks_.FailIfDistributed(missing);
+      std::exchange(step.op.done, nullptr)(missing);
+      continue;
+    }
     if (step.op.kind == SessionOp::Kind::kForwardBackward ||
         step.op.kind == SessionOp::Kind::kForward) {
       // Dropout masks of the session's n-th call: a function of its seed
@@ -245,8 +258,12 @@ void SessionSlots::Apply(int slot, StepPlan::SessionStep& step) {
         return StepAccumulated(training, op.step, op.grad_clip, sync_);
       });
       if (!step.ok()) {
-        // Past the sum of the ranks' gradients: the ranks now differ.
-        if (step.status().code() == absl::StatusCode::kAborted) {
+        // Bad hyperparameters are refused alike on every rank before the
+        // sum; anything else left this rank apart from the others (it
+        // skipped a collective, or failed after the sum).
+        const absl::StatusCode code = step.status().code();
+        if (code != absl::StatusCode::kInvalidArgument &&
+            code != absl::StatusCode::kFailedPrecondition) {
           ranks_.FailIfDistributed(step.status());
         }
         done(step.status());
@@ -288,6 +305,9 @@ void SessionSlots::Apply(int slot, StepPlan::SessionStep& step) {
                 {kPeftWeightsFile, std::move(adapter.weights)},
                 {kPeftConfigFile, std::move(adapter.config)}};
           });
+      if (files.status().code() == absl::StatusCode::kAborted) {
+        ranks_.FailIfDistributed(files.status());
+      }
       if (!ranks_.leader()) return;
       if (!files.ok()) {
         done(files.status());
@@ -308,13 +328,18 @@ void SessionSlots::Apply(int slot, StepPlan::SessionStep& step) {
       return;
     }
     case SessionOp::Kind::kLoadState: {
-      absl::Status loaded = absl::InternalError("the state was not read");
-      if (step.state) {
-        loaded = CatchTorch("loading the state", [&] {
-          return LoadSessionState(*step.state, op.with_optimizer, training,
-                                  ranks_.data_parallel());
-        });
+      // Not read, or not the session's (rank 0 said so before the plan):
+      // no rank loads it.
+      if (!step.state) {
+        done(step.prepared.ok()
+                 ? absl::InternalError("rank 0 did not read the state")
+                 : step.prepared);
+        return;
       }
+      absl::Status loaded = CatchTorch("loading the state", [&] {
+        return LoadSessionState(*step.state, op.with_optimizer, training,
+                                ranks_.data_parallel());
+      });
       // The ranks that loaded it differ from those that did not.
       loaded = AgreeOnOutcome(loaded, "loading the state",
                               /*diverged_if_not=*/true);
@@ -433,6 +458,9 @@ void SessionSlots::Checkpoint(int slot, bool gradients,
         return SessionStateFiles(pool_.slot(slot), meta, gradients,
                                  ranks_.data_parallel(), sync_);
       });
+  if (files.status().code() == absl::StatusCode::kAborted) {
+    ranks_.FailIfDistributed(files.status());
+  }
   if (!ranks_.leader()) return;
   const int64_t seq_id = session.seq_id;
   if (!files.ok()) {

@@ -23,28 +23,23 @@ constexpr char kGradientsFile[] = "gradients.pt";
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, std::string>> SessionStateFiles(
-    const TrainingSlot& slot, nlohmann::json meta, bool gradients,
-    DataParallelSlots* data_parallel, const StepSync* sync) {
-  LORAPLEX_ASSIGN_OR_RETURN(PeftAdapterFiles adapter,
-                            EncodePeftAdapter(slot.weights, ""));
-  std::map<std::string, std::string> files;
-  files[kPeftWeightsFile] = std::move(adapter.weights);
-  files[kPeftConfigFile] = std::move(adapter.config);
-  torch::serialize::OutputArchive archive;
-  if (data_parallel != nullptr) {
-    LORAPLEX_RETURN_IF_ERROR(data_parallel->SaveOptimizerState(slot, archive));
-  } else {
-    slot.optimizer->Save(archive);
-  }
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  files[kOptimizerStateFile] = bytes.str();
-  if (!meta.is_object()) return absl::InternalError("bad session state meta");
-  meta["steps"] = slot.counters.steps;
-  files[kSessionStateFile] = meta.dump(2) + "\n";
-  if (gradients) {
-    std::vector<torch::Tensor> grads;
+namespace {
+
+// The collective part of SessionStateFiles (every rank of a data-parallel
+// run makes the same calls): the optimizer state in the one-process format,
+// and with `gradients` the accumulated gradients summed over the ranks.
+absl::Status GatherState(const TrainingSlot& slot, bool gradients,
+                         DataParallelSlots* data_parallel, const StepSync* sync,
+                         torch::serialize::OutputArchive& optimizer,
+                         std::vector<torch::Tensor>& grads) {
+  try {
+    if (data_parallel != nullptr) {
+      LORAPLEX_RETURN_IF_ERROR(
+          data_parallel->SaveOptimizerState(slot, optimizer));
+    } else {
+      slot.optimizer->Save(optimizer);
+    }
+    if (!gradients) return absl::OkStatus();
     if (sync != nullptr && sync->world_size > 1) {
       LORAPLEX_ASSIGN_OR_RETURN(grads, SumAccumulatedGradients(slot, *sync));
     } else {
@@ -52,18 +47,52 @@ absl::StatusOr<std::map<std::string, std::string>> SessionStateFiles(
         grads.push_back(param.grad());
       }
     }
-    torch::serialize::OutputArchive archive;
-    int64_t count = 0;
-    for (size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      archive.write(absl::StrCat("grad.", i), grads[i]);
-      ++count;
-    }
-    if (count > 0) {
-      std::ostringstream grad_bytes;
-      archive.save_to(grad_bytes);
-      files[kGradientsFile] = grad_bytes.str();
-    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(e.what_without_backtrace());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> SessionStateFiles(
+    const TrainingSlot& slot, nlohmann::json meta, bool gradients,
+    DataParallelSlots* data_parallel, const StepSync* sync) {
+  // First what every rank does alike, so that a failure of this rank's
+  // own part later leaves no rank waiting.
+  torch::serialize::OutputArchive archive;
+  std::vector<torch::Tensor> grads;
+  if (absl::Status gathered =
+          GatherState(slot, gradients, data_parallel, sync, archive, grads);
+      !gathered.ok()) {
+    if (data_parallel == nullptr) return gathered;
+    return absl::AbortedError(absl::StrCat(
+        "gathering the session's state over the ranks failed (the ranks "
+        "now differ): ",
+        gathered.message()));
+  }
+  LORAPLEX_ASSIGN_OR_RETURN(PeftAdapterFiles adapter,
+                            EncodePeftAdapter(slot.weights, ""));
+  std::map<std::string, std::string> files;
+  files[kPeftWeightsFile] = std::move(adapter.weights);
+  files[kPeftConfigFile] = std::move(adapter.config);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  files[kOptimizerStateFile] = bytes.str();
+  if (!meta.is_object()) return absl::InternalError("bad session state meta");
+  meta["steps"] = slot.counters.steps;
+  files[kSessionStateFile] = meta.dump(2) + "\n";
+  torch::serialize::OutputArchive grad_archive;
+  int64_t count = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    grad_archive.write(absl::StrCat("grad.", i), grads[i]);
+    ++count;
+  }
+  if (count > 0) {
+    std::ostringstream grad_bytes;
+    grad_archive.save_to(grad_bytes);
+    files[kGradientsFile] = grad_bytes.str();
   }
   return files;
 }
@@ -88,9 +117,8 @@ absl::StatusOr<SavedSessionState> ReadSessionState(const std::string& dir,
   return state;
 }
 
-absl::Status LoadSessionState(const SavedSessionState& state,
-                              bool with_optimizer, TrainingSlot& slot,
-                              DataParallelSlots* data_parallel) {
+absl::Status CheckStateFits(const SavedSessionState& state,
+                            const TrainingSlot& slot) {
   if (state.adapter != nullptr && LoraConfigToJson(state.adapter->config) !=
                                       LoraConfigToJson(slot.weights.config())) {
     return absl::InvalidArgumentError(
@@ -99,6 +127,13 @@ absl::Status LoadSessionState(const SavedSessionState& state,
                      " is not the session's ",
                      LoraConfigToJson(slot.weights.config()).dump()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LoadSessionState(const SavedSessionState& state,
+                              bool with_optimizer, TrainingSlot& slot,
+                              DataParallelSlots* data_parallel) {
+  LORAPLEX_RETURN_IF_ERROR(CheckStateFits(state, slot));
   const nlohmann::json meta = nlohmann::json::parse(state.meta, nullptr, false);
   if (!meta.is_object() || !meta.contains("steps") ||
       !meta["steps"].is_number_integer()) {

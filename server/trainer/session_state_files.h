@@ -43,7 +43,8 @@ namespace loraplex {
 // `gradients`, the accumulated gradients too (when any parameter has one).
 // Data parallel (`data_parallel` and `sync`), collective: the optimizer
 // state is gathered from its owners and the gradients summed over the
-// ranks, so the files are one process's.
+// ranks, so the files are one process's; ABORTED when that part failed on
+// this rank (the ranks no longer make the same calls).
 absl::StatusOr<std::map<std::string, std::string>> SessionStateFiles(
     const TrainingSlot& slot, nlohmann::json meta, bool gradients,
     DataParallelSlots* data_parallel = nullptr, const StepSync* sync = nullptr);
@@ -64,6 +65,11 @@ absl::StatusOr<SavedSessionState> ReadSessionState(const std::string& dir,
                                                    const ModelConfig& model,
                                                    bool with_optimizer,
                                                    bool checkpoint);
+
+// INVALID_ARGUMENT unless the state's adapter (rank 0's) has the LoRA
+// config of the slot's weights.
+absl::Status CheckStateFits(const SavedSessionState& state,
+                            const TrainingSlot& slot);
 
 // Loads a state into the slot: its weights (when state.adapter is set),
 // and with_optimizer its optimizer state and step count; gradients are

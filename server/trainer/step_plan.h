@@ -78,8 +78,11 @@ struct StepPlan {
     int slot = -1;
     // Without `done`, `dir` and `state_meta`, which are rank 0's.
     SessionOp op;
-    // kLoadState: the state rank 0 read (as in Entry::session_state).
+    // kLoadState: the state rank 0 read (as in Entry::session_state);
+    // none when rank 0 could not read it or it does not fit the session
+    // (then `prepared`, rank 0's, says why and no rank loads it).
     std::optional<SavedSessionState> state;
+    absl::Status prepared;
   };
   std::vector<SessionStep> sessions;
 };

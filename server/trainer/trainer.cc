@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <utility>
 
@@ -374,6 +375,10 @@ bool Trainer::Iterate(std::deque<TrainerCommand>& batch, bool stopping,
   if (ranks_.Broken()) return false;
   const auto train_start = std::chrono::steady_clock::now();
   std::vector<SessionCall> calls = sessions_.ApplyRound(round);
+  if (ranks_.Broken()) {
+    sessions_.Answer(calls, absl::UnavailableError("the trainer stopped"));
+    return false;
+  }
   const bool trained = !jobs_.Steppable().empty() || !calls.empty();
   const std::vector<int> stepped = TrainStep(calls);
   const double train_seconds =
@@ -424,6 +429,7 @@ std::vector<int> Trainer::TrainStep(std::vector<SessionCall>& calls) {
     }
   } else if (!StepLeftSlotsUnchanged(together.status())) {
     outcomes.assign(slots.size(), together.status());
+    sessions_.Answer(calls, together.status());
   } else {
     // Apart, so that no job's or session's data fails another's work (the
     // failed pass left every slot and call as it was): the jobs' step
@@ -433,17 +439,22 @@ std::vector<int> Trainer::TrainStep(std::vector<SessionCall>& calls) {
       StepInParts(slots, 0, slots.size(), /*failed_together=*/pass.empty(),
                   outcomes);
     }
-    for (size_t i = 0; i < calls.size() && !ranks_.Broken(); ++i) {
+    size_t i = 0;
+    for (; i < calls.size() && !ranks_.Broken(); ++i) {
       absl::StatusOr<CoBatchResult> alone = CatchTorch("forward/backward", [&] {
         return RunCoBatchPass(*model_, {}, {pass[i]}, options_.co_batch);
       });
       std::vector<SessionCall> one;
-      one.push_back(std::move(calls[i]));
+      one.push_back(std::exchange(calls[i], SessionCall{}));
       sessions_.Answer(
           one, alone.ok() ? absl::StatusOr<std::vector<ForwardBackwardOutput>>(
                                 std::move(alone->calls))
                           : alone.status());
     }
+    // The ranks broke: the calls not run are answered, not left waiting.
+    std::vector<SessionCall> rest(std::make_move_iterator(calls.begin() + i),
+                                  std::make_move_iterator(calls.end()));
+    sessions_.Answer(rest, absl::UnavailableError("the trainer stopped"));
   }
   if (ids.empty()) return stepped;
   const double seconds =

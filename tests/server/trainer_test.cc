@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "adapters/peft_files.h"
@@ -204,6 +205,101 @@ TEST(TrainerTest, ACancelledSampleStopsAndTheOthersFinish) {
   EXPECT_LT(tokens_seen.load(), 100);
   ASSERT_TRUE(answers[1].ok()) << answers[1].status();
   EXPECT_EQ(answers[1]->samples[0].tokens.size(), 20u);
+  trainer.Stop();
+}
+
+// Waits for the answer a session command's `done` gets.
+template <typename T>
+class Answer {
+ public:
+  std::function<void(absl::StatusOr<T>)> Done() {
+    return [this](absl::StatusOr<T> result) {
+      std::lock_guard<std::mutex> lock(mu_);
+      result_ = std::move(result);
+      changed_.notify_all();
+    };
+  }
+  absl::StatusOr<T> Get() {
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(changed_.wait_for(lock, std::chrono::seconds(60),
+                                  [&] { return result_.has_value(); }));
+    return result_.value_or(absl::DeadlineExceededError("no answer"));
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::optional<absl::StatusOr<T>> result_;
+};
+
+SessionOpenCommand OpenCommand(const std::string& id, Answer<int>& answer) {
+  SessionOpenCommand open;
+  open.session_id = id;
+  open.lora.rank = 4;
+  open.lora.alpha = 8;
+  open.optimizer.family = OptimizerFamily::kAdamW;
+  open.optimizer.lr = 1e-2;
+  open.done = answer.Done();
+  return open;
+}
+
+SessionOp Op(const std::string& id, SessionOp::Kind kind,
+             Answer<SessionOpResult>& answer) {
+  SessionOp op;
+  op.kind = kind;
+  op.session_id = id;
+  op.step.family = OptimizerFamily::kAdamW;
+  op.step.lr = 1e-2;
+  op.done = answer.Done();
+  if (kind == SessionOp::Kind::kForwardBackward) {
+    // Long enough that the operations sent after it wait for its pass.
+    auto data = std::make_shared<std::vector<Datum>>();
+    for (int row = 0; row < 16; ++row) {
+      Datum datum;
+      for (int t = 0; t < 64; ++t) {
+        datum.input_ids.push_back((row * 7 + t) % 250);
+        datum.target_tokens.push_back((row * 7 + t + 1) % 250);
+        datum.weights.push_back(1.0);
+      }
+      data->push_back(std::move(datum));
+    }
+    op.data = std::move(data);
+  }
+  return op;
+}
+
+// A session's operations sent behind its close are refused, in the same
+// iteration as the close or later, and the trainer goes on serving.
+TEST(TrainerTest, OperationsBehindACloseAreRefusedAndTheTrainerGoesOn) {
+  TrainerOptions options;
+  options.pool.capacity = 2;
+  Reports reports;
+  Trainer trainer(LoadModel(), options, reports.Sink());
+  trainer.Start();
+  Answer<int> opened;
+  trainer.OpenSession(OpenCommand("s", opened));
+  ASSERT_TRUE(opened.Get().ok());
+  Answer<SessionOpResult> pass, closed, after_close, call_after_close;
+  trainer.RunSessionOp(Op("s", SessionOp::Kind::kForwardBackward, pass));
+  trainer.RunSessionOp(Op("s", SessionOp::Kind::kClose, closed));
+  trainer.RunSessionOp(Op("s", SessionOp::Kind::kOptimStep, after_close));
+  trainer.RunSessionOp(
+      Op("s", SessionOp::Kind::kForwardBackward, call_after_close));
+  EXPECT_TRUE(pass.Get().ok()) << pass.Get().status();
+  EXPECT_TRUE(closed.Get().ok()) << closed.Get().status();
+  for (Answer<SessionOpResult>* refused : {&after_close, &call_after_close}) {
+    const absl::StatusCode code = refused->Get().status().code();
+    EXPECT_TRUE(code == absl::StatusCode::kFailedPrecondition ||
+                code == absl::StatusCode::kNotFound)
+        << refused->Get().status();
+  }
+  Answer<int> reopened;
+  trainer.OpenSession(OpenCommand("t", reopened));
+  ASSERT_TRUE(reopened.Get().ok()) << reopened.Get().status();
+  Answer<SessionOpResult> stepped;
+  trainer.RunSessionOp(Op("t", SessionOp::Kind::kOptimStep, stepped));
+  ASSERT_TRUE(stepped.Get().ok()) << stepped.Get().status();
+  EXPECT_TRUE(stepped.Get()->step.skipped);  // No gradients yet.
   trainer.Stop();
 }
 
