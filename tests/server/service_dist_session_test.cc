@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -202,6 +204,12 @@ void ExpectLikeOneProcess(const SessionTrace& got, const SessionTrace& want) {
   ExpectFp64Identity(got.weights, want.weights, "saved weights");
 }
 
+v1::ForwardBackwardRequest RoundCallFor(const std::string& session,
+                                        int64_t seq_id) {
+  return Call(session, seq_id, "cross_entropy",
+              {TextDatum("still trains"), TextDatum("x")});
+}
+
 std::vector<std::string> SessionFlags() {
   return {"--threads=1", "--dtype=float64", "--checkpoint-interval=0"};
 }
@@ -260,6 +268,45 @@ TEST_F(ServiceDistSessionTest, SessionOnAShardedBaseIsOneProcess) {
   ASSERT_NE(ranks.server, nullptr);
   auto client = ClientFor(*ranks.server);
   ExpectLikeOneProcess(RunScript(*client, state), *reference_);
+  EXPECT_TRUE(ranks.server->Stop().ok()) << ranks.server->Log();
+  EXPECT_EQ(ranks.follower().Wait(30), 0) << ranks.follower().Log();
+}
+
+// A saved state whose adapter was changed on disk (another lora_alpha than
+// its session_state.json says) loaded on two ranks: rank 0 refuses it
+// before the plan (INVALID_ARGUMENT naming both configs), no rank loads it,
+// and the session and the ranks go on.
+TEST(ServiceDistSessionLoadTest, AStateThatDoesNotFitIsRefusedOnEveryRank) {
+  const std::string state = FreshTestDir("misfit");
+  Ranks ranks = StartRanks(state, 2, 2, SessionFlags());
+  ASSERT_NE(ranks.server, nullptr);
+  auto client = ClientFor(*ranks.server);
+  auto session = client->CreateSession(
+      SessionRequest(v1::OPTIMIZER_FAMILY_ADAMW, 1e-2, 4));
+  ASSERT_TRUE(session.ok()) << session.status();
+  SessionScript script(*client, session->name());
+  const std::string saved = script.SaveState();  // seq_id 1
+  ASSERT_FALSE(saved.empty());
+  const std::string config_path =
+      absl::StrCat(state, "/", saved, "/adapter_config.json");
+  nlohmann::json config = nlohmann::json::parse(ReadFileForTest(config_path));
+  config["lora_alpha"] = config["lora_alpha"].get<double>() * 2;
+  std::ofstream(config_path) << config.dump();
+  v1::LoadStateRequest load;
+  load.set_session(session->name());
+  load.set_seq_id(2);
+  load.set_state(saved);
+  load.set_with_optimizer(true);
+  auto loaded = client->LoadState(load);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument)
+      << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("is not the session's"));
+  auto fb = client->ForwardBackward(RoundCallFor(session->name(), 3));
+  ASSERT_TRUE(fb.ok()) << fb.status();
+  auto step = client->OptimStep(Step(session->name(), 4, 1e-2));
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->optim_step().steps(), 1);
   EXPECT_TRUE(ranks.server->Stop().ok()) << ranks.server->Log();
   EXPECT_EQ(ranks.follower().Wait(30), 0) << ranks.follower().Log();
 }
