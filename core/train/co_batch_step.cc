@@ -838,14 +838,11 @@ absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
   // on every rank, so all of them refuse before the sum.
   LORAPLEX_RETURN_IF_ERROR(slot.optimizer->SetHyperparameters(step));
   std::vector<torch::Tensor> params = slot.weights.parameters();
-  auto drop_grads = [&] {
-    for (torch::Tensor& param : params) param.mutable_grad() = torch::Tensor();
-  };
   if (Distributed(sync)) {
     absl::StatusOr<std::vector<torch::Tensor>> summed =
         SumAccumulatedGradients(slot, *sync);
     if (!summed.ok()) {
-      drop_grads();
+      DropGrads(slot);
       return summed.status();
     }
     for (size_t i = 0; i < params.size(); ++i) {
@@ -872,10 +869,10 @@ absl::StatusOr<SlotStepMetrics> StepAccumulated(TrainingSlot& slot,
     // Data parallel, this rank's optimizer holds the parameters it owns.
     if (!metrics.skipped) slot.optimizer->Step();
   } catch (const c10::Error& e) {
-    drop_grads();
+    DropGrads(slot);
     return AfterSum(sync, TorchError("optimizer step failed", e));
   }
-  drop_grads();
+  DropGrads(slot);
   if (metrics.skipped) ++slot.counters.skipped_steps;
   ++slot.counters.steps;
   if (!metrics.skipped) {

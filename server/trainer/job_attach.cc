@@ -113,12 +113,11 @@ absl::StatusOr<int> JobSlots::AttachPrepared(AttachJob& command,
 }
 
 absl::StatusOr<int> JobSlots::AgreeOnAttach(absl::StatusOr<int> slot) {
-  LORAPLEX_ASSIGN_OR_RETURN(int failed, ranks_.CountFailed(!slot.ok()));
-  if (failed > 0) {
-    if (!slot.ok()) return slot;
-    FreeSlot(*slot, pool_.job_id(*slot));
-    return absl::InternalError(absl::StrCat("the attach failed on ", failed,
-                                            " other rank(s); see their logs"));
+  const absl::Status agreed = ranks_.AgreeOnOutcome(slot.status(), "the attach",
+                                                    /*diverged_if_not=*/false);
+  if (!agreed.ok()) {
+    if (slot.ok()) FreeSlot(*slot, pool_.job_id(*slot));
+    return agreed;
   }
   // Rank 0's weights (an initial adapter's, a checkpoint's) are every
   // rank's.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 
 namespace loraplex {
@@ -56,6 +57,23 @@ absl::StatusOr<StepPlan> RankCoordinator::ReceivePlan() {
 absl::StatusOr<int> RankCoordinator::CountFailed(bool failed) {
   if (!distributed()) return failed ? 1 : 0;
   return dist_->CountRanks(failed);
+}
+
+absl::Status RankCoordinator::AgreeOnOutcome(const absl::Status& status,
+                                             const std::string& what,
+                                             bool diverged_if_not) {
+  if (!distributed()) return status;
+  LORAPLEX_ASSIGN_OR_RETURN(int failed, CountFailed(!status.ok()));
+  const bool apart = failed > 0 && failed < world_size();
+  if (!status.ok()) {
+    if (apart && diverged_if_not) Fail(status);
+    return status;
+  }
+  if (failed == 0) return absl::OkStatus();
+  absl::Status elsewhere = absl::InternalError(absl::StrCat(
+      what, " failed on ", failed, " other rank(s); see their logs"));
+  if (diverged_if_not) Fail(elsewhere);
+  return elsewhere;
 }
 
 absl::StatusOr<bool> RankCoordinator::LeaderSays(bool value) {

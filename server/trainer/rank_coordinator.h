@@ -67,6 +67,13 @@ class RankCoordinator {
   // How many ranks, this one included, pass `failed` true; alone 0 or 1.
   // An error means the ranks are broken.
   absl::StatusOr<int> CountFailed(bool failed);
+  // Whether every rank's `status` is OK: OK, this rank's error, or an
+  // INTERNAL error saying "<what> failed on N other rank(s)". With
+  // `diverged_if_not`, an outcome that differs between the ranks leaves
+  // them apart: every rank fails (Broken). Alone, `status`. A collective
+  // that fails gives its error (the ranks are broken).
+  absl::Status AgreeOnOutcome(const absl::Status& status,
+                              const std::string& what, bool diverged_if_not);
   // The leader's `value` (alone: `value`). An error means the ranks are
   // broken.
   absl::StatusOr<bool> LeaderSays(bool value);

@@ -59,29 +59,6 @@ void SessionSlots::Prepare(OpenSessionJob& open) {
   open.restore = *std::move(state);
 }
 
-absl::Status SessionSlots::AgreeOnOutcome(const absl::Status& status,
-                                          const std::string& what,
-                                          bool diverged_if_not) {
-  if (!ranks_.distributed()) return status;
-  absl::StatusOr<int> failed = ranks_.CountFailed(!status.ok());
-  if (!failed.ok()) {
-    ranks_.Fail(failed.status());
-    return failed.status();
-  }
-  // Where it failed on some ranks only, those that succeeded differ from
-  // the others: with `diverged_if_not` every rank stops.
-  const bool apart = *failed > 0 && *failed < ranks_.world_size();
-  if (!status.ok()) {
-    if (apart && diverged_if_not) ranks_.Fail(status);
-    return status;
-  }
-  if (*failed == 0) return absl::OkStatus();
-  absl::Status elsewhere = absl::InternalError(absl::StrCat(
-      what, " failed on ", *failed, " other rank(s); see their logs"));
-  if (diverged_if_not) ranks_.Fail(elsewhere);
-  return elsewhere;
-}
-
 void SessionSlots::Open(OpenSessionJob& open) {
   SessionOpenCommand& command = open.command;
   auto done = std::exchange(command.done, nullptr);
@@ -127,8 +104,8 @@ void SessionSlots::Open(OpenSessionJob& open) {
     }
   }
   // Where it failed on any rank, every rank frees the slot.
-  opened = AgreeOnOutcome(opened, "opening the session",
-                          /*diverged_if_not=*/false);
+  opened = ranks_.AgreeOnOutcome(opened, "opening the session",
+                                 /*diverged_if_not=*/false);
   if (opened.ok()) {
     // Rank 0's weights (fresh, or the checkpoint's) are every rank's.
     std::vector<torch::Tensor> params = pool_.slot(*slot).weights.parameters();
@@ -341,8 +318,8 @@ void SessionSlots::Apply(int slot, StepPlan::SessionStep& step) {
                                 ranks_.data_parallel());
       });
       // The ranks that loaded it differ from those that did not.
-      loaded = AgreeOnOutcome(loaded, "loading the state",
-                              /*diverged_if_not=*/true);
+      loaded = ranks_.AgreeOnOutcome(loaded, "loading the state",
+                                     /*diverged_if_not=*/true);
       if (loaded.ok()) {
         std::vector<torch::Tensor> params = training.weights.parameters();
         loaded = ranks_.BroadcastFromLeader(params);

@@ -120,12 +120,6 @@ class SessionSlots {
 
  private:
   void Apply(int slot, StepPlan::SessionStep& step);
-  // Data parallel: whether every rank's `status` is OK, else the error
-  // (this rank's, or one saying the others failed). With
-  // `diverged_if_not`, a rank that succeeded where another failed leaves
-  // the ranks apart: they fail.
-  absl::Status AgreeOnOutcome(const absl::Status& status,
-                              const std::string& what, bool diverged_if_not);
   // Writes the session's checkpoint (off this thread) when rank 0 `wanted`
   // one and something happened since the last, with its gradients when
   // `gradients`, then runs `then` there (written or not; at once when not

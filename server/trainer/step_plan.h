@@ -76,11 +76,12 @@ struct StepPlan {
   // waiting operations up to and including its next forward/backward call.
   struct SessionStep {
     int slot = -1;
-    // Without `done`, `dir` and `state_meta`, which are rank 0's.
+    // `done`, `dir` and `state_meta` are rank 0's: not encoded.
     SessionOp op;
     // kLoadState: the state rank 0 read (as in Entry::session_state);
     // none when rank 0 could not read it or it does not fit the session
-    // (then `prepared`, rank 0's, says why and no rank loads it).
+    // (then `prepared`, rank 0's and not encoded, says why and no rank
+    // loads it).
     std::optional<SavedSessionState> state;
     absl::Status prepared;
   };

@@ -25,33 +25,29 @@ import harness  # noqa: E402
 TOLERANCE = 1e-9
 
 
+def next_tokens(types, tokens, **inputs):
+    """A datum predicting each next token of `tokens`, with the loss's
+    other per-position `inputs` (lists of floats)."""
+    n = len(tokens) - 1
+    loss_fn_inputs = {"target_tokens": types.TensorData(
+        data=tokens[1:], dtype="int64", shape=[n])}
+    for name, values in inputs.items():
+        loss_fn_inputs[name] = types.TensorData(data=values, dtype="float32",
+                                                shape=[n])
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs=loss_fn_inputs)
+
+
 def datum(types, tokens):
     """Next-token prediction over `tokens`, every position weighted."""
-    n = len(tokens) - 1
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": types.TensorData(data=tokens[1:], dtype="int64",
-                                              shape=[n]),
-            "weights": types.TensorData(data=[1.0] * n, dtype="float32",
-                                        shape=[n]),
-        })
+    return next_tokens(types, tokens, weights=[1.0] * (len(tokens) - 1))
 
 
 def rl_datum(types, tokens, advantage):
     n = len(tokens) - 1
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": types.TensorData(data=tokens[1:], dtype="int64",
-                                              shape=[n]),
-            "logprobs": types.TensorData(
-                data=[-1.0 - 0.25 * i for i in range(n)], dtype="float32",
-                shape=[n]),
-            "advantages": types.TensorData(
-                data=[advantage * (-1) ** i for i in range(n)],
-                dtype="float32", shape=[n]),
-        })
+    return next_tokens(
+        types, tokens, logprobs=[-1.0 - 0.25 * i for i in range(n)],
+        advantages=[advantage * (-1) ** i for i in range(n)])
 
 
 def outputs(out):
